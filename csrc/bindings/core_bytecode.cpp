@@ -1,0 +1,5 @@
+#include "bindings/core_register.h"
+
+namespace kiln::bindings {
+void register_bytecode(pybind11::module_& m) {}
+}  // namespace kiln::bindings

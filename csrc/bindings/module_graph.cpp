@@ -1,0 +1,5 @@
+#include "bindings/module_register.h"
+
+namespace kiln::bindings {
+void register_graph(pybind11::module_& m) {}
+}  // namespace kiln::bindings

@@ -1,0 +1,8 @@
+#pragma once
+// kiln._C is assembled from one registration function per area, each in bindings/module_<area>.cpp.
+#include <pybind11/pybind11.h>
+
+namespace kiln::bindings {
+void register_graph(pybind11::module_& m);    // module_graph.cpp: Graph, recorder bridge, backends
+void register_compile(pybind11::module_& m);  // module_compile.cpp: compile wrapper, stats, reset
+}  // namespace kiln::bindings

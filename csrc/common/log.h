@@ -1,0 +1,57 @@
+#pragma once
+// Logging by category, switched on by KILN_LOGS=graph,guards,recompiles,... (see options.h).
+// `KILN_LOG(graph) << text;` costs one branch on a cached bit when the category is off.
+#include <sstream>
+#include <string>
+
+namespace kiln::log {
+
+// One bit per category; the names are the ones users write in KILN_LOGS.
+#define KILN_LOG_CATEGORIES(_) \
+  _(graph_breaks)              \
+  _(recompiles)                \
+  _(guards)                    \
+  _(graph)                     \
+  _(output_code)               \
+  _(perf)                      \
+  _(bytecode)                  \
+  _(trace)                     \
+  _(fallbacks)
+
+enum class Category : unsigned {
+#define KILN_LOG_ENUM(name) name,
+  KILN_LOG_CATEGORIES(KILN_LOG_ENUM)
+#undef KILN_LOG_ENUM
+      count
+};
+
+/// The categories named in KILN_LOGS (read once; `set_enabled` overrides for tests and kiln.config).
+bool enabled(Category c);
+void set_enabled(Category c, bool on);
+/// Parses a KILN_LOGS-style list ("graph,guards", "all", "+graph"); unknown names raise a user error.
+void configure(const std::string& spec);
+const char* name(Category c);
+/// Writes one record to stderr, prefixed with "[kiln:<category>] ".
+void emit(Category c, const std::string& text);
+
+class Line {
+ public:
+  explicit Line(Category c) : category_(c) {}
+  ~Line() { emit(category_, stream_.str()); }
+  template <typename T>
+  Line& operator<<(const T& v) {
+    stream_ << v;
+    return *this;
+  }
+
+ private:
+  Category category_;
+  std::ostringstream stream_;
+};
+
+}  // namespace kiln::log
+
+#define KILN_LOG(category)                                                      \
+  if (!::kiln::log::enabled(::kiln::log::Category::category)) {                 \
+  } else                                                                        \
+    ::kiln::log::Line(::kiln::log::Category::category)

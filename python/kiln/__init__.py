@@ -1,0 +1,18 @@
+"""kiln: torch.compile rebuilt in C++.
+
+    import kiln
+    model = kiln.compile(model)        # or @kiln.compile on a function
+
+The torch-free core (kiln._core: bytecode and frame hook) imports without torch; everything else
+needs torch, imported before kiln's compiler extension kiln._C.
+"""
+try:
+    import torch  # noqa: F401  (loads LibTorch before kiln._C)
+except ImportError:  # the torch-free core alone (tests of bytecode/ and frame/ on other Pythons)
+    torch = None
+
+if torch is not None:
+    from kiln.api import compile, disable, explain, mark_dynamic, reset, stats  # noqa: F401,A004
+    from kiln import config, errors  # noqa: F401
+
+__version__ = "0.1.0"
