@@ -1,5 +1,77 @@
+// kiln._C's compile surface: the Compiler handle kiln.compile creates, the thread's active compiler,
+// counters, reset and log switches.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
 #include "bindings/module_register.h"
+#include "common/log.h"
+#include "frame/frame.h"
+#include "runtime/backends.h"
+#include "trace/compile_frame.h"
+
+namespace py = pybind11;
 
 namespace kiln::bindings {
-void register_compile(pybind11::module_& m) {}
+
+namespace {
+
+struct CompilerHandle {
+  std::unique_ptr<trace::KilnCompiler> compiler;
+};
+
+thread_local PyObject* tls_current = nullptr;  // the Python handle of this thread's compiler (owned)
+
+py::object set_compiler(py::object handle) {
+  frame::Compiler* ptr = handle.is_none() ? nullptr : handle.cast<CompilerHandle&>().compiler.get();
+  frame::set_thread_compiler(ptr);
+  PyObject* previous = tls_current;
+  tls_current = handle.is_none() ? nullptr : handle.inc_ref().ptr();
+  return previous ? py::reinterpret_steal<py::object>(previous) : py::none();
+}
+
+}  // namespace
+
+void register_compile(py::module_& m) {
+  py::class_<CompilerHandle>(m, "Compiler")
+      .def(py::init([](const std::string& backend, py::object user_backend, bool fullgraph, int recompile_limit,
+                       py::list entry_codes, py::object explain_sink) {
+             trace::CompileOptions options;
+             options.backend = backend;
+             options.fullgraph = fullgraph;
+             options.recompile_limit = recompile_limit;
+             if (!user_backend.is_none()) options.user_backend = user_backend.inc_ref().ptr();
+             if (!explain_sink.is_none()) options.explain_sink = explain_sink.inc_ref().ptr();
+             for (py::handle code : entry_codes) options.entry_codes.insert(code.inc_ref().ptr());
+             auto handle = std::make_unique<CompilerHandle>();
+             handle->compiler = std::make_unique<trace::KilnCompiler>(std::move(options));
+             return handle;
+           }),
+           py::arg("backend"), py::arg("user_backend"), py::arg("fullgraph"), py::arg("recompile_limit"),
+           py::arg("entry_codes"), py::arg("explain_sink"));
+  m.def("set_compiler", &set_compiler, py::arg("compiler").none(true),
+        "Sets this thread's compiler (None: none); returns the previous one.");
+  m.def("stats", [] {
+    const trace::Stats& s = trace::stats();
+    frame::Counters c = frame::counters();
+    py::dict d;
+    d["frames_compiled"] = s.frames_compiled;
+    d["cache_hits"] = c.hits;
+    d["recompiles"] = s.recompiles;
+    d["graph_breaks"] = s.graph_breaks;
+    d["fallbacks"] = s.fallbacks;
+    return d;
+  });
+  m.def("reset", [] {
+    frame::reset_all();
+    trace::stats() = trace::Stats();
+  });
+  m.def("backend_names", &runtime::backend_names);
+  m.def("configure_logs", [](const std::string& spec) { log::configure(spec); });
+  m.def("cache_entries", [](py::object code) {
+    std::vector<std::string> labels;
+    for (const frame::CacheEntry* e : frame::entries_of((PyCodeObject*)code.ptr())) labels.push_back(e->label);
+    return labels;
+  });
+}
+
 }  // namespace kiln::bindings

@@ -1,5 +1,94 @@
+// kiln._C.Graph, the recorder bridge (_graph_from_records, _enum_codes) and the backend entry points.
+// Tensor conversions go through runtime/python_bridge.h so that this file needs no torch Python headers.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
 #include "bindings/module_register.h"
+#include "common/error.h"
+#include "graph/graph.h"
+#include "graph/py_records.h"
+#include "runtime/backends.h"
+#include "runtime/python_bridge.h"
+
+namespace py = pybind11;
 
 namespace kiln::bindings {
-void register_graph(pybind11::module_& m) {}
+
+namespace {
+using graph::Graph;
+using runtime::CompiledGraph;
+
+// Python callables become user backends; strings name a registered backend.
+std::shared_ptr<CompiledGraph> compile_from_python(const std::shared_ptr<Graph>& g, py::object backend,
+                                                   py::object example_inputs) {
+  PyObject* examples = example_inputs.is_none() ? nullptr : example_inputs.ptr();
+  if (py::isinstance<py::str>(backend))
+    return runtime::compile_graph(g, backend.cast<std::string>(), examples, nullptr);
+  KILN_CHECK(PyCallable_Check(backend.ptr())) << "backend must be a name (" << py::repr(py::cast(runtime::backend_names())).cast<std::string>()
+                                              << ") or a callable, got " << Py_TYPE(backend.ptr())->tp_name;
+  std::string name = py::hasattr(backend, "__name__") ? py::str(backend.attr("__name__")).cast<std::string>()
+                                                      : std::string("<callable>");
+  return runtime::compile_graph(g, name, examples, backend.ptr());
+}
+
+py::list run_compiled(CompiledGraph& compiled, py::handle inputs) {
+  std::vector<at::Tensor> tensors = runtime::tensors_from_python(inputs.ptr(), "graph inputs");
+  std::vector<at::Tensor> outputs;
+  {
+    // Built-in backends run without Python; user backends take the GIL back themselves.
+    py::gil_scoped_release no_gil;
+    outputs = compiled.run(tensors);
+  }
+  return py::reinterpret_steal<py::list>(runtime::tensors_to_python(outputs));
+}
+
+std::vector<std::string> op_names(const Graph& g) {
+  std::vector<std::string> names;
+  names.reserve(g.nodes.size());
+  for (const auto& node : g.nodes) names.push_back(node.qualified_name());
+  return names;
+}
+}  // namespace
+
+void register_graph(py::module_& m) {
+  py::class_<Graph, std::shared_ptr<Graph>>(m, "Graph", "An ATen-level graph captured by kiln (read-only here).")
+      .def("__str__", &Graph::to_string)
+      .def("__repr__", [](const Graph& g) {
+        return "<kiln._C.Graph: " + std::to_string(g.inputs.size()) + " inputs, " + std::to_string(g.nodes.size()) +
+               " nodes, " + std::to_string(g.outputs.size()) + " outputs>";
+      })
+      .def("__len__", [](const Graph& g) { return g.nodes.size(); })
+      .def_property_readonly("num_nodes", [](const Graph& g) { return g.nodes.size(); })
+      .def_property_readonly("inputs", [](const Graph& g) { return g.inputs.size(); }, "number of graph inputs")
+      .def_property_readonly("outputs", [](const Graph& g) { return g.outputs.size(); }, "number of graph outputs")
+      .def("ops", &op_names, "the op overload of each node, in order: ['aten::t.default', 'aten::addmm.default']")
+      .def("verify", &Graph::verify, "raises InternalError if the graph is malformed")
+      .def("to_json", &Graph::to_json, py::arg("indent") = 2);
+
+  py::class_<CompiledGraph, std::shared_ptr<CompiledGraph>>(m, "CompiledGraph", "A graph ready to run.")
+      .def("__call__", [](CompiledGraph& c, py::handle inputs) { return run_compiled(c, inputs); }, py::arg("inputs"));
+
+  m.def(
+      "_graph_from_records",
+      [](py::handle values, py::handle nodes, py::handle outputs) {
+        return graph::graph_from_records(values.ptr(), nodes.ptr(), outputs.ptr());
+      },
+      "kiln._fake.Recorder.finish's conversion of its records into a Graph (format: graph/py_records.h)");
+  m.def(
+      "_enum_codes", [] { return py::reinterpret_steal<py::dict>(runtime::enum_codes_for_python()); },
+      "c10's numbering of dtypes, layouts, memory formats and device types, as graph/ stores them");
+  m.def("backend_names", &runtime::backend_names, "names of the registered backends");
+  m.def("compile_graph", &compile_from_python, py::arg("graph"), py::arg("backend"),
+        py::arg("example_inputs") = py::none(),
+        "compile `graph` with a backend name or a user callable (graph, example_inputs) -> callable");
+  m.def(
+      "run_graph",
+      [](const std::shared_ptr<Graph>& g, py::object backend, py::handle inputs) {
+        auto compiled = compile_from_python(g, backend, py::reinterpret_borrow<py::object>(inputs));
+        return run_compiled(*compiled, inputs);
+      },
+      py::arg("graph"), py::arg("backend"), py::arg("inputs"),
+      "compile `graph` with `backend` (a name or a callable) and run it once on `inputs` (for tests)");
+}
+
 }  // namespace kiln::bindings

@@ -85,12 +85,22 @@ class Compiler {
 
 /// Sets this thread's compiler (nullptr: none) and returns the previous one. Installs the hook
 /// process-wide while any thread has one. The caller keeps ownership and must keep it alive while set.
+/// Needs the GIL.
 Compiler* set_thread_compiler(Compiler* compiler);
+/// This thread's compiler; nullptr while it runs guards or Compiler::on_miss.
 Compiler* thread_compiler();
+
+/// True while kiln's hook is the interpreter's frame evaluator.
+bool hook_installed();
+/// Called once at interpreter exit: uninstalls the hook for good (compilers may already be gone).
+void uninstall_for_shutdown();
 
 /// Cache entries of a code object, MRU first (for kiln.explain and tests).
 std::vector<const CacheEntry*> entries_of(PyCodeObject* code);
-/// Drops every cache entry and skip mark of every code object seen so far (kiln.reset()).
+/// True when a compiler asked never to intercept this code again (until reset_all()).
+bool is_skipped(PyCodeObject* code);
+/// Drops every cache entry and skip mark of every code object seen so far, and zeroes the
+/// counters (kiln.reset()).
 void reset_all();
 /// Counters since the last reset: hits, misses, skipped frames.
 struct Counters {

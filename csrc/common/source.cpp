@@ -1,0 +1,168 @@
+#include "common/source.h"
+
+#include "common/error.h"
+
+namespace kiln {
+
+Source::Source(SourceKind kind, SourcePtr base, std::string name, long long index, std::string slot)
+    : kind_(kind), base_(std::move(base)), name_(std::move(name)), slot_(std::move(slot)), index_(index) {
+  if (!name_.empty()) py_name_ = PyUnicode_InternFromString(name_.c_str());
+  if (!slot_.empty()) py_slot_ = PyUnicode_InternFromString(slot_.c_str());
+}
+
+Source::~Source() {
+  // Sources die with cache entries, which are freed with the GIL held (frame/ and kiln.reset()).
+  Py_XDECREF(py_name_);
+  Py_XDECREF(py_slot_);
+  Py_XDECREF(object_);
+}
+
+
+SourcePtr Source::local(int index, std::string name) {
+  return SourcePtr(new Source(SourceKind::kLocal, nullptr, std::move(name), index));
+}
+SourcePtr Source::free(int index, std::string name) {
+  return SourcePtr(new Source(SourceKind::kFree, nullptr, std::move(name), index));
+}
+SourcePtr Source::global(std::string name) {
+  return SourcePtr(new Source(SourceKind::kGlobal, nullptr, std::move(name), 0));
+}
+SourcePtr Source::builtin(std::string name) {
+  return SourcePtr(new Source(SourceKind::kBuiltin, nullptr, std::move(name), 0));
+}
+SourcePtr Source::attr(SourcePtr base, std::string name) {
+  return SourcePtr(new Source(SourceKind::kAttr, std::move(base), std::move(name), 0));
+}
+SourcePtr Source::instance_dict(SourcePtr base, std::string name) {
+  return SourcePtr(new Source(SourceKind::kInstanceDict, std::move(base), std::move(name), 0));
+}
+SourcePtr Source::module_slot(SourcePtr base, std::string slot, std::string name) {
+  return SourcePtr(new Source(SourceKind::kModuleSlot, std::move(base), std::move(name), 0, std::move(slot)));
+}
+SourcePtr Source::index(SourcePtr base, long long i) {
+  return SourcePtr(new Source(SourceKind::kIndex, std::move(base), "", i));
+}
+SourcePtr Source::dict_key(SourcePtr base, std::string key) {
+  return SourcePtr(new Source(SourceKind::kDictKey, std::move(base), std::move(key), 0));
+}
+
+SourcePtr Source::object(PyObject* object, std::string label) {
+  auto* s = new Source(SourceKind::kObject, nullptr, std::move(label), 0);
+  Py_INCREF(object);
+  s->object_ = object;
+  return SourcePtr(s);
+}
+
+std::string Source::describe() const {
+  switch (kind_) {
+    case SourceKind::kLocal: return name_;
+    case SourceKind::kFree: return name_;
+    case SourceKind::kGlobal: return "G['" + name_ + "']";
+    case SourceKind::kBuiltin: return "builtins['" + name_ + "']";
+    case SourceKind::kAttr:
+    case SourceKind::kInstanceDict:
+    case SourceKind::kModuleSlot: return base_->describe() + "." + name_;
+    case SourceKind::kIndex: return base_->describe() + "[" + std::to_string(index_) + "]";
+    case SourceKind::kDictKey: return base_->describe() + "['" + name_ + "']";
+    case SourceKind::kObject: return name_;
+  }
+  return "?";
+}
+
+namespace {
+// Borrowed dict lookup that turns a miss into a KeyError-like AttributeError.
+PyObject* dict_get_new(PyObject* dict, PyObject* key, const char* what) {
+  if (!dict || !PyDict_Check(dict)) {
+    PyErr_Format(PyExc_AttributeError, "kiln source: %s is not reachable", what);
+    return nullptr;
+  }
+  PyObject* v = PyDict_GetItemWithError(dict, key);
+  if (!v) {
+    if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "%U", key);
+    return nullptr;
+  }
+  Py_INCREF(v);
+  return v;
+}
+}  // namespace
+
+PyObject* Source::resolve_from(PyObject* base, const SourceRoots& roots) const {
+  switch (kind_) {
+    case SourceKind::kAttr: return PyObject_GetAttr(base, py_name_);
+    case SourceKind::kInstanceDict: {
+      PyObject** dictptr = _PyObject_GetDictPtr(base);
+      if (!dictptr || !*dictptr) return PyObject_GetAttr(base, py_name_);
+      PyObject* v = PyDict_GetItemWithError(*dictptr, py_name_);
+      if (!v) return PyErr_Occurred() ? nullptr : PyObject_GetAttr(base, py_name_);
+      Py_INCREF(v);
+      return v;
+    }
+    case SourceKind::kModuleSlot: {
+      PyObject** dictptr = _PyObject_GetDictPtr(base);
+      if (!dictptr || !*dictptr) return PyObject_GetAttr(base, py_name_);
+      PyObject* slot = PyDict_GetItemWithError(*dictptr, py_slot_);
+      if (!slot) return PyErr_Occurred() ? nullptr : PyObject_GetAttr(base, py_name_);
+      return dict_get_new(slot, py_name_, "module slot");
+    }
+    case SourceKind::kIndex: {
+      if (PyTuple_CheckExact(base)) {
+        if (index_ < 0 || index_ >= PyTuple_GET_SIZE(base)) break;
+        PyObject* v = PyTuple_GET_ITEM(base, index_);
+        Py_INCREF(v);
+        return v;
+      }
+      if (PyList_CheckExact(base)) {
+        if (index_ < 0 || index_ >= PyList_GET_SIZE(base)) break;
+        PyObject* v = PyList_GET_ITEM(base, index_);
+        Py_INCREF(v);
+        return v;
+      }
+      return PySequence_GetItem(base, index_);
+    }
+    case SourceKind::kDictKey:
+      if (PyDict_Check(base)) return dict_get_new(base, py_name_, "dict");
+      return PyObject_GetItem(base, py_name_);
+    default: break;
+  }
+  PyErr_Format(PyExc_IndexError, "kiln source %s out of range", describe().c_str());
+  return nullptr;
+}
+
+PyObject* Source::resolve(const SourceRoots& roots) const {
+  switch (kind_) {
+    case SourceKind::kLocal: {
+      if (index_ >= roots.nlocals || !roots.locals[index_]) {
+        PyErr_Format(PyExc_UnboundLocalError, "kiln source: local %s unbound", name_.c_str());
+        return nullptr;
+      }
+      PyObject* v = roots.locals[index_];
+      Py_INCREF(v);
+      return v;
+    }
+    case SourceKind::kFree: {
+      PyObject* v = nullptr;
+      if (roots.freevars) {
+        if (index_ < roots.nfreevars) v = roots.freevars[index_];
+      } else if (roots.closure && index_ < PyTuple_GET_SIZE(roots.closure)) {
+        v = PyCell_GET(PyTuple_GET_ITEM(roots.closure, index_));
+      }
+      if (!v) {
+        PyErr_Format(PyExc_NameError, "kiln source: free variable %s unbound", name_.c_str());
+        return nullptr;
+      }
+      Py_INCREF(v);
+      return v;
+    }
+    case SourceKind::kGlobal: return dict_get_new(roots.globals, py_name_, "globals");
+    case SourceKind::kBuiltin: return dict_get_new(roots.builtins, py_name_, "builtins");
+    case SourceKind::kObject: Py_INCREF(object_); return object_;
+    default: break;
+  }
+  PyObject* base = base_->resolve(roots);
+  if (!base) return nullptr;
+  PyObject* v = resolve_from(base, roots);
+  Py_DECREF(base);
+  return v;
+}
+
+}  // namespace kiln

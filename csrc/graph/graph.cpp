@@ -1,0 +1,119 @@
+// Graph construction and the small name tables shared by the printer and JSON writer.
+#include "graph/graph.h"
+
+#include <array>
+
+#include "common/error.h"
+
+namespace kiln::graph {
+
+namespace {
+struct ScalarTypeName {
+  ScalarType type;
+  const char* name;
+  bool floating_or_complex;
+};
+constexpr std::array<ScalarTypeName, 23> kScalarTypeNames = {{
+    {ScalarType::Byte, "u8", false},          {ScalarType::Char, "i8", false},
+    {ScalarType::Short, "i16", false},        {ScalarType::Int, "i32", false},
+    {ScalarType::Long, "i64", false},         {ScalarType::Half, "f16", true},
+    {ScalarType::Float, "f32", true},         {ScalarType::Double, "f64", true},
+    {ScalarType::ComplexHalf, "c32", true},   {ScalarType::ComplexFloat, "c64", true},
+    {ScalarType::ComplexDouble, "c128", true}, {ScalarType::Bool, "b8", false},
+    {ScalarType::QInt8, "qi8", false},        {ScalarType::QUInt8, "qu8", false},
+    {ScalarType::QInt32, "qi32", false},      {ScalarType::BFloat16, "bf16", true},
+    {ScalarType::Float8_e5m2, "f8e5m2", true}, {ScalarType::Float8_e4m3fn, "f8e4m3fn", true},
+    {ScalarType::Float8_e5m2fnuz, "f8e5m2fnuz", true},
+    {ScalarType::Float8_e4m3fnuz, "f8e4m3fnuz", true},
+    {ScalarType::UInt16, "u16", false},       {ScalarType::UInt32, "u32", false},
+    {ScalarType::UInt64, "u64", false},
+}};
+
+struct DeviceTypeName {
+  DeviceType type;
+  const char* name;
+};
+constexpr std::array<DeviceTypeName, 7> kDeviceTypeNames = {{
+    {DeviceType::CPU, "cpu"}, {DeviceType::CUDA, "cuda"}, {DeviceType::HIP, "hip"},
+    {DeviceType::XLA, "xla"}, {DeviceType::XPU, "xpu"},   {DeviceType::MPS, "mps"},
+    {DeviceType::Meta, "meta"},
+}};
+
+const ScalarTypeName* find_scalar_type(ScalarType t) {
+  for (const auto& entry : kScalarTypeNames)
+    if (entry.type == t) return &entry;
+  return nullptr;
+}
+}  // namespace
+
+std::string scalar_type_name(ScalarType t) {
+  const ScalarTypeName* entry = find_scalar_type(t);
+  return entry ? entry->name : "dtype" + std::to_string(static_cast<int>(t));
+}
+
+bool is_floating_or_complex(ScalarType t) {
+  const ScalarTypeName* entry = find_scalar_type(t);
+  return entry && entry->floating_or_complex;
+}
+
+std::string device_type_name(DeviceType t) {
+  for (const auto& entry : kDeviceTypeNames)
+    if (entry.type == t) return entry.name;
+  return "device" + std::to_string(static_cast<int>(t));
+}
+
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t running = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    strides[i] = running;
+    running *= sizes[i] > 1 ? sizes[i] : 1;
+  }
+  return strides;
+}
+
+ValueId Graph::add_input(TensorMeta meta) {
+  Value v;
+  v.id = static_cast<ValueId>(values.size());
+  v.meta = std::move(meta);
+  v.is_input = true;
+  v.input_index = static_cast<int32_t>(inputs.size());
+  inputs.push_back(v.id);
+  values.push_back(std::move(v));
+  return values.back().id;
+}
+
+ValueId Graph::add_constant(TensorMeta meta, PyObject* tensor) {
+  KILN_ASSERT(tensor != nullptr) << "constant tensor is null";
+  Value v;
+  v.id = static_cast<ValueId>(values.size());
+  v.meta = std::move(meta);
+  v.is_constant = true;
+  v.constant = PyObjectRef::steal(tensor);
+  values.push_back(std::move(v));
+  return values.back().id;
+}
+
+std::vector<ValueId> Graph::add_node(Node node, std::vector<TensorMeta> output_metas) {
+  KILN_ASSERT_EQ(node.args.size(), node.arg_names.size()) << "for " << node.qualified_name();
+  const auto index = static_cast<NodeIndex>(nodes.size());
+  node.outputs.clear();
+  for (auto& meta : output_metas) {
+    Value v;
+    v.id = static_cast<ValueId>(values.size());
+    v.meta = std::move(meta);
+    v.producer = index;
+    node.outputs.push_back(v.id);
+    values.push_back(std::move(v));
+  }
+  nodes.push_back(std::move(node));
+  return nodes.back().outputs;
+}
+
+const Value& Graph::value(ValueId id) const {
+  KILN_ASSERT(id >= 0 && static_cast<size_t>(id) < values.size())
+      << "value %" << id << " does not exist (graph has " << values.size() << " values)";
+  return values[id];
+}
+
+}  // namespace kiln::graph

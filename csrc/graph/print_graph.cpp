@@ -1,0 +1,131 @@
+// Graph::to_string: the readable form used by KILN_LOGS=graph, error messages and tests.
+//
+//   graph(%0 : f32[32, 10], %1 : f32[50, 10], %2 : f32[50]):
+//     %3 : f32[10, 50](1, 10) = aten::t.default(%1)
+//     %4 : f32[32, 50] = aten::addmm.default(%2, %0, %3, beta=1, alpha=1)
+//     return (%4)
+#include <array>
+#include <sstream>
+
+#include "graph/graph.h"
+
+namespace kiln::graph {
+
+namespace {
+constexpr std::array<const char*, 8> kLayoutNames = {
+    "strided", "sparse_coo", "sparse_csr", "mkldnn", "sparse_csc", "sparse_bsr", "sparse_bsc", "jagged"};
+constexpr std::array<const char*, 4> kMemoryFormatNames = {
+    "contiguous_format", "preserve_format", "channels_last", "channels_last_3d"};
+
+template <typename T>
+void print_list(std::ostream& os, const std::vector<T>& items) {
+  os << "[";
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) os << ", ";
+    if constexpr (std::is_same_v<T, bool>)
+      os << (items[i] ? "True" : "False");
+    else
+      os << items[i];
+  }
+  os << "]";
+}
+
+std::string device_to_string(const Device& d) {
+  std::string s = device_type_name(d.type);
+  if (d.index >= 0) s += ":" + std::to_string(d.index);
+  return s;
+}
+
+template <typename Table>
+std::string enum_name(const Table& table, int code, const char* kind) {
+  if (code >= 0 && static_cast<size_t>(code) < table.size()) return table[code];
+  return std::string(kind) + std::to_string(code);
+}
+
+// One printer per ArgValue alternative, chosen by std::visit.
+struct ArgPrinter {
+  std::ostream& os;
+  void operator()(const NoneArg&) const { os << "None"; }
+  void operator()(const TensorArg& t) const { os << "%" << t.id; }
+  void operator()(const TensorListArg& list) const {
+    os << "[";
+    for (size_t i = 0; i < list.ids.size(); ++i) {
+      if (i) os << ", ";
+      if (list.ids[i])
+        os << "%" << *list.ids[i];
+      else
+        os << "None";
+    }
+    os << "]";
+  }
+  void operator()(bool b) const { os << (b ? "True" : "False"); }
+  void operator()(int64_t i) const { os << i; }
+  void operator()(double d) const { os << d; }
+  void operator()(const std::complex<double>& c) const { os << "(" << c.real() << "+" << c.imag() << "j)"; }
+  void operator()(const std::string& s) const { os << "'" << s << "'"; }
+  void operator()(const std::vector<int64_t>& v) const { print_list(os, v); }
+  void operator()(const std::vector<double>& v) const { print_list(os, v); }
+  void operator()(const std::vector<bool>& v) const { print_list(os, v); }
+  void operator()(const ScalarTypeArg& t) const { os << scalar_type_name(t.type); }
+  void operator()(const LayoutArg& l) const { os << enum_name(kLayoutNames, l.code, "layout"); }
+  void operator()(const MemoryFormatArg& m) const {
+    os << enum_name(kMemoryFormatNames, m.code, "memory_format");
+  }
+  void operator()(const Device& d) const { os << device_to_string(d); }
+};
+
+void print_value_decl(std::ostream& os, const Value& v) {
+  os << "%" << v.id << " : " << meta_to_string(v.meta);
+}
+}  // namespace
+
+std::string meta_to_string(const TensorMeta& meta) {
+  std::ostringstream os;
+  os << scalar_type_name(meta.dtype);
+  print_list(os, meta.sizes);
+  if (meta.strides != contiguous_strides(meta.sizes) || meta.storage_offset != 0) {
+    os << "(";
+    for (size_t i = 0; i < meta.strides.size(); ++i) os << (i ? ", " : "") << meta.strides[i];
+    if (meta.storage_offset != 0) os << (meta.strides.empty() ? "" : ", ") << "offset=" << meta.storage_offset;
+    os << ")";
+  }
+  if (meta.device.type != DeviceType::CPU) os << "@" << device_to_string(meta.device);
+  if (meta.requires_grad) os << " grad";
+  return os.str();
+}
+
+std::string Graph::to_string() const {
+  std::ostringstream os;
+  os << "graph(";
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (i) os << ", ";
+    print_value_decl(os, value(inputs[i]));
+  }
+  os << "):\n";
+  for (const Value& v : values) {
+    if (!v.is_constant) continue;
+    os << "  ";
+    print_value_decl(os, v);
+    os << " = constant\n";
+  }
+  for (const Node& node : nodes) {
+    os << "  ";
+    for (size_t i = 0; i < node.outputs.size(); ++i) {
+      if (i) os << ", ";
+      print_value_decl(os, value(node.outputs[i]));
+    }
+    os << (node.outputs.empty() ? "() = " : " = ") << node.qualified_name() << "(";
+    for (size_t i = 0; i < node.args.size(); ++i) {
+      if (i) os << ", ";
+      if (static_cast<int32_t>(i) >= node.num_positional) os << node.arg_names[i] << "=";
+      std::visit(ArgPrinter{os}, node.args[i]);
+    }
+    os << ")" << (node.returns_list ? "  # list" : "") << "\n";
+  }
+  os << "  return (";
+  for (size_t i = 0; i < outputs.size(); ++i) os << (i ? ", " : "") << "%" << outputs[i];
+  os << ")\n";
+  return os.str();
+}
+
+}  // namespace kiln::graph

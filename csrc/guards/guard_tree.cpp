@@ -1,0 +1,282 @@
+#include "guards/guard_tree.h"
+
+#include "common/error.h"
+
+namespace kiln::guards {
+
+struct GuardTree::Node {
+  SourcePtr source;
+  std::vector<Check> checks;
+  std::vector<Node*> children;  // owned by GuardTree::nodes_
+};
+
+namespace {
+std::string repr(PyObject* o) {
+  PyObject* r = PyObject_Repr(o);
+  if (!r) {
+    PyErr_Clear();
+    return "<unrepresentable>";
+  }
+  std::string s = PyUnicode_AsUTF8(r);
+  Py_DECREF(r);
+  return s;
+}
+
+bool same_check(const Check& a, const Check& b) {
+  if (a.kind != b.kind) return false;
+  switch (a.kind) {
+    case CheckKind::kType: return a.type == b.type;
+    case CheckKind::kId: return a.object == b.object;
+    case CheckKind::kLength: return a.length == b.length;
+    case CheckKind::kHasNoAttr: return a.name == b.name;
+    default: return false;  // constants, tensors and keys on one path come once from the tracer
+  }
+}
+
+std::string describe_check(const std::string& path, const Check& c) {
+  switch (c.kind) {
+    case CheckKind::kType: return "type(" + path + ") is " + c.type->tp_name;
+    case CheckKind::kId: return path + " is <" + std::string(Py_TYPE(c.object)->tp_name) + " object>";
+    case CheckKind::kConstant: return path + " == " + repr(c.object);
+    case CheckKind::kTensor: return path + ": tensor " + describe_tensor_spec(c.tensor);
+    case CheckKind::kLength: return "len(" + path + ") == " + std::to_string(c.length);
+    case CheckKind::kDictKeys: return "list(" + path + ".keys()) == " + repr(c.object);
+    case CheckKind::kHasNoAttr: return path + " has no attribute " + c.name;
+  }
+  return path;
+}
+
+// Returns true when `value` passes; writes the reason on failure when `why` is set.
+bool run_check(const Check& c, PyObject* value, std::string* why) {
+  switch (c.kind) {
+    case CheckKind::kType:
+      if (Py_TYPE(value) == c.type) return true;
+      if (why) *why = std::string("expected type ") + c.type->tp_name + ", got " + Py_TYPE(value)->tp_name;
+      return false;
+    case CheckKind::kId:
+      if (value == c.object) return true;
+      if (why) *why = "a different object than the one traced";
+      return false;
+    case CheckKind::kConstant: {
+      if (value == c.object) return true;
+      if (Py_TYPE(value) != Py_TYPE(c.object)) {
+        if (why) *why = std::string("expected ") + repr(c.object) + ", got " + repr(value);
+        return false;
+      }
+      int eq = PyObject_RichCompareBool(value, c.object, Py_EQ);
+      if (eq < 0) PyErr_Clear();
+      if (eq == 1) return true;
+      if (why) *why = "expected " + repr(c.object) + ", got " + repr(value);
+      return false;
+    }
+    case CheckKind::kTensor: return tensor_matches(value, c.tensor, why);
+    case CheckKind::kLength: {
+      Py_ssize_t n = PyObject_Length(value);
+      if (n < 0) PyErr_Clear();
+      if (n == c.length) return true;
+      if (why) *why = "expected length " + std::to_string(c.length) + ", got " + std::to_string(n);
+      return false;
+    }
+    case CheckKind::kDictKeys: {
+      if (!PyDict_Check(value) || PyDict_GET_SIZE(value) != PyTuple_GET_SIZE(c.object)) {
+        if (why) *why = "dict keys changed";
+        return false;
+      }
+      Py_ssize_t pos = 0, i = 0;
+      PyObject *k, *v;
+      while (PyDict_Next(value, &pos, &k, &v)) {
+        PyObject* expected = PyTuple_GET_ITEM(c.object, i++);
+        if (k == expected) continue;
+        int eq = PyObject_RichCompareBool(k, expected, Py_EQ);
+        if (eq != 1) {
+          if (eq < 0) PyErr_Clear();
+          if (why) *why = "dict keys changed: expected " + repr(c.object);
+          return false;
+        }
+      }
+      return true;
+    }
+    case CheckKind::kHasNoAttr: {
+      int has = PyObject_HasAttrString(value, c.name.c_str());
+      if (!has) return true;
+      if (why) *why = "attribute " + c.name + " appeared";
+      return false;
+    }
+  }
+  return false;
+}
+}  // namespace
+
+GuardTree::GuardTree() = default;
+
+GuardTree::~GuardTree() {
+  for (auto& node : nodes_)
+    for (Check& c : node->checks) Py_XDECREF(c.object);
+  Py_XDECREF(globals_);
+}
+
+GuardTree::Node* GuardTree::node_for(const SourcePtr& s) {
+  std::string path = s->describe();
+  auto it = by_path_.find(path);
+  if (it != by_path_.end()) return it->second;
+  Node* parent = s->base() ? node_for(s->base()) : nullptr;
+  nodes_.push_back(std::make_unique<Node>());
+  Node* node = nodes_.back().get();
+  (parent ? parent->children : roots_).push_back(node);
+  node->source = s;
+  by_path_[path] = node;
+  return node;
+}
+
+namespace {
+void add(GuardTree::Node* n, Check c) {
+  for (const Check& existing : n->checks)
+    if (same_check(existing, c)) {
+      Py_XDECREF(c.object);
+      return;
+    }
+  n->checks.push_back(std::move(c));
+}
+}  // namespace
+
+void GuardTree::add_type(const SourcePtr& s, PyTypeObject* type) {
+  Check c{CheckKind::kType};
+  c.type = type;
+  add(node_for(s), std::move(c));
+}
+
+void GuardTree::add_id(const SourcePtr& s, PyObject* object) {
+  Check c{CheckKind::kId};
+  Py_INCREF(object);
+  c.object = object;
+  add(node_for(s), std::move(c));
+}
+
+void GuardTree::add_constant(const SourcePtr& s, PyObject* value) {
+  Node* n = node_for(s);
+  for (const Check& existing : n->checks)
+    if (existing.kind == CheckKind::kConstant) return;
+  Check c{CheckKind::kConstant};
+  Py_INCREF(value);
+  c.object = value;
+  add(n, std::move(c));
+}
+
+void GuardTree::add_tensor(const SourcePtr& s, PyObject* tensor) {
+  Node* n = node_for(s);
+  for (const Check& existing : n->checks)
+    if (existing.kind == CheckKind::kTensor) return;
+  Check c{CheckKind::kTensor};
+  c.tensor = tensor_spec_of(tensor);
+  add(n, std::move(c));
+}
+
+void GuardTree::add_length(const SourcePtr& s, long long length) {
+  Check c{CheckKind::kLength};
+  c.length = length;
+  add(node_for(s), std::move(c));
+}
+
+void GuardTree::add_dict_keys(const SourcePtr& s, PyObject* keys_tuple) {
+  Check c{CheckKind::kDictKeys};
+  Py_INCREF(keys_tuple);
+  c.object = keys_tuple;
+  add(node_for(s), std::move(c));
+}
+
+void GuardTree::add_globals_identity(PyObject* globals) {
+  Py_XINCREF(globals);
+  Py_XSETREF(globals_, globals);
+}
+
+void GuardTree::add_same_object(const SourcePtr& a, const SourcePtr& b) {
+  if (a->describe() != b->describe()) same_objects_.emplace_back(a, b);
+}
+
+bool GuardTree::check_same_objects(const SourceRoots& roots, std::string* why) const {
+  for (const auto& [a, b] : same_objects_) {
+    PyObject* x = a->resolve(roots);
+    PyObject* y = x ? b->resolve(roots) : nullptr;
+    if (!y) PyErr_Clear();
+    bool same = x && y && x == y;
+    Py_XDECREF(x);
+    Py_XDECREF(y);
+    if (!same) {
+      if (why) *why = a->describe() + " and " + b->describe() + " are no longer the same object";
+      return false;
+    }
+  }
+  return true;
+}
+
+bool GuardTree::check_node(const Node& n, PyObject* value, const SourceRoots& roots, std::string* why) const {
+  for (const Check& c : n.checks) {
+    if (!run_check(c, value, why)) {
+      if (why) *why = n.source->describe() + ": " + *why;
+      return false;
+    }
+  }
+  for (const Node* child : n.children) {
+    PyObject* v = child->source->resolve_from(value, roots);
+    if (!v) {
+      PyErr_Clear();
+      if (why) *why = child->source->describe() + " no longer exists";
+      return false;
+    }
+    bool ok = check_node(*child, v, roots, why);
+    Py_DECREF(v);
+    if (!ok) return false;
+  }
+  return true;
+}
+
+bool GuardTree::check(const SourceRoots& roots) const {
+  if (globals_ && roots.globals != globals_) return false;
+  if (!(GlobalState::current() == state_)) return false;
+  for (const Node* n : roots_) {
+    PyObject* v = n->source->resolve(roots);
+    if (!v) {
+      PyErr_Clear();
+      return false;
+    }
+    bool ok = check_node(*n, v, roots, nullptr);
+    Py_DECREF(v);
+    if (!ok) return false;
+  }
+  return check_same_objects(roots, nullptr);
+}
+
+std::string GuardTree::explain_failure(const SourceRoots& roots) const {
+  if (globals_ && roots.globals != globals_) return "the function's globals are a different dict";
+  GlobalState now = GlobalState::current();
+  if (!(now == state_)) return "global state changed: expected " + state_.describe() + ", got " + now.describe();
+  std::string why;
+  for (const Node* n : roots_) {
+    PyObject* v = n->source->resolve(roots);
+    if (!v) {
+      PyErr_Clear();
+      return n->source->describe() + " is unbound";
+    }
+    bool ok = check_node(*n, v, roots, &why);
+    Py_DECREF(v);
+    if (!ok) return why;
+  }
+  if (!check_same_objects(roots, &why)) return why;
+  return "all guards pass";
+}
+
+std::vector<std::string> GuardTree::describe() const {
+  std::vector<std::string> lines;
+  lines.push_back(state_.describe());
+  for (const auto& entry : by_path_)
+    for (const Check& c : entry.second->checks) lines.push_back(describe_check(entry.first, c));
+  return lines;
+}
+
+size_t GuardTree::num_checks() const {
+  size_t n = 0;
+  for (const auto& entry : by_path_) n += entry.second->checks.size();
+  return n;
+}
+
+}  // namespace kiln::guards

@@ -1,0 +1,109 @@
+#pragma once
+// Guards: the conditions under which a traced frame's compiled code may run again.
+//
+// The tracer records, for each value it read from outside the traced code, a Source and what it
+// assumed of the value (its type, identity, constant value, tensor meta, container length).
+// GuardTree groups those checks by source path, so each path is resolved once per check even when
+// many checks hang below it (`self` -> `self.layer1` -> `self.layer1._parameters['weight']`).
+// Checks run in C++ with no Python calls except attribute reads the source path requires.
+#include <Python.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/source.h"
+
+namespace kiln::guards {
+
+/// What a tensor guard compares (c10 codes for dtype and device type).
+struct TensorSpec {
+  PyTypeObject* type = nullptr;  ///< exact Python type (Tensor vs Parameter vs a subclass)
+  int dtype = -1;
+  int device_type = -1;
+  int device_index = -1;
+  std::vector<long long> sizes, strides;
+  bool requires_grad = false;
+};
+
+enum class CheckKind : unsigned char {
+  kType,       ///< type(v) is `type`
+  kId,         ///< v is `object`
+  kConstant,   ///< type(v) is type(object) and v == object (ints, floats, strings, None, bools, tuples of them)
+  kTensor,     ///< a tensor matching `tensor`
+  kLength,     ///< len(v) == length (tuples, lists, dicts)
+  kDictKeys,   ///< list(v.keys()) == `object` (a tuple of keys, in order)
+  kHasNoAttr,  ///< v has no attribute/dict entry `name` (a module attribute that must stay absent)
+};
+
+struct Check {
+  CheckKind kind;
+  PyObject* object = nullptr;  ///< owned: the expected identity/value/keys
+  PyTypeObject* type = nullptr;
+  long long length = 0;
+  std::string name;
+  TensorSpec tensor;
+};
+
+/// Global interpreter/torch state that changes what a graph computes.
+struct GlobalState {
+  bool grad_enabled = true;
+  bool inference_mode = false;
+  int default_dtype = 6;  // c10::ScalarType::Float
+  static GlobalState current();
+  bool operator==(const GlobalState& o) const {
+    return grad_enabled == o.grad_enabled && inference_mode == o.inference_mode && default_dtype == o.default_dtype;
+  }
+  std::string describe() const;
+};
+
+class GuardTree {
+ public:
+  GuardTree();
+  ~GuardTree();
+  GuardTree(const GuardTree&) = delete;
+  GuardTree& operator=(const GuardTree&) = delete;
+
+  // Building (by the tracer). Duplicate checks on the same path are dropped.
+  void add_type(const SourcePtr& s, PyTypeObject* type);
+  void add_id(const SourcePtr& s, PyObject* object);
+  void add_constant(const SourcePtr& s, PyObject* value);
+  void add_tensor(const SourcePtr& s, PyObject* tensor);
+  void add_length(const SourcePtr& s, long long length);
+  void add_dict_keys(const SourcePtr& s, PyObject* keys_tuple);
+  void add_globals_identity(PyObject* globals);
+  /// `a` and `b` must lead to the same object (one tensor reached through two paths).
+  void add_same_object(const SourcePtr& a, const SourcePtr& b);
+  void set_global_state(GlobalState state) { state_ = state; }
+
+  /// True when every check passes. Never raises: a path that cannot be resolved fails the check.
+  bool check(const SourceRoots& roots) const;
+  /// The first failing check, in words ("x: expected dtype float32, got float64").
+  std::string explain_failure(const SourceRoots& roots) const;
+  /// One line per check, for KILN_LOGS=guards and kiln.explain.
+  std::vector<std::string> describe() const;
+  size_t num_checks() const;
+
+ public:
+  struct Node;
+
+ private:
+  Node* node_for(const SourcePtr& s);
+  bool check_node(const Node& n, PyObject* value, const SourceRoots& roots, std::string* why) const;
+  std::vector<std::unique_ptr<Node>> nodes_;  // owns every node
+  std::vector<Node*> roots_;                  // nodes whose source has no base
+  std::map<std::string, Node*> by_path_;
+  PyObject* globals_ = nullptr;
+  GlobalState state_;
+  std::vector<std::pair<SourcePtr, SourcePtr>> same_objects_;
+  bool check_same_objects(const SourceRoots& roots, std::string* why) const;
+};
+
+/// Checks one tensor against a spec; on mismatch writes the reason if `why` is set.
+bool tensor_matches(PyObject* value, const TensorSpec& spec, std::string* why);
+/// Reads a tensor's spec (value must be a torch.Tensor).
+TensorSpec tensor_spec_of(PyObject* value);
+std::string describe_tensor_spec(const TensorSpec& spec);
+
+}  // namespace kiln::guards

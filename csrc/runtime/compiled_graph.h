@@ -1,0 +1,19 @@
+#pragma once
+// The runnable form of a captured graph, whatever backend produced it. Callers (the frame hook's cache
+// entries) hold it by shared_ptr and call run() with the frame's tensors in graph input order.
+// Only Tensor.h-level includes here so that every caller stays cheap to compile.
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+namespace kiln::runtime {
+
+class CompiledGraph {
+ public:
+  virtual ~CompiledGraph();
+  /// Runs the graph on real tensors; returns the graph outputs in order. With grad mode on and inputs
+  /// that require grad, the outputs carry autograd history exactly as eager would build it.
+  virtual std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) = 0;
+};
+
+}  // namespace kiln::runtime

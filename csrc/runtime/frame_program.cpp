@@ -1,0 +1,179 @@
+// FrameProgram: the hot path of a cache hit. A vectorcall Python type so the transformed code's
+// CALL reaches C++ without argument tuples; inputs are fetched through their Sources, the compiled
+// graph runs, and the frame's return value is rebuilt around its outputs.
+#include "runtime/frame_program.h"
+
+#include <pybind11/pybind11.h>
+#include <structmember.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include "common/error.h"
+#include "graph/graph.h"
+#include "runtime/backends.h"
+#include "runtime/compiled_graph.h"
+
+namespace kiln::runtime {
+
+OutputSpec::OutputSpec(OutputSpec&& o) noexcept
+    : kind(o.kind), index(o.index), object(o.object), children(std::move(o.children)) {
+  o.object = nullptr;
+}
+
+OutputSpec& OutputSpec::operator=(OutputSpec&& o) noexcept {
+  if (this != &o) {
+    Py_XDECREF(object);
+    kind = o.kind;
+    index = o.index;
+    object = o.object;
+    children = std::move(o.children);
+    o.object = nullptr;
+  }
+  return *this;
+}
+
+OutputSpec::~OutputSpec() { Py_XDECREF(object); }
+
+namespace {
+
+struct FrameProgramObject {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  FrameProgramSpec* spec;
+  std::shared_ptr<CompiledGraph>* compiled;
+};
+
+PyObject* build_output(const OutputSpec& spec, std::vector<at::Tensor>& outputs) {
+  switch (spec.kind) {
+    case OutputSpec::Kind::kGraphOutput: return THPVariable_Wrap(outputs[spec.index]);
+    case OutputSpec::Kind::kConstant: Py_INCREF(spec.object); return spec.object;
+    case OutputSpec::Kind::kTuple:
+    case OutputSpec::Kind::kList: {
+      bool tuple = spec.kind == OutputSpec::Kind::kTuple;
+      PyObject* out = tuple ? PyTuple_New(spec.children.size()) : PyList_New(spec.children.size());
+      if (!out) return nullptr;
+      for (size_t i = 0; i < spec.children.size(); ++i) {
+        PyObject* item = build_output(spec.children[i], outputs);
+        if (!item) {
+          Py_DECREF(out);
+          return nullptr;
+        }
+        if (tuple)
+          PyTuple_SET_ITEM(out, i, item);
+        else
+          PyList_SET_ITEM(out, i, item);
+      }
+      return out;
+    }
+    case OutputSpec::Kind::kDict: {
+      PyObject* out = PyDict_New();
+      for (size_t i = 0; i < spec.children.size(); ++i) {
+        PyObject* item = build_output(spec.children[i], outputs);
+        if (!item || PyDict_SetItem(out, PyTuple_GET_ITEM(spec.object, i), item) < 0) {
+          Py_XDECREF(item);
+          Py_DECREF(out);
+          return nullptr;
+        }
+        Py_DECREF(item);
+      }
+      return out;
+    }
+  }
+  return nullptr;
+}
+
+PyObject* program_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  auto* p = reinterpret_cast<FrameProgramObject*>(self);
+  const FrameProgramSpec& spec = *p->spec;
+  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  if (nargs != spec.num_locals_passed + spec.num_freevars_passed || kwnames) {
+    PyErr_SetString(PyExc_TypeError, "kiln internal error: compiled frame called with the wrong arguments");
+    return nullptr;
+  }
+  SourceRoots roots;
+  roots.locals = args;
+  roots.nlocals = spec.num_locals_passed;
+  roots.freevars = args + spec.num_locals_passed;
+  roots.nfreevars = spec.num_freevars_passed;
+  roots.globals = spec.globals;
+  roots.builtins = spec.builtins;
+  try {
+    std::vector<at::Tensor> inputs;
+    inputs.reserve(spec.inputs.size());
+    for (const SourcePtr& source : spec.inputs) {
+      PyObject* v = source->resolve(roots);
+      if (!v) return nullptr;
+      if (!THPVariable_Check(v)) {
+        Py_DECREF(v);
+        PyErr_Format(PyExc_TypeError, "kiln internal error: graph input %s is not a tensor", source->describe().c_str());
+        return nullptr;
+      }
+      inputs.push_back(THPVariable_Unpack(v));
+      Py_DECREF(v);
+    }
+    std::vector<at::Tensor> outputs = (*p->compiled)->run(inputs);
+    return build_output(spec.output, outputs);
+  } catch (pybind11::error_already_set& e) {
+    e.restore();
+    return nullptr;
+  } catch (const std::exception& e) {
+    // ATen errors (c10::Error) and kiln errors surface as Python exceptions, never an abort.
+    pybind11::detail::translate_exception(std::current_exception());
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
+void program_dealloc(PyObject* self) {
+  auto* p = reinterpret_cast<FrameProgramObject*>(self);
+  delete p->spec;
+  delete p->compiled;
+  PyTypeObject* type = Py_TYPE(self);
+  type->tp_free(self);
+  Py_DECREF(type);  // instances of heap types own a reference to their type
+}
+
+PyObject* program_repr(PyObject* self) {
+  auto* p = reinterpret_cast<FrameProgramObject*>(self);
+  return PyUnicode_FromFormat("<kiln compiled frame %s: %zd inputs>", p->spec->name.c_str(), p->spec->inputs.size());
+}
+
+PyTypeObject* program_type() {
+  static PyTypeObject* type = [] {
+    static PyType_Slot slots[] = {
+        {Py_tp_dealloc, (void*)program_dealloc},
+        {Py_tp_call, (void*)PyVectorcall_Call},
+        {Py_tp_repr, (void*)program_repr},
+        {0, nullptr},
+    };
+    static PyMemberDef members[] = {
+        {"__vectorcalloffset__", T_PYSSIZET, offsetof(FrameProgramObject, vectorcall), READONLY, nullptr},
+        {nullptr, 0, 0, 0, nullptr},
+    };
+    static PyType_Slot all_slots[] = {slots[0], slots[1], slots[2], {Py_tp_members, members}, {0, nullptr}};
+    static PyType_Spec spec = {"kiln.CompiledFrame", sizeof(FrameProgramObject), 0,
+                               Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL, all_slots};
+    return reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&spec));
+  }();
+  return type;
+}
+
+}  // namespace
+
+PyObject* make_frame_program(FrameProgramSpec spec, std::shared_ptr<CompiledGraph> compiled) {
+  PyTypeObject* type = program_type();
+  KILN_ASSERT(type) << "creating the CompiledFrame type";
+  auto* p = PyObject_New(FrameProgramObject, type);
+  if (!p) return nullptr;
+  p->vectorcall = program_call;
+  p->spec = new FrameProgramSpec(std::move(spec));
+  p->compiled = new std::shared_ptr<CompiledGraph>(std::move(compiled));
+  return reinterpret_cast<PyObject*>(p);
+}
+
+std::shared_ptr<CompiledGraph> compile_graph_object(PyObject* graph, const std::string& backend,
+                                                    PyObject* example_inputs, PyObject* user_backend) {
+  auto g = pybind11::cast<std::shared_ptr<graph::Graph>>(pybind11::handle(graph));
+  return compile_graph(std::move(g), backend, example_inputs, user_backend);
+}
+
+}  // namespace kiln::runtime

@@ -1,0 +1,54 @@
+#pragma once
+// FrameProgram: what a traced frame's transformed code calls. It fetches the graph inputs through
+// their Sources, runs the compiled graph, and rebuilds the frame's return value around the graph
+// outputs. This header is torch-free so the tracer can build one without LibTorch headers.
+#include <Python.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/source.h"
+
+namespace kiln::graph {
+class Graph;
+}
+
+namespace kiln::runtime {
+
+class CompiledGraph;
+
+/// The shape of a frame's return value around the graph's outputs.
+struct OutputSpec {
+  enum class Kind : unsigned char { kGraphOutput, kConstant, kTuple, kList, kDict };
+  Kind kind = Kind::kConstant;
+  int index = -1;              ///< kGraphOutput: index into the graph's outputs
+  PyObject* object = nullptr;  ///< kConstant: the value; kDict: tuple of keys (owned)
+  std::vector<OutputSpec> children;
+
+  OutputSpec() = default;
+  OutputSpec(OutputSpec&& o) noexcept;
+  OutputSpec& operator=(OutputSpec&& o) noexcept;
+  OutputSpec(const OutputSpec&) = delete;
+  ~OutputSpec();
+};
+
+struct FrameProgramSpec {
+  std::vector<SourcePtr> inputs;     ///< one per graph input, in order
+  OutputSpec output;
+  int num_locals_passed = 0;         ///< the transformed code passes localsplus[0..n) (the arguments)
+  int num_freevars_passed = 0;       ///< followed by the free variables' contents
+  PyObject* globals = nullptr;       ///< borrowed from the function; kept alive by the code object
+  PyObject* builtins = nullptr;
+  std::string name;                  ///< for errors: the traced function's qualified name
+};
+
+/// Creates the Python-callable program object (new reference). `compiled` runs the graph.
+PyObject* make_frame_program(FrameProgramSpec spec, std::shared_ptr<CompiledGraph> compiled);
+
+/// The backend table's entry point (runtime/backends.h) seen from torch-free code: compiles the
+/// graph held by the Python object `graph` (a kiln._C.Graph) with `backend` (a name) or `user_backend`.
+std::shared_ptr<CompiledGraph> compile_graph_object(PyObject* graph, const std::string& backend,
+                                                    PyObject* example_inputs, PyObject* user_backend);
+
+}  // namespace kiln::runtime

@@ -1,0 +1,359 @@
+// Calls while tracing: which calls run on fakes through the recorder (torch's API, built-in torch.nn
+// modules), which are inlined (user functions, user modules' forward), which builtins are folded.
+#include "common/error.h"
+#include "common/log.h"
+#include "trace/interpreter.h"
+#include "trace/tracer.h"
+
+namespace kiln::trace {
+
+namespace {
+
+constexpr int kMaxInlineDepth = 64;
+
+[[noreturn]] void rethrow_python(const std::string& context) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  std::string message = context;
+  if (value) {
+    PyObject* s = PyObject_Str(value);
+    message += std::string(": ") + ((PyTypeObject*)type)->tp_name + ": " + (s ? PyUnicode_AsUTF8(s) : "?");
+    Py_XDECREF(s);
+  }
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+  PyErr_Clear();
+  KILN_UNSUPPORTED() << message;
+}
+
+std::string name_of(PyObject* fn) {
+  PyObject* n = PyObject_GetAttrString(fn, "__qualname__");
+  if (!n) {
+    PyErr_Clear();
+    n = PyObject_GetAttrString(fn, "__name__");
+  }
+  if (!n || !PyUnicode_Check(n)) {
+    PyErr_Clear();
+    Py_XDECREF(n);
+    return Py_TYPE(fn)->tp_name;
+  }
+  std::string s = PyUnicode_AsUTF8(n);
+  Py_DECREF(n);
+  return s;
+}
+
+bool contains(PyObject* set, PyObject* item) {
+  int r = PySet_Contains(set, item);
+  if (r < 0) PyErr_Clear();  // unhashable
+  return r == 1;
+}
+
+PyObject* builtin(const char* name) { return PyDict_GetItemString(PyEval_GetBuiltins(), name); }
+
+}  // namespace
+
+VarPtr Tracer::call_recorded(PyObject* fn, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  PyObject* py_args = PyTuple_New(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    PyObject* a = to_python(args[i]);
+    if (!a) {
+      Py_DECREF(py_args);
+      rethrow_python("converting an argument");
+    }
+    PyTuple_SET_ITEM(py_args, i, a);
+  }
+  PyObject* py_kwargs = PyDict_New();
+  for (const auto& [name, value] : kwargs) {
+    PyObject* v = to_python(value);
+    if (!v) {
+      Py_DECREF(py_args);
+      Py_DECREF(py_kwargs);
+      rethrow_python("converting a keyword argument");
+    }
+    PyDict_SetItem(py_kwargs, name, v);
+    Py_DECREF(v);
+  }
+  PyObject* result = PyObject_CallMethod(recorder_, "call", "OOO", fn, py_args, py_kwargs);
+  Py_DECREF(py_args);
+  Py_DECREF(py_kwargs);
+  if (!result) rethrow_python("calling " + name_of(fn) + " on fake tensors");
+  VarPtr out = wrap_result(result);
+  Py_DECREF(result);
+  return out;
+}
+
+VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
+  switch (fn->kind) {
+    case VarKind::kModule: return call_module(fn, std::move(args), std::move(kwargs));
+    case VarKind::kMethod: {
+      args.insert(args.begin(), fn->items[0]);
+      return inline_function(fn->value, std::move(args), std::move(kwargs));
+    }
+    case VarKind::kConst: break;
+    default: KILN_UNSUPPORTED() << "calling a " << fn->describe();
+  }
+  PyObject* f = fn->value;
+  bool handled = false;
+  VarPtr r = call_builtin(f, args, kwargs, &handled);
+  if (handled) return r;
+  PyObject* is_torch = PyObject_CallOneArg(helper("is_torch_callable"), f);
+  if (!is_torch) rethrow_python("classifying a callable");
+  bool torch_callable = is_torch == Py_True;
+  Py_DECREF(is_torch);
+  if (torch_callable) return call_recorded(f, args, kwargs);
+  if (PyFunction_Check(f)) return inline_function(f, std::move(args), std::move(kwargs));
+  if (PyMethod_Check(f)) {
+    PyObject* self = PyMethod_GET_SELF(f);
+    args.insert(args.begin(), wrap(self, nullptr));
+    return inline_function(PyMethod_GET_FUNCTION(f), std::move(args), std::move(kwargs));
+  }
+  KILN_UNSUPPORTED() << "calling " << name_of(f) << " (" << Py_TYPE(f)->tp_name << ") is not traced yet";
+}
+
+VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs, bool* handled) {
+  *handled = true;
+  size_t n = args.size();
+  if (f == builtin("len") && n == 1 && kwargs.empty()) {
+    const VarPtr& x = args[0];
+    if (x->is(VarKind::kTuple) || x->is(VarKind::kList) || x->is(VarKind::kDict))
+      return make_const_steal(PyLong_FromSize_t(x->items.size()));
+    if (x->is(VarKind::kTensor) || x->is(VarKind::kModule)) {
+      Py_ssize_t len = PyObject_Length(x->value);
+      if (len < 0) rethrow_python("len()");
+      return make_const_steal(PyLong_FromSsize_t(len));
+    }
+  }
+  if (f == builtin("isinstance") && n == 2 && args[1]->is(VarKind::kConst)) {
+    const VarPtr& x = args[0];
+    PyObject* cls = args[1]->value;
+    int r;
+    if (x->is(VarKind::kTensor)) {
+      r = PyObject_IsSubclass((PyObject*)x->real_type, cls);
+    } else if (x->is(VarKind::kTuple) || x->is(VarKind::kList) || x->is(VarKind::kDict)) {
+      PyTypeObject* t = x->is(VarKind::kTuple) ? &PyTuple_Type : x->is(VarKind::kList) ? &PyList_Type : &PyDict_Type;
+      r = PyObject_IsSubclass((PyObject*)t, cls);
+    } else if (x->value) {
+      r = PyObject_IsInstance(x->value, cls);
+    } else {
+      KILN_UNSUPPORTED() << "isinstance of a " << x->describe();
+    }
+    if (r < 0) rethrow_python("isinstance");
+    return make_const(r ? Py_True : Py_False);
+  }
+  if ((f == builtin("getattr") || f == builtin("hasattr")) && (n == 2 || n == 3) && args[1]->is(VarKind::kConst) &&
+      PyUnicode_Check(args[1]->value)) {
+    bool has = f == builtin("hasattr");
+    // Attribute existence is settled on the real object; the value goes through get_attr (guards).
+    if (args[0]->value && !args[0]->is(VarKind::kTensor)) {
+      int exists = PyObject_HasAttr(args[0]->value, args[1]->value);
+      if (has) return make_const(exists ? Py_True : Py_False);
+      if (!exists && n == 3) return args[2];
+    }
+    if (has) {
+      if (args[0]->is(VarKind::kTensor)) return make_const(PyObject_HasAttr(args[0]->value, args[1]->value) ? Py_True : Py_False);
+    } else {
+      return get_attr(args[0], args[1]->value);
+    }
+  }
+  if ((f == builtin("tuple") || f == builtin("list")) && n == 1 && !is_constant(args[0])) {
+    return make_sequence(f == builtin("tuple") ? VarKind::kTuple : VarKind::kList, iterate(args[0]));
+  }
+  if (f == builtin("enumerate") && (n == 1 || n == 2) && (n == 1 || args[1]->is(VarKind::kConst))) {
+    long long start = n == 2 ? PyLong_AsLongLong(args[1]->value) : 0;
+    std::vector<VarPtr> pairs;
+    for (VarPtr& item : iterate(args[0]))
+      pairs.push_back(make_sequence(VarKind::kTuple, {make_const_steal(PyLong_FromLongLong(start++)), item}));
+    return make_sequence(VarKind::kList, std::move(pairs));
+  }
+  if (f == builtin("zip") && kwargs.empty() && n >= 1) {
+    std::vector<std::vector<VarPtr>> columns;
+    size_t len = SIZE_MAX;
+    for (const VarPtr& a : args) {
+      columns.push_back(iterate(a));
+      len = std::min(len, columns.back().size());
+    }
+    std::vector<VarPtr> rows;
+    for (size_t i = 0; i < len; ++i) {
+      std::vector<VarPtr> row;
+      for (auto& c : columns) row.push_back(c[i]);
+      rows.push_back(make_sequence(VarKind::kTuple, std::move(row)));
+    }
+    return make_sequence(VarKind::kList, std::move(rows));
+  }
+  if (f == builtin("reversed") && n == 1 && !is_constant(args[0])) {
+    std::vector<VarPtr> items = iterate(args[0]);
+    return make_sequence(VarKind::kList, std::vector<VarPtr>(items.rbegin(), items.rend()));
+  }
+  // Pure builtins and math/operator functions of constants run for real.
+  if (contains(helper("PURE_BUILTINS"), f)) {
+    bool all_const = true;
+    for (const VarPtr& a : args) all_const = all_const && is_constant(a);
+    for (const auto& kv : kwargs) all_const = all_const && is_constant(kv.second);
+    if (all_const) {
+      PyObject* py_args = PyTuple_New(n);
+      for (size_t i = 0; i < n; ++i) PyTuple_SET_ITEM(py_args, i, to_python(args[i]));
+      PyObject* py_kwargs = kwargs.empty() ? nullptr : PyDict_New();
+      for (const auto& [k, v] : kwargs) {
+        PyObject* pv = to_python(v);
+        PyDict_SetItem(py_kwargs, k, pv);
+        Py_DECREF(pv);
+      }
+      PyObject* r = PyObject_Call(f, py_args, py_kwargs);
+      Py_DECREF(py_args);
+      Py_XDECREF(py_kwargs);
+      if (!r) rethrow_python("calling " + name_of(f));
+      VarPtr out = wrap_result(r);
+      Py_DECREF(r);
+      return out;
+    }
+  }
+  *handled = false;
+  return nullptr;
+}
+
+VarPtr Tracer::call_module(const VarPtr& module, std::vector<VarPtr> args, KwArgs kwargs) {
+  PyObject* m = module->value;
+  PyObject* kind_obj = PyObject_CallOneArg(helper("module_call_kind"), m);
+  if (!kind_obj) rethrow_python("inspecting a module");
+  std::string kind = PyUnicode_AsUTF8(kind_obj);
+  Py_DECREF(kind_obj);
+  if (kind == "hooks") KILN_UNSUPPORTED() << "calling a module with hooks or a replaced forward (" << Py_TYPE(m)->tp_name << ")";
+  if (module->source) {
+    // Hooks added later must invalidate the trace: the hook dicts stay empty.
+    for (const char* hooks : {"_forward_hooks", "_forward_pre_hooks", "_backward_hooks"})
+      guards_->add_length(Source::instance_dict(module->source, hooks), 0);
+  }
+  if (kind == "sequential") {
+    if (args.size() != 1 || !kwargs.empty()) KILN_UNSUPPORTED() << "nn.Sequential called with several arguments";
+    VarPtr x = args[0];
+    for (VarPtr& child : iterate(module)) x = call(child, {x}, {});
+    return x;
+  }
+  if (kind == "leaf") {
+    if (!module->source) KILN_UNSUPPORTED() << "a built-in module that was created inside the traced code";
+    PyObject* state = PyObject_CallOneArg(helper("leaf_module_state"), m);
+    if (!state) rethrow_python("reading a module's state");
+    PyObject* tensors = PyTuple_GET_ITEM(state, 0);
+    PyObject* constants = PyTuple_GET_ITEM(state, 1);
+    auto path_source = [&](PyObject* path, std::string* dotted) {
+      SourcePtr s = module->source;
+      Py_ssize_t len = PyList_GET_SIZE(path);
+      for (Py_ssize_t i = 0; i < len; ++i) {
+        PyObject* step = PyList_GET_ITEM(path, i);
+        std::string slot = PyUnicode_AsUTF8(PyTuple_GET_ITEM(step, 0));
+        std::string name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(step, 1));
+        s = slot == "__dict__" ? Source::instance_dict(s, name) : Source::module_slot(s, slot, name);
+        if (dotted) *dotted += (dotted->empty() ? "" : ".") + name;
+      }
+      return s;
+    };
+    PyObject* fakes = PyDict_New();
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(tensors); ++i) {
+      PyObject* entry = PyList_GET_ITEM(tensors, i);
+      std::string dotted;
+      SourcePtr s = path_source(PyTuple_GET_ITEM(entry, 0), &dotted);
+      VarPtr t = wrap(PyTuple_GET_ITEM(entry, 1), s);
+      PyDict_SetItemString(fakes, dotted.c_str(), t->value);
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(constants); ++i) {
+      PyObject* entry = PyList_GET_ITEM(constants, i);
+      guards_->add_constant(path_source(PyTuple_GET_ITEM(entry, 0), nullptr), PyTuple_GET_ITEM(entry, 1));
+    }
+    Py_DECREF(state);
+    PyObject* py_args = PyTuple_New(args.size());
+    for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(py_args, i, to_python(args[i]));
+    PyObject* py_kwargs = PyDict_New();
+    for (const auto& [k, v] : kwargs) {
+      PyObject* pv = to_python(v);
+      PyDict_SetItem(py_kwargs, k, pv);
+      Py_DECREF(pv);
+    }
+    PyObject* result = PyObject_CallFunctionObjArgs(helper("call_leaf_module"), recorder_, m, fakes, py_args,
+                                                    py_kwargs, nullptr);
+    Py_DECREF(fakes);
+    Py_DECREF(py_args);
+    Py_DECREF(py_kwargs);
+    if (!result) rethrow_python(std::string("calling ") + Py_TYPE(m)->tp_name + " on fake tensors");
+    VarPtr out = wrap_result(result);
+    Py_DECREF(result);
+    return out;
+  }
+  PyObject* forward = PyObject_GetAttrString((PyObject*)Py_TYPE(m), "forward");
+  if (!forward) rethrow_python("module.forward");
+  args.insert(args.begin(), module);
+  VarPtr out = PyFunction_Check(forward) ? inline_function(forward, std::move(args), std::move(kwargs)) : nullptr;
+  Py_DECREF(forward);
+  if (!out) KILN_UNSUPPORTED() << "module forward is not a Python function";
+  return out;
+}
+
+VarPtr Tracer::inline_function(PyObject* function, std::vector<VarPtr> args, KwArgs kwargs) {
+  if (depth_ >= kMaxInlineDepth) KILN_UNSUPPORTED() << "inlining deeper than " << kMaxInlineDepth << " calls";
+  PyCodeObject* code = (PyCodeObject*)PyFunction_GET_CODE(function);
+  if (code->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR))
+    KILN_UNSUPPORTED() << "calling the generator function " << name_of(function);
+  PyObject* kwnames = PyTuple_New(kwargs.size());
+  for (size_t i = 0; i < kwargs.size(); ++i) {
+    Py_INCREF(kwargs[i].first);
+    PyTuple_SET_ITEM(kwnames, i, kwargs[i].first);
+    args.push_back(kwargs[i].second);
+  }
+  size_t npositional = args.size() - kwargs.size();
+  PyObject* binding = PyObject_CallFunction(helper("bind_arguments"), "OnO", function, (Py_ssize_t)npositional, kwnames);
+  Py_DECREF(kwnames);
+  if (!binding) rethrow_python("binding the arguments of " + name_of(function));
+  int nlocalsplus = (int)PyTuple_GET_SIZE(code->co_localsplusnames);
+  std::vector<VarPtr> locals(nlocalsplus);
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(binding); ++i) {
+    PyObject* entry = PyList_GET_ITEM(binding, i);
+    std::string tag = PyUnicode_AsUTF8(PyTuple_GET_ITEM(entry, 0));
+    PyObject* payload = PyTuple_GET_ITEM(entry, 1);
+    if (tag == "slot") {
+      locals[i] = args[PyLong_AsSize_t(payload)];
+    } else if (tag == "const") {
+      locals[i] = wrap(payload, nullptr);
+    } else if (tag == "tuple") {
+      std::vector<VarPtr> items;
+      for (Py_ssize_t k = 0; k < PyList_GET_SIZE(payload); ++k)
+        items.push_back(args[PyLong_AsSize_t(PyList_GET_ITEM(payload, k))]);
+      locals[i] = make_sequence(VarKind::kTuple, std::move(items));
+    } else {
+      std::vector<PyObject*> keys;
+      std::vector<VarPtr> values;
+      for (Py_ssize_t k = 0; k < PyList_GET_SIZE(payload); ++k) {
+        PyObject* kv = PyList_GET_ITEM(payload, k);
+        Py_INCREF(PyTuple_GET_ITEM(kv, 0));
+        keys.push_back(PyTuple_GET_ITEM(kv, 0));
+        values.push_back(args[PyLong_AsSize_t(PyTuple_GET_ITEM(kv, 1))]);
+      }
+      locals[i] = make_dict(std::move(keys), std::move(values));
+    }
+  }
+  Py_DECREF(binding);
+  // Free variables: read through their cells, guarded (a nonlocal can be rebound between calls).
+  std::vector<VarPtr> freevars;
+  PyObject* closure = PyFunction_GET_CLOSURE(function);
+  PyObject* freenames = PyCode_GetFreevars(code);
+  for (Py_ssize_t j = 0; closure && j < PyTuple_GET_SIZE(closure); ++j) {
+    PyObject* cell = PyTuple_GET_ITEM(closure, j);
+    PyObject* value = PyCell_GET(cell);
+    std::string label = std::string("<cell ") + PyUnicode_AsUTF8(PyTuple_GET_ITEM(freenames, j)) + ">";
+    freevars.push_back(value ? wrap(value, Source::attr(Source::object(cell, label), "cell_contents")) : nullptr);
+  }
+  Py_XDECREF(freenames);
+  PyObject* globals = PyFunction_GET_GLOBALS(function);
+  PyObject* builtins = PyDict_GetItemString(globals, "__builtins__");
+  if (builtins && PyModule_Check(builtins)) builtins = PyModule_GetDict(builtins);
+  if (!builtins) builtins = root_.builtins;
+  ++depth_;
+  struct DepthGuard {
+    int& d;
+    ~DepthGuard() { --d; }
+  } guard{depth_};
+  InstructionTranslator inner(*this, code, globals, builtins, std::move(locals), std::move(freevars));
+  return inner.run();
+}
+
+}  // namespace kiln::trace

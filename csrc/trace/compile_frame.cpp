@@ -1,0 +1,226 @@
+#include "trace/compile_frame.h"
+
+#include "common/error.h"
+#include "common/log.h"
+#include "runtime/frame_program.h"
+#include "trace/tracer.h"
+#include "trace/transform_code.h"
+
+namespace kiln::trace {
+
+Stats& stats() {
+  static Stats s;
+  return s;
+}
+
+namespace {
+
+SourceRoots roots_of(const frame::FrameView& frame) {
+  SourceRoots roots;
+  roots.locals = frame.localsplus;
+  roots.nlocals = frame.nlocalsplus;
+  roots.closure = frame.closure;
+  roots.globals = frame.globals;
+  roots.builtins = frame.builtins;
+  return roots;
+}
+
+// The frame hook's view of a GuardTree.
+class FrameGuard : public frame::GuardCheck {
+ public:
+  explicit FrameGuard(std::shared_ptr<guards::GuardTree> tree) : tree_(std::move(tree)) {}
+  bool check(const frame::FrameView& frame) const override { return tree_->check(roots_of(frame)); }
+  std::string describe_failure(const frame::FrameView& frame) const override {
+    return tree_->explain_failure(roots_of(frame));
+  }
+  std::string describe() const override {
+    std::string out;
+    for (const std::string& line : tree_->describe()) out += line + "\n";
+    return out;
+  }
+  const guards::GuardTree& tree() const { return *tree_; }
+
+ private:
+  std::shared_ptr<guards::GuardTree> tree_;
+};
+
+// What a cache entry keeps alive besides its code: the program object (also in co_consts) and the graph.
+struct EntryPayload {
+  PyObject* program = nullptr;
+  PyObject* graph = nullptr;
+  ~EntryPayload() {
+    Py_XDECREF(program);
+    Py_XDECREF(graph);
+  }
+};
+
+std::string where(PyCodeObject* code) {
+  return std::string(PyUnicode_AsUTF8(code->co_qualname)) + " at " + PyUnicode_AsUTF8(code->co_filename) + ":" +
+         std::to_string(code->co_firstlineno);
+}
+
+PyObject* string_list(const std::vector<std::string>& lines) {
+  PyObject* list = PyList_New(lines.size());
+  for (size_t i = 0; i < lines.size(); ++i) PyList_SET_ITEM(list, i, PyUnicode_FromString(lines[i].c_str()));
+  return list;
+}
+
+// kiln._tracing.skip_reason(filename): frames of torch, kiln and the standard library are not traced.
+bool skipped_file(PyCodeObject* code) {
+  static PyObject* fn = [] {
+    PyObject* m = PyImport_ImportModule("kiln._tracing");
+    PyObject* f = m ? PyObject_GetAttrString(m, "skip_reason") : nullptr;
+    Py_XDECREF(m);
+    return f;
+  }();
+  if (!fn) {
+    PyErr_Clear();
+    return false;
+  }
+  PyObject* r = PyObject_CallOneArg(fn, code->co_filename);
+  if (!r) {
+    PyErr_Clear();
+    return false;
+  }
+  bool skip = r != Py_None;
+  Py_DECREF(r);
+  return skip;
+}
+
+}  // namespace
+
+KilnCompiler::KilnCompiler(CompileOptions options) : options_(std::move(options)) {}
+
+KilnCompiler::~KilnCompiler() {
+  Py_XDECREF(options_.user_backend);
+  Py_XDECREF(options_.explain_sink);
+  for (PyObject* c : options_.entry_codes) Py_DECREF(c);
+}
+
+void KilnCompiler::explain(const char* kind, PyObject* record) {
+  if (options_.explain_sink && record) {
+    PyObject* item = Py_BuildValue("(sO)", kind, record);
+    PyList_Append(options_.explain_sink, item);
+    Py_XDECREF(item);
+  }
+  Py_XDECREF(record);
+}
+
+frame::MissResult KilnCompiler::fall_back(const frame::FrameView& frame, const std::string& reason, bool has_entries) {
+  frame::MissResult result;
+  stats().fallbacks++;
+  std::string message = "falling back to eager for " + where(frame.code) + ": " + reason;
+  KILN_LOG(fallbacks) << message;
+  KILN_LOG(graph_breaks) << message;
+  explain("break", PyUnicode_FromString(reason.c_str()));
+  if (options_.fullgraph) {
+    PyObject* errors = PyImport_ImportModule("kiln.errors");
+    PyObject* type = errors ? PyObject_GetAttrString(errors, "GraphBreakError") : nullptr;
+    Py_XDECREF(errors);
+    std::string text = "fullgraph=True but " + where(frame.code) + " cannot be captured in one graph: " + reason +
+                       ". Hint: remove the construct from the compiled function, or compile without fullgraph=True.";
+    PyErr_SetString(type ? type : PyExc_RuntimeError, text.c_str());
+    Py_XDECREF(type);
+    result.action = frame::MissAction::kError;
+    return result;
+  }
+  // Without any entry the frame never traced: skip the code for good (its callees are still seen).
+  result.action = has_entries ? frame::MissAction::kRunDefault : frame::MissAction::kSkipCode;
+  return result;
+}
+
+frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
+                                        const std::vector<const frame::CacheEntry*>& entries) {
+  frame::MissResult result;
+  bool entry_code = options_.entry_codes.count((PyObject*)frame.code) > 0;
+  if (!entry_code && skipped_file(frame.code)) {
+    result.action = frame::MissAction::kSkipCode;
+    return result;
+  }
+  if (!entries.empty()) {
+    std::string reason = entries.front()->guard->describe_failure(frame);
+    if ((int)entries.size() >= options_.recompile_limit) {
+      if (warned_limit_.insert((PyObject*)frame.code).second) {
+        std::string text = "kiln: recompile limit (" + std::to_string(options_.recompile_limit) + ") reached for " +
+                           where(frame.code) + "; new inputs run eagerly. Last failing guard: " + reason;
+        if (PyErr_WarnEx(PyExc_RuntimeWarning, text.c_str(), 1) < 0) PyErr_Clear();
+      }
+      result.action = frame::MissAction::kRunDefault;
+      return result;
+    }
+    stats().recompiles++;
+    KILN_LOG(recompiles) << "recompiling " << where(frame.code) << ": " << reason;
+    explain("recompile", PyUnicode_FromString(reason.c_str()));
+  }
+
+  FrameInput input{frame.code, frame.function, frame.globals, frame.builtins, frame.closure, frame.localsplus,
+                   frame.nlocalsplus};
+  try {
+    Tracer tracer(input);
+    TraceResult traced = tracer.run();
+    auto tree = std::shared_ptr<guards::GuardTree>(std::move(traced.guards));
+
+    runtime::FrameProgramSpec spec;
+    spec.inputs = traced.input_sources;
+    spec.output = std::move(traced.output);
+    spec.globals = frame.globals;
+    spec.builtins = frame.builtins;
+    spec.name = PyUnicode_AsUTF8(frame.code->co_qualname);
+    auto compiled = runtime::compile_graph_object(traced.graph, options_.backend, traced.example_inputs,
+                                                  options_.user_backend);
+    // The program is created before the code that calls it; the code passes arguments then free vars.
+    PyObject* program = nullptr;
+    {
+      int nargs = frame.code->co_argcount + frame.code->co_kwonlyargcount +
+                  ((frame.code->co_flags & CO_VARARGS) ? 1 : 0) + ((frame.code->co_flags & CO_VARKEYWORDS) ? 1 : 0);
+      spec.num_locals_passed = nargs;
+      spec.num_freevars_passed = frame.code->co_nfreevars;
+      program = runtime::make_frame_program(std::move(spec), std::move(compiled));
+      KILN_ASSERT(program) << "creating the compiled frame";
+    }
+    CallCode call = make_call_code(frame.code, program);
+
+    auto entry = std::make_unique<frame::CacheEntry>();
+    entry->code = call.code;
+    auto guard = std::make_unique<FrameGuard>(tree);
+    auto payload = std::make_shared<EntryPayload>();
+    payload->program = program;
+    Py_INCREF(traced.graph);
+    payload->graph = traced.graph;
+    entry->payload = payload;
+    entry->label = where(frame.code) + " #" + std::to_string(entries.size());
+
+    stats().frames_compiled++;
+    if (log::enabled(log::Category::graph)) {
+      PyObject* text = PyObject_Str(traced.graph);
+      KILN_LOG(graph) << "graph for " << entry->label << " (" << traced.num_ops << " ops)\n"
+                      << (text ? PyUnicode_AsUTF8(text) : "?");
+      Py_XDECREF(text);
+      PyErr_Clear();
+    }
+    KILN_LOG(guards) << "guards for " << entry->label << " (" << tree->num_checks() << " checks)\n"
+                     << guard->describe();
+    if (options_.explain_sink) {
+      PyObject* ops = PyObject_CallMethod(traced.graph, "ops", nullptr);
+      if (!ops) {
+        PyErr_Clear();
+        ops = PyList_New(0);
+      }
+      explain("graph", Py_BuildValue("{s:N,s:N,s:s}", "ops", ops, "guards", string_list(tree->describe()), "where",
+                                     entry->label.c_str()));
+    }
+    entry->guard = std::move(guard);
+    result.action = frame::MissAction::kAddEntry;
+    result.entry = std::move(entry);
+    return result;
+  } catch (const Error& e) {
+    PyErr_Clear();
+    if (e.kind() == ErrorKind::Internal) KILN_LOG(fallbacks) << e.what();
+    return fall_back(frame, e.what(), !entries.empty());
+  } catch (const std::exception& e) {
+    PyErr_Clear();
+    return fall_back(frame, std::string("backend failed: ") + e.what(), !entries.empty());
+  }
+}
+
+}  // namespace kiln::trace

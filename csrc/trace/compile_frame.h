@@ -1,0 +1,44 @@
+#pragma once
+// The frame hook's Compiler for kiln.compile: on a cache miss, trace the frame, compile its graph with
+// the chosen backend, and hand back a cache entry (guards + transformed code). Failures fall back to
+// running the frame eagerly, counted and logged once; under fullgraph=True they raise instead.
+#include <Python.h>
+
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "frame/frame.h"
+
+namespace kiln::trace {
+
+struct CompileOptions {
+  std::string backend = "kiln";
+  PyObject* user_backend = nullptr;  ///< owned; a callable backend
+  bool fullgraph = false;
+  int recompile_limit = 8;
+  PyObject* explain_sink = nullptr;  ///< owned list: kiln.explain collects one record per event
+  std::unordered_set<PyObject*> entry_codes;  ///< owned: traced even when their file is skipped
+};
+
+/// Counters behind kiln.stats().
+struct Stats {
+  long long frames_compiled = 0, recompiles = 0, graph_breaks = 0, fallbacks = 0, guard_failures = 0;
+};
+Stats& stats();
+
+class KilnCompiler : public frame::Compiler {
+ public:
+  explicit KilnCompiler(CompileOptions options);
+  ~KilnCompiler() override;
+  frame::MissResult on_miss(const frame::FrameView& frame, const std::vector<const frame::CacheEntry*>& entries) override;
+  const CompileOptions& options() const { return options_; }
+
+ private:
+  frame::MissResult fall_back(const frame::FrameView& frame, const std::string& reason, bool has_entries);
+  void explain(const char* kind, PyObject* record);
+  CompileOptions options_;
+  std::unordered_set<PyObject*> warned_limit_;  ///< codes whose recompile-limit warning was given
+};
+
+}  // namespace kiln::trace

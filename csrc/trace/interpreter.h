@@ -1,0 +1,114 @@
+#pragma once
+// InstructionTranslator: symbolic execution of one code object's bytecode (the root frame's, or an
+// inlined function's). Opcode handlers live in a table indexed by the running Python's opcode numbers
+// (built by name from bytecode::opcodes()), grouped by family in interpreter_*.cpp files.
+#include <Python.h>
+
+#include <vector>
+
+#include "bytecode/bytecode.h"
+#include "trace/tracer.h"
+#include "trace/variables.h"
+
+namespace kiln::trace {
+
+class InstructionTranslator {
+ public:
+  /// `locals` has co_nlocalsplus slots with the arguments bound; `freevars` the free variables' Vars.
+  InstructionTranslator(Tracer& tracer, PyCodeObject* code, PyObject* globals, PyObject* builtins,
+                        std::vector<VarPtr> locals, std::vector<VarPtr> freevars);
+  /// Runs to RETURN_VALUE and returns the returned Var.
+  VarPtr run();
+
+  using Handler = void (InstructionTranslator::*)(const bytecode::Instruction&);
+
+ private:
+  friend struct HandlerTable;
+  // stack
+  void push(VarPtr v) { stack_.push_back(std::move(v)); }
+  VarPtr pop();
+  VarPtr& peek(int depth = 0);
+  std::vector<VarPtr> pop_n(int n);
+  std::string location() const;
+  PyObject* name_at(int index) const;  ///< co_names[index] (borrowed)
+  void jump(const bytecode::Instruction& ins) { next_ = ins.target; }
+
+  // loads and stores (interpreter_loads.cpp)
+  void op_nop(const bytecode::Instruction&) {}
+  void op_push_null(const bytecode::Instruction&);
+  void op_pop_top(const bytecode::Instruction&);
+  void op_copy(const bytecode::Instruction&);
+  void op_swap(const bytecode::Instruction&);
+  void op_load_fast(const bytecode::Instruction&);
+  void op_load_fast_and_clear(const bytecode::Instruction&);
+  void op_store_fast(const bytecode::Instruction&);
+  void op_delete_fast(const bytecode::Instruction&);
+  void op_load_fast_load_fast(const bytecode::Instruction&);
+  void op_store_fast_load_fast(const bytecode::Instruction&);
+  void op_store_fast_store_fast(const bytecode::Instruction&);
+  void op_load_const(const bytecode::Instruction&);
+  void op_load_global(const bytecode::Instruction&);
+  void op_load_attr(const bytecode::Instruction&);
+  void op_load_method(const bytecode::Instruction&);
+  void op_load_deref(const bytecode::Instruction&);
+  void op_store_deref(const bytecode::Instruction&);
+  void op_return_value(const bytecode::Instruction&);
+  void op_return_const(const bytecode::Instruction&);
+
+  // operators and containers (interpreter_ops.cpp)
+  void op_binary_op(const bytecode::Instruction&);
+  void op_binary_subscr(const bytecode::Instruction&);
+  void op_binary_slice(const bytecode::Instruction&);
+  void op_unary(const bytecode::Instruction&);
+  void op_compare_op(const bytecode::Instruction&);
+  void op_is_op(const bytecode::Instruction&);
+  void op_contains_op(const bytecode::Instruction&);
+  void op_build_tuple(const bytecode::Instruction&);
+  void op_build_list(const bytecode::Instruction&);
+  void op_build_map(const bytecode::Instruction&);
+  void op_build_const_key_map(const bytecode::Instruction&);
+  void op_build_slice(const bytecode::Instruction&);
+  void op_build_string(const bytecode::Instruction&);
+  void op_format_value(const bytecode::Instruction&);
+  void op_list_append(const bytecode::Instruction&);
+  void op_list_extend(const bytecode::Instruction&);
+  void op_list_to_tuple(const bytecode::Instruction&);
+  void op_dict_update(const bytecode::Instruction&);
+  void op_map_add(const bytecode::Instruction&);
+  void op_call_intrinsic_1(const bytecode::Instruction&);
+  void op_unpack_sequence(const bytecode::Instruction&);
+  void op_unpack_ex(const bytecode::Instruction&);
+
+  // calls and control flow (interpreter_flow.cpp)
+  void op_kw_names(const bytecode::Instruction&);
+  void op_call(const bytecode::Instruction&);
+  void op_call_kw(const bytecode::Instruction&);
+  void op_call_function_ex(const bytecode::Instruction&);
+  void op_pop_jump_if_true(const bytecode::Instruction&);
+  void op_pop_jump_if_false(const bytecode::Instruction&);
+  void op_pop_jump_if_none(const bytecode::Instruction&);
+  void op_pop_jump_if_not_none(const bytecode::Instruction&);
+  void op_jump_if_true_or_pop(const bytecode::Instruction&);
+  void op_jump_if_false_or_pop(const bytecode::Instruction&);
+  void op_jump(const bytecode::Instruction&);
+  void op_to_bool(const bytecode::Instruction&);
+  void op_get_iter(const bytecode::Instruction&);
+  void op_for_iter(const bytecode::Instruction&);
+  void op_end_for(const bytecode::Instruction&);
+  void call_with(VarPtr fn, std::vector<VarPtr> args, PyObject* kwnames);
+
+  Tracer& tracer_;
+  PyCodeObject* code_;
+  PyObject* globals_;
+  PyObject* builtins_;
+  bytecode::CodeInstructions instructions_;
+  std::vector<VarPtr> locals_;
+  std::vector<VarPtr> stack_;
+  PyObject* kwnames_ = nullptr;  // borrowed from co_consts (KW_NAMES)
+  int pc_ = 0;
+  int next_ = 0;
+  VarPtr returned_;
+  bool done_ = false;
+};
+
+}  // namespace kiln::trace

@@ -1,0 +1,136 @@
+// Calls and control flow. Branches are followed statically: their conditions must be known at trace
+// time (constants, shapes, module flags), and those values are guarded.
+#include "common/error.h"
+#include "trace/interpreter.h"
+
+namespace kiln::trace {
+
+using bytecode::Instruction;
+
+void InstructionTranslator::op_kw_names(const Instruction& ins) { kwnames_ = PyTuple_GET_ITEM(code_->co_consts, ins.arg); }
+
+void InstructionTranslator::call_with(VarPtr fn, std::vector<VarPtr> args, PyObject* kwnames) {
+  KwArgs kwargs;
+  if (kwnames) {
+    Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
+    size_t first = args.size() - nkw;
+    for (Py_ssize_t i = 0; i < nkw; ++i) kwargs.emplace_back(PyTuple_GET_ITEM(kwnames, i), args[first + i]);
+    args.resize(first);
+  }
+  push(tracer_.call(fn, std::move(args), std::move(kwargs)));
+}
+
+void InstructionTranslator::op_call(const Instruction& ins) {
+  std::vector<VarPtr> args = pop_n(ins.arg);
+  PyObject* kwnames = kwnames_;
+  kwnames_ = nullptr;
+  VarPtr b = pop();
+  VarPtr a = pop();
+  VarPtr fn;
+  if (PY_VERSION_HEX >= 0x030D0000) {
+    // 3.13: [callable, self_or_NULL, args...]
+    fn = a;
+    if (!b->is(VarKind::kNull)) args.insert(args.begin(), b);
+  } else {
+    // 3.11/3.12: [NULL, callable, args...] or [method, self, args...]
+    if (a->is(VarKind::kNull)) {
+      fn = b;
+    } else {
+      fn = a;
+      args.insert(args.begin(), b);
+    }
+  }
+  call_with(std::move(fn), std::move(args), kwnames);
+}
+
+void InstructionTranslator::op_call_kw(const Instruction& ins) {
+  VarPtr names = pop();
+  kwnames_ = names->value;
+  Instruction call = ins;
+  op_call(call);
+}
+
+void InstructionTranslator::op_call_function_ex(const Instruction& ins) {
+  VarPtr kwargs = (ins.arg & 1) ? pop() : nullptr;
+  VarPtr args = pop();
+  VarPtr fn = pop();
+  if (PY_VERSION_HEX >= 0x030D0000) {
+    if (!stack_.empty() && peek()->is(VarKind::kNull)) pop();
+  } else if (!stack_.empty() && peek()->is(VarKind::kNull)) {
+    pop();
+  }
+  std::vector<VarPtr> positional = tracer_.iterate(args);
+  KwArgs kw;
+  if (kwargs) {
+    if (!kwargs->is(VarKind::kDict)) KILN_UNSUPPORTED() << "**kwargs of a " << kwargs->describe();
+    for (size_t i = 0; i < kwargs->keys.size(); ++i) kw.emplace_back(kwargs->keys[i], kwargs->items[i]);
+  }
+  push(tracer_.call(fn, std::move(positional), std::move(kw)));
+}
+
+void InstructionTranslator::op_pop_jump_if_true(const Instruction& ins) {
+  if (tracer_.truthy(pop())) jump(ins);
+}
+
+void InstructionTranslator::op_pop_jump_if_false(const Instruction& ins) {
+  if (!tracer_.truthy(pop())) jump(ins);
+}
+
+namespace {
+bool is_none(const VarPtr& v) { return v->is(VarKind::kConst) && v->value == Py_None; }
+}  // namespace
+
+void InstructionTranslator::op_pop_jump_if_none(const Instruction& ins) {
+  if (is_none(pop())) jump(ins);
+}
+
+void InstructionTranslator::op_pop_jump_if_not_none(const Instruction& ins) {
+  if (!is_none(pop())) jump(ins);
+}
+
+void InstructionTranslator::op_jump_if_true_or_pop(const Instruction& ins) {
+  if (tracer_.truthy(peek()))
+    jump(ins);
+  else
+    pop();
+}
+
+void InstructionTranslator::op_jump_if_false_or_pop(const Instruction& ins) {
+  if (!tracer_.truthy(peek()))
+    jump(ins);
+  else
+    pop();
+}
+
+void InstructionTranslator::op_jump(const Instruction& ins) { jump(ins); }
+
+void InstructionTranslator::op_to_bool(const Instruction&) {
+  VarPtr v = pop();
+  push(make_const(tracer_.truthy(v) ? Py_True : Py_False));
+}
+
+void InstructionTranslator::op_get_iter(const Instruction&) {
+  VarPtr v = pop();
+  auto it = make_sequence(VarKind::kIterator, tracer_.iterate(v));
+  push(it);
+}
+
+void InstructionTranslator::op_for_iter(const Instruction& ins) {
+  VarPtr& it = peek();
+  if (!it->is(VarKind::kIterator)) KILN_UNSUPPORTED() << "for-loop over a " << it->describe();
+  if (it->position < it->items.size()) {
+    push(it->items[it->position++]);
+    return;
+  }
+  pop();
+  // Exhausted: 3.11 jumps to the target; 3.12 skips the END_FOR there; 3.13 skips END_FOR and POP_TOP.
+  next_ = ins.target + (PY_VERSION_HEX >= 0x030D0000 ? 2 : PY_VERSION_HEX >= 0x030C0000 ? 1 : 0);
+}
+
+void InstructionTranslator::op_end_for(const Instruction&) {
+  // Reached only by fall-through, which compiled code never does; mirror CPython (pops 2 in 3.12).
+  pop();
+  if (PY_VERSION_HEX < 0x030D0000) pop();
+}
+
+}  // namespace kiln::trace

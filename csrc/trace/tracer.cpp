@@ -1,0 +1,555 @@
+// Tracer: values entering the trace (guards), attribute access, results, and the trace driver.
+#include "trace/tracer.h"
+
+#include "common/error.h"
+#include "common/log.h"
+#include "trace/interpreter.h"
+
+namespace kiln::trace {
+
+namespace {
+
+// Turns a pending Python error into kiln's Unsupported (the frame then runs eagerly, where the same
+// Python error, if it is one, is raised by CPython itself).
+[[noreturn]] void throw_python_error(const std::string& context) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  std::string message = context;
+  if (value) {
+    PyObject* s = PyObject_Str(value);
+    if (s) {
+      message += std::string(": ") + (type ? ((PyTypeObject*)type)->tp_name : "") + ": " + PyUnicode_AsUTF8(s);
+      Py_DECREF(s);
+    }
+  }
+  PyErr_Clear();
+  // An Unsupported raised by the recorder keeps its own message.
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+  KILN_UNSUPPORTED() << message;
+}
+
+PyObject* check(PyObject* o, const std::string& context) {
+  if (!o) throw_python_error(context);
+  return o;
+}
+
+bool is_tensor(PyObject* o) {
+  static PyObject* tensor_type = nullptr;
+  if (!tensor_type) {
+    PyObject* torch = check(PyImport_ImportModule("torch"), "import torch");
+    tensor_type = check(PyObject_GetAttrString(torch, "Tensor"), "torch.Tensor");
+    Py_DECREF(torch);
+  }
+  int r = PyObject_IsInstance(o, tensor_type);
+  if (r < 0) PyErr_Clear();
+  return r == 1;
+}
+
+bool is_module(PyObject* o) {
+  static PyObject* module_type = nullptr;
+  if (!module_type) {
+    PyObject* nn = check(PyImport_ImportModule("torch.nn"), "import torch.nn");
+    module_type = check(PyObject_GetAttrString(nn, "Module"), "torch.nn.Module");
+    Py_DECREF(nn);
+  }
+  int r = PyObject_IsInstance(o, module_type);
+  if (r < 0) PyErr_Clear();
+  return r == 1;
+}
+
+// Values compared by value in guards.
+bool is_simple_constant(PyObject* o) {
+  if (o == Py_None || PyBool_Check(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o) || PyUnicode_CheckExact(o) ||
+      PyBytes_CheckExact(o))
+    return true;
+  const char* tn = Py_TYPE(o)->tp_name;
+  return std::string(tn) == "torch.dtype" || std::string(tn) == "torch.device" || std::string(tn) == "torch.Size" ||
+         std::string(tn) == "torch.layout" || std::string(tn) == "torch.memory_format";
+}
+
+std::string str_of(PyObject* name) { return PyUnicode_AsUTF8(name); }
+
+}  // namespace
+
+TraceResult::~TraceResult() {
+  Py_XDECREF(graph);
+  Py_XDECREF(example_inputs);
+}
+
+Tracer::Tracer(const FrameInput& frame) : root_(frame), guards_(std::make_unique<guards::GuardTree>()) {
+  helpers_ = check(PyImport_ImportModule("kiln._tracing"), "import kiln._tracing");
+  PyObject* fake = check(PyImport_ImportModule("kiln._fake"), "import kiln._fake");
+  recorder_ = PyObject_CallMethod(fake, "Recorder", nullptr);
+  Py_DECREF(fake);
+  check(recorder_, "kiln._fake.Recorder()");
+  example_inputs_ = PyList_New(0);
+  guards_->add_globals_identity(frame.globals);
+  guards_->set_global_state(guards::GlobalState::current());
+}
+
+Tracer::~Tracer() {
+  tensor_vars_.clear();
+  Py_XDECREF(helpers_);
+  Py_XDECREF(recorder_);
+  Py_XDECREF(example_inputs_);
+  Py_XDECREF(logical_device_);
+}
+
+PyObject* Tracer::helper(const char* name) {
+  PyObject* h = check(PyObject_GetAttrString(helpers_, name), std::string("kiln._tracing.") + name);
+  Py_DECREF(h);  // kept alive by the module
+  return h;
+}
+
+SourcePtr Tracer::global_source(PyObject* globals, PyObject* name) {
+  if (globals == root_.globals) return Source::global(str_of(name));
+  PyObject* module_name = PyDict_GetItemString(globals, "__name__");
+  std::string label = module_name && PyUnicode_Check(module_name) ? str_of(module_name) : "<globals>";
+  return Source::dict_key(Source::object(globals, "globals of " + label), str_of(name));
+}
+
+SourcePtr Tracer::builtin_source(PyObject* builtins, PyObject* name) {
+  if (builtins == root_.builtins) return Source::builtin(str_of(name));
+  return Source::dict_key(Source::object(builtins, "builtins"), str_of(name));
+}
+
+// ---- values entering the trace ------------------------------------------------------------------
+
+VarPtr Tracer::wrap_tensor(PyObject* tensor, SourcePtr source) {
+  auto it = tensor_vars_.find(tensor);
+  if (it != tensor_vars_.end()) {
+    // The same tensor reached twice (tied weights, f(x, x)): one graph input, and a guard that the
+    // two paths still lead to one object.
+    if (source) guards_->add_same_object(tensor_first_source_[tensor], source);
+    return it->second;
+  }
+  KILN_CHECK(source) << "internal: a real tensor reached the tracer without a source";
+  guards_->add_tensor(source, tensor);
+  PyObject* fake = check(PyObject_CallMethod(recorder_, "add_input", "O", tensor), "recording a graph input");
+  if (!logical_device_) logical_device_ = check(PyObject_GetAttrString(tensor, "device"), "tensor.device");
+  VarPtr v = make_tensor(fake, Py_TYPE(tensor), source);
+  Py_DECREF(fake);
+  PyList_Append(example_inputs_, tensor);
+  input_sources_.push_back(source);
+  tensor_vars_[tensor] = v;
+  tensor_first_source_[tensor] = source;
+  // The Var holds the fake; keep the real tensor alive as long as the map refers to it.
+  return v;
+}
+
+VarPtr Tracer::wrap(PyObject* value, SourcePtr source) {
+  if (is_tensor(value)) return wrap_tensor(value, std::move(source));
+  if (is_simple_constant(value)) {
+    if (source) guards_->add_constant(source, value);
+    return make_const(value, source);
+  }
+  if (is_module(value)) {
+    if (source) guards_->add_id(source, value);
+    return make_module(value, source);
+  }
+  if (PyTuple_CheckExact(value) || PyList_CheckExact(value)) {
+    bool tuple = PyTuple_CheckExact(value);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(value);
+    if (source) {
+      guards_->add_type(source, Py_TYPE(value));
+      guards_->add_length(source, n);
+    }
+    std::vector<VarPtr> items;
+    for (Py_ssize_t i = 0; i < n; ++i)
+      items.push_back(wrap(PySequence_Fast_GET_ITEM(value, i), source ? Source::index(source, i) : nullptr));
+    // A list from outside keeps its source: the interpreter refuses to mutate it (the side effect
+    // would need replaying after the graph).
+    return make_sequence(tuple ? VarKind::kTuple : VarKind::kList, std::move(items), source);
+  }
+  if (PyDict_CheckExact(value)) {
+    std::vector<PyObject*> keys;
+    std::vector<VarPtr> items;
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    bool string_keys = true;
+    while (PyDict_Next(value, &pos, &k, &v)) string_keys = string_keys && PyUnicode_CheckExact(k);
+    if (string_keys) {
+      if (source) {
+        guards_->add_type(source, Py_TYPE(value));
+        PyObject* key_tuple = PySequence_Tuple(value);
+        guards_->add_dict_keys(source, key_tuple);
+        Py_DECREF(key_tuple);
+      }
+      pos = 0;
+      while (PyDict_Next(value, &pos, &k, &v)) {
+        Py_INCREF(k);
+        keys.push_back(k);
+        items.push_back(wrap(v, source ? Source::dict_key(source, str_of(k)) : nullptr));
+      }
+      return make_dict(std::move(keys), std::move(items), source);
+    }
+  }
+  // Anything else (functions, classes, Python modules, other objects) is a trace-time constant
+  // pinned by identity.
+  if (source) guards_->add_id(source, value);
+  return make_const(value, source);
+}
+
+VarPtr Tracer::wrap_result(PyObject* value) {
+  int fake = 0;
+  if (is_tensor(value)) {
+    PyObject* r = check(PyObject_CallMethod(recorder_, "is_fake", "O", value), "recorder.is_fake");
+    fake = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    static PyObject* tensor_type = nullptr;
+    if (!tensor_type) {
+      PyObject* torch = PyImport_ImportModule("torch");
+      tensor_type = PyObject_GetAttrString(torch, "Tensor");
+      Py_DECREF(torch);
+    }
+    if (fake) return make_tensor(value, (PyTypeObject*)tensor_type);
+    KILN_UNSUPPORTED() << "a function returned a real tensor while tracing (an untracked tensor constant)";
+  }
+  if (PyTuple_CheckExact(value) || PyList_CheckExact(value)) {
+    std::vector<VarPtr> items;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(value);
+    for (Py_ssize_t i = 0; i < n; ++i) items.push_back(wrap_result(PySequence_Fast_GET_ITEM(value, i)));
+    return make_sequence(PyTuple_CheckExact(value) ? VarKind::kTuple : VarKind::kList, std::move(items));
+  }
+  return make_const(value);
+}
+
+// ---- attributes ------------------------------------------------------------------------------------
+
+VarPtr Tracer::module_attr(const VarPtr& module, PyObject* name) {
+  PyObject* m = module->value;
+  PyObject** dictptr = _PyObject_GetDictPtr(m);
+  PyObject* dict = dictptr ? *dictptr : nullptr;
+  const SourcePtr& src = module->source;
+  if (dict) {
+    if (PyObject* v = PyDict_GetItemWithError(dict, name))
+      return wrap(v, src ? Source::instance_dict(src, str_of(name)) : nullptr);
+    for (const char* slot : {"_parameters", "_buffers", "_modules"}) {
+      PyObject* d = PyDict_GetItemString(dict, slot);
+      if (!d || !PyDict_Check(d)) continue;
+      if (PyObject* v = PyDict_GetItemWithError(d, name))
+        return wrap(v, src ? Source::module_slot(src, slot, str_of(name)) : nullptr);
+    }
+  }
+  // Class attributes: methods bind to the module Var so their bodies are traced with `self` symbolic.
+  PyObject* cls_attr = _PyType_Lookup(Py_TYPE(m), name);
+  if (cls_attr && PyFunction_Check(cls_attr)) return make_method(cls_attr, module);
+  if (cls_attr && Py_TYPE(cls_attr) == &PyProperty_Type) {
+    PyObject* getter = PyObject_GetAttrString(cls_attr, "fget");
+    VarPtr fget = make_const_steal(check(getter, "property.fget"));
+    return call(fget, {module}, {});
+  }
+  PyObject* v = check(PyObject_GetAttr(m, name), "getattr on module");
+  VarPtr out = wrap(v, src ? Source::attr(src, str_of(name)) : nullptr);
+  Py_DECREF(v);
+  return out;
+}
+
+VarPtr Tracer::get_attr(const VarPtr& obj, PyObject* name) {
+  std::string attr = str_of(name);
+  switch (obj->kind) {
+    case VarKind::kModule: return module_attr(obj, name);
+    case VarKind::kTensor: {
+      // The fake lives on the meta device; the traced program must see the real one.
+      if (attr == "device") return make_const(logical_device_);
+      if (attr == "is_cuda" || attr == "is_cpu") {
+        PyObject* type = check(PyObject_GetAttrString(logical_device_, "type"), "device.type");
+        bool on = str_of(type) == (attr == "is_cuda" ? "cuda" : "cpu");
+        Py_DECREF(type);
+        return make_const(on ? Py_True : Py_False);
+      }
+      if (attr == "grad" || attr == "data" || attr == "_version" || attr == "grad_fn" || attr == "is_meta" ||
+          attr == "untyped_storage" || attr == "data_ptr")
+        KILN_UNSUPPORTED() << "tensor." << attr << " is not traced yet";
+      PyObject* getattr = PyDict_GetItemString(PyEval_GetBuiltins(), "getattr");
+      std::vector<VarPtr> args = {obj, make_const(name)};
+      return call_recorded(getattr, args, {});
+    }
+    case VarKind::kConst: {
+      PyObject* v = check(PyObject_GetAttr(obj->value, name), "getattr " + attr);
+      VarPtr out;
+      // Attributes of torch's own modules (torch.float32, torch.nn.functional.relu) are taken as fixed.
+      bool torch_module = false;
+      if (PyModule_Check(obj->value)) {
+        const char* mn = PyModule_GetName(obj->value);
+        if (!mn) PyErr_Clear();
+        torch_module = mn && (std::string(mn) == "torch" || std::string(mn).rfind("torch.", 0) == 0 ||
+                              std::string(mn) == "math" || std::string(mn) == "operator");
+      }
+      if (torch_module || !obj->source)
+        out = is_tensor(v) ? wrap(v, obj->source ? Source::attr(obj->source, attr) : nullptr) : make_const(v);
+      else
+        out = wrap(v, Source::attr(obj->source, attr));
+      Py_DECREF(v);
+      return out;
+    }
+    default: break;
+  }
+  KILN_UNSUPPORTED() << "attribute ." << attr << " of a " << obj->describe();
+}
+
+// ---- operators ---------------------------------------------------------------------------------------
+
+VarPtr Tracer::binary(PyObject* op, const VarPtr& a, const VarPtr& b) {
+  if (a->is(VarKind::kTensor) || b->is(VarKind::kTensor)) return call_recorded(op, {a, b}, {});
+  if (is_constant(a) && is_constant(b)) {
+    PyObject* x = to_python(a);
+    PyObject* y = to_python(b);
+    PyObject* r = (x && y) ? PyObject_CallFunctionObjArgs(op, x, y, nullptr) : nullptr;
+    Py_XDECREF(x);
+    Py_XDECREF(y);
+    check(r, "constant operator");
+    VarPtr out = wrap_result(r);
+    Py_DECREF(r);
+    return out;
+  }
+  // Structural tuple/list concatenation keeps tensors symbolic.
+  PyObject* add = PyObject_GetAttrString(helpers_, "BINARY_OPS");
+  PyObject* add_fn = add ? PyList_GetItem(add, 0) : nullptr;
+  PyObject* iadd_fn = add ? PyList_GetItem(add, 13) : nullptr;
+  Py_XDECREF(add);
+  if ((op == add_fn || op == iadd_fn) && a->kind == b->kind &&
+      (a->is(VarKind::kTuple) || a->is(VarKind::kList))) {
+    std::vector<VarPtr> items = a->items;
+    items.insert(items.end(), b->items.begin(), b->items.end());
+    if (op == iadd_fn && a->is(VarKind::kList) && !a->source) {
+      a->items = items;
+      return a;
+    }
+    return make_sequence(a->kind, std::move(items));
+  }
+  KILN_UNSUPPORTED() << "operator on " << a->describe() << " and " << b->describe();
+}
+
+VarPtr Tracer::subscript(const VarPtr& obj, const VarPtr& index) {
+  if (obj->is(VarKind::kTensor) || index->is(VarKind::kTensor)) {
+    static PyObject* getitem = nullptr;
+    if (!getitem) {
+      PyObject* op = PyImport_ImportModule("operator");
+      getitem = PyObject_GetAttrString(op, "getitem");
+      Py_DECREF(op);
+    }
+    return call_recorded(getitem, {obj, index}, {});
+  }
+  if ((obj->is(VarKind::kTuple) || obj->is(VarKind::kList)) && index->is(VarKind::kConst)) {
+    PyObject* i = index->value;
+    if (PyLong_Check(i)) {
+      long long k = PyLong_AsLongLong(i);
+      long long n = (long long)obj->items.size();
+      if (k < 0) k += n;
+      if (k < 0 || k >= n) KILN_UNSUPPORTED() << "index out of range";
+      return obj->items[k];
+    }
+    if (PySlice_Check(i)) {
+      Py_ssize_t start, stop, step, len;
+      if (PySlice_GetIndicesEx(i, obj->items.size(), &start, &stop, &step, &len) < 0) throw_python_error("slice");
+      std::vector<VarPtr> items;
+      for (Py_ssize_t k = 0, j = start; k < len; ++k, j += step) items.push_back(obj->items[j]);
+      return make_sequence(obj->kind, std::move(items));
+    }
+  }
+  if (obj->is(VarKind::kDict) && index->is(VarKind::kConst)) {
+    for (size_t k = 0; k < obj->keys.size(); ++k) {
+      int eq = PyObject_RichCompareBool(obj->keys[k], index->value, Py_EQ);
+      if (eq == 1) return obj->items[k];
+    }
+    KILN_UNSUPPORTED() << "dict key not found";
+  }
+  if (obj->is(VarKind::kModule) && index->is(VarKind::kConst)) {
+    // ModuleList/Sequential/ModuleDict indexing: reach the child through _modules.
+    PyObject* child = check(PyObject_GetItem(obj->value, index->value), "module indexing");
+    PyObject* modules = PyObject_GetAttrString(obj->value, "_modules");
+    SourcePtr source;
+    if (modules && obj->source) {
+      Py_ssize_t pos = 0;
+      PyObject *k, *v;
+      while (PyDict_Next(modules, &pos, &k, &v))
+        if (v == child) {
+          source = Source::module_slot(obj->source, "_modules", str_of(k));
+          break;
+        }
+    }
+    Py_XDECREF(modules);
+    if (!source && is_module(child)) {
+      Py_DECREF(child);
+      KILN_UNSUPPORTED() << "indexing a module container with a slice";
+    }
+    VarPtr out = source ? wrap(child, source) : wrap_result(child);
+    Py_DECREF(child);
+    return out;
+  }
+  if (is_constant(obj) && is_constant(index)) {
+    PyObject* o = to_python(obj);
+    PyObject* i = to_python(index);
+    PyObject* r = (o && i) ? PyObject_GetItem(o, i) : nullptr;
+    Py_XDECREF(o);
+    Py_XDECREF(i);
+    check(r, "constant subscript");
+    VarPtr out = wrap_result(r);
+    Py_DECREF(r);
+    return out;
+  }
+  KILN_UNSUPPORTED() << "subscript of a " << obj->describe() << " by a " << index->describe();
+}
+
+bool Tracer::truthy(const VarPtr& v) {
+  switch (v->kind) {
+    case VarKind::kConst: {
+      int r = PyObject_IsTrue(v->value);
+      if (r < 0) throw_python_error("truth value");
+      return r;
+    }
+    case VarKind::kTuple:
+    case VarKind::kList:
+    case VarKind::kDict: return !v->items.empty();
+    case VarKind::kModule: {
+      int r = PyObject_IsTrue(v->value);
+      if (r < 0) throw_python_error("truth value of a module");
+      return r;
+    }
+    case VarKind::kMethod: return true;
+    case VarKind::kTensor:
+      KILN_UNSUPPORTED() << "control flow depends on a tensor's value (bool(tensor)): data-dependent branch";
+    default: break;
+  }
+  KILN_UNSUPPORTED() << "truth value of a " << v->describe();
+}
+
+std::vector<VarPtr> Tracer::iterate(const VarPtr& v) {
+  switch (v->kind) {
+    case VarKind::kTuple:
+    case VarKind::kList: return v->items;
+    case VarKind::kDict: {
+      std::vector<VarPtr> keys;
+      for (PyObject* k : v->keys) keys.push_back(make_const(k));
+      return keys;
+    }
+    case VarKind::kIterator: return std::vector<VarPtr>(v->items.begin() + v->position, v->items.end());
+    case VarKind::kModule: {
+      // Sequential / ModuleList iterate over their children in _modules order.
+      PyObject* modules = check(PyObject_GetAttrString(v->value, "_modules"), "module._modules");
+      std::vector<VarPtr> out;
+      Py_ssize_t pos = 0;
+      PyObject *k, *child;
+      while (PyDict_Next(modules, &pos, &k, &child))
+        out.push_back(wrap(child, v->source ? Source::module_slot(v->source, "_modules", str_of(k)) : nullptr));
+      Py_DECREF(modules);
+      return out;
+    }
+    case VarKind::kConst: {
+      PyObject* seq = PySequence_List(v->value);
+      check(seq, "iterating a constant");
+      std::vector<VarPtr> out;
+      for (Py_ssize_t i = 0; i < PyList_GET_SIZE(seq); ++i) out.push_back(wrap_result(PyList_GET_ITEM(seq, i)));
+      Py_DECREF(seq);
+      return out;
+    }
+    case VarKind::kTensor: {
+      PyObject* fake = v->value;
+      PyObject* shape = check(PyObject_GetAttrString(fake, "shape"), "shape");
+      Py_ssize_t n = PyTuple_Check(shape) && PyTuple_GET_SIZE(shape) > 0
+                         ? PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, 0))
+                         : -1;
+      Py_DECREF(shape);
+      if (n < 0) KILN_UNSUPPORTED() << "iterating a 0-d tensor";
+      std::vector<VarPtr> out;
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* idx = PyLong_FromSsize_t(i);
+        out.push_back(subscript(v, make_const_steal(idx)));
+      }
+      return out;
+    }
+    default: break;
+  }
+  KILN_UNSUPPORTED() << "iterating a " << v->describe();
+}
+
+// ---- the driver --------------------------------------------------------------------------------------
+
+runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>& graph_outputs) {
+  runtime::OutputSpec spec;
+  switch (v->kind) {
+    case VarKind::kTensor:
+      spec.kind = runtime::OutputSpec::Kind::kGraphOutput;
+      spec.index = (int)graph_outputs.size();
+      graph_outputs.push_back(v->value);
+      return spec;
+    case VarKind::kConst:
+    case VarKind::kModule:
+      spec.kind = runtime::OutputSpec::Kind::kConstant;
+      Py_INCREF(v->value);
+      spec.object = v->value;
+      return spec;
+    case VarKind::kTuple:
+    case VarKind::kList:
+      spec.kind = v->is(VarKind::kTuple) ? runtime::OutputSpec::Kind::kTuple : runtime::OutputSpec::Kind::kList;
+      for (const VarPtr& item : v->items) spec.children.push_back(output_spec(item, graph_outputs));
+      return spec;
+    case VarKind::kDict: {
+      spec.kind = runtime::OutputSpec::Kind::kDict;
+      spec.object = PyTuple_New(v->keys.size());
+      for (size_t i = 0; i < v->keys.size(); ++i) {
+        Py_INCREF(v->keys[i]);
+        PyTuple_SET_ITEM(spec.object, i, v->keys[i]);
+        spec.children.push_back(output_spec(v->items[i], graph_outputs));
+      }
+      return spec;
+    }
+    default: break;
+  }
+  KILN_UNSUPPORTED() << "returning a " << v->describe();
+}
+
+TraceResult Tracer::run() {
+  PyCodeObject* code = root_.code;
+  std::vector<VarPtr> locals(root_.nlocalsplus);
+  PyObject* names = PyCode_GetVarnames(code);
+  int nargs = code->co_argcount + code->co_kwonlyargcount + ((code->co_flags & CO_VARARGS) ? 1 : 0) +
+              ((code->co_flags & CO_VARKEYWORDS) ? 1 : 0);
+  for (int i = 0; i < nargs && i < root_.nlocalsplus; ++i) {
+    PyObject* value = root_.localsplus[i];
+    if (!value) continue;
+    std::string name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, i));
+    locals[i] = wrap(value, Source::local(i, name));
+  }
+  Py_XDECREF(names);
+  std::vector<VarPtr> freevars;
+  PyObject* freenames = PyCode_GetFreevars(code);
+  Py_ssize_t nfree = freenames ? PyTuple_GET_SIZE(freenames) : 0;
+  for (Py_ssize_t j = 0; j < nfree; ++j) {
+    PyObject* cell = root_.closure ? PyTuple_GET_ITEM(root_.closure, j) : nullptr;
+    PyObject* value = cell ? PyCell_GET(cell) : nullptr;
+    std::string name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(freenames, j));
+    freevars.push_back(value ? wrap(value, Source::free((int)j, name)) : nullptr);
+  }
+  Py_XDECREF(freenames);
+
+  InstructionTranslator root(*this, code, root_.globals, root_.builtins, std::move(locals), std::move(freevars));
+  VarPtr returned = root.run();
+
+  TraceResult result;
+  std::vector<PyObject*> outputs;
+  result.output = output_spec(returned, outputs);
+  PyObject* out_list = PyList_New(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    Py_INCREF(outputs[i]);
+    PyList_SET_ITEM(out_list, i, outputs[i]);
+  }
+  PyObject* graph = PyObject_CallMethod(recorder_, "finish", "O", out_list);
+  Py_DECREF(out_list);
+  result.graph = check(graph, "finishing the graph");
+  PyObject* n = PyObject_GetAttrString(graph, "num_nodes");
+  if (n && PyCallable_Check(n)) Py_SETREF(n, PyObject_CallNoArgs(n));
+  result.num_ops = n && PyLong_Check(n) ? (int)PyLong_AsLong(n) : 0;
+  Py_XDECREF(n);
+  PyErr_Clear();
+  result.guards = std::move(guards_);
+  result.input_sources = std::move(input_sources_);
+  Py_INCREF(example_inputs_);
+  result.example_inputs = example_inputs_;
+  return result;
+}
+
+}  // namespace kiln::trace

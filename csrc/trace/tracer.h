@@ -1,0 +1,103 @@
+#pragma once
+// The tracer: symbolic execution of one intercepted frame (and the functions it inlines) that turns
+// its tensor work into a graph and records the guards under which that graph stays valid.
+//
+// Tracer holds what is shared by the root frame and every inlined call: the recorder (python/kiln/
+// _fake.py, which runs tensor ops on meta tensors and records the ATen ops), the guard tree, the graph
+// inputs and their sources. InstructionTranslator (interpreter.h) runs one code object's bytecode.
+// Anything the tracer cannot capture throws kiln::Error(Unsupported): the caller falls back to eager.
+#include <Python.h>
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "common/source.h"
+#include "guards/guard_tree.h"
+#include "runtime/frame_program.h"
+#include "trace/variables.h"
+
+namespace kiln::trace {
+
+struct FrameInput {
+  PyCodeObject* code = nullptr;
+  PyObject* function = nullptr;
+  PyObject* globals = nullptr;
+  PyObject* builtins = nullptr;
+  PyObject* closure = nullptr;
+  PyObject* const* localsplus = nullptr;
+  int nlocalsplus = 0;
+};
+
+struct TraceResult {
+  std::unique_ptr<guards::GuardTree> guards;
+  std::vector<SourcePtr> input_sources;
+  PyObject* graph = nullptr;           ///< kiln._C.Graph (owned)
+  PyObject* example_inputs = nullptr;  ///< list of the real input tensors (owned)
+  runtime::OutputSpec output;
+  int num_ops = 0;
+  TraceResult() = default;
+  TraceResult(TraceResult&&) = default;
+  ~TraceResult();
+};
+
+using KwArgs = std::vector<std::pair<PyObject*, VarPtr>>;  // borrowed names (interned strings from code)
+
+class Tracer {
+ public:
+  explicit Tracer(const FrameInput& frame);
+  ~Tracer();
+  /// Traces the frame to its return. Throws kiln::Error(Unsupported) with the reason and location.
+  TraceResult run();
+
+  // ---- services for the interpreter ----------------------------------------------------------
+  /// A value entering the trace from `source`: records its guards and returns its Var.
+  VarPtr wrap(PyObject* value, SourcePtr source);
+  /// obj.name
+  VarPtr get_attr(const VarPtr& obj, PyObject* name);
+  /// fn(*args, **kwargs)
+  VarPtr call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs);
+  /// Runs `fn` (a torch callable) on fakes through the recorder and wraps what it returns.
+  VarPtr call_recorded(PyObject* fn, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+  /// A Python value produced at trace time (by the recorder or by constant folding).
+  VarPtr wrap_result(PyObject* value);
+  /// `operator.<op>(a, b)` on Vars: tensors go to the recorder, constants are folded.
+  VarPtr binary(PyObject* op, const VarPtr& a, const VarPtr& b);
+  /// `obj[index]`
+  VarPtr subscript(const VarPtr& obj, const VarPtr& index);
+  /// Python truthiness of a Var known at trace time; Unsupported for tensors.
+  bool truthy(const VarPtr& v);
+  /// The items a for-loop over `v` visits.
+  std::vector<VarPtr> iterate(const VarPtr& v);
+
+  PyObject* helper(const char* name);  ///< borrowed attribute of kiln._tracing
+  int depth() const { return depth_; }
+  const FrameInput& root() const { return root_; }
+  /// Source root for the globals dict `globals` (the root frame's or another module's).
+  SourcePtr global_source(PyObject* globals, PyObject* name);
+  SourcePtr builtin_source(PyObject* builtins, PyObject* name);
+
+ private:
+  friend class InstructionTranslator;
+  VarPtr wrap_tensor(PyObject* tensor, SourcePtr source);
+  VarPtr call_module(const VarPtr& module, std::vector<VarPtr> args, KwArgs kwargs);
+  VarPtr inline_function(PyObject* function, std::vector<VarPtr> args, KwArgs kwargs);
+  VarPtr call_builtin(PyObject* fn, const std::vector<VarPtr>& args, const KwArgs& kwargs, bool* handled);
+  VarPtr module_attr(const VarPtr& module, PyObject* name);
+  runtime::OutputSpec output_spec(const VarPtr& v, std::vector<PyObject*>& graph_outputs);
+
+  FrameInput root_;
+  PyObject* helpers_ = nullptr;   // kiln._tracing
+  PyObject* recorder_ = nullptr;  // kiln._fake.Recorder()
+  std::unique_ptr<guards::GuardTree> guards_;
+  std::vector<SourcePtr> input_sources_;
+  PyObject* example_inputs_ = nullptr;                 // list of real tensors
+  std::unordered_map<PyObject*, VarPtr> tensor_vars_;  // real tensor -> its Var (one input per tensor)
+  std::unordered_map<PyObject*, SourcePtr> tensor_first_source_;
+  PyObject* logical_device_ = nullptr;                 // device of the first real tensor input
+  int depth_ = 0;
+};
+
+}  // namespace kiln::trace

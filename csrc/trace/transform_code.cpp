@@ -1,0 +1,72 @@
+#include "trace/transform_code.h"
+
+#include "bytecode/bytecode.h"
+#include "common/error.h"
+
+namespace kiln::trace {
+
+namespace {
+constexpr int kFastCell = 0x40;  // CO_FAST_CELL in co_localspluskinds
+}
+
+CallCode make_call_code(PyCodeObject* original, PyObject* program) {
+  using bytecode::Instruction;
+  const auto& ops = bytecode::opcodes();
+  bytecode::CodeInstructions decoded = bytecode::decode(original);
+
+  bytecode::CodeInstructions out;
+  out.firstlineno = original->co_firstlineno;
+  // Keep the prologue (COPY_FREE_VARS, MAKE_CELL..., RESUME): it builds the cells the loads below read.
+  for (const Instruction& ins : decoded.instructions) {
+    out.instructions.push_back(ins);
+    out.instructions.back().target = -1;
+    if (ins.opcode == ops.op("RESUME")) break;
+  }
+  KILN_ASSERT(!out.instructions.empty() && out.instructions.back().opcode == ops.op("RESUME"))
+      << "no RESUME in the prologue of " << PyUnicode_AsUTF8(original->co_qualname);
+
+  bytecode::Positions pos;
+  pos.line = pos.end_line = original->co_firstlineno;
+  auto emit = [&](const char* name, int arg) {
+    int op = ops.op(name);
+    KILN_ASSERT(op >= 0) << "opcode " << name << " missing in this Python";
+    Instruction ins;
+    ins.opcode = op;
+    ins.arg = arg;
+    ins.pos = pos;
+    out.instructions.push_back(ins);
+  };
+
+  PyObject* consts = original->co_consts;
+  Py_ssize_t program_index = PyTuple_GET_SIZE(consts);
+  const bool v313 = PY_VERSION_HEX >= 0x030D0000;
+  if (!v313) emit("PUSH_NULL", 0);
+  emit("LOAD_CONST", (int)program_index);
+  if (v313) emit("PUSH_NULL", 0);
+
+  int nargs = original->co_argcount + original->co_kwonlyargcount + ((original->co_flags & CO_VARARGS) ? 1 : 0) +
+              ((original->co_flags & CO_VARKEYWORDS) ? 1 : 0);
+  const char* kinds = PyBytes_AS_STRING(original->co_localspluskinds);
+  for (int i = 0; i < nargs; ++i) emit((kinds[i] & kFastCell) ? "LOAD_DEREF" : "LOAD_FAST", i);
+  int nlocalsplus = (int)PyTuple_GET_SIZE(original->co_localsplusnames);
+  int nfree = original->co_nfreevars;
+  for (int j = 0; j < nfree; ++j) emit("LOAD_DEREF", nlocalsplus - nfree + j);
+  int ncall = nargs + nfree;
+  if (ops.op("PRECALL") >= 0) emit("PRECALL", ncall);
+  emit("CALL", ncall);
+  emit("RETURN_VALUE", 0);
+
+  PyObject* new_consts = PyTuple_New(program_index + 1);
+  for (Py_ssize_t i = 0; i < program_index; ++i) {
+    Py_INCREF(PyTuple_GET_ITEM(consts, i));
+    PyTuple_SET_ITEM(new_consts, i, PyTuple_GET_ITEM(consts, i));
+  }
+  Py_INCREF(program);
+  PyTuple_SET_ITEM(new_consts, program_index, program);
+  PyObject* kwargs = Py_BuildValue("{s:N}", "co_consts", new_consts);
+  PyObject* code = bytecode::make_code(original, out, kwargs);
+  Py_DECREF(kwargs);
+  return CallCode{code, nargs, nfree};
+}
+
+}  // namespace kiln::trace

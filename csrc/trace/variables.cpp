@@ -1,0 +1,182 @@
+#include "trace/variables.h"
+
+#include "common/error.h"
+
+namespace kiln::trace {
+
+Var::~Var() {
+  Py_XDECREF(value);
+  for (PyObject* k : keys) Py_DECREF(k);
+}
+
+namespace {
+std::string short_repr(PyObject* o) {
+  PyObject* r = PyObject_Repr(o);
+  if (!r) {
+    PyErr_Clear();
+    return Py_TYPE(o)->tp_name;
+  }
+  std::string s = PyUnicode_AsUTF8(r);
+  Py_DECREF(r);
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+}  // namespace
+
+std::string Var::describe() const {
+  switch (kind) {
+    case VarKind::kNull: return "NULL";
+    case VarKind::kConst: return std::string(Py_TYPE(value)->tp_name) + " " + short_repr(value);
+    case VarKind::kTensor: return "Tensor";
+    case VarKind::kModule: return std::string("module ") + Py_TYPE(value)->tp_name;
+    case VarKind::kTuple: return "tuple[" + std::to_string(items.size()) + "]";
+    case VarKind::kList: return "list[" + std::to_string(items.size()) + "]";
+    case VarKind::kDict: return "dict[" + std::to_string(items.size()) + "]";
+    case VarKind::kMethod: return "method " + short_repr(value);
+    case VarKind::kIterator: return "iterator";
+    case VarKind::kSlice: return "slice";
+  }
+  return "?";
+}
+
+VarPtr make_null() {
+  auto v = std::make_shared<Var>();
+  v->kind = VarKind::kNull;
+  return v;
+}
+
+VarPtr make_const(PyObject* value, SourcePtr source) {
+  auto v = std::make_shared<Var>();
+  v->kind = VarKind::kConst;
+  Py_INCREF(value);
+  v->value = value;
+  v->source = std::move(source);
+  return v;
+}
+
+VarPtr make_const_steal(PyObject* value) {
+  if (!value) return nullptr;
+  auto v = std::make_shared<Var>();
+  v->kind = VarKind::kConst;
+  v->value = value;
+  return v;
+}
+
+VarPtr make_tensor(PyObject* fake, PyTypeObject* real_type, SourcePtr source) {
+  auto v = std::make_shared<Var>();
+  v->kind = VarKind::kTensor;
+  Py_INCREF(fake);
+  v->value = fake;
+  v->real_type = real_type;
+  v->source = std::move(source);
+  return v;
+}
+
+VarPtr make_module(PyObject* module, SourcePtr source) {
+  auto v = std::make_shared<Var>();
+  v->kind = VarKind::kModule;
+  Py_INCREF(module);
+  v->value = module;
+  v->source = std::move(source);
+  return v;
+}
+
+VarPtr make_sequence(VarKind kind, std::vector<VarPtr> items, SourcePtr source) {
+  auto v = std::make_shared<Var>();
+  v->kind = kind;
+  v->items = std::move(items);
+  v->source = std::move(source);
+  return v;
+}
+
+VarPtr make_dict(std::vector<PyObject*> keys, std::vector<VarPtr> items, SourcePtr source) {
+  auto v = std::make_shared<Var>();
+  v->kind = VarKind::kDict;
+  v->keys = std::move(keys);
+  v->items = std::move(items);
+  v->source = std::move(source);
+  return v;
+}
+
+VarPtr make_method(PyObject* function, VarPtr self) {
+  auto v = std::make_shared<Var>();
+  v->kind = VarKind::kMethod;
+  Py_INCREF(function);
+  v->value = function;
+  v->items.push_back(std::move(self));
+  return v;
+}
+
+bool is_constant(const VarPtr& v) {
+  switch (v->kind) {
+    case VarKind::kConst: return true;
+    case VarKind::kTuple:
+    case VarKind::kList:
+    case VarKind::kDict:
+    case VarKind::kSlice:
+      for (const VarPtr& item : v->items)
+        if (!is_constant(item)) return false;
+      return true;
+    default: return false;
+  }
+}
+
+PyObject* to_python(const VarPtr& v) {
+  switch (v->kind) {
+    case VarKind::kConst:
+    case VarKind::kTensor:
+    case VarKind::kModule: Py_INCREF(v->value); return v->value;
+    case VarKind::kTuple:
+    case VarKind::kList: {
+      bool tuple = v->kind == VarKind::kTuple;
+      PyObject* out = tuple ? PyTuple_New(v->items.size()) : PyList_New(v->items.size());
+      if (!out) return nullptr;
+      for (size_t i = 0; i < v->items.size(); ++i) {
+        PyObject* item = to_python(v->items[i]);
+        if (!item) {
+          Py_DECREF(out);
+          return nullptr;
+        }
+        if (tuple)
+          PyTuple_SET_ITEM(out, i, item);
+        else
+          PyList_SET_ITEM(out, i, item);
+      }
+      return out;
+    }
+    case VarKind::kDict: {
+      PyObject* out = PyDict_New();
+      for (size_t i = 0; i < v->items.size(); ++i) {
+        PyObject* item = to_python(v->items[i]);
+        if (!item || PyDict_SetItem(out, v->keys[i], item) < 0) {
+          Py_XDECREF(item);
+          Py_DECREF(out);
+          return nullptr;
+        }
+        Py_DECREF(item);
+      }
+      return out;
+    }
+    case VarKind::kSlice: {
+      PyObject* a = to_python(v->items[0]);
+      PyObject* b = to_python(v->items[1]);
+      PyObject* c = to_python(v->items[2]);
+      PyObject* s = (a && b && c) ? PySlice_New(a, b, c) : nullptr;
+      Py_XDECREF(a);
+      Py_XDECREF(b);
+      Py_XDECREF(c);
+      return s;
+    }
+    case VarKind::kMethod: {
+      PyObject* self = to_python(v->items[0]);
+      if (!self) return nullptr;
+      PyObject* m = PyMethod_New(v->value, self);
+      Py_DECREF(self);
+      return m;
+    }
+    default: break;
+  }
+  KILN_UNSUPPORTED() << "a " << v->describe() << " cannot be passed to a function called on fake tensors";
+}
+
+}  // namespace kiln::trace

@@ -1,0 +1,70 @@
+#pragma once
+// Values on the tracer's symbolic stack and in its symbolic locals.
+//
+// Each Var stands for one Python value the traced code handles. Tensors are fakes (meta tensors
+// the recorder runs ops on); Python values known at trace time are kept as real objects; tuples,
+// lists and dicts are kept structurally so that tensors inside them stay symbolic. A Var read from
+// outside the traced code carries the Source it came from (its guards are already recorded).
+#include <Python.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/source.h"
+
+namespace kiln::trace {
+
+enum class VarKind : unsigned char {
+  kNull,      ///< the NULL CPython pushes before some callables
+  kConst,     ///< a Python value known at trace time (numbers, strings, functions, modules, classes...)
+  kTensor,    ///< a fake tensor (value = the meta tensor); real_type = the Python type of the real tensor
+  kModule,    ///< an nn.Module instance (value = the real module)
+  kTuple,     ///< items
+  kList,      ///< items (mutable: shared between aliases)
+  kDict,      ///< keys (constants) + items
+  kMethod,    ///< a Python function bound to items[0] (value = the function)
+  kIterator,  ///< over items, next position `position`
+  kSlice,     ///< items = start, stop, step
+};
+
+struct Var;
+using VarPtr = std::shared_ptr<Var>;
+
+struct Var {
+  VarKind kind = VarKind::kConst;
+  PyObject* value = nullptr;  ///< owned
+  PyTypeObject* real_type = nullptr;
+  std::vector<VarPtr> items;
+  std::vector<PyObject*> keys;  ///< owned, for kDict
+  size_t position = 0;
+  SourcePtr source;
+
+  ~Var();
+  Var() = default;
+  Var(const Var&) = delete;
+  Var& operator=(const Var&) = delete;
+
+  bool is(VarKind k) const { return kind == k; }
+  /// A short description for graph-break messages ("Tensor", "int 3", "list[2]", "module Linear").
+  std::string describe() const;
+};
+
+VarPtr make_null();
+/// Steals nothing: takes a new reference of `value`.
+VarPtr make_const(PyObject* value, SourcePtr source = nullptr);
+/// Steals `value` (convenient right after a Python call); returns nullptr when value is NULL.
+VarPtr make_const_steal(PyObject* value);
+VarPtr make_tensor(PyObject* fake, PyTypeObject* real_type, SourcePtr source = nullptr);
+VarPtr make_module(PyObject* module, SourcePtr source);
+VarPtr make_sequence(VarKind kind, std::vector<VarPtr> items, SourcePtr source = nullptr);
+VarPtr make_dict(std::vector<PyObject*> keys_new_refs, std::vector<VarPtr> items, SourcePtr source = nullptr);
+VarPtr make_method(PyObject* function, VarPtr self);
+
+/// True when the whole Var (recursively) is known at trace time.
+bool is_constant(const VarPtr& v);
+/// The Python object a Var stands for at trace time: fakes for tensors, new tuples/lists/dicts for
+/// containers. New reference; throws kiln Unsupported for kinds that have none (NULL, iterators).
+PyObject* to_python(const VarPtr& v);
+
+}  // namespace kiln::trace

@@ -1,0 +1,469 @@
+"""The fake-tensor recorder: runs torch calls on meta tensors and records the ATen ops they reach.
+
+The tracer (csrc/trace) calls `Recorder.call(fn, args, kwargs)` for every tensor operation it meets.
+The call runs for real, but on *fakes* (meta tensors: sizes, strides and dtype without data) under a
+`TorchDispatchMode`. The mode sits below autograd and autocast, so it sees the ATen ops eager would run
+(`F.linear` with inputs that require grad arrives as `t` + `addmm`); each one becomes a graph node with
+its complete schema argument list. `finish()` hands the records to C++ (graph/py_records.h) and returns
+a `kiln._C.Graph`.
+
+Devices: every fake is a meta tensor, but each recorded value keeps its *logical* device (the real
+tensor's, or the one a factory op asked for): that is what the graph's meta says and what the runtime
+uses. Factory ops run on meta and record the device they were given.
+
+What cannot run on meta (reading tensor data: item(), bool(), nonzero(), tolist(), .numpy(); ops without
+a meta kernel) raises `kiln.errors.Unsupported`, and the failed call leaves no trace in the recorder.
+"""
+import contextlib
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kiln import errors
+
+_MISSING = object()
+
+# Ops whose result depends on tensor data, with the reason users see. Ops tagged dynamic_output_shape
+# or data_dependent_output are refused too, with a generic reason.
+_DATA_DEPENDENT = {
+    "aten::_local_scalar_dense": "it reads a tensor's value into Python (item(), bool(), int(), float(), tolist())",
+    "aten::is_nonzero": "it reads a tensor's value into Python (bool(tensor))",
+    "aten::equal": "it returns a Python bool computed from tensor data",
+    "aten::nonzero": "its output shape depends on tensor data",
+    "aten::masked_select": "its output shape depends on tensor data",
+    "aten::unique_consecutive": "its output shape depends on tensor data",
+    "aten::_unique2": "its output shape depends on tensor data",
+    "aten::_assert_async": "it checks tensor data",
+}
+_DATA_DEPENDENT_TAGS = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output)
+
+# Tensor methods that leave tensor land: refused before they run (on meta they would fail obscurely).
+_ESCAPING_METHODS = {
+    "numpy": "it copies tensor data into a NumPy array",
+    "tolist": "it copies tensor data into Python lists",
+    "item": "it reads a tensor's value into Python",
+    "__bool__": "it reads a tensor's value into Python",
+    "__int__": "it reads a tensor's value into Python",
+    "__float__": "it reads a tensor's value into Python",
+    "__index__": "it reads a tensor's value into Python",
+    "__complex__": "it reads a tensor's value into Python",
+    "__array__": "it copies tensor data into a NumPy array",
+    "data_ptr": "it exposes the tensor's memory address",
+    "untyped_storage": "it exposes the tensor's storage",
+    "storage": "it exposes the tensor's storage",
+}
+
+_codes_cache = None
+
+
+def _codes():
+    """c10's numbering of dtypes, layouts, memory formats and device types (what graph/ stores)."""
+    global _codes_cache
+    if _codes_cache is None:
+        from kiln import _C
+
+        _codes_cache = _C._enum_codes()
+    return _codes_cache
+
+
+def _device_code(device):
+    device = torch.device(device)
+    return (_codes()["device_types"][device.type], -1 if device.index is None else device.index)
+
+
+def _meta_twin(t, requires_grad=False):
+    """A meta tensor with t's sizes, strides, storage offset and dtype; a leaf."""
+    if t.storage_offset() == 0:
+        fake = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="meta")
+    else:
+        extent = 1 + sum((s - 1) * st for s, st in zip(t.size(), t.stride()) if s > 0)
+        storage = torch.empty(t.storage_offset() + extent, dtype=t.dtype, device="meta").untyped_storage()
+        fake = torch.empty(0, dtype=t.dtype, device="meta")
+        fake.set_(storage, t.storage_offset(), t.size(), t.stride())
+    if requires_grad:
+        fake.requires_grad_(True)
+    return fake
+
+
+class _OpInfo:
+    """What the recorder needs from one op overload's schema, computed once per overload."""
+
+    __slots__ = ("op", "overload", "qualified", "arguments", "names", "num_positional", "float_args",
+                 "device_args", "list_kinds", "has_tensor_args", "mutates_args", "is_view", "returns_list",
+                 "num_returns", "written_args", "refusal")
+
+    def __init__(self, func):
+        schema = func._schema
+        self.op = schema.name
+        self.overload = func._overloadname
+        self.qualified = f"{self.op}.{self.overload}"
+        self.arguments = list(schema.arguments)
+        self.names = [a.name for a in self.arguments]
+        self.num_positional = sum(1 for a in self.arguments if not a.kwarg_only)
+        type_names = [str(a.type) for a in self.arguments]
+        self.float_args = {i for i, t in enumerate(type_names) if t in ("float", "Optional[float]")}
+        self.device_args = {i for i, t in enumerate(type_names) if t in ("Device", "Optional[Device]")}
+        self.list_kinds = {i: _list_kind(t) for i, t in enumerate(type_names) if "List[" in t}
+        self.has_tensor_args = any("Tensor" in t for t in type_names)
+        self.written_args = [i for i, a in enumerate(self.arguments) if a.alias_info is not None and a.alias_info.is_write]
+        self.mutates_args = bool(self.written_args)
+        self.is_view = any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+        return_types = [str(r.type) for r in schema.returns]
+        self.returns_list = return_types == ["List[Tensor]"]
+        self.num_returns = len(return_types)
+        self.refusal = _DATA_DEPENDENT.get(self.op)
+        if self.refusal is None and any(tag in func.tags for tag in _DATA_DEPENDENT_TAGS):
+            self.refusal = "its output depends on tensor data"
+        if self.refusal is None and not self.returns_list and any(t != "Tensor" for t in return_types):
+            self.refusal = f"it returns {', '.join(return_types)}, not tensors"
+
+
+def _list_kind(type_name):
+    if "Tensor" in type_name:
+        return "tensors"
+    if "float" in type_name or "number" in type_name:
+        return "floats"
+    if "bool" in type_name:
+        return "bools"
+    return "ints"
+
+
+class _RecordingMode(TorchDispatchMode):
+    def __init__(self, recorder):
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self.recorder._record(func, args, kwargs or {})
+
+
+class Recorder:
+    """Records the ATen ops of torch calls made on fakes; `finish` turns them into a kiln._C.Graph."""
+
+    def __init__(self):
+        self._values = []         # [kind, meta(list), extra] per ValueId (see graph/py_records.h)
+        self._value_tensors = []  # the fake (or real constant) each ValueId was made from
+        self._nodes = []          # node tuples
+        self._value_of = {}       # id(tensor) -> ValueId (fakes, meta twins of constants)
+        self._tensors = {}        # id(tensor) -> tensor: keeps every mapped tensor alive so ids stay unique
+        self._fake_of_input = {}  # id(real input) -> (real, fake)
+        self._constant_of = {}    # id(real constant) -> (real, ValueId, meta twin)
+        self._fresh_constants = set()  # ValueIds made by torch.tensor(...): never written in place
+        self._num_inputs = 0
+        self._journal = None      # [(dict, key, old value)] while a call runs, to undo a failed one
+        self._op_infos = {}
+
+    # ---- public API used by the tracer -----------------------------------------------------------
+    def add_input(self, tensor):
+        """Registers a real tensor as the next graph input and returns its fake (same tensor -> same fake)."""
+        entry = self._fake_of_input.get(id(tensor))
+        if entry is not None:
+            return entry[1]
+        if tensor.layout != torch.strided or tensor.is_quantized or tensor.device.type == "meta":
+            raise errors.Unsupported(f"kiln captures dense strided tensors only, got a {tensor.layout} tensor on "
+                                     f"{tensor.device}")
+        fake = _meta_twin(tensor, requires_grad=tensor.requires_grad)
+        vid = self._new_value("input", fake, _device_code(tensor.device), self._num_inputs,
+                              requires_grad=tensor.requires_grad)
+        self._num_inputs += 1
+        self._fake_of_input[id(tensor)] = (tensor, fake)
+        self._map(fake, vid)
+        return fake
+
+    def call(self, fn, args=(), kwargs=None):
+        """Runs fn(*args, **kwargs) on fakes under the recording mode and returns its result."""
+        kwargs = kwargs or {}
+        self._refuse_escaping_method(fn, args)
+        num_values, num_nodes = len(self._values), len(self._nodes)
+        self._journal = []
+        try:
+            with _RecordingMode(self):
+                result = fn(*args, **kwargs)
+        except errors.KilnError:
+            self._undo(num_values, num_nodes)
+            raise
+        except NotImplementedError as e:
+            self._undo(num_values, num_nodes)
+            raise errors.Unsupported(f"{_describe(fn)} cannot run on fake tensors: {e}") from e
+        except (RuntimeError, TypeError) as e:
+            self._undo(num_values, num_nodes)
+            if "meta" in str(e).lower():
+                raise errors.Unsupported(f"{_describe(fn)} cannot run on fake tensors: {e}") from e
+            raise
+        except BaseException:
+            self._undo(num_values, num_nodes)
+            raise
+        finally:
+            self._journal = None
+        self._refresh_requires_grad(num_values)
+        return result
+
+    @contextlib.contextmanager
+    def swapped_state(self, module, fakes_by_name):
+        """Temporarily replaces module's parameters/buffers (dotted names) by fakes; restores them on exit."""
+        saved = []
+        try:
+            for name, fake in fakes_by_name.items():
+                owner_path, _, attr = name.rpartition(".")
+                owner = module.get_submodule(owner_path) if owner_path else module
+                for table in (owner._parameters, owner._buffers):
+                    if attr in table:
+                        saved.append((table, attr, table[attr]))
+                        table[attr] = fake
+                        break
+                else:
+                    saved.append((owner, attr, getattr(owner, attr, _MISSING)))
+                    object.__setattr__(owner, attr, fake)
+            yield module
+        finally:
+            for where, attr, original in reversed(saved):
+                if isinstance(where, dict):
+                    where[attr] = original
+                elif original is _MISSING:
+                    object.__delattr__(where, attr)
+                else:
+                    object.__setattr__(where, attr, original)
+
+    def is_fake(self, obj):
+        return isinstance(obj, torch.Tensor) and self._tensors.get(id(obj)) is obj and obj.device.type == "meta"
+
+    def value_id(self, tensor):
+        """The graph value a fake (or a recorded constant) stands for now, or None."""
+        if self._tensors.get(id(tensor)) is not tensor:
+            return None
+        return self._value_of.get(id(tensor))
+
+    @property
+    def num_nodes(self):
+        return len(self._nodes)
+
+    def finish(self, outputs):
+        """Builds the kiln._C.Graph returning `outputs` (fakes or real constant tensors), in order."""
+        from kiln import _C
+
+        output_ids = []
+        for i, out in enumerate(outputs):
+            if not isinstance(out, torch.Tensor):
+                raise errors.KilnError(f"graph output {i} is a {type(out).__name__}, not a tensor")
+            vid = self.value_id(out)
+            if vid is None:
+                if out.device.type == "meta":
+                    raise errors.KilnError(f"graph output {i} is a meta tensor this recorder did not create")
+                vid = self._constant(out)
+            output_ids.append(vid)
+        values = [(kind, tuple(meta), extra) for kind, meta, extra in self._values]
+        return _C._graph_from_records(values, self._nodes, output_ids)
+
+    # ---- recording ---------------------------------------------------------------------------------
+    def _record(self, func, args, kwargs):
+        """__torch_dispatch__ body: records func's call as a node and runs it on meta."""
+        info = self._op_infos.get(func)
+        if info is None:
+            info = self._op_infos[func] = _OpInfo(func)
+        if info.op in ("aten::lift_fresh", "aten::lift_fresh_copy"):
+            return self._lift_constant(args[0])
+        if info.refusal is not None:
+            raise errors.Unsupported(f"{info.qualified} cannot be captured: {info.refusal}")
+
+        records, run_values, tensor_metas = [], [], []
+        for i, arg in enumerate(info.arguments):
+            if not arg.kwarg_only and i < len(args):
+                value = args[i]
+            elif arg.name in kwargs:
+                value = kwargs[arg.name]
+            elif arg.has_default_value():
+                value = arg.default_value
+            else:
+                raise errors.InternalError(f"{info.qualified}: argument '{arg.name}' is missing")
+            record, run_value = self._convert_arg(info, i, value, tensor_metas)
+            records.append(record)
+            run_values.append(run_value)
+        for i in info.written_args:
+            written = records[i][1] if records[i][0] == "tensor" else None
+            if written in self._fresh_constants:
+                raise errors.Unsupported(f"{info.qualified} writes into a tensor made by torch.tensor(...) "
+                                         f"inside the captured code")
+
+        device = self._output_device(info, records, tensor_metas)
+        positional = run_values[:info.num_positional]
+        keyword = {info.names[i]: run_values[i] for i in range(info.num_positional, len(run_values))}
+        try:
+            result = func(*positional, **keyword)
+        except NotImplementedError as e:
+            raise errors.Unsupported(f"{info.qualified} has no meta kernel, so kiln cannot capture it: {e}") from e
+        except RuntimeError as e:
+            if "meta" in str(e).lower() or "data-dependent" in str(e).lower():
+                raise errors.Unsupported(f"{info.qualified} cannot run on fake tensors: {e}") from e
+            raise
+
+        outputs = list(result) if info.returns_list or info.num_returns > 1 else \
+            ([] if info.num_returns == 0 else [result])
+        node_index = len(self._nodes)
+        requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in _tensor_args(args, kwargs))
+        output_ids = []
+        for out in outputs:
+            if not isinstance(out, torch.Tensor) or out.device.type != "meta":
+                raise errors.Unsupported(f"{info.qualified} returned {type(out).__name__}, not a tensor")
+            vid = self._new_value("node", out, device, node_index,
+                                  requires_grad=requires_grad and (out.is_floating_point() or out.is_complex()))
+            self._map(out, vid)
+            output_ids.append(vid)
+        self._nodes.append((info.op, info.overload, records, info.names, info.num_positional, output_ids,
+                            info.returns_list, info.mutates_args, info.is_view))
+        return result
+
+    def _convert_arg(self, info, index, value, tensor_metas):
+        """-> ((tag, payload) for graph/py_records.h, the value to run the op with on meta)."""
+        if isinstance(value, torch.Tensor):
+            vid, run_value = self._tensor_ref(value)
+            tensor_metas.append(self._values[vid][1])
+            return ("tensor", vid), run_value
+        if value is None:
+            if index in info.device_args and not info.has_tensor_args:
+                return ("none", None), torch.device("meta")  # factory with the default device
+            return ("none", None), None
+        if isinstance(value, bool):
+            return ("bool", value), value
+        if isinstance(value, int):
+            if index in info.float_args:
+                return ("float", float(value)), value
+            return ("int", value), value
+        if isinstance(value, float):
+            return ("float", value), value
+        if isinstance(value, complex):
+            return ("complex", value), value
+        if isinstance(value, str):
+            return ("str", value), value
+        if isinstance(value, torch.dtype):
+            return ("dtype", _codes()["dtypes"][value]), value
+        if isinstance(value, torch.layout):
+            return ("layout", _codes()["layouts"][value]), value
+        if isinstance(value, torch.memory_format):
+            return ("memory_format", _codes()["memory_formats"][value]), value
+        if isinstance(value, torch.device):
+            if value.type == "meta":
+                raise errors.Unsupported(f"{info.qualified} asks for device='meta' inside captured code")
+            return ("device", _device_code(value)), torch.device("meta")
+        if isinstance(value, torch.Generator):
+            raise errors.Unsupported(f"{info.qualified} was given an explicit torch.Generator")
+        if isinstance(value, (list, tuple)):
+            kind = info.list_kinds.get(index, "ints")
+            if kind == "tensors":
+                ids, run_items = [], []
+                for item in value:
+                    if item is None:
+                        ids.append(None)
+                        run_items.append(None)
+                    else:
+                        vid, run_item = self._tensor_ref(item)
+                        tensor_metas.append(self._values[vid][1])
+                        ids.append(vid)
+                        run_items.append(run_item)
+                return ("tensors", ids), run_items
+            convert = {"ints": int, "floats": float, "bools": bool}[kind]
+            return (kind, [convert(v) for v in value]), value
+        raise errors.Unsupported(f"{info.qualified}: argument '{info.names[index]}' is a "
+                                 f"{type(value).__name__}, which kiln graphs cannot hold")
+
+    def _tensor_ref(self, t):
+        """-> (ValueId, the meta tensor to run with) for a tensor argument."""
+        if self._tensors.get(id(t)) is t:
+            vid = self._value_of[id(t)]
+            if t.device.type == "meta":
+                return vid, t
+        if t.device.type == "meta":
+            raise errors.Unsupported("a meta tensor that kiln did not create reached a captured op")
+        vid = self._constant(t)
+        return vid, self._constant_of[id(t)][2]
+
+    def _constant(self, real):
+        entry = self._constant_of.get(id(real))
+        if entry is not None and entry[0] is real:
+            return entry[1]
+        if real.layout != torch.strided or real.is_quantized:
+            raise errors.Unsupported(f"kiln graphs hold dense strided constants only, got a {real.layout} tensor")
+        twin = _meta_twin(real)
+        vid = self._new_value("constant", real, _device_code(real.device), real,
+                              requires_grad=real.requires_grad)
+        self._journaled_set(self._constant_of, id(real), (real, vid, twin))
+        self._map(twin, vid)
+        return vid
+
+    def _lift_constant(self, real):
+        """torch.tensor(...) inside captured code: the data becomes a graph constant held by reference."""
+        vid = self._constant(real)
+        self._fresh_constants.add(vid)
+        return self._constant_of[id(real)][2]
+
+    def _output_device(self, info, records, tensor_metas):
+        for i in info.device_args:
+            if records[i][0] == "device":
+                return records[i][1]
+        # Like TensorIterator: a 0-dim CPU tensor does not decide the device when others are present.
+        for meta in tensor_metas:
+            if not (meta[0] == () and meta[4] == _codes()["device_types"]["cpu"]):
+                return (meta[4], meta[5])
+        if tensor_metas:
+            return (tensor_metas[0][4], tensor_metas[0][5])
+        return _device_code(torch.get_default_device())
+
+    # ---- bookkeeping -------------------------------------------------------------------------------
+    def _new_value(self, kind, tensor, device, extra, requires_grad):
+        meta = [tuple(tensor.size()), tuple(tensor.stride()), tensor.storage_offset(),
+                _codes()["dtypes"][tensor.dtype], device[0], device[1], bool(requires_grad)]
+        self._values.append([kind, meta, extra])
+        self._value_tensors.append(tensor)
+        return len(self._values) - 1
+
+    def _map(self, tensor, vid):
+        self._journaled_set(self._value_of, id(tensor), vid)
+        self._tensors[id(tensor)] = tensor
+
+    def _journaled_set(self, table, key, value):
+        if self._journal is not None:
+            self._journal.append((table, key, table.get(key, _MISSING)))
+        table[key] = value
+
+    def _undo(self, num_values, num_nodes):
+        for table, key, old in reversed(self._journal or []):
+            if old is _MISSING:
+                table.pop(key, None)
+            else:
+                table[key] = old
+        del self._values[num_values:]
+        del self._value_tensors[num_values:]
+        del self._nodes[num_nodes:]
+        self._fresh_constants = {v for v in self._fresh_constants if v < num_values}
+
+    def _refresh_requires_grad(self, first_value):
+        """Autograd sets requires_grad on results after the mode returns: copy it into the meta of
+        values whose fake still stands for them (earlier values of an in-place chain keep the estimate)."""
+        for vid in range(first_value, len(self._values)):
+            tensor = self._value_tensors[vid]
+            if self._values[vid][0] == "node" and self._value_of.get(id(tensor)) == vid:
+                self._values[vid][1][6] = bool(tensor.requires_grad)
+
+    def _refuse_escaping_method(self, fn, args):
+        name = getattr(fn, "__name__", None)
+        if name not in _ESCAPING_METHODS:
+            return
+        owner = getattr(fn, "__self__", None)
+        if not isinstance(owner, torch.Tensor):  # the unbound form: torch.Tensor.numpy(fake)
+            owner = args[0] if args and getattr(torch.Tensor, name, None) is fn else None
+        if owner is not None and self.is_fake(owner):
+            raise errors.Unsupported(f"Tensor.{name}() cannot be captured: {_ESCAPING_METHODS[name]}")
+
+
+def _tensor_args(args, kwargs):
+    """The tensors among an op's arguments (lists included), for the requires_grad estimate."""
+    for value in list(args) + list(kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from (v for v in value if isinstance(v, torch.Tensor))
+
+
+def _describe(fn):
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    module = getattr(fn, "__module__", None)
+    return f"{module}.{name}" if module and module not in ("builtins",) else name

@@ -1,0 +1,176 @@
+"""Python-side helpers of kiln's C++ tracer (csrc/trace).
+
+The symbolic interpreter is C++; a few questions are far simpler to answer with Python's own
+machinery (argument binding, module hooks, what counts as a torch function). They run only while a
+frame is traced, never on a cache hit.
+"""
+import inspect
+import operator
+import os
+import types
+
+import torch
+import torch.nn as nn
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_KILN_DIR = os.path.dirname(__file__) + os.sep
+_STDLIB_SKIP = (os.path.dirname(os.__file__) + os.sep,)
+
+
+def skip_reason(filename):
+    """Why frames of `filename` are never traced (run by CPython, their callees still intercepted)."""
+    if filename.startswith(_TORCH_DIR):
+        return "torch internals"
+    if filename.startswith(_KILN_DIR):
+        return "kiln itself"
+    if filename.startswith(_STDLIB_SKIP):
+        return "standard library"
+    return None
+
+
+class _Slot:
+    __slots__ = ("index",)
+
+    def __init__(self, index):
+        self.index = index
+
+
+def bind_arguments(fn, nargs, kwnames):
+    """Binds `nargs` positional and `kwnames` keyword placeholders to `fn`'s parameters.
+
+    Returns one entry per entry of fn.__code__'s argument slots (positional, keyword-only, *args,
+    **kwargs in co_varnames order): ("slot", i) for the i-th call argument, ("const", value) for a
+    default, ("tuple", [i...]) for *args, ("dict", [(name, i)...]) for **kwargs. Raises TypeError
+    exactly when the real call would.
+    """
+    slots = [_Slot(i) for i in range(nargs + len(kwnames))]
+    sig = inspect.signature(fn, follow_wrapped=False)
+    bound = sig.bind(*slots[:nargs], **{k: slots[nargs + j] for j, k in enumerate(kwnames)})
+    bound.apply_defaults()
+    out = []
+    for name, param in sig.parameters.items():
+        value = bound.arguments[name]
+        if param.kind is inspect.Parameter.VAR_POSITIONAL:
+            out.append(("tuple", [s.index for s in value]))
+        elif param.kind is inspect.Parameter.VAR_KEYWORD:
+            out.append(("dict", [(k, s.index) for k, s in value.items()]))
+        elif isinstance(value, _Slot):
+            out.append(("slot", value.index))
+        else:
+            out.append(("const", value))
+    return out
+
+
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
+
+
+def module_call_kind(module):
+    """How the tracer treats a call of `module`: "hooks" (has hooks: cannot trace yet), "sequential",
+    "leaf" (a built-in torch.nn module: called as a whole on fakes), or "inline" (trace its forward)."""
+    if (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+            or getattr(module, "_backward_pre_hooks", None)
+            or nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks
+            or nn.modules.module._global_backward_hooks
+            or getattr(nn.modules.module, "_global_backward_pre_hooks", None)):
+        return "hooks"
+    if "forward" in module.__dict__:
+        return "hooks"  # an instance-level forward override: treat as untraceable for now
+    cls = type(module)
+    if cls is nn.Sequential:
+        return "sequential"
+    if cls.__module__.startswith("torch.nn.") and not isinstance(module, _CONTAINERS):
+        return "leaf"
+    return "inline"
+
+
+_SIMPLE = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.Size)
+
+
+def _is_simple(value):
+    if isinstance(value, tuple):
+        return all(_is_simple(v) for v in value)
+    return isinstance(value, _SIMPLE)
+
+
+def leaf_module_state(module):
+    """For a built-in module called as a whole: its tensors and the plain attributes its forward may read.
+
+    Returns (tensors, constants): tensors = [(path, tensor)] where path is a list of
+    ("_modules", name)... steps ending in ("_parameters"|"_buffers", name); constants = [(path, value)]
+    where path is a list of ("_modules", name) steps ending in ("__dict__", attr). Python classes that are
+    not simple values (functions, submodule-less objects) are not guarded: built-in modules keep them fixed.
+    """
+    tensors, constants = [], []
+
+    def walk(mod, prefix):
+        for name, p in mod._parameters.items():
+            if p is not None:
+                tensors.append((prefix + [("_parameters", name)], p))
+        for name, b in mod._buffers.items():
+            if b is not None:
+                tensors.append((prefix + [("_buffers", name)], b))
+        for attr, value in mod.__dict__.items():
+            if attr.startswith("_") and attr not in ("_qkv_same_embed_dim",):
+                continue
+            if _is_simple(value):
+                constants.append((prefix + [("__dict__", attr)], value))
+        for name, sub in mod._modules.items():
+            if sub is not None:
+                walk(sub, prefix + [("_modules", name)])
+
+    walk(module, [])
+    return tensors, constants
+
+
+def call_leaf_module(recorder, module, fakes_by_name, args, kwargs):
+    with recorder.swapped_state(module, fakes_by_name):
+        return recorder.call(type(module).forward, (module,) + tuple(args), kwargs)
+
+
+_TENSOR_TYPES = (torch.Tensor,)
+
+
+def is_torch_callable(fn):
+    """True for functions the recorder may call as a whole on fakes: torch's own API."""
+    if isinstance(fn, (types.BuiltinFunctionType, types.BuiltinMethodType)):
+        mod = getattr(fn, "__module__", None) or ""
+        self_obj = getattr(fn, "__self__", None)
+        if isinstance(self_obj, torch.Tensor):
+            return True
+        if mod.startswith("torch") or (self_obj is not None and getattr(self_obj, "__name__", "").startswith("torch")):
+            return True
+        return False
+    if isinstance(fn, (types.MethodDescriptorType, types.WrapperDescriptorType, types.MethodWrapperType)):
+        owner = getattr(fn, "__objclass__", None)
+        if owner is None and isinstance(fn, types.MethodWrapperType):
+            return isinstance(fn.__self__, torch.Tensor)
+        return owner is not None and issubclass(owner, torch._C.TensorBase)
+    if isinstance(fn, types.FunctionType):
+        mod = fn.__module__ or ""
+        return mod == "torch" or mod.startswith("torch.nn.functional") or mod.startswith("torch.functional") \
+            or mod.startswith("torch._tensor") or mod.startswith("torch.nn.init") or mod.startswith("torch.overrides")
+    if isinstance(fn, types.MethodType):
+        return isinstance(fn.__self__, torch.Tensor) or is_torch_callable(fn.__func__)
+    if fn in _OPERATOR_FUNCS:
+        return True
+    return getattr(fn, "__module__", "") in ("torch._ops", "torch._ops.aten")
+
+
+_OPERATOR_FUNCS = {getattr(operator, n) for n in dir(operator) if not n.startswith("_")}
+
+# BINARY_OP's argument indexes this table (CPython's NB_* order); the in-place forms follow at +13.
+BINARY_OPS = [operator.add, operator.and_, operator.floordiv, operator.lshift, operator.matmul, operator.mul,
+              operator.mod, operator.or_, operator.pow, operator.rshift, operator.sub, operator.truediv,
+              operator.xor, operator.iadd, operator.iand, operator.ifloordiv, operator.ilshift, operator.imatmul,
+              operator.imul, operator.imod, operator.ior, operator.ipow, operator.irshift, operator.isub,
+              operator.itruediv, operator.ixor]
+COMPARE_OPS = [operator.lt, operator.le, operator.eq, operator.ne, operator.gt, operator.ge]
+
+# Builtins that are pure functions of constant arguments: evaluated at trace time.
+PURE_BUILTINS = {abs, all, any, bool, chr, divmod, float, format, frozenset, hash, int, isinstance, issubclass, len,
+                 max, min, ord, pow, repr, round, sorted, str, sum, tuple, list, dict, set, range, enumerate, zip,
+                 reversed, getattr, hasattr, type, slice, callable, iter, next}
+import math as _math  # noqa: E402
+
+PURE_BUILTINS |= {getattr(_math, n) for n in dir(_math) if callable(getattr(_math, n)) and not n.startswith("_")}
+PURE_BUILTINS |= {f for f in _OPERATOR_FUNCS if callable(f)}

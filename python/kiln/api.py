@@ -1,0 +1,178 @@
+"""kiln's user API, shaped like torch.compile's so habits carry over."""
+import functools
+import types
+import warnings
+
+import torch
+import torch.nn as nn
+
+from kiln import _C, config
+from kiln.errors import KilnError
+
+_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def _entry_code(target):
+    """The code object whose frames kiln traces for `target` (a function or an nn.Module)."""
+    if isinstance(target, nn.Module):
+        forward = type(target).forward
+        return getattr(forward, "__code__", None)
+    fn = target.__func__ if isinstance(target, types.MethodType) else target
+    return getattr(fn, "__code__", None)
+
+
+def _make_compiler(target, backend, fullgraph, explain_sink=None):
+    user_backend = None
+    if callable(backend):
+        user_backend, backend = backend, getattr(backend, "__name__", "user backend")
+    elif not isinstance(backend, str):
+        raise KilnError(f"backend must be a name or a callable, got {type(backend).__name__}")
+    elif backend not in _C.backend_names():
+        raise KilnError(f"unknown backend {backend!r}; known backends: {', '.join(_C.backend_names())}, "
+                        "or pass a callable(graph, example_inputs)")
+    code = _entry_code(target)
+    return _C.Compiler(backend, user_backend, bool(fullgraph), int(config.recompile_limit),
+                       [code] if code is not None else [], explain_sink)
+
+
+def _run_compiled(compiler, fn, args, kwargs):
+    if config.disabled():
+        return fn(*args, **kwargs)
+    previous = _C.set_compiler(compiler)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _C.set_compiler(previous)
+
+
+def _compiled_module(module, compiler):
+    """A module sharing the original's __dict__ (parameters, buffers, submodules, flags), whose calls run
+    under kiln: state_dict keys, attribute access and .train()/.eval() behave as on the original."""
+    cls = type(module)
+    call_impl = cls.__call__
+
+    def __call__(self, *args, **kwargs):
+        return _run_compiled(compiler, call_impl, (self,) + args, kwargs)
+
+    compiled_cls = type(f"Compiled{cls.__name__}", (cls,), {
+        "__call__": __call__,
+        "__module__": cls.__module__,
+        "_kiln_compiler": compiler,
+        # Pickling or deep-copying a compiled module gives (a copy of) the plain original.
+        "__reduce_ex__": lambda self, protocol: (_identity, (module,)),
+    })
+    compiled = object.__new__(compiled_cls)
+    object.__setattr__(compiled, "__dict__", module.__dict__)
+    return compiled
+
+
+def _identity(module):
+    return module
+
+
+def compile(model=None, *, mode="default", dynamic=None, fullgraph=False, backend="kiln", options=None):
+    """Compile a function or an nn.Module. Also usable as @kiln.compile or @kiln.compile(...)."""
+    if model is None:
+        return lambda m: compile(m, mode=mode, dynamic=dynamic, fullgraph=fullgraph, backend=backend,
+                                 options=options)
+    if mode not in _MODES:
+        raise KilnError(f"unknown mode {mode!r}; choose one of {', '.join(_MODES)}")
+    if options is not None and not isinstance(options, dict):
+        raise KilnError("options must be a dict")
+    if dynamic:
+        warnings.warn("kiln: dynamic shapes are not implemented yet; shapes are specialised "
+                      "(a new shape recompiles)", stacklevel=2)
+    if not callable(model):
+        raise KilnError(f"kiln.compile expects a function or an nn.Module, got {type(model).__name__}")
+    compiler = _make_compiler(model, backend, fullgraph)
+    if isinstance(model, nn.Module):
+        return _compiled_module(model, compiler)
+
+    @functools.wraps(model)
+    def compiled_fn(*args, **kwargs):
+        return _run_compiled(compiler, model, args, kwargs)
+
+    compiled_fn._kiln_compiler = compiler
+    compiled_fn._kiln_original = model
+    return compiled_fn
+
+
+def reset():
+    """Drops every compiled entry (all functions) and zeroes kiln.stats()."""
+    _C.reset()
+
+
+def stats():
+    """Counters since the last reset: frames_compiled, cache_hits, recompiles, graph_breaks, fallbacks."""
+    return dict(_C.stats())
+
+
+class ExplainOutput:
+    """What kiln did with one call: graphs, their ops and guards, and why anything ran eagerly."""
+
+    def __init__(self, records):
+        graphs = [r for kind, r in records if kind == "graph"]
+        self.graph_count = len(graphs)
+        self.ops_per_graph = [list(g["ops"]) for g in graphs]
+        self.guards = [line for g in graphs for line in g["guards"]]
+        self.break_reasons = [r for kind, r in records if kind == "break"]
+        self.graph_break_count = len(self.break_reasons)
+        self.recompile_reasons = [r for kind, r in records if kind == "recompile"]
+
+    def __repr__(self):
+        lines = [f"graphs: {self.graph_count}, graph breaks: {self.graph_break_count}"]
+        for i, ops in enumerate(self.ops_per_graph):
+            lines.append(f"graph {i}: {len(ops)} ops")
+        for reason in self.break_reasons:
+            lines.append(f"break: {reason}")
+        return "\n".join(lines)
+
+
+def explain(fn, *, backend="eager"):
+    """kiln.explain(fn)(*args) -> ExplainOutput. Compiles afresh, runs once, reports."""
+    def run(*args, **kwargs):
+        records = []
+        compiler = _make_compiler(fn, backend, False, explain_sink=records)
+        target = type(fn).__call__ if isinstance(fn, nn.Module) else fn
+        call_args = (fn,) + args if isinstance(fn, nn.Module) else args
+        reset()
+        _run_compiled(compiler, target, call_args, kwargs)
+        return ExplainOutput(records)
+    return run
+
+
+def disable(fn=None):
+    """Runs `fn` (or the `with` block) without kiln, even when called from compiled code."""
+    if fn is None:
+        return _Disabled()
+
+    @functools.wraps(fn)
+    def disabled(*args, **kwargs):
+        previous = _C.set_compiler(None)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _C.set_compiler(previous)
+
+    return disabled
+
+
+class _Disabled:
+    def __enter__(self):
+        self._previous = _C.set_compiler(None)
+        return self
+
+    def __exit__(self, *exc):
+        _C.set_compiler(self._previous)
+        return False
+
+
+def mark_dynamic(tensor, dim):
+    """Accepted for torch.compile compatibility; shapes are specialised for now (a new size recompiles)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise KilnError("mark_dynamic expects a tensor")
+    if not -tensor.dim() <= dim < max(tensor.dim(), 1):
+        raise KilnError(f"mark_dynamic: dimension {dim} out of range for a {tensor.dim()}-d tensor")
+    marked = getattr(tensor, "_kiln_dynamic_dims", set())
+    marked.add(dim % max(tensor.dim(), 1))
+    tensor._kiln_dynamic_dims = marked

@@ -1,0 +1,40 @@
+"""Shared pytest set-up for kiln's Python tests (tests/python).
+
+- `fresh_kiln`: kiln with every cache dropped and counters zeroed (kiln.reset()) before the test.
+- `device`: runs a test body once per device: "cpu" always, "cuda" marked `cuda`.
+- Tests marked `cuda` skip cleanly where torch sees no CUDA device.
+- benchmarks/ is importable, so tests use the same seed models as the benchmarks.
+"""
+import os
+import sys
+
+import pytest
+import torch
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCHMARKS_DIR = os.path.join(REPO_ROOT, "benchmarks")
+if BENCHMARKS_DIR not in sys.path:
+    sys.path.insert(0, BENCHMARKS_DIR)
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_cuda = pytest.mark.skip(reason="needs a CUDA device (runs on the GPU machine)")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip_cuda)
+
+
+@pytest.fixture
+def fresh_kiln():
+    """The kiln module, reset: no compiled code, all stats() counters zero."""
+    import kiln
+    kiln.reset()
+    yield kiln
+    kiln.reset()
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def device(request):
+    return request.param

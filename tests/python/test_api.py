@@ -1,0 +1,338 @@
+"""kiln's user-facing API, checked against real behaviour: compile (function, decorator, module),
+stats/reset, explain, disable, logs, backends, errors, fallbacks, tracebacks, generators, leaks."""
+import gc
+import inspect
+import os
+import subprocess
+import sys
+import traceback
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import kiln
+from kiln.testing import assert_same_as_eager, random_tensor
+
+# The folder holding the kiln package under test, for subprocesses.
+KILN_PARENT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__)))
+COUNTERS = ("frames_compiled", "cache_hits", "recompiles", "graph_breaks", "fallbacks")
+
+
+def sin_plus(x, y):
+    return torch.sin(x) + y
+
+
+def line_of(fn, text):
+    """The line number of the first line of fn's source that contains text."""
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+# --- compile: the three call forms ------------------------------------------------------------
+
+def test_decorator_without_parentheses(fresh_kiln):
+    @kiln.compile
+    def f(x):
+        return torch.cos(x) * 2 + 1
+
+    x = random_tensor(8)
+    torch.testing.assert_close(f(x), torch.cos(x) * 2 + 1)
+    assert kiln.stats()["frames_compiled"] == 1
+
+
+def test_decorator_with_arguments(fresh_kiln):
+    @kiln.compile()
+    def f(x):
+        return torch.cos(x) * 2 + 1
+
+    @kiln.compile(mode="default", fullgraph=True)
+    def g(x):
+        return torch.tanh(x) - x
+
+    x = random_tensor(8)
+    torch.testing.assert_close(f(x), torch.cos(x) * 2 + 1)
+    torch.testing.assert_close(g(x), torch.tanh(x) - x)
+    assert kiln.stats()["frames_compiled"] == 2
+
+
+def test_compile_function_call_form(fresh_kiln):
+    compiled = kiln.compile(sin_plus)
+    assert_same_as_eager(sin_plus, random_tensor(4, 5, requires_grad=True), random_tensor(4, 5), compiled=compiled)
+    assert kiln.stats()["frames_compiled"] == 1
+
+
+# --- modules ------------------------------------------------------------------------------------
+
+def test_module_wrapper_shares_parameters_and_state_dict(fresh_kiln):
+    model = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 3))
+    compiled = kiln.compile(model)
+    assert list(compiled.state_dict().keys()) == list(model.state_dict().keys())
+    for key, value in compiled.state_dict().items():
+        assert value.data_ptr() == model.state_dict()[key].data_ptr(), f"{key} is a copy, not shared"
+    assert compiled[0].weight is model[0].weight
+    assert [id(p) for p in compiled.parameters()] == [id(p) for p in model.parameters()]
+
+    x = random_tensor(5, 6)
+    assert_same_as_eager(model, x, compiled=compiled)
+    assert kiln.stats()["frames_compiled"] >= 1, "calling the wrapper did not run compiled code"
+
+    # Updates to the original's parameters reach the compiled module (no stale constants) ...
+    with torch.no_grad():
+        model[0].weight.mul_(-2)
+    torch.testing.assert_close(compiled(x), model(x))
+    # ... and loading a state dict through the wrapper updates the original.
+    new_state = {key: random_tensor(value.shape) for key, value in model.state_dict().items()}
+    compiled.load_state_dict(new_state)
+    torch.testing.assert_close(model[2].bias, new_state["2.bias"])
+    torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_module_attribute_access(fresh_kiln):
+    model = nn.Linear(3, 2)
+    compiled = kiln.compile(model)
+    assert compiled.weight is model.weight
+    assert compiled.bias is model.bias
+    assert compiled.in_features == 3
+
+
+# --- exceptions, generators ---------------------------------------------------------------------
+
+def raises_after_tensor_ops(x):
+    y = torch.cos(x) * 2
+    raise ValueError(f"boom from user code {y.shape[0]}")
+
+
+def helper_that_raises(x):
+    if x.dim() > 0:
+        raise KeyError("inner helper failed")
+    return x
+
+
+def calls_raising_helper(x):
+    y = x + 1
+    return helper_that_raises(y)
+
+
+def user_frames(exc):
+    return [(frame.name, frame.lineno) for frame in traceback.extract_tb(exc.__traceback__)]
+
+
+def test_exception_keeps_user_traceback(fresh_kiln):
+    compiled = kiln.compile(raises_after_tensor_ops)
+    with pytest.raises(ValueError, match="boom from user code 4") as info:
+        compiled(random_tensor(4))
+    frames = user_frames(info.value)
+    assert (raises_after_tensor_ops.__name__, line_of(raises_after_tensor_ops, "raise ValueError")) in frames, frames
+
+
+def test_exception_from_called_helper_keeps_both_frames(fresh_kiln):
+    compiled = kiln.compile(calls_raising_helper)
+    with pytest.raises(KeyError, match="inner helper failed") as info:
+        compiled(random_tensor(3))
+    frames = user_frames(info.value)
+    names = [name for name, _ in frames]
+    assert "calls_raising_helper" in names, frames
+    assert frames[-1] == ("helper_that_raises", line_of(helper_that_raises, "raise KeyError")), frames
+
+
+def scaled_terms(x, count):
+    for i in range(count):
+        yield x * (i + 1)
+
+
+def sums_a_generator(x):
+    total = torch.zeros_like(x)
+    for term in scaled_terms(x, 3):
+        total = total + term
+    return total, list(scaled_terms(x.cos(), 2))
+
+
+def test_generator_called_from_compiled_function(fresh_kiln):
+    out = assert_same_as_eager(sums_a_generator, random_tensor(6, requires_grad=True))
+    assert len(out[1]) == 2
+
+
+# --- no leaks -------------------------------------------------------------------------------------
+
+def call_many(compiled, x, times):
+    out = None
+    for _ in range(times):
+        out = compiled(x)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["function", "module"])
+def test_thousand_calls_leak_nothing(fresh_kiln, kind):
+    if kind == "module":
+        target = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4))
+        x = random_tensor(4, 16)
+    else:
+        def target(t):
+            return torch.sin(t) * 2 + 1
+        x = random_tensor(8)
+    compiled = kiln.compile(target)
+    call_many(compiled, x, 5)  # compile and settle caches first
+    gc.collect()
+    refs_x, refs_target = sys.getrefcount(x), sys.getrefcount(target)
+    objects = len(gc.get_objects())
+
+    call_many(compiled, x, 1000)
+    gc.collect()
+    assert sys.getrefcount(x) == refs_x, "the input tensor leaked references"
+    assert sys.getrefcount(target) == refs_target, "the compiled module/function leaked references"
+    grown = len(gc.get_objects()) - objects
+    assert grown < 50, f"{grown} more gc-tracked objects after 1000 calls"
+    assert kiln.stats()["cache_hits"] >= 1000
+
+
+# --- stats, reset, explain, disable ------------------------------------------------------------
+
+def test_stats_counters_and_reset(fresh_kiln):
+    stats = kiln.stats()
+    assert {key: stats[key] for key in COUNTERS} == dict.fromkeys(COUNTERS, 0)
+    compiled = kiln.compile(sin_plus)
+    x, y = random_tensor(3), random_tensor(3)
+    compiled(x, y)
+    compiled(x, y)
+    assert kiln.stats()["frames_compiled"] == 1
+    assert kiln.stats()["cache_hits"] == 1
+
+    kiln.reset()
+    assert {key: kiln.stats()[key] for key in COUNTERS} == dict.fromkeys(COUNTERS, 0)
+    torch.testing.assert_close(compiled(x, y), sin_plus(x, y))
+    assert kiln.stats()["frames_compiled"] == 1, "after reset the next call must compile again"
+    assert kiln.stats()["cache_hits"] == 0
+
+
+def test_explain_single_graph(fresh_kiln):
+    result = kiln.explain(sin_plus)(random_tensor(4, 4), random_tensor(4, 4))
+    assert result.graph_count == 1
+    assert result.graph_break_count == 0
+    assert list(result.break_reasons) == []
+    assert len(result.ops_per_graph) == 1
+    ops = list(result.ops_per_graph[0])
+    assert "aten::add.Tensor" in ops, ops
+    assert any(op.startswith("aten::sin") for op in ops), ops
+    assert all(op.startswith("aten::") for op in ops), ops
+    assert result.guards and all(isinstance(guard, str) for guard in result.guards)
+    assert any("x" in guard for guard in result.guards), result.guards
+
+
+@kiln.disable
+def opaque_scale(t):
+    return t * 3
+
+
+def breaks_at_disabled_call(x):
+    y = torch.sin(x)
+    z = opaque_scale(y)
+    return torch.cos(z)
+
+
+def test_explain_graph_break_at_disabled_function(fresh_kiln):
+    x = random_tensor(5)
+    result = kiln.explain(breaks_at_disabled_call)(x)
+    assert result.graph_break_count == 1, result.break_reasons
+    assert result.graph_count == 2
+    assert len(result.break_reasons) == 1 and isinstance(result.break_reasons[0], str)
+    assert any(op.startswith("aten::sin") for op in result.ops_per_graph[0])
+    assert any(op.startswith("aten::cos") for op in result.ops_per_graph[1])
+    # The break changes nothing about the answer.
+    assert_same_as_eager(breaks_at_disabled_call, random_tensor(5, requires_grad=True))
+
+
+def test_disabled_function_runs_eagerly(fresh_kiln):
+    assert_same_as_eager(opaque_scale, random_tensor(5), compiled=kiln.compile(opaque_scale))
+    assert kiln.stats()["frames_compiled"] == 0
+
+
+def test_fullgraph_turns_a_break_into_an_error(fresh_kiln):
+    compiled = kiln.compile(breaks_at_disabled_call, fullgraph=True)
+    with pytest.raises(kiln.errors.GraphBreakError) as info:
+        compiled(random_tensor(3))
+    assert os.path.basename(__file__) in str(info.value), str(info.value)
+
+
+# --- logs -------------------------------------------------------------------------------------------
+
+LOG_SCRIPT = """
+import torch, kiln
+@kiln.compile
+def f(x):
+    return x.sin() + 1
+f(torch.randn(4)); f(torch.randn(4)); f(torch.randn(4, dtype=torch.float64))
+"""
+
+
+def run_with_logs(logs):
+    env = dict(os.environ, PYTHONPATH=KILN_PARENT_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("KILN_LOGS", None)
+    if logs is not None:
+        env["KILN_LOGS"] = logs
+    proc = subprocess.run([sys.executable, "-c", LOG_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stderr
+
+
+def test_kiln_logs_print_graph_guards_recompiles():
+    stderr = run_with_logs("graph,guards,recompiles")
+    lines = stderr.splitlines()
+    for category in ("graph", "guards", "recompiles"):
+        assert any(line.startswith(f"[kiln:{category}]") for line in lines), f"no [kiln:{category}] line:\n{stderr}"
+    assert "aten::sin" in stderr, stderr
+    # Without KILN_LOGS kiln is silent.
+    assert "[kiln:" not in run_with_logs(None)
+
+
+# --- backends -----------------------------------------------------------------------------------
+
+def test_eager_backend(fresh_kiln):
+    compiled = kiln.compile(sin_plus, backend="eager")
+    assert_same_as_eager(sin_plus, random_tensor(3, 4, requires_grad=True), random_tensor(3, 4), compiled=compiled)
+    assert kiln.stats()["frames_compiled"] == 1
+
+
+def test_user_backend_callable_is_used(fresh_kiln):
+    received = []
+    calls = []
+
+    def counting_backend(graph, example_inputs):
+        received.append((str(graph), list(example_inputs)))
+
+        def run(*args):
+            calls.append(len(args))
+            return graph(*args)
+        return run
+
+    compiled = kiln.compile(sin_plus, backend=counting_backend)
+    x, y = random_tensor(3, 4), random_tensor(3, 4)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x, y), sin_plus(x, y))
+    assert len(received) == 1, "the backend should compile the graph once"
+    graph_text, example_inputs = received[0]
+    assert "aten::" in graph_text, graph_text
+    assert any(isinstance(t, torch.Tensor) and t.shape == x.shape for t in example_inputs), example_inputs
+    assert len(calls) == 3, f"the backend's callable ran {len(calls)} times for 3 calls"
+
+
+def test_unknown_backend_names_the_known_ones(fresh_kiln):
+    with pytest.raises(kiln.errors.KilnError) as info:
+        kiln.compile(sin_plus, backend="no_such_backend")(random_tensor(2), random_tensor(2))
+    message = str(info.value)
+    assert "no_such_backend" in message
+    assert "eager" in message and "kiln" in message, message
+
+
+# --- fallback -------------------------------------------------------------------------------------
+
+def through_numpy(x):
+    return torch.from_numpy(np.sin(x.numpy()) * 2) + 1
+
+
+def test_untraceable_frame_falls_back_to_eager(fresh_kiln):
+    x = random_tensor(7)
+    out = kiln.compile(through_numpy)(x)
+    torch.testing.assert_close(out, through_numpy(x))
+    assert kiln.stats()["fallbacks"] >= 1, kiln.stats()
