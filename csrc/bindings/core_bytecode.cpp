@@ -11,7 +11,8 @@ namespace kiln::bindings {
 
 namespace {
 PyCodeObject* as_code(const py::object& obj) {
-  KILN_CHECK(PyCode_Check(obj.ptr())) << "expected a code object, got " << py::str(py::type::of(obj)).cast<std::string>();
+  KILN_CHECK(PyCode_Check(obj.ptr())) << "expected a code object, got "
+                                      << py::str(py::type::of(obj)).cast<std::string>();
   return reinterpret_cast<PyCodeObject*>(obj.ptr());
 }
 }  // namespace

@@ -224,6 +224,8 @@ void register_frame(py::module_& m) {
   f.def("hook_installed", &frame::hook_installed);
 
   // At exit the callbacks' modules are being torn down: stop intercepting before that starts.
+  // kiln._C drives this module's hook (one hook per process) through the function table.
+  m.attr("frame_api") = py::capsule(static_cast<const void*>(frame::frame_api()), "kiln._core.frame_api");
   py::module_::import("atexit").attr("register")(py::cpp_function([] { frame::uninstall_for_shutdown(); }));
 }
 

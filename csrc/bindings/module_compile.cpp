@@ -22,8 +22,9 @@ struct CompilerHandle {
 thread_local PyObject* tls_current = nullptr;  // the Python handle of this thread's compiler (owned)
 
 py::object set_compiler(py::object handle) {
-  frame::Compiler* ptr = handle.is_none() ? nullptr : handle.cast<CompilerHandle&>().compiler.get();
+  trace::KilnCompiler* ptr = handle.is_none() ? nullptr : handle.cast<CompilerHandle&>().compiler.get();
   frame::set_thread_compiler(ptr);
+  trace::set_active_compiler(ptr);
   PyObject* previous = tls_current;
   tls_current = handle.is_none() ? nullptr : handle.inc_ref().ptr();
   return previous ? py::reinterpret_steal<py::object>(previous) : py::none();

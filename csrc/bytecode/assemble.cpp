@@ -8,6 +8,7 @@
 // layout CPython's own assembler produces.
 #include "bytecode/bytecode.h"
 #include "common/error.h"
+#include "common/log.h"
 
 namespace kiln::bytecode {
 
@@ -28,6 +29,47 @@ int jump_distance(const OpcodeTable& ops, const Instruction& instr, int end_unit
                                                                     : "(a forward jump must go forward)")
                             << ": use the jump opcode of the other direction";
   return distance;
+}
+
+// Layouts the interpreter's fast paths assume without checking; breaking one crashes or silently
+// changes behaviour, so assemble() refuses it. Rules naming an opcode this Python lacks do not apply.
+struct MustFollowRule {
+  const char* first;
+  const char* next;
+  const char* why;
+  int min_version;  // PY_VERSION_HEX from which the rule holds
+};
+constexpr MustFollowRule kMustFollow[] = {
+    {"PRECALL", "CALL", "3.11's specialised PRECALLs perform the call and skip the CALL after them", 0},
+    {"YIELD_VALUE", "RESUME", "gen.throw()/close() find a `yield from` by the RESUME after the yield", 0},
+    {"END_FOR", "POP_TOP", "3.13's FOR_ITER skips both END_FOR and POP_TOP when the iterator ends", 0x030D0000},
+};
+struct JumpTargetRule {
+  const char* jump;
+  const char* target;
+  const char* why;
+};
+constexpr JumpTargetRule kJumpTargetMustBe[] = {
+    {"FOR_ITER", "END_FOR", "3.12+ FOR_ITER skips the instruction at its target when the iterator ends"},
+};
+
+void check_layout_rules(const OpcodeTable& ops, const std::vector<Instruction>& instrs) {
+  const int n = static_cast<int>(instrs.size());
+  for (const MustFollowRule& rule : kMustFollow) {
+    int first = ops.op(rule.first), next = ops.op(rule.next);
+    if (first < 0 || next < 0 || PY_VERSION_HEX < rule.min_version) continue;
+    for (int i = 0; i < n; ++i)
+      KILN_CHECK(instrs[i].opcode != first || (i + 1 < n && instrs[i + 1].opcode == next))
+          << "instruction " << i << ": " << rule.first << " must be followed directly by " << rule.next << " ("
+          << rule.why << ")";
+  }
+  for (const JumpTargetRule& rule : kJumpTargetMustBe) {
+    int jump = ops.op(rule.jump), target = ops.op(rule.target);
+    if (jump < 0 || target < 0) continue;
+    for (int i = 0; i < n; ++i)
+      KILN_CHECK(instrs[i].opcode != jump || instrs[instrs[i].target].opcode == target)
+          << "instruction " << i << ": " << rule.jump << " must jump to " << rule.target << " (" << rule.why << ")";
+  }
 }
 
 void emit_unit(std::string& out, int opcode, int arg_byte) {
@@ -61,6 +103,8 @@ Assembled assemble(const CodeInstructions& ci, int firstlineno) {
     }
     sizes[i] = instruction_size(instr.opcode, args[i]);
   }
+
+  check_layout_rules(ops, instrs);
 
   for (bool changed = true; changed;) {
     changed = false;
@@ -175,6 +219,9 @@ PyObject* make_code(PyCodeObject* original, const CodeInstructions& ci, PyObject
     return fail(message);
   }
   Py_DECREF(kwargs);
+  KILN_LOG(bytecode) << "rebuilt code object " << PyUnicode_AsUTF8(reinterpret_cast<PyCodeObject*>(result)->co_name)
+                     << " (stack size " << stacksize << "):\n"
+                     << format(ci);
   return result;
 }
 

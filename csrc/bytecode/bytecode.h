@@ -120,7 +120,7 @@ std::string format(const CodeInstructions& ci);
 /// unit), or -1. For mapping a frame's instruction pointer back to the instruction list.
 int instruction_at_offset(const CodeInstructions& ci, int unit);
 
-/// Size in code units of `instr` when its argument is `arg` (EXTENDED_ARG prefixes + opcode + caches).
+/// Size in code units of `opcode` with argument `arg` (EXTENDED_ARG prefixes + opcode + caches).
 int instruction_size(int opcode, int arg);
 
 // --- table encodings, exposed for tests ----------------------------------------------------------

@@ -17,6 +17,10 @@
 #error "kiln's frame hook supports CPython 3.11, 3.12 and 3.13 only: add this version's frame layout to cpython_shim.c"
 #endif
 
+#ifdef Py_GIL_DISABLED
+#error "kiln's frame hook relies on the GIL; free-threaded CPython builds are not supported"
+#endif
+
 #include <string.h>
 
 #include "internal/pycore_frame.h"
@@ -255,7 +259,7 @@ PyObject* kiln_shim_run_shadow_frame(PyThreadState* tstate, struct _PyInterprete
   PyObject* result = _PyEval_EvalFrameDefault(tstate, shadow, 0);
 #ifdef KILN_PY312_OR_LATER
   // The evaluator cleared and popped the shadow frame; the original is now on top of the stack.
-  clear_and_pop_frame(tstate, original);
+  kiln_shim_release_unrun_frame(tstate, original);
 #else
   // 3.11: the evaluator leaves its entry frame to the caller; the original's caller clears it.
   clear_and_pop_frame(tstate, shadow);
@@ -265,6 +269,8 @@ PyObject* kiln_shim_run_shadow_frame(PyThreadState* tstate, struct _PyInterprete
 
 void kiln_shim_release_unrun_frame(PyThreadState* tstate, struct _PyInterpreterFrame* frame) {
 #ifdef KILN_PY312_OR_LATER
+  // Never linked into the frame chain, so `previous` was never set: make it a clean NULL.
+  frame->previous = NULL;
   clear_and_pop_frame(tstate, frame);
 #else
   (void)tstate;

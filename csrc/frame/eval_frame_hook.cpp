@@ -267,16 +267,6 @@ void update_hook_installation() {
 
 }  // namespace
 
-CacheEntry::~CacheEntry() { Py_XDECREF(code); }
-
-PyObject* FrameView::local(int i) const {
-  if (i < 0 || i >= nlocalsplus) return nullptr;
-  int first_free = nlocalsplus - code->co_nfreevars;
-  if (i < first_free) return localsplus[i];
-  if (closure == nullptr) return nullptr;
-  return PyCell_GET(PyTuple_GET_ITEM(closure, i - first_free));
-}
-
 Compiler* set_thread_compiler(Compiler* compiler) {
   Compiler* previous = tls_compiler;
   tls_compiler = compiler;
@@ -315,5 +305,13 @@ void reset_all() {
 }
 
 Counters counters() { return g_counters; }
+
+const FrameApi* frame_api() {
+  static const FrameApi api = {
+      kFrameApiVersion, &set_thread_compiler, &thread_compiler, &hook_installed, &entries_of, &is_skipped, &reset_all,
+      &counters,
+  };
+  return &api;
+}
 
 }  // namespace kiln::frame

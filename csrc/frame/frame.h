@@ -34,7 +34,13 @@ struct FrameView {
   PyObject* closure = nullptr;  ///< the function's closure tuple of cells, or NULL (borrowed)
 
   /// Local slot `i` (borrowed, may be NULL). For a free variable slot, the cell's content.
-  PyObject* local(int i) const;
+  PyObject* local(int i) const {
+    if (i < 0 || i >= nlocalsplus) return nullptr;
+    int first_free = nlocalsplus - code->co_nfreevars;
+    if (i < first_free) return localsplus[i];
+    if (closure == nullptr) return nullptr;
+    return PyCell_GET(PyTuple_GET_ITEM(closure, i - first_free));
+  }
 };
 
 /// A guard over a frame: true when the cache entry may run. Implementations must not raise; on
@@ -54,7 +60,7 @@ struct CacheEntry {
   std::unique_ptr<GuardCheck> guard;
   std::shared_ptr<void> payload;  ///< whatever the compiler keeps alive with the entry
   std::string label;              ///< for logs and kiln.explain
-  ~CacheEntry();
+  ~CacheEntry() { Py_XDECREF(code); }
   CacheEntry() = default;
   CacheEntry(const CacheEntry&) = delete;
   CacheEntry& operator=(const CacheEntry&) = delete;
@@ -107,5 +113,21 @@ struct Counters {
   long long hits = 0, misses = 0, default_runs = 0;
 };
 Counters counters();
+
+/// One hook per process: the hook's state lives in kiln._core only. kiln._C reaches these functions
+/// through this table, published by kiln._core as the capsule "kiln._core.frame_api"
+/// (csrc/bindings/module_frame_client.cpp defines kiln._C's forwarding versions).
+constexpr int kFrameApiVersion = 1;
+struct FrameApi {
+  int version;
+  Compiler* (*set_thread_compiler)(Compiler*);
+  Compiler* (*thread_compiler)();
+  bool (*hook_installed)();
+  std::vector<const CacheEntry*> (*entries_of)(PyCodeObject*);
+  bool (*is_skipped)(PyCodeObject*);
+  void (*reset_all)();
+  Counters (*counters)();
+};
+const FrameApi* frame_api();
 
 }  // namespace kiln::frame

@@ -5,6 +5,8 @@
 //     %4 : f32[32, 50] = aten::addmm.default(%2, %0, %3, beta=1, alpha=1)
 //     return (%4)
 #include <array>
+#include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include "graph/graph.h"
@@ -17,6 +19,19 @@ constexpr std::array<const char*, 8> kLayoutNames = {
 constexpr std::array<const char*, 4> kMemoryFormatNames = {
     "contiguous_format", "preserve_format", "channels_last", "channels_last_3d"};
 
+// The shortest text that reads back as the same double, always with a '.', 'e' or inf/nan so that
+// floats never print like ints ("1.0", not "1").
+void print_double(std::ostream& os, double d) {
+  char buffer[32];
+  for (int precision = 6; precision <= 17; ++precision) {
+    std::snprintf(buffer, sizeof(buffer), "%.*g", precision, d);
+    if (std::strtod(buffer, nullptr) == d) break;
+  }
+  std::string text = buffer;
+  if (text.find_first_of(".eEn") == std::string::npos) text += ".0";
+  os << text;
+}
+
 template <typename T>
 void print_list(std::ostream& os, const std::vector<T>& items) {
   os << "[";
@@ -24,6 +39,8 @@ void print_list(std::ostream& os, const std::vector<T>& items) {
     if (i) os << ", ";
     if constexpr (std::is_same_v<T, bool>)
       os << (items[i] ? "True" : "False");
+    else if constexpr (std::is_same_v<T, double>)
+      print_double(os, items[i]);
     else
       os << items[i];
   }
@@ -31,9 +48,10 @@ void print_list(std::ostream& os, const std::vector<T>& items) {
 }
 
 std::string device_to_string(const Device& d) {
-  std::string s = device_type_name(d.type);
-  if (d.index >= 0) s += ":" + std::to_string(d.index);
-  return s;
+  std::ostringstream os;
+  os << device_type_name(d.type);
+  if (d.index >= 0) os << ":" << static_cast<int>(d.index);
+  return os.str();
 }
 
 template <typename Table>
@@ -60,8 +78,14 @@ struct ArgPrinter {
   }
   void operator()(bool b) const { os << (b ? "True" : "False"); }
   void operator()(int64_t i) const { os << i; }
-  void operator()(double d) const { os << d; }
-  void operator()(const std::complex<double>& c) const { os << "(" << c.real() << "+" << c.imag() << "j)"; }
+  void operator()(double d) const { print_double(os, d); }
+  void operator()(const std::complex<double>& c) const {
+    os << "complex(";
+    print_double(os, c.real());
+    os << ", ";
+    print_double(os, c.imag());
+    os << ")";
+  }
   void operator()(const std::string& s) const { os << "'" << s << "'"; }
   void operator()(const std::vector<int64_t>& v) const { print_list(os, v); }
   void operator()(const std::vector<double>& v) const { print_list(os, v); }

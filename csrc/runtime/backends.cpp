@@ -58,6 +58,10 @@ class PythonCallableGraph final : public CompiledGraph {
   PythonCallableGraph(py::object fn, std::string backend_name)
       : fn_(std::move(fn)), backend_name_(std::move(backend_name)) {}
   ~PythonCallableGraph() override {
+    if (!Py_IsInitialized()) {  // interpreter gone: leak rather than touch it
+      fn_.release();
+      return;
+    }
     py::gil_scoped_acquire gil;
     fn_ = py::object();
   }

@@ -115,6 +115,14 @@ PyObject* program_call(PyObject* self, PyObject* const* args, size_t nargsf, PyO
   } catch (pybind11::error_already_set& e) {
     e.restore();
     return nullptr;
+  } catch (const c10::Error& e) {
+    // Same message eager would show, without LibTorch's C++ backtrace.
+    PyObject* type = dynamic_cast<const c10::IndexError*>(&e)   ? PyExc_IndexError
+                     : dynamic_cast<const c10::ValueError*>(&e) ? PyExc_ValueError
+                     : dynamic_cast<const c10::TypeError*>(&e)  ? PyExc_TypeError
+                                                                : PyExc_RuntimeError;
+    PyErr_SetString(type, e.what_without_backtrace());
+    return nullptr;
   } catch (const std::exception& e) {
     // ATen errors (c10::Error) and kiln errors surface as Python exceptions, never an abort.
     pybind11::detail::translate_exception(std::current_exception());

@@ -88,6 +88,10 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
   switch (fn->kind) {
     case VarKind::kModule: return call_module(fn, std::move(args), std::move(kwargs));
     case VarKind::kMethod: {
+      if (!PyFunction_Check(fn->value)) {
+        if (!kwargs.empty()) KILN_UNSUPPORTED() << "keyword arguments to a container method";
+        return call_container_method(fn->items[0], name_of(fn->value), std::move(args));
+      }
       args.insert(args.begin(), fn->items[0]);
       return inline_function(fn->value, std::move(args), std::move(kwargs));
     }
@@ -211,6 +215,65 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
   }
   *handled = false;
   return nullptr;
+}
+
+VarPtr Tracer::call_container_method(const VarPtr& self, const std::string& qualname, std::vector<VarPtr> args) {
+  std::string name = qualname.substr(qualname.rfind('.') + 1);
+  size_t n = args.size();
+  auto key_index = [&](const VarPtr& key) -> long {
+    if (!key->is(VarKind::kConst)) KILN_UNSUPPORTED() << "dict key that is a " << key->describe();
+    for (size_t i = 0; i < self->keys.size(); ++i) {
+      int eq = PyObject_RichCompareBool(self->keys[i], key->value, Py_EQ);
+      if (eq < 0) PyErr_Clear();
+      if (eq == 1) return (long)i;
+    }
+    return -1;
+  };
+  if (self->is(VarKind::kDict)) {
+    if (name == "get" && (n == 1 || n == 2)) {
+      long i = key_index(args[0]);
+      return i >= 0 ? self->items[i] : (n == 2 ? args[1] : make_const(Py_None));
+    }
+    if ((name == "keys" || name == "values" || name == "items") && n == 0) {
+      std::vector<VarPtr> out;
+      for (size_t i = 0; i < self->keys.size(); ++i) {
+        VarPtr k = make_const(self->keys[i]);
+        out.push_back(name == "keys" ? k : name == "values" ? self->items[i] : make_sequence(VarKind::kTuple, {k, self->items[i]}));
+      }
+      return make_sequence(VarKind::kList, std::move(out));
+    }
+    if (name == "__getitem__" && n == 1) return subscript(self, args[0]);
+    if (name == "__contains__" && n == 1) return make_const(key_index(args[0]) >= 0 ? Py_True : Py_False);
+  }
+  if (self->is(VarKind::kList) && !self->source) {
+    if (name == "append" && n == 1) {
+      self->items.push_back(args[0]);
+      return make_const(Py_None);
+    }
+    if (name == "extend" && n == 1) {
+      for (VarPtr& item : iterate(args[0])) self->items.push_back(item);
+      return make_const(Py_None);
+    }
+    if (name == "insert" && n == 2 && args[0]->is(VarKind::kConst) && PyLong_Check(args[0]->value)) {
+      long long at = PyLong_AsLongLong(args[0]->value), size = (long long)self->items.size();
+      at = at < 0 ? std::max(0LL, at + size) : std::min(at, size);
+      self->items.insert(self->items.begin() + at, args[1]);
+      return make_const(Py_None);
+    }
+    if (name == "pop" && n == 0 && !self->items.empty()) {
+      VarPtr last = self->items.back();
+      self->items.pop_back();
+      return last;
+    }
+  }
+  if ((self->is(VarKind::kList) || self->is(VarKind::kTuple)) && name == "index" && n == 1 && is_constant(self)) {
+    PyObject* seq = to_python(self);
+    PyObject* r = PyObject_CallMethod(seq, "index", "N", to_python(args[0]));
+    Py_DECREF(seq);
+    if (!r) rethrow_python("index()");
+    return make_const_steal(r);
+  }
+  KILN_UNSUPPORTED() << "method " << name << " of a " << self->describe() << (self->source ? " from outside the trace" : "");
 }
 
 VarPtr Tracer::call_module(const VarPtr& module, std::vector<VarPtr> args, KwArgs kwargs) {

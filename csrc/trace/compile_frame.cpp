@@ -14,6 +14,12 @@ Stats& stats() {
 }
 
 namespace {
+thread_local const KilnCompiler* tls_active = nullptr;
+}  // namespace
+
+void set_active_compiler(const KilnCompiler* compiler) { tls_active = compiler; }
+
+namespace {
 
 SourceRoots roots_of(const frame::FrameView& frame) {
   SourceRoots roots;
@@ -28,11 +34,16 @@ SourceRoots roots_of(const frame::FrameView& frame) {
 // The frame hook's view of a GuardTree.
 class FrameGuard : public frame::GuardCheck {
  public:
-  explicit FrameGuard(std::shared_ptr<guards::GuardTree> tree) : tree_(std::move(tree)) {}
-  bool check(const frame::FrameView& frame) const override { return tree_->check(roots_of(frame)); }
+  FrameGuard(std::shared_ptr<guards::GuardTree> tree, const KilnCompiler* owner)
+      : tree_(std::move(tree)), owner_(owner) {}
+  bool check(const frame::FrameView& frame) const override {
+    return owner_ == tls_active && tree_->check(roots_of(frame));
+  }
   std::string describe_failure(const frame::FrameView& frame) const override {
+    if (owner_ != tls_active) return "compiled by another kiln.compile call (other backend or options)";
     return tree_->explain_failure(roots_of(frame));
   }
+  const KilnCompiler* owner() const { return owner_; }
   std::string describe() const override {
     std::string out;
     for (const std::string& line : tree_->describe()) out += line + "\n";
@@ -42,6 +53,7 @@ class FrameGuard : public frame::GuardCheck {
 
  private:
   std::shared_ptr<guards::GuardTree> tree_;
+  const KilnCompiler* owner_;
 };
 
 // What a cache entry keeps alive besides its code: the program object (also in co_consts) and the graph.
@@ -106,10 +118,11 @@ void KilnCompiler::explain(const char* kind, PyObject* record) {
   Py_XDECREF(record);
 }
 
-frame::MissResult KilnCompiler::fall_back(const frame::FrameView& frame, const std::string& reason, bool has_entries) {
+frame::MissResult KilnCompiler::fall_back(const frame::FrameView& frame, const std::string& reason,
+                                          std::shared_ptr<guards::GuardTree> partial_guards) {
   frame::MissResult result;
   stats().fallbacks++;
-  std::string message = "falling back to eager for " + where(frame.code) + ": " + reason;
+  std::string message = "running " + where(frame.code) + " eagerly: " + reason;
   KILN_LOG(fallbacks) << message;
   KILN_LOG(graph_breaks) << message;
   explain("break", PyUnicode_FromString(reason.c_str()));
@@ -124,8 +137,19 @@ frame::MissResult KilnCompiler::fall_back(const frame::FrameView& frame, const s
     result.action = frame::MissAction::kError;
     return result;
   }
-  // Without any entry the frame never traced: skip the code for good (its callees are still seen).
-  result.action = has_entries ? frame::MissAction::kRunDefault : frame::MissAction::kSkipCode;
+  if (!partial_guards) {
+    result.action = frame::MissAction::kRunDefault;
+    return result;
+  }
+  // An entry that runs the original code under the guards read before the failure: the same inputs
+  // run eagerly at the cost of a guard check, other inputs are traced afresh.
+  auto entry = std::make_unique<frame::CacheEntry>();
+  Py_INCREF(frame.code);
+  entry->code = (PyObject*)frame.code;
+  entry->guard = std::make_unique<FrameGuard>(std::move(partial_guards), this);
+  entry->label = where(frame.code) + " (eager: " + reason.substr(0, 80) + ")";
+  result.action = frame::MissAction::kAddEntry;
+  result.entry = std::move(entry);
   return result;
 }
 
@@ -137,9 +161,15 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
     result.action = frame::MissAction::kSkipCode;
     return result;
   }
-  if (!entries.empty()) {
-    std::string reason = entries.front()->guard->describe_failure(frame);
-    if ((int)entries.size() >= options_.recompile_limit) {
+  // Only this compiler's entries count: another kiln.compile of the same function keeps its own.
+  std::vector<const frame::CacheEntry*> own;
+  for (const frame::CacheEntry* e : entries) {
+    auto* g = dynamic_cast<const FrameGuard*>(e->guard.get());
+    if (g && g->owner() == this) own.push_back(e);
+  }
+  if (!own.empty()) {
+    std::string reason = own.front()->guard->describe_failure(frame);
+    if ((int)own.size() >= options_.recompile_limit) {
       if (warned_limit_.insert((PyObject*)frame.code).second) {
         std::string text = "kiln: recompile limit (" + std::to_string(options_.recompile_limit) + ") reached for " +
                            where(frame.code) + "; new inputs run eagerly. Last failing guard: " + reason;
@@ -155,10 +185,16 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
 
   FrameInput input{frame.code, frame.function, frame.globals, frame.builtins, frame.closure, frame.localsplus,
                    frame.nlocalsplus};
+  std::unique_ptr<Tracer> tracer;
+  std::shared_ptr<guards::GuardTree> tree;  // the guards, once the trace succeeded
+  auto guards_so_far = [&]() -> std::shared_ptr<guards::GuardTree> {
+    if (tree) return tree;
+    return tracer ? std::shared_ptr<guards::GuardTree>(tracer->take_guards()) : nullptr;
+  };
   try {
-    Tracer tracer(input);
-    TraceResult traced = tracer.run();
-    auto tree = std::shared_ptr<guards::GuardTree>(std::move(traced.guards));
+    tracer = std::make_unique<Tracer>(input);
+    TraceResult traced = tracer->run();
+    tree = std::shared_ptr<guards::GuardTree>(std::move(traced.guards));
 
     runtime::FrameProgramSpec spec;
     spec.inputs = traced.input_sources;
@@ -182,13 +218,13 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
 
     auto entry = std::make_unique<frame::CacheEntry>();
     entry->code = call.code;
-    auto guard = std::make_unique<FrameGuard>(tree);
+    auto guard = std::make_unique<FrameGuard>(tree, this);
     auto payload = std::make_shared<EntryPayload>();
     payload->program = program;
     Py_INCREF(traced.graph);
     payload->graph = traced.graph;
     entry->payload = payload;
-    entry->label = where(frame.code) + " #" + std::to_string(entries.size());
+    entry->label = where(frame.code) + " #" + std::to_string(own.size());
 
     stats().frames_compiled++;
     if (log::enabled(log::Category::graph)) {
@@ -216,10 +252,10 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
   } catch (const Error& e) {
     PyErr_Clear();
     if (e.kind() == ErrorKind::Internal) KILN_LOG(fallbacks) << e.what();
-    return fall_back(frame, e.what(), !entries.empty());
+    return fall_back(frame, e.what(), guards_so_far());
   } catch (const std::exception& e) {
     PyErr_Clear();
-    return fall_back(frame, std::string("backend failed: ") + e.what(), !entries.empty());
+    return fall_back(frame, std::string("backend failed: ") + e.what(), guards_so_far());
   }
 }
 

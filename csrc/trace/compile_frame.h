@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "frame/frame.h"
+#include "guards/guard_tree.h"
 
 namespace kiln::trace {
 
@@ -27,6 +28,11 @@ struct Stats {
 };
 Stats& stats();
 
+/// The KilnCompiler whose compiled function is running on this thread (set with the frame hook's
+/// compiler). Cache entries match only their own compiler: the same function compiled twice with
+/// different backends or options keeps separate entries.
+void set_active_compiler(const class KilnCompiler* compiler);
+
 class KilnCompiler : public frame::Compiler {
  public:
   explicit KilnCompiler(CompileOptions options);
@@ -35,7 +41,8 @@ class KilnCompiler : public frame::Compiler {
   const CompileOptions& options() const { return options_; }
 
  private:
-  frame::MissResult fall_back(const frame::FrameView& frame, const std::string& reason, bool has_entries);
+  frame::MissResult fall_back(const frame::FrameView& frame, const std::string& reason,
+                              std::shared_ptr<guards::GuardTree> partial_guards);
   void explain(const char* kind, PyObject* record);
   CompileOptions options_;
   std::unordered_set<PyObject*> warned_limit_;  ///< codes whose recompile-limit warning was given

@@ -285,6 +285,14 @@ VarPtr Tracer::get_attr(const VarPtr& obj, PyObject* name) {
       Py_DECREF(v);
       return out;
     }
+    case VarKind::kDict:
+    case VarKind::kList:
+    case VarKind::kTuple: {
+      // Methods of symbolic containers (d.get, d.items, l.append) are applied structurally on call.
+      PyTypeObject* type = obj->is(VarKind::kDict) ? &PyDict_Type : obj->is(VarKind::kList) ? &PyList_Type : &PyTuple_Type;
+      if (PyObject* descr = _PyType_Lookup(type, name)) return make_method(descr, obj);
+      break;
+    }
     default: break;
   }
   KILN_UNSUPPORTED() << "attribute ." << attr << " of a " << obj->describe();

@@ -51,6 +51,9 @@ class Tracer {
   ~Tracer();
   /// Traces the frame to its return. Throws kiln::Error(Unsupported) with the reason and location.
   TraceResult run();
+  /// After a failed run(): the guards recorded up to the failure. Everything the trace read before it
+  /// failed is guarded, so the same failure recurs exactly when these guards pass.
+  std::unique_ptr<guards::GuardTree> take_guards() { return std::move(guards_); }
 
   // ---- services for the interpreter ----------------------------------------------------------
   /// A value entering the trace from `source`: records its guards and returns its Var.
@@ -84,6 +87,7 @@ class Tracer {
   VarPtr wrap_tensor(PyObject* tensor, SourcePtr source);
   VarPtr call_module(const VarPtr& module, std::vector<VarPtr> args, KwArgs kwargs);
   VarPtr inline_function(PyObject* function, std::vector<VarPtr> args, KwArgs kwargs);
+  VarPtr call_container_method(const VarPtr& self, const std::string& name, std::vector<VarPtr> args);
   VarPtr call_builtin(PyObject* fn, const std::vector<VarPtr>& args, const KwArgs& kwargs, bool* handled);
   VarPtr module_attr(const VarPtr& module, PyObject* name);
   runtime::OutputSpec output_spec(const VarPtr& v, std::vector<PyObject*>& graph_outputs);

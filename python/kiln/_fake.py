@@ -24,7 +24,8 @@ from kiln import errors
 _MISSING = object()
 
 # Ops whose result depends on tensor data, with the reason users see. Ops tagged dynamic_output_shape
-# or data_dependent_output are refused too, with a generic reason.
+# or data_dependent_output are tried on meta (index.Tensor with integer indices works, with a bool mask
+# it cannot), and any failure of theirs is reported as data-dependent.
 _DATA_DEPENDENT = {
     "aten::_local_scalar_dense": "it reads a tensor's value into Python (item(), bool(), int(), float(), tolist())",
     "aten::is_nonzero": "it reads a tensor's value into Python (bool(tensor))",
@@ -52,6 +53,15 @@ _ESCAPING_METHODS = {
     "untyped_storage": "it exposes the tensor's storage",
     "storage": "it exposes the tensor's storage",
 }
+
+# Messages of errors that mean "this needs real data", raised where no op name is at hand.
+_NEEDS_DATA_PATTERNS = ("meta", "unallocated storage", "doesn't have storage", "data-dependent", "data dependent")
+
+
+def _needs_data(error):
+    text = str(error).lower()
+    return any(p in text for p in _NEEDS_DATA_PATTERNS)
+
 
 _codes_cache = None
 
@@ -90,7 +100,7 @@ class _OpInfo:
 
     __slots__ = ("op", "overload", "qualified", "arguments", "names", "num_positional", "float_args",
                  "device_args", "list_kinds", "has_tensor_args", "mutates_args", "is_view", "returns_list",
-                 "num_returns", "written_args", "refusal")
+                 "num_returns", "written_args", "refusal", "data_dependent")
 
     def __init__(self, func):
         schema = func._schema
@@ -112,8 +122,7 @@ class _OpInfo:
         self.returns_list = return_types == ["List[Tensor]"]
         self.num_returns = len(return_types)
         self.refusal = _DATA_DEPENDENT.get(self.op)
-        if self.refusal is None and any(tag in func.tags for tag in _DATA_DEPENDENT_TAGS):
-            self.refusal = "its output depends on tensor data"
+        self.data_dependent = any(tag in func.tags for tag in _DATA_DEPENDENT_TAGS)
         if self.refusal is None and not self.returns_list and any(t != "Tensor" for t in return_types):
             self.refusal = f"it returns {', '.join(return_types)}, not tensors"
 
@@ -150,6 +159,7 @@ class Recorder:
         self._constant_of = {}    # id(real constant) -> (real, ValueId, meta twin)
         self._fresh_constants = set()  # ValueIds made by torch.tensor(...): never written in place
         self._num_inputs = 0
+        self._logical_device = None  # (type code, index); see logical_device_code
         self._journal = None      # [(dict, key, old value)] while a call runs, to undo a failed one
         self._op_infos = {}
 
@@ -166,6 +176,10 @@ class Recorder:
         vid = self._new_value("input", fake, _device_code(tensor.device), self._num_inputs,
                               requires_grad=tensor.requires_grad)
         self._num_inputs += 1
+        device = _device_code(tensor.device)
+        if self._logical_device is None or (self._logical_device[0] == _codes()["device_types"]["cpu"]
+                                            and tensor.device.type != "cpu"):
+            self._logical_device = device
         self._fake_of_input[id(tensor)] = (tensor, fake)
         self._map(fake, vid)
         return fake
@@ -187,7 +201,7 @@ class Recorder:
             raise errors.Unsupported(f"{_describe(fn)} cannot run on fake tensors: {e}") from e
         except (RuntimeError, TypeError) as e:
             self._undo(num_values, num_nodes)
-            if "meta" in str(e).lower():
+            if _needs_data(e):
                 raise errors.Unsupported(f"{_describe(fn)} cannot run on fake tensors: {e}") from e
             raise
         except BaseException:
@@ -232,6 +246,29 @@ class Recorder:
         if self._tensors.get(id(tensor)) is not tensor:
             return None
         return self._value_of.get(id(tensor))
+
+    def logical_device_code(self):
+        """(device type code, index) the fakes stand for: the first non-CPU input's device, else the
+        first input's, else torch's default device."""
+        if self._logical_device is None:
+            return _device_code(torch.get_default_device())
+        return self._logical_device
+
+    @property
+    def logical_device(self):
+        """The real device the fakes stand for (what `fake.device` means in captured code)."""
+        codes = {code: name for name, code in _codes()["device_types"].items()}
+        type_code, index = self.logical_device_code()
+        return torch.device(codes[type_code], None if index < 0 else index)
+
+    def device_of(self, tensor):
+        """The logical device of a fake (or a recorded constant's real device)."""
+        vid = self.value_id(tensor)
+        if vid is None:
+            return tensor.device
+        type_code, index = self._values[vid][1][4:6]
+        codes = {code: name for name, code in _codes()["device_types"].items()}
+        return torch.device(codes[type_code], None if index < 0 else index)
 
     @property
     def num_nodes(self):
@@ -291,8 +328,11 @@ class Recorder:
             result = func(*positional, **keyword)
         except NotImplementedError as e:
             raise errors.Unsupported(f"{info.qualified} has no meta kernel, so kiln cannot capture it: {e}") from e
-        except RuntimeError as e:
-            if "meta" in str(e).lower() or "data-dependent" in str(e).lower():
+        except Exception as e:
+            if info.data_dependent:
+                raise errors.Unsupported(f"{info.qualified} cannot be captured here: its output depends on "
+                                         f"tensor data ({e})") from e
+            if isinstance(e, RuntimeError) and _needs_data(e):
                 raise errors.Unsupported(f"{info.qualified} cannot run on fake tensors: {e}") from e
             raise
 
@@ -341,9 +381,10 @@ class Recorder:
         if isinstance(value, torch.memory_format):
             return ("memory_format", _codes()["memory_formats"][value]), value
         if isinstance(value, torch.device):
-            if value.type == "meta":
-                raise errors.Unsupported(f"{info.qualified} asks for device='meta' inside captured code")
-            return ("device", _device_code(value)), torch.device("meta")
+            # device='meta' comes from a fake's .device (user code's `device=x.device`, or a composite
+            # op's internal empty(..., device=input.device)): it means the recorder's logical device.
+            code = self.logical_device_code() if value.type == "meta" else _device_code(value)
+            return ("device", code), torch.device("meta")
         if isinstance(value, torch.Generator):
             raise errors.Unsupported(f"{info.qualified} was given an explicit torch.Generator")
         if isinstance(value, (list, tuple)):

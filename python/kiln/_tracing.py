@@ -38,8 +38,8 @@ class _Slot:
 def bind_arguments(fn, nargs, kwnames):
     """Binds `nargs` positional and `kwnames` keyword placeholders to `fn`'s parameters.
 
-    Returns one entry per entry of fn.__code__'s argument slots (positional, keyword-only, *args,
-    **kwargs in co_varnames order): ("slot", i) for the i-th call argument, ("const", value) for a
+    Returns one entry per argument slot of fn.__code__, in co_varnames order (positional,
+    keyword-only, *args, **kwargs): ("slot", i) for the i-th call argument, ("const", value) for a
     default, ("tuple", [i...]) for *args, ("dict", [(name, i)...]) for **kwargs. Raises TypeError
     exactly when the real call would.
     """
@@ -47,18 +47,21 @@ def bind_arguments(fn, nargs, kwnames):
     sig = inspect.signature(fn, follow_wrapped=False)
     bound = sig.bind(*slots[:nargs], **{k: slots[nargs + j] for j, k in enumerate(kwnames)})
     bound.apply_defaults()
-    out = []
+    by_name = {}
     for name, param in sig.parameters.items():
         value = bound.arguments[name]
         if param.kind is inspect.Parameter.VAR_POSITIONAL:
-            out.append(("tuple", [s.index for s in value]))
+            by_name[name] = ("tuple", [s.index for s in value])
         elif param.kind is inspect.Parameter.VAR_KEYWORD:
-            out.append(("dict", [(k, s.index) for k, s in value.items()]))
+            by_name[name] = ("dict", [(k, s.index) for k, s in value.items()])
         elif isinstance(value, _Slot):
-            out.append(("slot", value.index))
+            by_name[name] = ("slot", value.index)
         else:
-            out.append(("const", value))
-    return out
+            by_name[name] = ("const", value)
+    code = fn.__code__
+    count = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS) \
+        + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    return [by_name[name] for name in code.co_varnames[:count]]
 
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)

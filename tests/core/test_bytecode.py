@@ -139,17 +139,24 @@ def _rebuild(fn, code):
     return types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
+# Pairs the interpreter needs adjacent (assemble() enforces them): no NOP goes between them.
+_KEEP_ADJACENT_AFTER = {"PRECALL", "YIELD_VALUE", "END_FOR"}
+
+
 def _interleave_nops(code):
-    """Every instruction after the prologue (up to the first RESUME) gets a NOP in front of it;
-    jumps and handlers land on the NOPs. Moves every offset, so every jump arg changes."""
+    """Every instruction after the prologue (up to the first RESUME) gets a NOP in front of it, except
+    where the interpreter needs two instructions adjacent; jumps and handlers land on the NOPs (a
+    FOR_ITER still lands on its END_FOR). Moves every offset, so every jump arg changes."""
     ours = bc.instructions(code)
     resume = next(i for i, o in enumerate(ours) if o[0] == "RESUME")
+    for_iter_targets = {o[2] for o in ours if o[0] == "FOR_ITER"}
     new_index = []
     out = []
     for i, (opname, arg, target, _offset, _line) in enumerate(ours):
-        if i > resume:
+        pad = i > resume and ours[i - 1][0] not in _KEEP_ADJACENT_AFTER and i not in for_iter_targets
+        if pad:
             out.append(["NOP", 0, -1, i])
-        new_index.append(len(out) - 1 if i > resume else len(out))
+        new_index.append(len(out) - 1 if pad else len(out))
         out.append([opname, arg, target, i])
     new_index.append(len(out))
     for instr in out:
@@ -426,6 +433,48 @@ def test_malformed_edits_are_rejected():
     back = next(i for i, o in enumerate(ours) if o[0].startswith("JUMP_BACKWARD"))
     with pytest.raises(Exception, match="inconsistent stack depth"):
         _insert(code, back, [("LOAD_CONST", 0)])
+
+
+def test_replace_kwargs_reach_the_new_code_object():
+    code = loops.__code__
+    same = [(o[0], o[1], o[2], i) for i, o in enumerate(bc.instructions(code))]
+    table = bc.exception_table(code)
+    renamed = bc.assemble_code(code, same, table, {"co_name": "renamed"})
+    assert renamed.co_name == "renamed" and renamed.co_code == code.co_code
+    # Lines are stored relative to co_firstlineno: moving it re-encodes the table, positions stay.
+    moved = bc.assemble_code(code, same, table, {"co_firstlineno": code.co_firstlineno - 40})
+    assert moved.co_firstlineno == code.co_firstlineno - 40
+    assert moved.co_linetable != code.co_linetable
+    assert list(moved.co_positions()) == list(code.co_positions())
+    assert _rebuild(loops, moved)(20) == loops(20)
+    with pytest.raises(Exception, match="co_code is computed"):
+        bc.assemble_code(code, same, table, {"co_code": b""})
+
+
+def test_code_without_line_table_decodes_without_locations():
+    code = loops.__code__.replace(co_linetable=b"")
+    assert all(o[4] == -1 for o in bc.instructions(code))
+    # CPython yields no positions past the table's end; the rebuilt table states "no location" instead.
+    rebuilt = bc.roundtrip(code)
+    assert set(rebuilt.co_positions()) == {(None, None, None, None)}
+    assert _rebuild(loops, rebuilt)(12) == loops(12)
+
+
+def test_layout_the_interpreter_relies_on_is_enforced():
+    ours = bc.instructions(generator.__code__)
+    after_yield = next(i for i, o in enumerate(ours) if o[0] == "YIELD_VALUE") + 1
+    with pytest.raises(Exception, match="YIELD_VALUE must be followed directly by RESUME"):
+        _insert(generator.__code__, after_yield, [("NOP", 0)])
+    if sys.version_info >= (3, 12):
+        ours = bc.instructions(loops.__code__)
+        end_for = next(i for i, o in enumerate(ours) if o[0] == "END_FOR")
+        with pytest.raises(Exception, match="FOR_ITER must jump to END_FOR"):
+            _insert(loops.__code__, end_for, [("NOP", 0)])
+    else:
+        ours = bc.instructions(loops.__code__)
+        call = next(i for i, o in enumerate(ours) if o[0] == "CALL")
+        with pytest.raises(Exception, match="PRECALL must be followed directly by CALL"):
+            _insert(loops.__code__, call, [("NOP", 0)])
 
 
 def test_opcode_table_comes_from_the_running_python():

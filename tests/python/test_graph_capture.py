@@ -249,7 +249,8 @@ def test_gradients_match_eager():
     lambda t: bool(t.sum() > 0),
     lambda t: t.tolist(),
     lambda t: t.numpy(),
-], ids=["item", "nonzero", "bool", "tolist", "numpy"])
+    lambda t: t[t > 0],
+], ids=["item", "nonzero", "bool", "tolist", "numpy", "bool_mask"])
 def test_unsupported_raise_and_leave_the_recorder_usable(bad):
     rec = Recorder()
     x = torch.randn(3, 4)
@@ -326,3 +327,65 @@ def test_graph_printing_and_json():
     assert parsed["values"][0]["meta"]["sizes"] == [4, 3]
     assert parsed["values"][0]["meta"]["dtype"] == "f32"
     graph.verify()
+
+
+def test_genuine_errors_propagate_and_leave_no_nodes():
+    rec = Recorder()
+    fx = rec.add_input(torch.randn(3))
+    with pytest.raises(RuntimeError) as info:
+        rec.call(lambda a: torch.relu(a) + torch.randn(4), (fx,), {})
+    assert not isinstance(info.value, errors.KilnError)  # a shape mismatch is the user's error, as in eager
+    assert rec.num_nodes == 0
+    with pytest.raises(errors.Unsupported, match="Generator"):
+        rec.call(torch.randn, (3,), {"generator": torch.Generator()})
+    with pytest.raises(errors.Unsupported, match="torch.tensor"):
+        rec.call(lambda a: torch.tensor([1.0, 2.0, 3.0]).add_(a), (fx,), {})
+    assert rec.num_nodes == 0
+
+
+def test_module_buffers_and_logical_device():
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm2d(4).eval()
+    bn.running_mean.uniform_(-1, 1)
+    bn.running_var.uniform_(0.5, 2)
+    state = dict(bn.named_parameters())
+    state.update({n: b for n, b in bn.named_buffers() if n != "num_batches_tracked"})
+    x = torch.randn(2, 4, 3, 3)
+    rec = Recorder()
+    fx = rec.add_input(x)
+    fakes = {n: rec.add_input(t) for n, t in state.items()}
+    assert rec.device_of(fx) == torch.device("cpu") and rec.logical_device == torch.device("cpu")
+    with rec.swapped_state(bn, fakes):
+        out = rec.call(bn, (fx,), {})
+    assert bn.running_mean.device.type == "cpu"
+    graph = rec.finish([out])
+    x2 = torch.randn(2, 4, 3, 3)
+    torch.testing.assert_close(replay(graph, [x2] + list(state.values()))[0], bn(x2))
+
+
+def test_dead_nodes_are_kept():
+    graph, _ = capture(lambda x: (torch.sin(x), x.cos())[1], [torch.randn(3)])
+    assert graph.ops() == ["aten::sin.default", "aten::cos.default"]
+
+
+def test_argument_kinds():
+    def f(x, idx, w):
+        a = x[idx]                                              # Tensor?[] (aten::index.Tensor)
+        b = x[torch.tensor([0, 2])]                             # a torch.tensor constant as an index
+        c = F.gelu(x, approximate="tanh")                       # str
+        d = torch.sum(x, dim=None, dtype=torch.float64)         # int[]? None, ScalarType
+        e = w.contiguous(memory_format=torch.channels_last)     # MemoryFormat
+        g = torch.empty_like(x, layout=torch.strided).fill_(2)  # Layout, Scalar
+        h = torch.clamp(x, min=-0.5)                            # Scalar? with None
+        i = torch.nn.functional.interpolate(w, scale_factor=2.0, mode="nearest")  # float[]?
+        torch._foreach_add_([g, h], 1.5)                        # Tensor[] mutated, returns nothing
+        return a, b, c, d, e.relu(), g, h, i
+
+    def inputs():
+        return [torch.randn(4, 5), torch.tensor([3, 1, 1]), torch.randn(2, 3, 4, 4)]
+
+    graph = check(f, inputs)
+    ops = set(graph.ops())
+    assert {"aten::index.Tensor", "aten::gelu.default", "aten::_foreach_add_.Scalar"} <= ops
+    text = str(graph)
+    assert "approximate='tanh'" in text and "memory_format=channels_last" in text and "f64" in text

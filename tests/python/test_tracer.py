@@ -1,0 +1,280 @@
+"""The tracer on straight-line model code: what it captures, what it guards, where it falls back.
+
+Every test compares with eager on fresh random inputs and asserts how many frames were compiled,
+hit, recompiled or fell back.
+"""
+import functools
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import kiln
+from kiln.testing import assert_same_as_eager
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    kiln.reset()
+    yield
+    kiln.reset()
+
+
+def stats():
+    return kiln.stats()
+
+
+SCALE = 2.0
+
+
+def test_globals_constants_and_keyword_arguments():
+    def f(x, y, *, alpha=0.5):
+        return torch.add(x, y, alpha=alpha) * SCALE - x.mean(dim=-1, keepdim=True)
+
+    x, y = torch.randn(4, 5), torch.randn(4, 5)
+    out = kiln.compile(f)(x, y, alpha=0.25)
+    torch.testing.assert_close(out, f(x, y, alpha=0.25))
+    assert stats()["frames_compiled"] == 1 and stats()["fallbacks"] == 0
+
+
+def test_global_constant_change_recompiles():
+    global SCALE
+    def f(x):
+        return x * SCALE
+
+    cf = kiln.compile(f)
+    x = torch.randn(3)
+    torch.testing.assert_close(cf(x), x * 2.0)
+    old = SCALE
+    try:
+        SCALE = 3.0
+        torch.testing.assert_close(cf(x), x * 3.0)
+    finally:
+        SCALE = old
+    assert stats()["recompiles"] == 1
+
+
+def test_user_function_inlined_with_defaults_varargs_and_closure():
+    bias = torch.randn(6)
+
+    def helper(x, *rest, scale=1.0, **kw):
+        out = x * scale
+        for r in rest:
+            out = out + r
+        return out + kw.get("shift", 0.0) if "shift" in kw else out
+
+    def f(x, y):
+        return helper(x, y, y, scale=3.0, shift=1.5) + bias
+
+    x, y = torch.randn(6), torch.randn(6)
+    torch.testing.assert_close(kiln.compile(f)(x, y), f(x, y))
+    assert stats()["frames_compiled"] == 1 and stats()["fallbacks"] == 0
+
+
+def test_closure_cell_change_is_guarded():
+    factor = [2.0]
+
+    def make():
+        k = factor[0]
+
+        def f(x):
+            return x * k
+        return f
+
+    f2 = make()
+    factor[0] = 5.0
+    f5 = make()
+    x = torch.randn(3)
+    torch.testing.assert_close(kiln.compile(f2)(x), x * 2.0)
+    torch.testing.assert_close(kiln.compile(f5)(x), x * 5.0)
+
+
+def test_branches_and_loops_on_trace_time_values():
+    class Net(nn.Module):
+        def __init__(self, n, use_norm):
+            super().__init__()
+            self.layers = nn.ModuleList([nn.Linear(8, 8) for _ in range(n)])
+            self.use_norm = use_norm
+            self.norm = nn.LayerNorm(8)
+
+        def forward(self, x):
+            for i, layer in enumerate(self.layers):
+                x = layer(x)
+                if i % 2 == 0:
+                    x = F.gelu(x)
+            if self.use_norm:
+                x = self.norm(x)
+            return x, {"shape": tuple(x.shape), "sum": x.sum()}
+
+    model = Net(3, True)
+    x = torch.randn(2, 8)
+    out, info = kiln.compile(model)(x)
+    ref, ref_info = model(x)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(info["sum"], ref_info["sum"])
+    assert info["shape"] == ref_info["shape"]
+    assert stats()["frames_compiled"] == 1 and stats()["fallbacks"] == 0
+
+
+def test_module_flag_change_recompiles():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.double = False
+
+        def forward(self, x):
+            return x * 2 if self.double else x + 1
+
+    m = Net()
+    cm = kiln.compile(m)
+    x = torch.randn(3)
+    torch.testing.assert_close(cm(x), x + 1)
+    m.double = True
+    torch.testing.assert_close(cm(x), x * 2)
+    assert stats()["recompiles"] == 1
+
+
+def test_eval_train_switch_recompiles_builtin_module():
+    m = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    cm = kiln.compile(m)
+    x = torch.randn(8, 4)
+    m.eval()
+    torch.testing.assert_close(cm(x), m(x))
+    m.train()
+    ref_model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    ref_model.load_state_dict(m.state_dict())
+    torch.testing.assert_close(cm(x), ref_model(x))
+    # Training-mode BatchNorm updated the running statistics of the shared module, as eager does.
+    torch.testing.assert_close(m[1].running_mean, ref_model[1].running_mean)
+    assert stats()["recompiles"] >= 1
+
+
+def test_same_tensor_twice_is_guarded():
+    def f(a, b):
+        return a * 2 + b
+
+    cf = kiln.compile(f)
+    x, y = torch.randn(5), torch.randn(5)
+    torch.testing.assert_close(cf(x, x), x * 3)
+    torch.testing.assert_close(cf(x, y), x * 2 + y)
+    assert stats()["recompiles"] == 1
+
+
+def test_views_and_inplace_on_intermediates():
+    def f(x):
+        y = x.transpose(0, 1).reshape(-1)
+        z = y.clone()
+        z.mul_(2)
+        z[1:3] += 1
+        return z.view(3, 4), y[::2]
+
+    x = torch.randn(4, 3)
+    assert_same_as_eager(f, x)
+
+
+def test_input_mutation_is_visible_like_eager():
+    def f(x):
+        x.add_(1)
+        return x * 2
+
+    a = torch.randn(4)
+    b = a.clone()
+    out = kiln.compile(f)(a)
+    ref = f(b)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(a, b)
+
+
+def test_tensor_attributes_are_guarded_constants():
+    def f(x):
+        n, d = x.shape
+        if x.dtype == torch.float64:
+            return x.sum() * n
+        return x.reshape(d, n) + x.size(0) + x.dim()
+
+    cf = kiln.compile(f)
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(cf(x), f(x))
+    xd = torch.randn(3, 4, dtype=torch.float64)
+    torch.testing.assert_close(cf(xd), f(xd))
+    assert stats()["recompiles"] == 1
+
+
+def test_returning_input_keeps_identity_and_constants():
+    def f(x, k):
+        return x, k, None, (x + k,)
+
+    x = torch.randn(2)
+    out = kiln.compile(f)(x, 3)
+    assert out[0] is x and out[1] == 3 and out[2] is None
+    torch.testing.assert_close(out[3][0], x + 3)
+
+
+def test_data_dependent_branch_falls_back_with_a_reason():
+    def f(x):
+        if x.sum() > 0:
+            return x + 1
+        return x - 1
+
+    cf = kiln.compile(f)
+    for _ in range(3):
+        x = torch.randn(5)
+        torch.testing.assert_close(cf(x), f(x))
+    assert stats()["fallbacks"] == 1
+    report = kiln.explain(f)(torch.randn(5))
+    assert report.graph_break_count == 1 and "data-dependent" in report.break_reasons[0]
+
+
+def test_fullgraph_raises_graph_break_error_naming_the_line():
+    def f(x):
+        print("side effect")
+        return x + 1
+
+    with pytest.raises(kiln.errors.GraphBreakError, match=r"test_tracer.py:\d+"):
+        kiln.compile(f, fullgraph=True)(torch.randn(2))
+
+
+def test_two_compiles_of_one_function_keep_separate_entries():
+    calls = []
+
+    def counting_backend(graph, example_inputs):
+        def run(inputs):
+            calls.append(1)
+            return kiln._C.run_graph(graph, "eager", inputs)
+        return run
+
+    def f(x):
+        return torch.sin(x) + 1
+
+    x = torch.randn(3)
+    a = kiln.compile(f, backend="eager")
+    b = kiln.compile(f, backend=counting_backend)
+    torch.testing.assert_close(a(x), f(x))
+    torch.testing.assert_close(b(x), f(x))
+    torch.testing.assert_close(b(x), f(x))
+    assert len(calls) == 2
+    assert stats()["frames_compiled"] == 2 and stats()["recompiles"] == 0
+
+
+def test_disable_inside_compiled_code():
+    @kiln.disable
+    def untouched(x):
+        return x * 3
+
+    def f(x):
+        return untouched(x) + 1
+
+    x = torch.randn(3)
+    torch.testing.assert_close(kiln.compile(f)(x), x * 3 + 1)
+
+
+def test_partial_and_lambda():
+    scale = functools.partial(torch.mul, other=2.0)
+    square = lambda t: t * t  # noqa: E731
+
+    def f(x):
+        return square(x) + scale(x)
+
+    x = torch.randn(4)
+    torch.testing.assert_close(kiln.compile(f)(x), f(x))
