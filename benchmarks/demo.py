@@ -17,6 +17,10 @@ from torch import nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(HERE)
+# Run from a source checkout: the kiln package next to this folder (python/kiln, with the
+# extension modules a development build writes there) comes before any installed one.
+if os.path.isfile(os.path.join(REPO_ROOT, "python", "kiln", "__init__.py")):
+    sys.path.insert(0, os.path.join(REPO_ROOT, "python"))
 
 
 def _import_seed_models():
@@ -99,20 +103,24 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def median_ms(fn, example, device, min_seconds=0.3, min_calls=5, max_calls=200):
-    """Median wall time of one call, after warm-up, over at least min_calls calls / min_seconds."""
-    for _ in range(2):
-        fn(example)
+def median_ms_side_by_side(fns, example, device, min_seconds=0.5, min_rounds=5, max_rounds=200):
+    """Median wall time of one call of each fn, in ms. Calls alternate between the fns round by round,
+    so a busy machine slows them alike rather than whichever happened to run during the noise."""
+    for fn in fns:
+        for _ in range(2):
+            fn(example)
     sync(device)
-    times = []
+    times = [[] for _ in fns]
     started = time.perf_counter()
-    while len(times) < max_calls and (len(times) < min_calls or time.perf_counter() - started < min_seconds):
-        t0 = time.perf_counter()
-        fn(example)
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[len(times) // 2] * 1e3
+    rounds = 0
+    while rounds < max_rounds and (rounds < min_rounds or time.perf_counter() - started < min_seconds):
+        for fn, samples in zip(fns, times):
+            t0 = time.perf_counter()
+            fn(example)
+            sync(device)
+            samples.append(time.perf_counter() - t0)
+        rounds += 1
+    return [sorted(samples)[len(samples) // 2] * 1e3 for samples in times]
 
 
 def run_model(kiln, name, model, example, device):
@@ -132,8 +140,7 @@ def run_model(kiln, name, model, example, device):
             rtol, atol = tolerance(expected.dtype)
             row["max_abs_err"] = error
             row["matches"] = bool(torch.allclose(actual, expected, rtol=rtol, atol=atol))
-            row["eager_ms"] = median_ms(reference, example, device)
-            row["kiln_ms"] = median_ms(compiled, example, device)
+            row["eager_ms"], row["kiln_ms"] = median_ms_side_by_side([reference, compiled], example, device)
             row["speedup"] = row["eager_ms"] / row["kiln_ms"]
         except Exception as error:  # the demo shows every model, failures included
             row["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:160]

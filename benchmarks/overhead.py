@@ -16,6 +16,11 @@ import time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(HERE)
+# Run from a source checkout: the kiln package next to this folder (python/kiln, with the
+# extension modules a development build writes there) comes before any installed one.
+if os.path.isfile(os.path.join(REPO_ROOT, "python", "kiln", "__init__.py")):
+    sys.path.insert(0, os.path.join(REPO_ROOT, "python"))
 
 
 def add_one(x):

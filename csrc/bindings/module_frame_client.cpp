@@ -8,7 +8,13 @@ namespace kiln::frame {
 namespace {
 const FrameApi& api() {
   static const FrameApi* table = [] {
-    auto* t = static_cast<const FrameApi*>(PyCapsule_Import("kiln._core.frame_api", 0));
+    // Import the submodule itself: PyCapsule_Import walks attributes, which a package still being
+    // initialised does not have yet.
+    PyObject* core = PyImport_ImportModule("kiln._core");
+    PyObject* capsule = core ? PyObject_GetAttrString(core, "frame_api") : nullptr;
+    auto* t = capsule ? static_cast<const FrameApi*>(PyCapsule_GetPointer(capsule, "kiln._core.frame_api")) : nullptr;
+    Py_XDECREF(capsule);
+    Py_XDECREF(core);
     if (!t) PyErr_Clear();
     return t;
   }();

@@ -66,6 +66,8 @@ class PythonCallableGraph final : public CompiledGraph {
     fn_ = py::object();
   }
 
+  bool reenters_python() const override { return true; }
+
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) override {
     py::gil_scoped_acquire gil;
     py::object args = py::reinterpret_steal<py::object>(tensors_to_python(inputs));

@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include "common/error.h"
+#include "frame/frame.h"
 #include "graph/graph.h"
 #include "runtime/backends.h"
 #include "runtime/compiled_graph.h"
@@ -110,7 +111,17 @@ PyObject* program_call(PyObject* self, PyObject* const* args, size_t nargsf, PyO
       inputs.push_back(THPVariable_Unpack(v));
       Py_DECREF(v);
     }
-    std::vector<at::Tensor> outputs = (*p->compiled)->run(inputs);
+    std::vector<at::Tensor> outputs;
+    CompiledGraph& compiled = **p->compiled;
+    if (compiled.reenters_python()) {
+      struct Suspend {
+        frame::Compiler* saved = frame::set_thread_compiler(nullptr);
+        ~Suspend() { frame::set_thread_compiler(saved); }
+      } suspend;
+      outputs = compiled.run(inputs);
+    } else {
+      outputs = compiled.run(inputs);
+    }
     return build_output(spec.output, outputs);
   } catch (pybind11::error_already_set& e) {
     e.restore();

@@ -99,6 +99,11 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
     default: KILN_UNSUPPORTED() << "calling a " << fn->describe();
   }
   PyObject* f = fn->value;
+  if (PyFunction_Check(f)) {
+    PyObject* dict = ((PyFunctionObject*)f)->func_dict;
+    if (dict && PyDict_GetItemString(dict, "_kiln_disabled"))
+      KILN_UNSUPPORTED() << "call of " << name_of(f) << ", a function under kiln.disable";
+  }
   bool handled = false;
   VarPtr r = call_builtin(f, args, kwargs, &handled);
   if (handled) return r;

@@ -94,7 +94,6 @@ Tracer::~Tracer() {
   Py_XDECREF(helpers_);
   Py_XDECREF(recorder_);
   Py_XDECREF(example_inputs_);
-  Py_XDECREF(logical_device_);
 }
 
 PyObject* Tracer::helper(const char* name) {
@@ -128,7 +127,6 @@ VarPtr Tracer::wrap_tensor(PyObject* tensor, SourcePtr source) {
   KILN_CHECK(source) << "internal: a real tensor reached the tracer without a source";
   guards_->add_tensor(source, tensor);
   PyObject* fake = check(PyObject_CallMethod(recorder_, "add_input", "O", tensor), "recording a graph input");
-  if (!logical_device_) logical_device_ = check(PyObject_GetAttrString(tensor, "device"), "tensor.device");
   VarPtr v = make_tensor(fake, Py_TYPE(tensor), source);
   Py_DECREF(fake);
   PyList_Append(example_inputs_, tensor);
@@ -253,9 +251,15 @@ VarPtr Tracer::get_attr(const VarPtr& obj, PyObject* name) {
     case VarKind::kModule: return module_attr(obj, name);
     case VarKind::kTensor: {
       // The fake lives on the meta device; the traced program must see the real one.
-      if (attr == "device") return make_const(logical_device_);
+      if (attr == "device") {
+        PyObject* d = check(PyObject_CallMethod(recorder_, "device_of", "O", obj->value), "recorder.device_of");
+        return make_const_steal(d);
+      }
       if (attr == "is_cuda" || attr == "is_cpu") {
-        PyObject* type = check(PyObject_GetAttrString(logical_device_, "type"), "device.type");
+        PyObject* d = check(PyObject_CallMethod(recorder_, "device_of", "O", obj->value), "recorder.device_of");
+        PyObject* type = PyObject_GetAttrString(d, "type");
+        Py_DECREF(d);
+        check(type, "device.type");
         bool on = str_of(type) == (attr == "is_cuda" ? "cuda" : "cpu");
         Py_DECREF(type);
         return make_const(on ? Py_True : Py_False);

@@ -100,7 +100,6 @@ class Tracer {
   PyObject* example_inputs_ = nullptr;                 // list of real tensors
   std::unordered_map<PyObject*, VarPtr> tensor_vars_;  // real tensor -> its Var (one input per tensor)
   std::unordered_map<PyObject*, SourcePtr> tensor_first_source_;
-  PyObject* logical_device_ = nullptr;                 // device of the first real tensor input
   int depth_ = 0;
 };
 

@@ -153,6 +153,7 @@ def disable(fn=None):
         finally:
             _C.set_compiler(previous)
 
+    disabled._kiln_disabled = True  # the tracer stops here instead of inlining the wrapper
     return disabled
 
 

@@ -1,14 +1,9 @@
 // graph/: builder, printer, verifier, JSON and the recorder-record conversion (all torch-free).
 #include <catch2/catch.hpp>
 
-// graph/ is compiled into kiln_compiler (the LibTorch library), which kiln_cpp_tests does not link:
-// the torch-free sources are compiled into this test directly until CMakeLists.txt moves graph/ into
-// kiln_core (reported to the lead; drop these includes then).
-#include "../../csrc/graph/graph.cpp"
-#include "../../csrc/graph/graph_json.cpp"
-#include "../../csrc/graph/print_graph.cpp"
-#include "../../csrc/graph/py_records.cpp"
-#include "../../csrc/graph/verify_graph.cpp"
+#include "common/error.h"
+#include "graph/graph.h"
+#include "graph/py_records.h"
 #include "python_env.h"
 
 #if __has_include(<nlohmann/json.hpp>)
