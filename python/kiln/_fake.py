@@ -142,14 +142,73 @@ class _RecordingMode(TorchDispatchMode):
         super().__init__()
         self.recorder = recorder
 
+    # torch wraps dispatch modes' __torch_dispatch__ so that Dynamo skips them; the wrapper imports
+    # torch._dynamo on first use (seconds of cold start). kiln is not Dynamo: nothing to skip.
+    @classmethod
+    def _should_skip_dynamo(cls):
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return self.recorder._record(func, args, kwargs or {})
+
+
+# Older torch ignores _should_skip_dynamo: mark the raw function as its own "disabled" version.
+_raw_dispatch = getattr(_RecordingMode.__torch_dispatch__, "__wrapped__", None)
+if _raw_dispatch is not None:
+    _raw_dispatch.__dynamo_disable = _raw_dispatch
+
+
+_dynamo_wrappers_patched = False
+
+
+def _avoid_dynamo_import():
+    """torch wraps hundreds of its Python meta kernels and decompositions with torch._disable_dynamo,
+    whose wrapper imports torch._dynamo on first call (over a second of cold start, for a compiler kiln
+    never uses). Give each such wrapper a ready "disabled" version that calls the function directly while
+    torch._dynamo is not loaded, and defers to torch._dynamo.disable once it is (torch.compile in the same
+    process keeps its behaviour). Runs once, on the first recording."""
+    global _dynamo_wrappers_patched
+    if _dynamo_wrappers_patched:
+        return
+    _dynamo_wrappers_patched = True
+    import gc
+    import sys
+    import torch._compile as compile_module
+
+    wrapper_code = None
+    probe = compile_module._disable_dynamo(lambda: None)
+    wrapper_code = getattr(probe, "__code__", None)
+    if wrapper_code is None or wrapper_code.co_freevars[:2] != ("fn", "recursive"):
+        return  # a torch whose wrapper looks different: leave it alone
+
+    def lazy_disable(fn, recursive):
+        real = None
+
+        def call(*args, **kwargs):
+            nonlocal real
+            dynamo = sys.modules.get("torch._dynamo")
+            if dynamo is None:
+                return fn(*args, **kwargs)
+            if real is None:
+                real = dynamo.disable(fn, recursive, wrapping=False)
+            return real(*args, **kwargs)
+        return call
+
+    for obj in gc.get_objects():
+        if type(obj) is type(probe) and obj.__code__ is wrapper_code and obj.__closure__:
+            fn, recursive = (cell.cell_contents for cell in obj.__closure__[:2])
+            if getattr(fn, "__dynamo_disable", None) is None:
+                try:
+                    fn.__dynamo_disable = lazy_disable(fn, recursive)
+                except (AttributeError, TypeError):
+                    pass
 
 
 class Recorder:
     """Records the ATen ops of torch calls made on fakes; `finish` turns them into a kiln._C.Graph."""
 
     def __init__(self):
+        _avoid_dynamo_import()
         self._values = []         # [kind, meta(list), extra] per ValueId (see graph/py_records.h)
         self._value_tensors = []  # the fake (or real constant) each ValueId was made from
         self._nodes = []          # node tuples
