@@ -63,7 +63,14 @@ setup_gpu_machine() {
   if [ -x /opt/torch/.venv/bin/python3 ]; then PY=/opt/torch/.venv/bin/python3; else PY="$(command -v python3)"; fi
   step "GPU machine: using $PY ($("$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)'))"
   mkdir -p build
-  build_dir build/gpu "" -DPython_EXECUTABLE="$PY" -DKILN_BUILD_TESTS=OFF -DKILN_DEV_OUTPUT=ON
+  # Build with the compiler whose libstdc++ the process loads (/lib/.../libstdc++.so.6). A newer GCC
+  # elsewhere on the machine (/opt/gcc) emits its own copies of libstdc++'s locale facets into the
+  # extension, and the first `ostream << long` then crashes on the facets the runtime never registered.
+  local compilers=()
+  if [ -x /usr/bin/g++ ] && [ -x /usr/bin/gcc ]; then
+    compilers=(-DCMAKE_CXX_COMPILER=/usr/bin/g++ -DCMAKE_C_COMPILER=/usr/bin/gcc)
+  fi
+  build_dir build/gpu "" -DPython_EXECUTABLE="$PY" -DKILN_BUILD_TESTS=OFF -DKILN_DEV_OUTPUT=ON "${compilers[@]}"
 }
 
 setup_apt_packages() {

@@ -51,7 +51,8 @@ class Line {
 
 }  // namespace kiln::log
 
-#define KILN_LOG(category)                                                      \
-  if (!::kiln::log::enabled(::kiln::log::Category::category)) {                 \
-  } else                                                                        \
-    ::kiln::log::Line(::kiln::log::Category::category)
+// A for-statement rather than if/else, so `if (c) KILN_LOG(x) << ...;` has no dangling else.
+#define KILN_LOG(category)                                                                       \
+  for (bool kiln_log_on_ = ::kiln::log::enabled(::kiln::log::Category::category); kiln_log_on_; \
+       kiln_log_on_ = false)                                                                     \
+  ::kiln::log::Line(::kiln::log::Category::category)
