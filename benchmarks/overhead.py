@@ -5,8 +5,8 @@
 Cases: the seed MLP (batch 32, under torch.no_grad) and f(x) = x + 1 on 8 floats. Each system is
 warmed up (compiled) first; then `repeats` batches of `calls` back-to-back calls are timed and the
 median per-call time is reported, in microseconds, with ratios to eager. If kiln._C exposes
-guard_benchmark(fn, *args, iterations) -> total seconds for `iterations` guard evaluations of fn's
-cache entry, a column shows guard time alone.
+guard_benchmark(compiled_fn_or_module, *args, iterations) -> total seconds for `iterations` guard
+evaluations of its cache entry, a column shows guard time alone.
 """
 import argparse
 import os
@@ -67,8 +67,9 @@ def per_call_us(fn, x, device, calls, repeats):
     return samples[len(samples) // 2] * 1e6
 
 
-def guard_us(compiled, fn, x, iterations):
-    """Guard evaluation alone, when kiln exposes a way to time it; else None."""
+def guard_us(compiled, x, iterations):
+    """Guard evaluation alone, when kiln exposes a way to time it; else None. Takes the compiled
+    object: a compiled module's frames see the wrapper (not the original) as `self`."""
     try:
         from kiln import _C
     except ImportError:
@@ -78,7 +79,7 @@ def guard_us(compiled, fn, x, iterations):
         return None
     with torch.no_grad():
         compiled(x)  # make sure the entry exists
-        return benchmark(fn, x, iterations) / iterations * 1e6
+        return benchmark(compiled, x, iterations) / iterations * 1e6
 
 
 def main():
@@ -95,11 +96,16 @@ def main():
             try:
                 compiled = compile_for(system, fn)
                 row[system] = per_call_us(compiled, x, args.device, args.calls, args.repeats)
-                if system == "kiln":
-                    row["guards"] = guard_us(compiled, fn, x, 100000)
             except Exception as error:  # a system that fails is shown as such, the others still run
                 row[system] = None
                 row[system + " error"] = f"{type(error).__name__}: {error}".splitlines()[0][:120]
+                continue
+            if system == "kiln":
+                try:
+                    row["guards"] = guard_us(compiled, x, 100000)
+                except Exception as error:
+                    row["guards"] = None
+                    row["guards error"] = f"{type(error).__name__}: {error}".splitlines()[0][:120]
         rows.append(row)
 
     def us(value):

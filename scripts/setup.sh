@@ -102,6 +102,22 @@ setup_main_venv() {
   fi
 }
 
+# NVRTC for CI's CUDA tests without a GPU: generated CUDA C compiles to PTX (and cubin) on the CPU.
+# The wheel is pinned to CUDA 13.0, the GPU machine's toolkit: PTX from a newer NVRTC may use a PTX ISA
+# its 580 driver cannot JIT. Skipped when an NVRTC is already there (the wheel, or a CUDA toolkit).
+setup_nvrtc_wheel() {
+  if .venv/bin/python - <<'PY' >/dev/null 2>&1
+import glob, importlib.util, os, sys
+spec = importlib.util.find_spec("nvidia")
+dirs = ["/usr/local/cuda/lib64"] + [os.path.join(d, sub) for d in (spec.submodule_search_locations if spec else [])
+                                    for sub in ("cu13/lib", "cuda_nvrtc/lib")]
+sys.exit(0 if any(glob.glob(os.path.join(d, "libnvrtc.so*")) for d in dirs) else 1)
+PY
+  then step "NVRTC present"; return; fi
+  step "installing the NVRTC wheel (nvidia-cuda-nvrtc 13.0) into .venv"
+  .venv/bin/python -m pip install -q "nvidia-cuda-nvrtc==13.0.*"
+}
+
 # The torch-free environments: only kiln._core and tests/core run there.
 setup_core_venv() {
   local minor="$1" venv=".venv-$1" base
@@ -122,6 +138,7 @@ setup_core_venv() {
 setup_development_machine() {
   setup_apt_packages
   setup_main_venv
+  setup_nvrtc_wheel
   setup_core_venv 3.12
   setup_core_venv 3.13
   mkdir -p build

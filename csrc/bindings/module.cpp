@@ -11,4 +11,6 @@ PYBIND11_MODULE(_C, m) {
   kiln::bindings::register_errors(m);
   kiln::bindings::register_graph(m);
   kiln::bindings::register_compile(m);
+  kiln::bindings::register_compiler(m);
+  kiln::bindings::register_cuda(m);
 }

@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings/module_register.h"
+#include "common/error.h"
 #include "common/log.h"
 #include "frame/frame.h"
 #include "runtime/backends.h"
@@ -67,6 +68,26 @@ void register_compile(py::module_& m) {
     trace::stats() = trace::Stats();
   });
   m.def("backend_names", &runtime::backend_names);
+  m.def(
+      "guard_benchmark",
+      [](py::object target, py::args rest) {
+        // guard_benchmark(fn_or_module, *args, iterations): seconds for `iterations` guard checks.
+        KILN_CHECK(rest.size() >= 1) << "guard_benchmark(fn, *args, iterations)";
+        long iterations = rest[rest.size() - 1].cast<long>();
+        std::vector<PyObject*> locals;
+        py::object fn = target;
+        if (py::hasattr(target, "_kiln_compiler") && py::hasattr(target, "__wrapped__")) fn = target.attr("__wrapped__");
+        py::module_ nn = py::module_::import("torch.nn");
+        if (py::isinstance(target, nn.attr("Module"))) {
+          fn = target.get_type().attr("forward");
+          locals.push_back(target.ptr());
+        }
+        for (size_t i = 0; i + 1 < rest.size(); ++i) locals.push_back(rest[i].ptr());
+        py::object code = fn.attr("__code__");
+        return trace::time_guards((PyCodeObject*)code.ptr(), fn.attr("__globals__").ptr(),
+                                  fn.attr("__closure__").is_none() ? nullptr : fn.attr("__closure__").ptr(), locals,
+                                  iterations);
+      });
   m.def("configure_logs", [](const std::string& spec) { log::configure(spec); });
   m.def("cache_entries", [](py::object code) {
     std::vector<std::string> labels;

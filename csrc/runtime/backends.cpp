@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "runtime/eager_interpreter.h"
+#include "runtime/kernel_graph.h"
 #include "runtime/python_bridge.h"
 
 namespace py = pybind11;
@@ -40,14 +41,17 @@ std::shared_ptr<CompiledGraph> compile_eager(std::shared_ptr<const graph::Graph>
   return make_eager_interpreter(std::move(g), std::move(constants));
 }
 
+std::shared_ptr<CompiledGraph> compile_kiln(std::shared_ptr<const graph::Graph> g, PyObject*) {
+  return compile_kiln_graph(std::move(g), constant_tensors);
+}
+
 const std::map<std::string, BackendFactory>& backend_table() {
   static const std::map<std::string, BackendFactory> table = {
       {"eager", compile_eager},
-      // "aot_eager" (ahead-of-time autodiff, then eager) and "kiln" (the fusing code generator) are the
-      // op-by-op interpreter until autodiff/ and the compiler backend land; the names exist so that
-      // callers can already choose them.
+      // "aot_eager" (ahead-of-time autodiff, then eager) is the op-by-op interpreter until autodiff/
+      // lands; the name exists so that callers can already choose it.
       {"aot_eager", compile_eager},
-      {"kiln", compile_eager},
+      {"kiln", compile_kiln},
   };
   return table;
 }

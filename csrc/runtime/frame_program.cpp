@@ -16,7 +16,7 @@
 namespace kiln::runtime {
 
 OutputSpec::OutputSpec(OutputSpec&& o) noexcept
-    : kind(o.kind), index(o.index), object(o.object), children(std::move(o.children)) {
+    : kind(o.kind), index(o.index), object(o.object), source(std::move(o.source)), children(std::move(o.children)) {
   o.object = nullptr;
 }
 
@@ -26,6 +26,7 @@ OutputSpec& OutputSpec::operator=(OutputSpec&& o) noexcept {
     kind = o.kind;
     index = o.index;
     object = o.object;
+    source = std::move(o.source);
     children = std::move(o.children);
     o.object = nullptr;
   }
@@ -43,17 +44,46 @@ struct FrameProgramObject {
   std::shared_ptr<CompiledGraph>* compiled;
 };
 
-PyObject* build_output(const OutputSpec& spec, std::vector<at::Tensor>& outputs) {
+struct BuildContext;
+void remember(const OutputSpec& spec, PyObject* built, BuildContext& ctx);
+
+struct BuildContext {
+  std::vector<at::Tensor>& outputs;
+  const SourceRoots& roots;
+  std::vector<PyObject*> memo;  // borrowed: each also sits inside the output being built
+};
+
+PyObject* build_output(const OutputSpec& spec, BuildContext& ctx) {
+  std::vector<at::Tensor>& outputs = ctx.outputs;
+  const SourceRoots& roots = ctx.roots;
   switch (spec.kind) {
+    case OutputSpec::Kind::kRepeat: {
+      PyObject* shared = spec.index < (int)ctx.memo.size() ? ctx.memo[spec.index] : nullptr;
+      if (!shared) {
+        PyErr_SetString(PyExc_RuntimeError, "kiln internal error: a repeated value was not built first");
+        return nullptr;
+      }
+      Py_INCREF(shared);
+      return shared;
+    }
     case OutputSpec::Kind::kGraphOutput: return THPVariable_Wrap(outputs[spec.index]);
+    case OutputSpec::Kind::kSource: return spec.source->resolve(roots);
+    case OutputSpec::Kind::kBoundMethod: {
+      PyObject* self = build_output(spec.children[0], ctx);
+      if (!self) return nullptr;
+      PyObject* bound = PyObject_CallMethod(spec.object, "__get__", "O", self);
+      Py_DECREF(self);
+      return bound;
+    }
     case OutputSpec::Kind::kConstant: Py_INCREF(spec.object); return spec.object;
     case OutputSpec::Kind::kTuple:
     case OutputSpec::Kind::kList: {
       bool tuple = spec.kind == OutputSpec::Kind::kTuple;
       PyObject* out = tuple ? PyTuple_New(spec.children.size()) : PyList_New(spec.children.size());
       if (!out) return nullptr;
+      remember(spec, out, ctx);
       for (size_t i = 0; i < spec.children.size(); ++i) {
-        PyObject* item = build_output(spec.children[i], outputs);
+        PyObject* item = build_output(spec.children[i], ctx);
         if (!item) {
           Py_DECREF(out);
           return nullptr;
@@ -67,8 +97,10 @@ PyObject* build_output(const OutputSpec& spec, std::vector<at::Tensor>& outputs)
     }
     case OutputSpec::Kind::kDict: {
       PyObject* out = PyDict_New();
+      if (!out) return nullptr;
+      remember(spec, out, ctx);
       for (size_t i = 0; i < spec.children.size(); ++i) {
-        PyObject* item = build_output(spec.children[i], outputs);
+        PyObject* item = build_output(spec.children[i], ctx);
         if (!item || PyDict_SetItem(out, PyTuple_GET_ITEM(spec.object, i), item) < 0) {
           Py_XDECREF(item);
           Py_DECREF(out);
@@ -80,6 +112,14 @@ PyObject* build_output(const OutputSpec& spec, std::vector<at::Tensor>& outputs)
     }
   }
   return nullptr;
+}
+
+// A list or dict reachable twice from the output is built once (memo slot `index`), before its items,
+// so an item may refer back to it.
+void remember(const OutputSpec& spec, PyObject* built, BuildContext& ctx) {
+  if (spec.index < 0) return;
+  if ((int)ctx.memo.size() <= spec.index) ctx.memo.resize(spec.index + 1, nullptr);
+  ctx.memo[spec.index] = built;
 }
 
 PyObject* program_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
@@ -122,7 +162,8 @@ PyObject* program_call(PyObject* self, PyObject* const* args, size_t nargsf, PyO
     } else {
       outputs = compiled.run(inputs);
     }
-    return build_output(spec.output, outputs);
+    BuildContext ctx{outputs, roots, {}};
+    return build_output(spec.output, ctx);
   } catch (pybind11::error_already_set& e) {
     e.restore();
     return nullptr;

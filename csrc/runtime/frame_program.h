@@ -20,10 +20,14 @@ class CompiledGraph;
 
 /// The shape of a frame's return value around the graph's outputs.
 struct OutputSpec {
-  enum class Kind : unsigned char { kGraphOutput, kConstant, kTuple, kList, kDict };
+  /// kSource: a value of the frame re-read through `source` (keeps its identity across a graph break);
+  /// kBoundMethod: `object.__get__(children[0])` (a method of a rebuilt self);
+  /// kRepeat: the list/dict built earlier in this output under memo slot `index` (one object, two places).
+  enum class Kind : unsigned char { kGraphOutput, kConstant, kTuple, kList, kDict, kSource, kBoundMethod, kRepeat };
   Kind kind = Kind::kConstant;
-  int index = -1;              ///< kGraphOutput: index into the graph's outputs
-  PyObject* object = nullptr;  ///< kConstant: the value; kDict: tuple of keys (owned)
+  int index = -1;              ///< kGraphOutput: index into the graph's outputs; kList/kDict: memo slot or -1
+  PyObject* object = nullptr;  ///< kConstant: the value; kDict: tuple of keys; kBoundMethod: function (owned)
+  SourcePtr source;            ///< kSource
   std::vector<OutputSpec> children;
 
   OutputSpec() = default;

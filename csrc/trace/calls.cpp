@@ -88,6 +88,10 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
   switch (fn->kind) {
     case VarKind::kModule: return call_module(fn, std::move(args), std::move(kwargs));
     case VarKind::kMethod: {
+      if (fn->items[0]->is(VarKind::kTensor)) {
+        args.insert(args.begin(), fn->items[0]);
+        return call_recorded(fn->value, args, kwargs);
+      }
       if (!PyFunction_Check(fn->value)) {
         if (!kwargs.empty()) KILN_UNSUPPORTED() << "keyword arguments to a container method";
         return call_container_method(fn->items[0], name_of(fn->value), std::move(args));
@@ -99,6 +103,7 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
     default: KILN_UNSUPPORTED() << "calling a " << fn->describe();
   }
   PyObject* f = fn->value;
+  if (fn->by_type) KILN_UNSUPPORTED() << "calling " << name_of(f) << ", a method bound to an object not pinned by identity";
   if (PyFunction_Check(f)) {
     PyObject* dict = ((PyFunctionObject*)f)->func_dict;
     if (dict && PyDict_GetItemString(dict, "_kiln_disabled"))
@@ -107,6 +112,11 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
   bool handled = false;
   VarPtr r = call_builtin(f, args, kwargs, &handled);
   if (handled) return r;
+  PyObject* global_state = PyObject_CallOneArg(helper("changes_global_state"), f);
+  if (!global_state) rethrow_python("classifying a callable");
+  Py_DECREF(global_state);
+  if (global_state == Py_True)
+    KILN_UNSUPPORTED() << "call of " << name_of(f) << ", which reads or changes global state (grad mode, RNG, defaults)";
   PyObject* is_torch = PyObject_CallOneArg(helper("is_torch_callable"), f);
   if (!is_torch) rethrow_python("classifying a callable");
   bool torch_callable = is_torch == Py_True;
@@ -198,7 +208,8 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
   // Pure builtins and math/operator functions of constants run for real.
   if (contains(helper("PURE_BUILTINS"), f)) {
     bool all_const = true;
-    for (const VarPtr& a : args) all_const = all_const && is_constant(a);
+    // An iterator argument (list(gen), next(it)) would be consumed at trace time: not folded.
+    for (const VarPtr& a : args) all_const = all_const && is_constant(a) && !(a->value && PyIter_Check(a->value));
     for (const auto& kv : kwargs) all_const = all_const && is_constant(kv.second);
     if (all_const) {
       PyObject* py_args = PyTuple_New(n);

@@ -1,8 +1,13 @@
 #include "trace/compile_frame.h"
 
+#include <optional>
+
+#include <chrono>
+
 #include "common/error.h"
 #include "common/log.h"
 #include "runtime/frame_program.h"
+#include "trace/graph_break.h"
 #include "trace/tracer.h"
 #include "trace/transform_code.h"
 
@@ -101,6 +106,97 @@ bool skipped_file(PyCodeObject* code) {
 
 }  // namespace
 
+double time_guards(PyCodeObject* code, PyObject* globals, PyObject* closure, std::vector<PyObject*> locals,
+                   long iterations) {
+  std::vector<const frame::CacheEntry*> entries = frame::entries_of(code);
+  const FrameGuard* guard = nullptr;
+  for (const frame::CacheEntry* e : entries)
+    if ((guard = dynamic_cast<const FrameGuard*>(e->guard.get()))) break;
+  KILN_CHECK(guard) << "no compiled entry for " << PyUnicode_AsUTF8(code->co_qualname) << ": call it compiled first";
+  SourceRoots roots;
+  locals.resize(code->co_nlocalsplus, nullptr);
+  roots.locals = locals.data();
+  roots.nlocals = (int)locals.size();
+  roots.closure = closure;
+  roots.globals = globals;
+  PyObject* builtins = PyDict_GetItemString(globals, "__builtins__");
+  roots.builtins = builtins && PyModule_Check(builtins) ? PyModule_GetDict(builtins) : builtins;
+  KILN_CHECK(guard->tree().check(roots)) << "the guards fail for these arguments: "
+                                         << guard->tree().explain_failure(roots);
+  auto start = std::chrono::steady_clock::now();
+  for (long i = 0; i < iterations; ++i) guard->tree().check(roots);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+namespace {
+
+// One graph-break record for kiln.explain: {type, context, explanation, hints, file, line, reason}.
+PyObject* break_record(const std::string& type, const std::string& context, const std::string& explanation,
+                       const std::string& file, int line, const std::string& hint) {
+  return Py_BuildValue("{s:s,s:s,s:s,s:[s],s:s,s:i,s:s}", "type", type.c_str(), "context", context.c_str(),
+                       "explanation", explanation.c_str(), "hints", hint.c_str(), "file", file.c_str(), "line", line,
+                       "reason", explanation.c_str());
+}
+
+// Break kinds by the instruction that ran eagerly, with the hint shown to the user.
+struct BreakKind {
+  const char* type;
+  const char* hint;
+};
+BreakKind break_kind(const std::string& instruction) {
+  static const std::pair<const char*, BreakKind> table[] = {
+      {"CALL", {"call", "the call runs eagerly and the code around it stays compiled; move it out of the compiled "
+                        "function (or wrap it in kiln.disable) to make the split explicit"}},
+      {"POP_JUMP", {"data-dependent branch", "a branch on a tensor's value runs eagerly; use torch.where, or "
+                                             "compute the condition outside the compiled function"}},
+      {"JUMP_IF", {"data-dependent branch", "a branch on a tensor's value runs eagerly; use torch.where"}},
+      {"TO_BOOL", {"data-dependent branch", "bool(tensor) runs eagerly; use torch.where"}},
+      {"RAISE", {"raise", "raising from compiled code runs eagerly"}},
+  };
+  for (const auto& [prefix, kind] : table)
+    if (instruction.rfind(prefix, 0) == 0) return kind;
+  return {"unsupported bytecode", "this bytecode runs eagerly; the code before and after it stays compiled"};
+}
+
+}  // namespace
+
+PyObject* KilnCompiler::break_code(const frame::FrameView& frame, const bytecode::CodeInstructions& decoded,
+                                   const BreakPlan& plan, PyObject* program) {
+  std::vector<PyObject*> functions;
+  struct Release {
+    std::vector<PyObject*>& functions;
+    ~Release() {
+      for (PyObject* f : functions) Py_DECREF(f);
+    }
+  } release{functions};
+  for (const BreakSuccessor& successor : plan.successors) {
+    PyObject* code = resume_code(frame.code, decoded, plan, successor);
+    // Resume functions are traced like the entry function, whatever the skip rules say about their file.
+    if (options_.entry_codes.insert(code).second) Py_INCREF(code);
+    if (frame.code->co_nfreevars > 0) {  // made at run time with the frame's closure (graph_break.h)
+      functions.push_back(Py_NewRef(code));
+      continue;
+    }
+    PyObject* fn = PyFunction_NewWithQualName(code, frame.globals, ((PyCodeObject*)code)->co_qualname);
+    KILN_ASSERT(fn) << "creating a resume function for " << where(frame.code);
+    functions.push_back(fn);
+  }
+  return make_break_code(frame.code, decoded, plan, program, functions);
+}
+
+void KilnCompiler::record_break(PyCodeObject* code, const bytecode::CodeInstructions& decoded, const BreakPlan& plan,
+                                const std::string& reason) {
+  stats().graph_breaks++;
+  const auto& at = decoded.instructions[plan.pc].pos;
+  std::string file = PyUnicode_AsUTF8(code->co_filename);
+  BreakKind kind = break_kind(plan.instruction);
+  KILN_LOG(graph_breaks) << "graph break (" << kind.type << ") in " << where(code) << " at " << file << ":" << at.line
+                         << ": " << reason << "\n  hint: " << kind.hint;
+  explain("break", break_record(kind.type, file + ":" + std::to_string(at.line) + " in " +
+                                               PyUnicode_AsUTF8(code->co_qualname),
+                                reason, file, at.line, kind.hint));
+}
+
 KilnCompiler::KilnCompiler(CompileOptions options) : options_(std::move(options)) {}
 
 KilnCompiler::~KilnCompiler() {
@@ -125,7 +221,9 @@ frame::MissResult KilnCompiler::fall_back(const frame::FrameView& frame, const s
   std::string message = "running " + where(frame.code) + " eagerly: " + reason;
   KILN_LOG(fallbacks) << message;
   KILN_LOG(graph_breaks) << message;
-  explain("break", PyUnicode_FromString(reason.c_str()));
+  explain("break", break_record("fallback", where(frame.code), reason, PyUnicode_AsUTF8(frame.code->co_filename),
+                                 frame.code->co_firstlineno,
+                                 "the whole frame runs eagerly; kiln.explain and KILN_LOGS=graph_breaks name the construct"));
   if (options_.fullgraph) {
     PyObject* errors = PyImport_ImportModule("kiln.errors");
     PyObject* type = errors ? PyObject_GetAttrString(errors, "GraphBreakError") : nullptr;
@@ -156,6 +254,14 @@ frame::MissResult KilnCompiler::fall_back(const frame::FrameView& frame, const s
 frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
                                         const std::vector<const frame::CacheEntry*>& entries) {
   frame::MissResult result;
+  // A kiln.disable wrapper runs as written (it switches kiln off for what it calls).
+  if (frame.function && PyFunction_Check(frame.function)) {
+    PyObject* dict = ((PyFunctionObject*)frame.function)->func_dict;
+    if (dict && PyDict_GetItemString(dict, "_kiln_disabled")) {
+      result.action = frame::MissAction::kRunDefault;
+      return result;
+    }
+  }
   bool entry_code = options_.entry_codes.count((PyObject*)frame.code) > 0;
   if (!entry_code && skipped_file(frame.code)) {
     result.action = frame::MissAction::kSkipCode;
@@ -193,7 +299,29 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
   };
   try {
     tracer = std::make_unique<Tracer>(input);
-    TraceResult traced = tracer->run();
+    std::optional<BreakPlan> plan;
+    bytecode::CodeInstructions decoded;
+    VarPtr returned;
+    std::string break_reason;
+    try {
+      returned = tracer->trace_root();
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::Unsupported || options_.fullgraph || tracer->failed_root_step() < 0) throw;
+      // A graph break: trace again, stopping right before the root instruction that failed (a
+      // second trace, so nothing of the failed instruction leaks into the graph or the guards).
+      break_reason = e.what();
+      decoded = bytecode::decode(frame.code);
+      auto retrace = std::make_unique<Tracer>(input);
+      retrace->stop_before_step(tracer->failed_root_step());
+      VarPtr none = retrace->trace_root();
+      KILN_ASSERT(!none && retrace->break_state() && retrace->break_state()->pc == tracer->failed_root_pc())
+          << "the second trace of " << where(frame.code) << " did not stop at the graph break";
+      plan = plan_break(frame.code, decoded, *retrace->break_state());
+      if (!plan->why_not.empty()) throw Error(ErrorKind::Unsupported, break_reason + " (no graph break: " + plan->why_not + ")");
+      tracer = std::move(retrace);
+    }
+    TraceResult traced = plan ? tracer->finish(break_values(*plan, *tracer->break_state()), true)
+                              : tracer->finish(returned);
     tree = std::shared_ptr<guards::GuardTree>(std::move(traced.guards));
 
     runtime::FrameProgramSpec spec;
@@ -214,10 +342,21 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
       program = runtime::make_frame_program(std::move(spec), std::move(compiled));
       KILN_ASSERT(program) << "creating the compiled frame";
     }
-    CallCode call = make_call_code(frame.code, program);
+    PyObject* entry_code = nullptr;
+    if (plan) {
+      try {
+        entry_code = break_code(frame, decoded, *plan, program);
+      } catch (...) {
+        Py_DECREF(program);
+        throw;
+      }
+      record_break(frame.code, decoded, *plan, break_reason);
+    } else {
+      entry_code = make_call_code(frame.code, program).code;
+    }
 
     auto entry = std::make_unique<frame::CacheEntry>();
-    entry->code = call.code;
+    entry->code = entry_code;
     auto guard = std::make_unique<FrameGuard>(tree, this);
     auto payload = std::make_shared<EntryPayload>();
     payload->program = program;

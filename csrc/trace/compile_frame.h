@@ -8,10 +8,13 @@
 #include <unordered_set>
 #include <vector>
 
+#include "bytecode/bytecode.h"
 #include "frame/frame.h"
 #include "guards/guard_tree.h"
 
 namespace kiln::trace {
+
+struct BreakPlan;
 
 struct CompileOptions {
   std::string backend = "kiln";
@@ -33,6 +36,11 @@ Stats& stats();
 /// different backends or options keeps separate entries.
 void set_active_compiler(const class KilnCompiler* compiler);
 
+/// Seconds taken by `iterations` evaluations of the guards of `code`'s most recent cache entry, with
+/// `locals` as the frame's leading local slots (the positional arguments). For benchmarks only.
+double time_guards(PyCodeObject* code, PyObject* globals, PyObject* closure, std::vector<PyObject*> locals,
+                   long iterations);
+
 class KilnCompiler : public frame::Compiler {
  public:
   explicit KilnCompiler(CompileOptions options);
@@ -44,6 +52,11 @@ class KilnCompiler : public frame::Compiler {
   frame::MissResult fall_back(const frame::FrameView& frame, const std::string& reason,
                               std::shared_ptr<guards::GuardTree> partial_guards);
   void explain(const char* kind, PyObject* record);
+  /// The transformed code of a graph break, with one resume function per successor (graph_break.h).
+  PyObject* break_code(const frame::FrameView& frame, const bytecode::CodeInstructions& decoded,
+                       const BreakPlan& plan, PyObject* program);
+  void record_break(PyCodeObject* code, const bytecode::CodeInstructions& decoded, const BreakPlan& plan,
+                    const std::string& reason);
   CompileOptions options_;
   std::unordered_set<PyObject*> warned_limit_;  ///< codes whose recompile-limit warning was given
 };

@@ -164,6 +164,13 @@ VarPtr InstructionTranslator::run() {
       KILN_CHECK(pc_ >= 0 && pc_ < (int)instrs.size()) << "fell off the end of the bytecode";
       // Unrolled loops are bounded so a runaway trace ends in a fallback, not a hang.
       if (++steps > 200000) KILN_UNSUPPORTED() << "trace too long (a loop unrolled past 200000 instructions)";
+      if (tracer_.depth() == 0 && steps == tracer_.break_step_) {
+        // A graph break planned by a previous trace of this frame: stop before the instruction that
+        // failed there, with everything before it traced (trace.cpp's finish builds the graph).
+        tracer_.broke_ = true;
+        tracer_.break_state_ = BreakState{pc_, stack_, locals_, kwnames_};
+        return nullptr;
+      }
       const Instruction& ins = instrs[pc_];
       next_ = pc_ + 1;
       H handler = table.handlers[ins.opcode];
@@ -172,6 +179,10 @@ VarPtr InstructionTranslator::run() {
       pc_ = next_;
     }
   } catch (const Error& e) {
+    if (tracer_.depth() == 0 && e.kind() == ErrorKind::Unsupported) {
+      tracer_.failed_step_ = steps;
+      tracer_.failed_pc_ = pc_;
+    }
     std::string msg = e.what();
     if (e.kind() == ErrorKind::Unsupported && msg.find(" [at ") == std::string::npos)
       throw Error(ErrorKind::Unsupported, msg + " [at " + location() + "]");

@@ -82,6 +82,13 @@ void InstructionTranslator::op_compare_op(const Instruction& ins) {
 void InstructionTranslator::op_is_op(const Instruction& ins) {
   VarPtr b = pop();
   VarPtr a = pop();
+  auto pinned_singleton = [](const VarPtr& v) {
+    return v->is(VarKind::kConst) && (v->value == Py_None || PyBool_Check(v->value));
+  };
+  // Objects guarded by type only may be other instances next call: identity with anything but
+  // None/True/False is not known at trace time.
+  if ((a->by_type && !pinned_singleton(b)) || (b->by_type && !pinned_singleton(a)))
+    KILN_UNSUPPORTED() << "'is' between objects whose identity is not guarded";
   bool same;
   if (a == b) {
     same = true;

@@ -184,10 +184,32 @@ VarPtr Tracer::wrap(PyObject* value, SourcePtr source) {
       return make_dict(std::move(keys), std::move(items), source);
     }
   }
-  // Anything else (functions, classes, Python modules, other objects) is a trace-time constant
-  // pinned by identity.
-  if (source) guards_->add_id(source, value);
-  return make_const(value, source);
+  // Functions, classes, Python modules and other callables are pinned by identity. Plain objects
+  // (configs, context managers, user instances) are pinned by type: what the trace reads of them goes
+  // through attribute sources with guards of their own, and a new instance per call (a fresh
+  // `torch.no_grad()`) then does not recompile.
+  if (!source) return make_const(value);
+  // A bound method is a new object on every attribute read: guard its function and its self instead.
+  if (PyMethod_Check(value) && PyFunction_Check(PyMethod_GET_FUNCTION(value))) {
+    guards_->add_type(source, Py_TYPE(value));
+    guards_->add_id(Source::attr(source, "__func__"), PyMethod_GET_FUNCTION(value));
+    return make_method(PyMethod_GET_FUNCTION(value), wrap(PyMethod_GET_SELF(value), Source::attr(source, "__self__")));
+  }
+  PyTypeObject* t = Py_TYPE(value);
+  PyObject* c_self = PyCFunction_Check(value) ? PyCFunction_GET_SELF(value) : nullptr;
+  bool bound_builtin = c_self && !PyModule_Check(c_self);  // e.g. obj.__exit__ of a C type: new per read
+  bool stable = (PyFunction_Check(value) || PyCFunction_Check(value) || PyType_Check(value) || PyModule_Check(value) ||
+                 t == &PyMethodDescr_Type || t == &PyWrapperDescr_Type || t == &PyClassMethodDescr_Type ||
+                 t == &PyEllipsis_Type || t == &PySlice_Type) &&
+                !bound_builtin;
+  VarPtr v = make_const(value, source);
+  if (stable) {
+    guards_->add_id(source, value);
+  } else {
+    guards_->add_type(source, Py_TYPE(value));
+    v->by_type = true;
+  }
+  return v;
 }
 
 VarPtr Tracer::wrap_result(PyObject* value) {
@@ -267,11 +289,24 @@ VarPtr Tracer::get_attr(const VarPtr& obj, PyObject* name) {
       if (attr == "grad" || attr == "data" || attr == "_version" || attr == "grad_fn" || attr == "is_meta" ||
           attr == "untyped_storage" || attr == "data_ptr")
         KILN_UNSUPPORTED() << "tensor." << attr << " is not traced yet";
+      // Methods stay bound to the tensor's Var (not to its fake), so a graph break can rebind them to
+      // the real tensor; calls go to the recorder with the Var as self.
+      PyObject* descr = _PyType_Lookup(obj->real_type, name);
+      if (descr && (Py_TYPE(descr) == &PyMethodDescr_Type || PyFunction_Check(descr))) return make_method(descr, obj);
       PyObject* getattr = PyDict_GetItemString(PyEval_GetBuiltins(), "getattr");
       std::vector<VarPtr> args = {obj, make_const(name)};
       return call_recorded(getattr, args, {});
     }
     case VarKind::kConst: {
+      // obj.method of a plain object: bound to the object's Var (a fresh bound-method object on every
+      // access would fail an identity guard on each call).
+      if (!PyModule_Check(obj->value) && !PyType_Check(obj->value)) {
+        PyObject* descr = _PyType_Lookup(Py_TYPE(obj->value), name);
+        PyObject** dictptr = descr && PyFunction_Check(descr) ? _PyObject_GetDictPtr(obj->value) : nullptr;
+        bool shadowed = dictptr && *dictptr && PyDict_GetItemWithError(*dictptr, name);
+        if (PyErr_Occurred()) PyErr_Clear();
+        if (descr && PyFunction_Check(descr) && !shadowed) return make_method(descr, obj);
+      }
       PyObject* v = check(PyObject_GetAttr(obj->value, name), "getattr " + attr);
       VarPtr out;
       // Attributes of torch's own modules (torch.float32, torch.nn.functional.relu) are taken as fixed.
@@ -451,6 +486,8 @@ std::vector<VarPtr> Tracer::iterate(const VarPtr& v) {
       return out;
     }
     case VarKind::kConst: {
+      // Iterating a live iterator (a generator, a file) at trace time would consume it: eager must.
+      if (PyIter_Check(v->value)) KILN_UNSUPPORTED() << "iterating a " << Py_TYPE(v->value)->tp_name << " (an iterator)";
       PyObject* seq = PySequence_List(v->value);
       check(seq, "iterating a constant");
       std::vector<VarPtr> out;
@@ -480,11 +517,38 @@ std::vector<VarPtr> Tracer::iterate(const VarPtr& v) {
 
 // ---- the driver --------------------------------------------------------------------------------------
 
-runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>& graph_outputs) {
+runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>& graph_outputs, bool break_output) {
   runtime::OutputSpec spec;
+  // A value that came from the frame (an input tensor, an argument list) is re-read from there: the
+  // code after a break must see the very same object, not a copy made by the graph.
+  if ((break_output && v->source &&
+       (v->is(VarKind::kTensor) || v->is(VarKind::kList) || v->is(VarKind::kDict) || v->is(VarKind::kTuple))) ||
+      (v->by_type && v->source)) {
+    spec.kind = runtime::OutputSpec::Kind::kSource;
+    spec.source = v->source;
+    return spec;
+  }
+  if (break_output && (v->is(VarKind::kList) || v->is(VarKind::kDict))) {
+    // A mutable container reachable twice (a local and a call argument) must stay one object.
+    auto [it, first] = memo_slots_.emplace(v.get(), (int)memo_slots_.size());
+    if (!first) {
+      spec.kind = runtime::OutputSpec::Kind::kRepeat;
+      spec.index = it->second;
+      return spec;
+    }
+    spec.index = it->second;
+  }
   switch (v->kind) {
     case VarKind::kTensor:
       spec.kind = runtime::OutputSpec::Kind::kGraphOutput;
+      if (break_output) {
+        // One graph output per tensor: `y` on the stack and in a local must stay one object.
+        for (size_t i = 0; i < graph_outputs.size(); ++i)
+          if (graph_outputs[i] == v->value) {
+            spec.index = (int)i;
+            return spec;
+          }
+      }
       spec.index = (int)graph_outputs.size();
       graph_outputs.push_back(v->value);
       return spec;
@@ -497,7 +561,7 @@ runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>&
     case VarKind::kTuple:
     case VarKind::kList:
       spec.kind = v->is(VarKind::kTuple) ? runtime::OutputSpec::Kind::kTuple : runtime::OutputSpec::Kind::kList;
-      for (const VarPtr& item : v->items) spec.children.push_back(output_spec(item, graph_outputs));
+      for (const VarPtr& item : v->items) spec.children.push_back(output_spec(item, graph_outputs, break_output));
       return spec;
     case VarKind::kDict: {
       spec.kind = runtime::OutputSpec::Kind::kDict;
@@ -505,16 +569,29 @@ runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>&
       for (size_t i = 0; i < v->keys.size(); ++i) {
         Py_INCREF(v->keys[i]);
         PyTuple_SET_ITEM(spec.object, i, v->keys[i]);
-        spec.children.push_back(output_spec(v->items[i], graph_outputs));
+        spec.children.push_back(output_spec(v->items[i], graph_outputs, break_output));
       }
       return spec;
     }
+    case VarKind::kMethod:
+      if (!break_output) break;
+      spec.kind = runtime::OutputSpec::Kind::kBoundMethod;
+      Py_INCREF(v->value);
+      spec.object = v->value;
+      spec.children.push_back(output_spec(v->items[0], graph_outputs, break_output));
+      return spec;
+    case VarKind::kSlice:
+      if (!break_output || !is_constant(v)) break;
+      spec.kind = runtime::OutputSpec::Kind::kConstant;
+      spec.object = to_python(v);
+      return spec;
     default: break;
   }
-  KILN_UNSUPPORTED() << "returning a " << v->describe();
+  KILN_UNSUPPORTED() << (break_output ? "keeping a " : "returning a ") << v->describe()
+                     << (break_output ? " alive across a graph break" : "");
 }
 
-TraceResult Tracer::run() {
+VarPtr Tracer::trace_root() {
   PyCodeObject* code = root_.code;
   std::vector<VarPtr> locals(root_.nlocalsplus);
   PyObject* names = PyCode_GetVarnames(code);
@@ -539,11 +616,14 @@ TraceResult Tracer::run() {
   Py_XDECREF(freenames);
 
   InstructionTranslator root(*this, code, root_.globals, root_.builtins, std::move(locals), std::move(freevars));
-  VarPtr returned = root.run();
+  return root.run();
+}
 
+TraceResult Tracer::finish(const VarPtr& returned, bool break_output) {
+  KILN_ASSERT(returned) << "finishing a trace without an output";
   TraceResult result;
   std::vector<PyObject*> outputs;
-  result.output = output_spec(returned, outputs);
+  result.output = output_spec(returned, outputs, break_output);
   PyObject* out_list = PyList_New(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
     Py_INCREF(outputs[i]);

@@ -45,12 +45,34 @@ struct TraceResult {
 
 using KwArgs = std::vector<std::pair<PyObject*, VarPtr>>;  // borrowed names (interned strings from code)
 
+/// The root frame's symbolic state just before an instruction the trace stopped at (a graph break).
+struct BreakState {
+  int pc = -1;                  ///< index of the root instruction that was not executed
+  std::vector<VarPtr> stack;    ///< the root's symbolic stack, bottom first (kNull entries included)
+  std::vector<VarPtr> locals;   ///< the root's localsplus (nullptr = unbound)
+  PyObject* kwnames = nullptr;  ///< a pending KW_NAMES tuple (borrowed from co_consts), else nullptr
+};
+
 class Tracer {
  public:
   explicit Tracer(const FrameInput& frame);
   ~Tracer();
   /// Traces the frame to its return. Throws kiln::Error(Unsupported) with the reason and location.
-  TraceResult run();
+  TraceResult run() { return finish(trace_root()); }
+  /// Traces the root frame to its return and returns the returned Var; or, when stop_before_step()
+  /// was set and reached, stops there, fills break_state() and returns nullptr.
+  VarPtr trace_root();
+  /// Builds the graph whose outputs are the tensors inside `output` and the spec that rebuilds it.
+  /// `break_output` (a graph break's live values): values that came from the frame are re-read through
+  /// their sources and repeated tensors share one graph output, so identities are kept.
+  TraceResult finish(const VarPtr& output, bool break_output = false);
+  /// Makes the next trace_root() stop before the root frame's `step`-th instruction (1-based).
+  void stop_before_step(int step) { break_step_ = step; }
+  const BreakState* break_state() const { return broke_ ? &break_state_ : nullptr; }
+  /// After a trace that failed with Unsupported: the root step (1-based) and instruction index at which
+  /// the failure surfaced in the root frame (-1 when it did not reach the root).
+  int failed_root_step() const { return failed_step_; }
+  int failed_root_pc() const { return failed_pc_; }
   /// After a failed run(): the guards recorded up to the failure. Everything the trace read before it
   /// failed is guarded, so the same failure recurs exactly when these guards pass.
   std::unique_ptr<guards::GuardTree> take_guards() { return std::move(guards_); }
@@ -90,7 +112,7 @@ class Tracer {
   VarPtr call_container_method(const VarPtr& self, const std::string& name, std::vector<VarPtr> args);
   VarPtr call_builtin(PyObject* fn, const std::vector<VarPtr>& args, const KwArgs& kwargs, bool* handled);
   VarPtr module_attr(const VarPtr& module, PyObject* name);
-  runtime::OutputSpec output_spec(const VarPtr& v, std::vector<PyObject*>& graph_outputs);
+  runtime::OutputSpec output_spec(const VarPtr& v, std::vector<PyObject*>& graph_outputs, bool break_output);
 
   FrameInput root_;
   PyObject* helpers_ = nullptr;   // kiln._tracing
@@ -101,6 +123,12 @@ class Tracer {
   std::unordered_map<PyObject*, VarPtr> tensor_vars_;  // real tensor -> its Var (one input per tensor)
   std::unordered_map<PyObject*, SourcePtr> tensor_first_source_;
   int depth_ = 0;
+  // graph breaks (root frame only)
+  int break_step_ = -1;
+  bool broke_ = false;
+  BreakState break_state_;
+  int failed_step_ = -1, failed_pc_ = -1;
+  std::unordered_map<const Var*, int> memo_slots_;  // finish(break_output): list/dict -> memo slot
 };
 
 }  // namespace kiln::trace

@@ -39,6 +39,9 @@ struct Var {
   std::vector<PyObject*> keys;  ///< owned, for kDict
   size_t position = 0;
   SourcePtr source;
+  /// A kConst from `source` guarded by its type only (a plain object: each call may pass a new one).
+  /// Its identity was not pinned, so outputs re-read it from the source and `is` on it is not folded.
+  bool by_type = false;
 
   ~Var();
   Var() = default;

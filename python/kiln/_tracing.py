@@ -159,6 +159,33 @@ def is_torch_callable(fn):
     return getattr(fn, "__module__", "") in ("torch._ops", "torch._ops.aten")
 
 
+_GLOBAL_STATE_MODULES = ("torch.autograd.grad_mode", "torch.random", "torch.amp", "torch.cuda.random",
+                         "torch.autograd.profiler")
+_GLOBAL_STATE_NAMES = {"manual_seed", "seed", "initial_seed", "use_deterministic_algorithms", "set_rng_state",
+                       "get_rng_state", "fork_rng"}
+
+
+def changes_global_state(fn):
+    """True for torch functions that read or change global state (grad mode, RNG, defaults, threads).
+
+    The recorder would run them once at trace time and never again on a cache hit, so the tracer must
+    not call them: such a call is a graph break, and CPython runs it every time.
+    """
+    if isinstance(getattr(fn, "__self__", None), torch.Tensor):
+        return False
+    if isinstance(fn, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+        return False
+    module = getattr(fn, "__module__", None) or ""
+    if not isinstance(module, str):
+        return False
+    if module.startswith(_GLOBAL_STATE_MODULES):
+        return True
+    if not (module == "torch" or module.startswith("torch.") or module.startswith("torch._C")):
+        return False
+    name = getattr(fn, "__name__", "") or ""
+    return name.startswith(("set_", "_set_")) or name in _GLOBAL_STATE_NAMES
+
+
 _OPERATOR_FUNCS = {getattr(operator, n) for n in dir(operator) if not n.startswith("_")}
 
 # BINARY_OP's argument indexes this table (CPython's NB_* order); the in-place forms follow at +13.

@@ -115,7 +115,10 @@ class ExplainOutput:
         self.graph_count = len(graphs)
         self.ops_per_graph = [list(g["ops"]) for g in graphs]
         self.guards = [line for g in graphs for line in g["guards"]]
-        self.break_reasons = [r for kind, r in records if kind == "break"]
+        # One record per graph break or eager frame: {type, context, explanation, hints, file, line, reason}.
+        self.breaks = [r if isinstance(r, dict) else {"type": "fallback", "reason": r, "explanation": r}
+                       for kind, r in records if kind == "break"]
+        self.break_reasons = [r["reason"] for r in self.breaks]
         self.graph_break_count = len(self.break_reasons)
         self.recompile_reasons = [r for kind, r in records if kind == "recompile"]
 

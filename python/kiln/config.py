@@ -6,13 +6,25 @@
 | KILN_DEBUG_DIR  | directory where graphs and generated sources are kept (used by the compiler backends) |
 | KILN_CACHE_DIR  | on-disk cache of compiled kernels and graphs (default ~/.cache/kiln) |
 | KILN_DISABLE    | `1`: kiln.compile returns functions that run eagerly |
+| KILN_NVRTC_PATH | libnvrtc.so (or its folder) for CUDA kernels; searched before /usr/local/cuda/lib64, the nvidia-cuda-nvrtc wheel, the loader path |
+| KILN_VERIFY     | `1`: run the graph verifier after every pass and the loop-IR verifier on every kernel (kiln backend) |
+| CXX             | the C++ compiler of the kiln backend (default `c++`); if it fails, graphs run on the eager interpreter |
 
 Python-level settings (this module's attributes):
 - recompile_limit: cache entries per code object before new inputs run eagerly (default 8).
+- set_compiled_autograd(on): compiled forward + backward for graphs that need grad (default off).
 """
 import os
 
 recompile_limit = 8
+
+
+def set_compiled_autograd(on=True):
+    """Graphs that need grad: compile forward and backward ahead of time behind one autograd node (True),
+    or run them on the eager interpreter, op by op with eager's autograd (False, the default while the
+    compiled training step is slower than eager's on CPU). Process-wide; applies to graphs compiled after."""
+    from kiln import _C
+    _C.set_compiled_autograd(bool(on))
 
 
 def disabled():

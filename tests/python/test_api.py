@@ -235,8 +235,8 @@ def test_explain_graph_break_at_disabled_function(fresh_kiln):
     x = random_tensor(5)
     result = kiln.explain(breaks_at_disabled_call)(x)
     assert result.graph_break_count == 1, result.break_reasons
-    # Until resume functions land (graph-breaks issue) the whole frame runs eagerly: no graph.
-    assert result.graph_count == 0
+    # The frame splits at the call: sin before it, cos in the resume function.
+    assert result.graph_count == 2
     assert "kiln.disable" in result.break_reasons[0]
     assert "test_api.py" in result.break_reasons[0]
     # The break changes nothing about the answer.
@@ -338,4 +338,4 @@ def test_untraceable_frame_falls_back_to_eager(fresh_kiln):
     x = random_tensor(7)
     out = kiln.compile(through_numpy)(x)
     torch.testing.assert_close(out, through_numpy(x))
-    assert kiln.stats()["fallbacks"] >= 1, kiln.stats()
+    assert kiln.stats()["fallbacks"] + kiln.stats()["graph_breaks"] >= 1, kiln.stats()

@@ -1,0 +1,140 @@
+// BackwardBuilder: forward values in the backward graph, emission with oracle metas, shared helpers.
+#include "autodiff/backward_builder.h"
+
+#include <algorithm>
+#include <set>
+
+#include "common/error.h"
+
+namespace kiln::autodiff {
+
+namespace {
+
+// Views whose single tensor argument is their base: the backward redoes them on the saved base rather
+// than having the forward return (and keep alive) one more aliasing tensor.
+const std::set<std::string>& recomputed_views() {
+  static const std::set<std::string> ops = {
+      "aten::t.default",         "aten::transpose.int",   "aten::permute.default", "aten::view.default",
+      "aten::_unsafe_view.default", "aten::expand.default", "aten::unsqueeze.default", "aten::squeeze.dim",
+      "aten::squeeze.dims",      "aten::squeeze.default", "aten::select.int",      "aten::slice.Tensor",
+      "aten::reshape.default",   "aten::alias.default",
+  };
+  return ops;
+}
+
+bool is_contiguous(const graph::TensorMeta& meta) {
+  int64_t expected = 1;
+  for (size_t i = meta.sizes.size(); i-- > 0;) {
+    if (meta.sizes[i] != 1 && meta.strides[i] != expected) return false;
+    expected *= meta.sizes[i];
+  }
+  return true;
+}
+
+}  // namespace
+
+BackwardBuilder::BackwardBuilder(const graph::Graph& forward, graph::Graph& backward, OpOracle& oracle)
+    : forward_(forward), backward_(backward), oracle_(oracle) {}
+
+ValueId BackwardBuilder::forward_value(ValueId forward_id) {
+  auto found = forward_to_backward_.find(forward_id);
+  if (found != forward_to_backward_.end()) return found->second;
+  const graph::Value& v = forward_.value(forward_id);
+  ValueId result = -1;
+  if (v.is_constant) {
+    graph::Value copy = v;  // shares the PyObjectRef: no new reference needed
+    copy.id = static_cast<ValueId>(backward_.values.size());
+    copy.producer = -1;
+    copy.meta.requires_grad = false;
+    backward_.values.push_back(std::move(copy));
+    result = backward_.values.back().id;
+  } else if (v.producer >= 0 && recomputed_views().count(forward_.nodes[v.producer].qualified_name()) &&
+             forward_.nodes[v.producer].outputs.size() == 1) {
+    graph::Node node = forward_.nodes[v.producer];
+    for (graph::ArgValue& arg : node.args)
+      if (auto* t = std::get_if<graph::TensorArg>(&arg)) t->id = forward_value(t->id);
+    graph::TensorMeta meta = v.meta;
+    meta.requires_grad = false;
+    result = backward_.add_node(std::move(node), {meta}).front();
+  } else {
+    graph::TensorMeta meta = v.meta;
+    meta.requires_grad = false;
+    result = backward_.add_input(meta);
+    saved_order_.push_back(forward_id);
+  }
+  forward_to_backward_[forward_id] = result;
+  return result;
+}
+
+std::vector<ValueId> BackwardBuilder::emit_all(const std::string& op, const std::string& overload, std::vector<Arg> args) {
+  graph::Node node;
+  node.op = op;
+  node.overload = overload;
+  node.args = std::move(args);
+  std::vector<graph::TensorMeta> metas = oracle_.complete_node(backward_, node);
+  for (auto& m : metas) m.requires_grad = false;
+  return backward_.add_node(std::move(node), std::move(metas));
+}
+
+ValueId BackwardBuilder::emit(const std::string& op, const std::string& overload, std::vector<Arg> args) {
+  std::vector<ValueId> outs = emit_all(op, overload, std::move(args));
+  KILN_ASSERT_EQ(outs.size(), 1u) << "results of " << op << "." << overload;
+  return outs.front();
+}
+
+ValueId BackwardBuilder::add(ValueId a, ValueId b) { return emit("aten::add", "Tensor", {tensor(a), tensor(b), int64_t{1}}); }
+ValueId BackwardBuilder::mul(ValueId a, ValueId b) { return emit("aten::mul", "Tensor", {tensor(a), tensor(b)}); }
+ValueId BackwardBuilder::mul(ValueId a, double scalar) {
+  if (scalar == 1.0) return a;
+  return emit("aten::mul", "Tensor", {tensor(a), scalar});
+}
+ValueId BackwardBuilder::div(ValueId a, ValueId b) { return emit("aten::div", "Tensor", {tensor(a), tensor(b)}); }
+ValueId BackwardBuilder::neg(ValueId a) { return emit("aten::neg", "default", {tensor(a)}); }
+ValueId BackwardBuilder::transpose(ValueId a, int64_t dim0, int64_t dim1) {
+  return emit("aten::transpose", "int", {tensor(a), dim0, dim1});
+}
+
+ValueId BackwardBuilder::reshape(ValueId a, const std::vector<int64_t>& sizes) {
+  if (meta(a).sizes == sizes) return a;
+  if (is_contiguous(meta(a))) return emit("aten::view", "default", {tensor(a), sizes});
+  return emit("aten::reshape", "default", {tensor(a), sizes});
+}
+
+ValueId BackwardBuilder::expand(ValueId a, const std::vector<int64_t>& sizes) {
+  if (meta(a).sizes == sizes) return a;
+  return emit("aten::expand", "default", {tensor(a), sizes, false});
+}
+
+ValueId BackwardBuilder::sum_to(ValueId grad, const std::vector<int64_t>& sizes) {
+  const std::vector<int64_t> grad_sizes = meta(grad).sizes;
+  if (grad_sizes == sizes) return grad;
+  KILN_ASSERT(grad_sizes.size() >= sizes.size()) << "gradient of rank " << grad_sizes.size()
+                                                 << " cannot be reduced to rank " << sizes.size();
+  const size_t leading = grad_sizes.size() - sizes.size();
+  std::vector<int64_t> dims;
+  for (size_t i = 0; i < grad_sizes.size(); ++i) {
+    if (i < leading) {
+      dims.push_back(static_cast<int64_t>(i));
+    } else if (sizes[i - leading] == 1 && grad_sizes[i] != 1) {
+      dims.push_back(static_cast<int64_t>(i));
+    }
+  }
+  ValueId reduced = grad;
+  if (!dims.empty())
+    reduced = emit("aten::sum", "dim_IntList", {tensor(grad), dims, true, graph::NoneArg{}});
+  return reshape(reduced, sizes);
+}
+
+ValueId BackwardBuilder::to_dtype(ValueId a, graph::ScalarType dtype) {
+  if (meta(a).dtype == dtype) return a;
+  return emit("aten::_to_copy", "default",
+              {tensor(a), graph::ScalarTypeArg{dtype}, graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}, false,
+               graph::NoneArg{}});
+}
+
+ValueId BackwardBuilder::grad_for(ValueId grad, ValueId forward_id) {
+  const graph::TensorMeta& target = forward_meta(forward_id);
+  return to_dtype(sum_to(grad, target.sizes), target.dtype);
+}
+
+}  // namespace kiln::autodiff

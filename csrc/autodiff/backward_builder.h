@@ -1,0 +1,81 @@
+#pragma once
+// Emitting backward ATen nodes into a graph::Graph (torch-free).
+//
+// Derivative rules (derivative_rules.cpp) call this builder; it owns the two things a rule must not
+// care about: where forward values come from in the backward graph (saved by the forward, or
+// recomputed there when they are views: a view costs nothing to redo and saves no bytes), and the
+// meta of every emitted node, which comes from PyTorch's own meta kernels through an OpOracle that the
+// runtime supplies (DESIGN.md: shapes are never computed again by hand).
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "graph/graph.h"
+
+namespace kiln::autodiff {
+
+using graph::ValueId;
+
+/// What building a backward graph needs from the layer that knows ATen's schemas (runtime/).
+class OpOracle {
+ public:
+  virtual ~OpOracle() = default;
+  /// `node` names an op and holds its full schema argument list (defaults included, schema order).
+  /// Fills arg_names, num_positional, mutates_args and is_view from the schema and returns the metas of
+  /// the op's results computed by its meta kernel on tensors shaped like `g`'s values. Throws a kiln
+  /// error naming the op when it is unknown or the arguments do not fit.
+  virtual std::vector<graph::TensorMeta> complete_node(const graph::Graph& g, graph::Node& node) = 0;
+};
+
+/// One argument of an emitted node: a backward value, or a constant of any other schema kind.
+using Arg = graph::ArgValue;
+inline Arg tensor(ValueId id) { return graph::TensorArg{id}; }
+
+class BackwardBuilder {
+ public:
+  BackwardBuilder(const graph::Graph& forward, graph::Graph& backward, OpOracle& oracle);
+
+  // ---- forward values in the backward graph ----------------------------------------------------
+  /// The backward value standing for forward value `forward_id`: a view node of the forward is
+  /// recomputed from its (recursively resolved) base, anything else becomes a saved value (a backward
+  /// input the forward provides). Repeated calls return the same value.
+  ValueId forward_value(ValueId forward_id);
+  const graph::TensorMeta& forward_meta(ValueId forward_id) const { return forward_.value(forward_id).meta; }
+  /// Forward values that became backward inputs, in the order they were first used.
+  const std::vector<ValueId>& saved_forward_values() const { return saved_order_; }
+
+  // ---- emitting ----------------------------------------------------------------------------------
+  /// Appends `op.overload(args...)` (full schema argument list) and returns its result values.
+  std::vector<ValueId> emit_all(const std::string& op, const std::string& overload, std::vector<Arg> args);
+  /// Like emit_all for ops with one result.
+  ValueId emit(const std::string& op, const std::string& overload, std::vector<Arg> args);
+  const graph::TensorMeta& meta(ValueId backward_id) const { return backward_.value(backward_id).meta; }
+
+  // ---- helpers shared by many rules -------------------------------------------------------------
+  ValueId add(ValueId a, ValueId b);
+  ValueId mul(ValueId a, ValueId b);
+  ValueId mul(ValueId a, double scalar);
+  ValueId div(ValueId a, ValueId b);
+  ValueId neg(ValueId a);
+  ValueId transpose(ValueId a, int64_t dim0, int64_t dim1);
+  /// view when `a` is contiguous, reshape otherwise.
+  ValueId reshape(ValueId a, const std::vector<int64_t>& sizes);
+  ValueId expand(ValueId a, const std::vector<int64_t>& sizes);
+  /// Sums `grad` over the dimensions broadcasting added, back to `sizes` (no-op when they match).
+  ValueId sum_to(ValueId grad, const std::vector<int64_t>& sizes);
+  /// Casts `a` to `dtype` when it differs (type promotion in the forward).
+  ValueId to_dtype(ValueId a, graph::ScalarType dtype);
+  /// `grad` reduced and cast so that it is a gradient for forward value `forward_id`.
+  ValueId grad_for(ValueId grad, ValueId forward_id);
+
+ private:
+  const graph::Graph& forward_;
+  graph::Graph& backward_;
+  OpOracle& oracle_;
+  std::map<ValueId, ValueId> forward_to_backward_;
+  std::vector<ValueId> saved_order_;
+};
+
+}  // namespace kiln::autodiff

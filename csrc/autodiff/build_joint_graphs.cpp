@@ -1,0 +1,122 @@
+// The joint builder: reverse walk over the captured graph, one derivative rule per node.
+//
+// Design: gradients live in a map from forward value to backward value; a node runs its rule only when
+// one of its results has a gradient, and a rule's contributions are reduced/cast to the argument's meta
+// and summed into the map. Forward values the backward reads are resolved by BackwardBuilder (saved, or
+// recomputed when they are views), so the partition falls out of the walk: whatever the backward
+// graph's inputs are after the walk is what the forward must keep.
+#include "autodiff/build_joint_graphs.h"
+
+#include <map>
+#include <set>
+
+#include "autodiff/derivative_rules.h"
+#include "common/error.h"
+
+namespace kiln::autodiff {
+
+namespace {
+
+bool differentiable(const graph::Value& v) { return v.meta.requires_grad && graph::is_floating_or_complex(v.meta.dtype); }
+
+// Captured graphs whose outputs alias inputs (views or the inputs themselves) keep eager's view
+// semantics only under the eager interpreter; an in-place op other than BatchNorm's statistics update
+// could write a value the backward reads.
+void check_supported(const graph::Graph& g) {
+  std::set<graph::ValueId> seen;
+  for (graph::ValueId id : g.outputs) {
+    const graph::Value& v = g.value(id);
+    if (v.is_input || v.is_constant) KILN_UNSUPPORTED() << "a graph output is a graph input or constant";
+    if (v.producer >= 0 && g.nodes[v.producer].is_view)
+      KILN_UNSUPPORTED() << "a graph output is a view (" << g.nodes[v.producer].qualified_name() << ")";
+    if (!seen.insert(id).second) KILN_UNSUPPORTED() << "a value is returned twice";
+  }
+  for (const graph::Node& node : g.nodes) {
+    if (!node.mutates_args) continue;
+    const DerivativeRule* rule = find_derivative_rule(node.qualified_name());
+    if (!rule || !rule->mutates_only_buffers) KILN_UNSUPPORTED() << "in-place op " << node.qualified_name();
+  }
+}
+
+// Gradient inputs are dense and contiguous: the runtime makes incoming gradients so before the call.
+graph::TensorMeta gradient_meta(const graph::TensorMeta& output) {
+  graph::TensorMeta meta = output;
+  meta.strides = graph::contiguous_strides(meta.sizes);
+  meta.storage_offset = 0;
+  meta.requires_grad = false;
+  return meta;
+}
+
+}  // namespace
+
+JointGraphs build_joint_graphs(const graph::Graph& captured, OpOracle& oracle) {
+  check_supported(captured);
+  JointGraphs joint;
+  joint.backward = std::make_shared<graph::Graph>();
+  BackwardBuilder b(captured, *joint.backward, oracle);
+
+  // Gradients reaching each forward value, in the backward graph.
+  std::map<graph::ValueId, graph::ValueId> grads;
+  auto accumulate = [&](graph::ValueId forward_id, graph::ValueId grad) {
+    auto it = grads.find(forward_id);
+    grads[forward_id] = it == grads.end() ? grad : b.add(it->second, grad);
+  };
+
+  joint.num_outputs = captured.outputs.size();
+  for (graph::ValueId id : captured.outputs) {
+    const graph::Value& v = captured.value(id);
+    joint.output_differentiable.push_back(differentiable(v));
+    if (differentiable(v)) accumulate(id, joint.backward->add_input(gradient_meta(v.meta)));
+  }
+
+  for (size_t n = captured.nodes.size(); n-- > 0;) {
+    const graph::Node& node = captured.nodes[n];
+    std::vector<std::optional<graph::ValueId>> grad_outputs;
+    bool any = false;
+    for (graph::ValueId out : node.outputs) {
+      auto it = grads.find(out);
+      grad_outputs.push_back(it == grads.end() ? std::nullopt : std::optional<graph::ValueId>(it->second));
+      any = any || it != grads.end();
+    }
+    if (!any || is_non_differentiable_op(node.qualified_name())) continue;
+    const DerivativeRule* rule = find_derivative_rule(node.qualified_name());
+    if (!rule) KILN_UNSUPPORTED() << "no derivative rule for " << node.qualified_name();
+    for (size_t i = rule->differentiable_results; i < grad_outputs.size(); ++i)
+      if (grad_outputs[i]) KILN_UNSUPPORTED() << "a gradient reaches result " << i << " of " << node.qualified_name();
+    if (!grad_outputs[0]) continue;
+    RuleCall call(b, captured, node, std::move(grad_outputs));
+    rule->emit(call);
+    for (const auto& [arg_index, grad] : call.grads()) {
+      const graph::ValueId forward_id = std::get<graph::TensorArg>(node.args.at(arg_index)).id;
+      if (!differentiable(captured.value(forward_id))) continue;
+      accumulate(forward_id, b.grad_for(grad, forward_id));
+    }
+  }
+
+  // Backward outputs: the gradients of the captured inputs that require grad and received one.
+  std::vector<graph::ValueId> backward_outputs;
+  for (graph::ValueId id : captured.inputs) {
+    const graph::Value& v = captured.value(id);
+    auto it = grads.find(id);
+    if (!differentiable(v) || it == grads.end()) continue;
+    joint.grad_inputs.push_back(v.input_index);
+    backward_outputs.push_back(it->second);
+  }
+  joint.backward->set_outputs(backward_outputs);
+
+  // The forward: the captured graph run with grad off, returning the saved intermediates too.
+  joint.forward = std::make_shared<graph::Graph>(captured);
+  for (graph::Value& v : joint.forward->values) v.meta.requires_grad = false;
+  std::vector<graph::ValueId> forward_outputs = captured.outputs;
+  for (graph::ValueId saved : b.saved_forward_values()) {
+    const graph::Value& v = captured.value(saved);
+    joint.saved_from_input.push_back(v.is_input ? v.input_index : -1);
+    if (!v.is_input) forward_outputs.push_back(saved);
+  }
+  joint.forward->set_outputs(forward_outputs);
+  joint.forward->verify();
+  joint.backward->verify();
+  return joint;
+}
+
+}  // namespace kiln::autodiff

@@ -1,0 +1,34 @@
+#pragma once
+// Ahead-of-time autodiff: one captured graph -> a forward graph and a backward graph.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "autodiff/backward_builder.h"
+#include "graph/graph.h"
+
+namespace kiln::autodiff {
+
+struct JointGraphs {
+  /// The captured graph with no requires_grad flags (it runs with grad off); its outputs are the
+  /// captured outputs followed by the saved intermediates (backward_saved[i] with from_input < 0).
+  std::shared_ptr<graph::Graph> forward;
+  /// Inputs: one gradient per differentiable captured output (in output order), then the saved values.
+  /// Outputs: one gradient per captured input that requires grad (in input order).
+  std::shared_ptr<graph::Graph> backward;
+  size_t num_outputs = 0;                 // captured outputs (the forward graph's first outputs)
+  std::vector<bool> output_differentiable;  // per captured output: floating and requires grad
+  /// Per saved value (backward inputs after the gradients): the captured input index it is, or -1 when
+  /// it is a forward intermediate (taken from the forward's outputs in order).
+  std::vector<int32_t> saved_from_input;
+  std::vector<int32_t> grad_inputs;  // backward output i is the gradient of captured input grad_inputs[i]
+};
+
+/// Builds the joint graphs. Partition policy (first slice): the backward reads forward values as
+/// saved tensors, except views, which it recomputes from their saved base; inputs are saved by
+/// reference (no forward output needed). Throws kiln::Error of kind Unsupported (naming the op) when
+/// a node on a gradient path has no derivative rule, a non-differentiable result receives a gradient,
+/// or the graph mutates something it must not; callers then keep the eager interpreter.
+JointGraphs build_joint_graphs(const graph::Graph& captured, OpOracle& oracle);
+
+}  // namespace kiln::autodiff

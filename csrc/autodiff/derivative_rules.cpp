@@ -1,0 +1,381 @@
+// Derivative rules for the ATen ops the tracer records with grad on (seed models: MLP, Conv+ReLU,
+// TransformerBlock, ResNet). Each rule mirrors the formula eager autograd uses for that op
+// (tools/autograd/derivatives.yaml in PyTorch), so gradients agree to rounding: same backward ops
+// (threshold_backward, _softmax_backward_data, native_layer_norm_backward ...), same operand order.
+#include "autodiff/derivative_rules.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <set>
+
+#include "common/error.h"
+
+namespace kiln::autodiff {
+
+// ---- RuleCall --------------------------------------------------------------------------------------
+bool RuleCall::is_tensor(size_t index) const { return std::holds_alternative<graph::TensorArg>(node_.args.at(index)); }
+bool RuleCall::is_none(size_t index) const { return std::holds_alternative<graph::NoneArg>(node_.args.at(index)); }
+
+bool RuleCall::needs(size_t index) const {
+  if (!is_tensor(index)) return false;
+  const graph::Value& v = forward_.value(std::get<graph::TensorArg>(node_.args[index]).id);
+  return v.meta.requires_grad && graph::is_floating_or_complex(v.meta.dtype);
+}
+
+ValueId RuleCall::input(size_t index) {
+  KILN_ASSERT(is_tensor(index)) << node_.qualified_name() << " argument " << index << " is not a tensor";
+  return b.forward_value(std::get<graph::TensorArg>(node_.args[index]).id);
+}
+
+ValueId RuleCall::result(size_t index) { return b.forward_value(node_.outputs.at(index)); }
+
+const graph::TensorMeta& RuleCall::input_meta(size_t index) const {
+  KILN_ASSERT(is_tensor(index)) << node_.qualified_name() << " argument " << index << " is not a tensor";
+  return forward_.value(std::get<graph::TensorArg>(node_.args[index]).id).meta;
+}
+
+int64_t RuleCall::int_arg(size_t index) const {
+  const auto* v = std::get_if<int64_t>(&node_.args.at(index));
+  KILN_ASSERT(v) << node_.qualified_name() << " argument " << index << " is not an int";
+  return *v;
+}
+
+double RuleCall::number_arg(size_t index) const {
+  const graph::ArgValue& a = node_.args.at(index);
+  if (const auto* d = std::get_if<double>(&a)) return *d;
+  if (const auto* i = std::get_if<int64_t>(&a)) return static_cast<double>(*i);
+  if (const auto* flag = std::get_if<bool>(&a)) return *flag ? 1.0 : 0.0;
+  KILN_UNSUPPORTED() << node_.qualified_name() << " argument " << index << " is not a real number";
+}
+
+bool RuleCall::bool_arg(size_t index) const {
+  const auto* v = std::get_if<bool>(&node_.args.at(index));
+  KILN_ASSERT(v) << node_.qualified_name() << " argument " << index << " is not a bool";
+  return *v;
+}
+
+std::vector<int64_t> RuleCall::ints_arg(size_t index) const {
+  const graph::ArgValue& a = node_.args.at(index);
+  if (const auto* v = std::get_if<std::vector<int64_t>>(&a)) return *v;
+  if (const auto* i = std::get_if<int64_t>(&a)) return {*i};
+  if (std::holds_alternative<graph::NoneArg>(a)) return {};
+  KILN_ASSERT(false) << node_.qualified_name() << " argument " << index << " is not an int list";
+  return {};
+}
+
+void RuleCall::set(size_t index, ValueId grad) {
+  auto it = grads_.find(index);
+  grads_[index] = it == grads_.end() ? grad : b.add(it->second, grad);
+}
+
+namespace {
+
+int64_t normalize_dim(int64_t dim, size_t rank) { return dim < 0 ? dim + static_cast<int64_t>(rank) : dim; }
+
+// ---- linear algebra ----------------------------------------------------------------------------------
+ValueId t(RuleCall& c, ValueId v) { return c.b.emit("aten::t", "default", {tensor(v)}); }
+ValueId mm(RuleCall& c, ValueId a, ValueId b) { return c.b.emit("aten::mm", "default", {tensor(a), tensor(b)}); }
+
+void rule_mm(RuleCall& c) {
+  if (c.needs(0)) c.set(0, mm(c, c.grad(), t(c, c.input(1))));
+  if (c.needs(1)) c.set(1, mm(c, t(c, c.input(0)), c.grad()));
+}
+
+void rule_addmm(RuleCall& c) {  // addmm(self, mat1, mat2, *, beta, alpha)
+  const double beta = c.number_arg(3), alpha = c.number_arg(4);
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), beta));
+  if (c.needs(1)) c.set(1, c.b.mul(mm(c, c.grad(), t(c, c.input(2))), alpha));
+  if (c.needs(2)) c.set(2, c.b.mul(mm(c, t(c, c.input(1)), c.grad()), alpha));
+}
+
+void rule_bmm(RuleCall& c) {
+  auto bmm = [&](ValueId a, ValueId b) { return c.b.emit("aten::bmm", "default", {tensor(a), tensor(b)}); };
+  if (c.needs(0)) c.set(0, bmm(c.grad(), c.b.transpose(c.input(1), 1, 2)));
+  if (c.needs(1)) c.set(1, bmm(c.b.transpose(c.input(0), 1, 2), c.grad()));
+}
+
+// ---- pointwise -------------------------------------------------------------------------------------
+void rule_add_tensor(RuleCall& c) {  // add.Tensor(self, other, *, alpha); other may be a number
+  if (c.needs(0)) c.set(0, c.grad());
+  if (c.needs(1)) c.set(1, c.b.mul(c.grad(), c.number_arg(2)));
+}
+
+void rule_sub_tensor(RuleCall& c) {
+  if (c.needs(0)) c.set(0, c.grad());
+  if (c.needs(1)) {
+    const double alpha = c.number_arg(2);
+    c.set(1, alpha == 1.0 ? c.b.neg(c.grad()) : c.b.mul(c.grad(), -alpha));
+  }
+}
+
+void rule_identity(RuleCall& c) {  // add.Scalar, sub.Scalar, clone, alias, _to_copy, expand (grad_for reduces)
+  if (c.needs(0)) c.set(0, c.grad());
+}
+
+void rule_mul_tensor(RuleCall& c) {
+  if (!c.is_tensor(1)) {
+    if (c.needs(0)) c.set(0, c.b.emit("aten::mul", "Tensor", {tensor(c.grad()), c.arg(1)}));
+    return;
+  }
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), c.input(1)));
+  if (c.needs(1)) c.set(1, c.b.mul(c.grad(), c.input(0)));
+}
+
+void rule_mul_scalar(RuleCall& c) {
+  if (c.needs(0)) c.set(0, c.b.emit("aten::mul", "Scalar", {tensor(c.grad()), c.arg(1)}));
+}
+
+void rule_div_tensor(RuleCall& c) {
+  if (!c.is_tensor(1)) {
+    if (c.needs(0)) c.set(0, c.b.emit("aten::div", "Tensor", {tensor(c.grad()), c.arg(1)}));
+    return;
+  }
+  if (c.needs(0)) c.set(0, c.b.div(c.grad(), c.input(1)));
+  if (c.needs(1)) {
+    // d(a/b)/db = -grad * a / (b * b), as eager's div_tensor_other_backward
+    ValueId other = c.input(1);
+    c.set(1, c.b.mul(c.b.neg(c.grad()), c.b.div(c.b.div(c.input(0), other), other)));
+  }
+}
+
+void rule_div_scalar(RuleCall& c) {
+  if (c.needs(0)) c.set(0, c.b.emit("aten::div", "Scalar", {tensor(c.grad()), c.arg(1)}));
+}
+
+void rule_neg(RuleCall& c) {
+  if (c.needs(0)) c.set(0, c.b.neg(c.grad()));
+}
+void rule_exp(RuleCall& c) {
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), c.result(0)));
+}
+void rule_tanh(RuleCall& c) {
+  if (c.needs(0)) c.set(0, c.b.emit("aten::tanh_backward", "default", {tensor(c.grad()), tensor(c.result(0))}));
+}
+void rule_sigmoid(RuleCall& c) {
+  if (c.needs(0)) c.set(0, c.b.emit("aten::sigmoid_backward", "default", {tensor(c.grad()), tensor(c.result(0))}));
+}
+void rule_relu(RuleCall& c) {
+  if (c.needs(0))
+    c.set(0, c.b.emit("aten::threshold_backward", "default", {tensor(c.grad()), tensor(c.result(0)), int64_t{0}}));
+}
+void rule_gelu(RuleCall& c) {  // gelu(self, *, approximate)
+  if (c.needs(0)) c.set(0, c.b.emit("aten::gelu_backward", "default", {tensor(c.grad()), tensor(c.input(0)), c.arg(1)}));
+}
+void rule_silu(RuleCall& c) {
+  if (c.needs(0)) c.set(0, c.b.emit("aten::silu_backward", "default", {tensor(c.grad()), tensor(c.input(0))}));
+}
+void rule_pow_tensor_scalar(RuleCall& c) {  // grad * e * self^(e-1)
+  if (!c.needs(0)) return;
+  const double e = c.number_arg(1);
+  if (e == 0.0) KILN_UNSUPPORTED() << "pow with exponent 0";
+  ValueId power = e == 2.0 ? c.input(0) : c.b.emit("aten::pow", "Tensor_Scalar", {tensor(c.input(0)), e - 1.0});
+  c.set(0, c.b.mul(c.b.mul(c.grad(), e), power));
+}
+
+// ---- shapes and views --------------------------------------------------------------------------------
+void rule_reshape_back(RuleCall& c) {  // view, _unsafe_view, reshape, squeeze*, unsqueeze
+  if (c.needs(0)) c.set(0, c.b.reshape(c.grad(), c.input_meta(0).sizes));
+}
+void rule_t(RuleCall& c) {
+  if (c.needs(0)) c.set(0, t(c, c.grad()));
+}
+void rule_transpose(RuleCall& c) {
+  if (c.needs(0)) c.set(0, c.b.transpose(c.grad(), c.int_arg(1), c.int_arg(2)));
+}
+void rule_permute(RuleCall& c) {
+  if (!c.needs(0)) return;
+  const std::vector<int64_t> dims = c.ints_arg(1);
+  std::vector<int64_t> inverse(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) inverse[normalize_dim(dims[i], dims.size())] = static_cast<int64_t>(i);
+  c.set(0, c.b.emit("aten::permute", "default", {tensor(c.grad()), inverse}));
+}
+void rule_select(RuleCall& c) {  // select.int(self, dim, index)
+  if (c.needs(0))
+    c.set(0, c.b.emit("aten::select_backward", "default",
+                      {tensor(c.grad()), c.input_meta(0).sizes, c.int_arg(1), c.int_arg(2)}));
+}
+void rule_slice(RuleCall& c) {  // slice.Tensor(self, dim, start?, end?, step)
+  if (!c.needs(0)) return;
+  const int64_t start = c.is_none(2) ? 0 : c.int_arg(2);
+  const int64_t end = c.is_none(3) ? std::numeric_limits<int64_t>::max() : c.int_arg(3);
+  c.set(0, c.b.emit("aten::slice_backward", "default",
+                    {tensor(c.grad()), c.input_meta(0).sizes, c.int_arg(1), start, end, c.int_arg(4)}));
+}
+
+// ---- reductions ------------------------------------------------------------------------------------
+// grad of a reduction over `dims` (empty: all) back to the input's shape, scaled by `scale`.
+void reduction_back(RuleCall& c, const std::vector<int64_t>& dims, bool keepdim, bool mean) {
+  if (!c.needs(0)) return;
+  const std::vector<int64_t>& sizes = c.input_meta(0).sizes;
+  std::vector<int64_t> kept = sizes;
+  int64_t count = 1;
+  std::set<int64_t> reduced;
+  for (int64_t d : dims) reduced.insert(normalize_dim(d, sizes.size()));
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (dims.empty() || reduced.count(static_cast<int64_t>(i))) {
+      kept[i] = 1;
+      count *= sizes[i];
+    }
+  }
+  ValueId g = c.grad();
+  if (!keepdim) g = c.b.reshape(g, kept);
+  g = c.b.expand(g, sizes);
+  if (mean) g = c.b.emit("aten::div", "Tensor", {tensor(g), count});
+  c.set(0, g);
+}
+void rule_sum(RuleCall& c) { reduction_back(c, {}, false, false); }
+void rule_sum_dim(RuleCall& c) { reduction_back(c, c.ints_arg(1), c.bool_arg(2), false); }
+void rule_mean(RuleCall& c) { reduction_back(c, {}, false, true); }
+void rule_mean_dim(RuleCall& c) { reduction_back(c, c.ints_arg(1), c.bool_arg(2), true); }
+
+// ---- neural network ops ------------------------------------------------------------------------------
+void rule_softmax(RuleCall& c) {  // _softmax(self, dim, half_to_float)
+  if (c.needs(0))
+    c.set(0, c.b.emit("aten::_softmax_backward_data", "default",
+                      {tensor(c.grad()), tensor(c.result(0)), c.int_arg(1), graph::ScalarTypeArg{c.input_meta(0).dtype}}));
+}
+void rule_log_softmax(RuleCall& c) {
+  if (c.needs(0))
+    c.set(0, c.b.emit("aten::_log_softmax_backward_data", "default",
+                      {tensor(c.grad()), tensor(c.result(0)), c.int_arg(1), graph::ScalarTypeArg{c.input_meta(0).dtype}}));
+}
+
+graph::ArgValue optional_tensor(RuleCall& c, size_t index) {
+  return c.is_tensor(index) ? tensor(c.input(index)) : graph::ArgValue{graph::NoneArg{}};
+}
+
+// Sets the grads of `args` from a backward op that returns (grad_input, grad_weight, grad_bias) under a mask.
+void set_masked(RuleCall& c, const std::vector<ValueId>& grads, const std::vector<size_t>& args, const std::vector<bool>& mask) {
+  for (size_t i = 0; i < args.size(); ++i)
+    if (mask[i]) c.set(args[i], grads.at(i));
+}
+
+void rule_native_layer_norm(RuleCall& c) {  // (input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd)
+  const std::vector<bool> mask = {c.needs(0), c.needs(2), c.needs(3)};
+  auto grads = c.b.emit_all("aten::native_layer_norm_backward", "default",
+                            {tensor(c.grad()), tensor(c.input(0)), c.arg(1), tensor(c.result(1)), tensor(c.result(2)),
+                             optional_tensor(c, 2), optional_tensor(c, 3), mask});
+  set_masked(c, grads, {0, 2, 3}, mask);
+}
+
+void rule_convolution(RuleCall& c) {  // (input, weight, bias?, stride, padding, dilation, transposed, output_padding, groups)
+  const std::vector<bool> mask = {c.needs(0), c.needs(1), c.needs(2)};
+  graph::ArgValue bias_sizes = graph::NoneArg{};
+  if (c.is_tensor(2)) bias_sizes = c.input_meta(2).sizes;
+  auto grads = c.b.emit_all("aten::convolution_backward", "default",
+                            {tensor(c.grad()), tensor(c.input(0)), tensor(c.input(1)), bias_sizes, c.arg(3), c.arg(4),
+                             c.arg(5), c.arg(6), c.arg(7), c.arg(8), mask});
+  set_masked(c, grads, {0, 1, 2}, mask);
+}
+
+// native_batch_norm_backward(grad_out, input, weight?, running_mean?, running_var?, save_mean?, save_invstd?,
+//                            train, eps, output_mask)
+// Outside training the batch statistics are empty tensors and the backward reads the running ones.
+graph::ArgValue saved_statistic(RuleCall& c, size_t result, bool train) {
+  return train ? tensor(c.result(result)) : graph::ArgValue{graph::NoneArg{}};
+}
+
+void batch_norm_back(RuleCall& c, bool train, double eps) {
+  const std::vector<bool> mask = {c.needs(0), c.needs(1), c.needs(2)};
+  auto grads = c.b.emit_all("aten::native_batch_norm_backward", "default",
+                            {tensor(c.grad()), tensor(c.input(0)), optional_tensor(c, 1), optional_tensor(c, 3),
+                             optional_tensor(c, 4), saved_statistic(c, 1, train), saved_statistic(c, 2, train), train, eps,
+                             mask});
+  set_masked(c, grads, {0, 1, 2}, mask);
+}
+// native_batch_norm / _native_batch_norm_legit(input, weight?, bias?, running_mean?, running_var?, training, momentum, eps)
+void rule_batch_norm(RuleCall& c) { batch_norm_back(c, c.bool_arg(5), c.number_arg(7)); }
+// _native_batch_norm_legit_no_training(input, weight?, bias?, running_mean, running_var, momentum, eps)
+void rule_batch_norm_no_training(RuleCall& c) { batch_norm_back(c, false, c.number_arg(6)); }
+
+void rule_native_dropout(RuleCall& c) {  // native_dropout(input, p, train?) -> (out, mask)
+  if (!c.needs(0)) return;
+  const double p = c.number_arg(1);
+  const bool train = !c.is_none(2) && c.bool_arg(2);
+  const double scale = !train ? 1.0 : (p == 1.0 ? 0.0 : 1.0 / (1.0 - p));
+  c.set(0, c.b.emit("aten::native_dropout_backward", "default", {tensor(c.grad()), tensor(c.result(1)), scale}));
+}
+
+void rule_embedding(RuleCall& c) {  // embedding(weight, indices, padding_idx, scale_grad_by_freq, sparse)
+  if (!c.needs(0)) return;
+  if (c.bool_arg(4)) KILN_UNSUPPORTED() << "embedding with sparse=True";
+  c.set(0, c.b.emit("aten::embedding_dense_backward", "default",
+                    {tensor(c.grad()), tensor(c.input(1)), c.input_meta(0).sizes.at(0), c.arg(2), c.arg(3)}));
+}
+
+const std::map<std::string, DerivativeRule>& rule_table() {
+  static const std::map<std::string, DerivativeRule> table = {
+      {"aten::mm.default", {rule_mm}},
+      {"aten::addmm.default", {rule_addmm}},
+      {"aten::bmm.default", {rule_bmm}},
+      {"aten::add.Tensor", {rule_add_tensor}},
+      {"aten::add.Scalar", {rule_identity}},
+      {"aten::sub.Tensor", {rule_sub_tensor}},
+      {"aten::sub.Scalar", {rule_identity}},
+      {"aten::mul.Tensor", {rule_mul_tensor}},
+      {"aten::mul.Scalar", {rule_mul_scalar}},
+      {"aten::div.Tensor", {rule_div_tensor}},
+      {"aten::div.Scalar", {rule_div_scalar}},
+      {"aten::neg.default", {rule_neg}},
+      {"aten::exp.default", {rule_exp}},
+      {"aten::tanh.default", {rule_tanh}},
+      {"aten::sigmoid.default", {rule_sigmoid}},
+      {"aten::relu.default", {rule_relu}},
+      {"aten::gelu.default", {rule_gelu}},
+      {"aten::silu.default", {rule_silu}},
+      {"aten::pow.Tensor_Scalar", {rule_pow_tensor_scalar}},
+      {"aten::clone.default", {rule_identity}},
+      {"aten::alias.default", {rule_identity}},
+      {"aten::_to_copy.default", {rule_identity}},
+      {"aten::expand.default", {rule_identity}},
+      {"aten::view.default", {rule_reshape_back}},
+      {"aten::_unsafe_view.default", {rule_reshape_back}},
+      {"aten::reshape.default", {rule_reshape_back}},
+      {"aten::unsqueeze.default", {rule_reshape_back}},
+      {"aten::squeeze.dim", {rule_reshape_back}},
+      {"aten::squeeze.dims", {rule_reshape_back}},
+      {"aten::squeeze.default", {rule_reshape_back}},
+      {"aten::t.default", {rule_t}},
+      {"aten::transpose.int", {rule_transpose}},
+      {"aten::permute.default", {rule_permute}},
+      {"aten::select.int", {rule_select}},
+      {"aten::slice.Tensor", {rule_slice}},
+      {"aten::sum.default", {rule_sum}},
+      {"aten::sum.dim_IntList", {rule_sum_dim}},
+      {"aten::mean.default", {rule_mean}},
+      {"aten::mean.dim", {rule_mean_dim}},
+      {"aten::_softmax.default", {rule_softmax}},
+      {"aten::_log_softmax.default", {rule_log_softmax}},
+      {"aten::native_layer_norm.default", {rule_native_layer_norm}},
+      {"aten::convolution.default", {rule_convolution}},
+      {"aten::native_batch_norm.default", {rule_batch_norm, 1, true}},
+      {"aten::_native_batch_norm_legit.default", {rule_batch_norm, 1, true}},
+      {"aten::_native_batch_norm_legit_no_training.default", {rule_batch_norm_no_training}},
+      {"aten::native_dropout.default", {rule_native_dropout}},
+      {"aten::embedding.default", {rule_embedding}},
+  };
+  return table;
+}
+
+}  // namespace
+
+const DerivativeRule* find_derivative_rule(const std::string& qualified_name) {
+  const auto& table = rule_table();
+  auto it = table.find(qualified_name);
+  return it == table.end() ? nullptr : &it->second;
+}
+
+bool is_non_differentiable_op(const std::string& qualified_name) {
+  static const std::set<std::string> ops = {"aten::detach.default", "aten::ones_like.default",
+                                            "aten::zeros_like.default", "aten::empty_like.default"};
+  return ops.count(qualified_name) > 0;
+}
+
+std::vector<std::string> differentiable_ops() {
+  std::vector<std::string> names;
+  for (const auto& [name, rule] : rule_table()) names.push_back(name);
+  return names;
+}
+
+}  // namespace kiln::autodiff

@@ -1,0 +1,65 @@
+// kiln._C.compiler_stats / reset_compiler_stats / compiled_graph_summary / decomposed_ops: introspection of
+// the "kiln" backend (fusion, C++ code generation and its cache).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "bindings/module_register.h"
+#include "cache/kernel_cache.h"
+#include "decomp/decompositions.h"
+#include "runtime/compiled_graph.h"
+#include "runtime/kernel_graph.h"
+
+namespace py = pybind11;
+
+namespace kiln::bindings {
+
+void register_compiler(py::module_& m) {
+  m.def("set_compiled_autograd", &runtime::set_compiled_autograd, py::arg("on"));
+  m.def("compiled_autograd", &runtime::compiled_autograd);
+  m.def(
+      "compiler_stats",
+      [] {
+        const auto& c = cache::stats();
+        const auto& b = runtime::kiln_backend_stats();
+        py::dict d;
+        d["kernels_compiled"] = c.kernels_compiled;
+        d["cache_hits"] = c.cache_hits;
+        d["memory_hits"] = c.memory_hits;
+        d["corrupt_entries"] = c.corrupt_entries;
+        d["compile_failures"] = c.compile_failures;
+        d["graphs_compiled"] = b.graphs_compiled;
+        d["graphs_fallback"] = b.graphs_fallback;
+        d["graphs_autograd"] = b.graphs_autograd;
+        d["last_fallback_reason"] = b.last_fallback_reason;
+        return d;
+      },
+      "counters of the kiln backend: kernels_compiled (C++ compiler runs), cache_hits (libraries loaded from "
+      "KILN_CACHE_DIR), memory_hits, corrupt_entries, compile_failures, graphs_compiled, graphs_fallback, "
+      "last_fallback_reason");
+  m.def(
+      "reset_compiler_stats",
+      [] {
+        cache::stats() = {};
+        runtime::kiln_backend_stats() = {};
+      },
+      "zero compiler_stats()");
+  m.def(
+      "compiled_graph_summary",
+      [](const std::shared_ptr<runtime::CompiledGraph>& compiled) -> py::object {
+        const auto* s = runtime::kiln_graph_summary(*compiled);
+        if (!s) return py::none();
+        py::dict d;
+        d["backend"] = s->backend;
+        d["fallback_reason"] = s->fallback_reason;
+        d["kernels"] = s->kernels;
+        d["externs"] = s->externs;
+        d["source"] = s->source;
+        return d;
+      },
+      py::arg("compiled"),
+      "for a graph compiled by the kiln backend: {backend: 'kiln'|'eager', fallback_reason, kernels: [names], "
+      "externs: [op overloads], source: generated C++}; None for other backends");
+  m.def("decomposed_ops", &decomp::decomposed_ops, "op overloads the kiln backend decomposes into prims");
+}
+
+}  // namespace kiln::bindings

@@ -1,0 +1,124 @@
+// On-disk cache: atomic publication and checksummed lookup (see kernel_cache.h).
+#include "cache/kernel_cache.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "common/error.h"
+
+namespace kiln::cache {
+
+namespace {
+
+uint64_t fnv1a(const std::string& data, uint64_t seed) {
+  uint64_t h = seed;
+  for (unsigned char c : data) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+void make_dirs(const std::string& path) {
+  std::string partial;
+  std::stringstream parts(path);
+  std::string piece;
+  if (!path.empty() && path[0] == '/') partial = "/";
+  while (std::getline(parts, piece, '/')) {
+    if (piece.empty()) continue;
+    partial += piece + "/";
+    if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST)
+      KILN_CHECK(false) << "cannot create the cache directory " << partial << ": " << std::strerror(errno)
+                        << " (set KILN_CACHE_DIR to a writable directory)";
+  }
+}
+
+bool read_file(const std::string& path, std::string& out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  out = buffer.str();
+  return true;
+}
+
+std::string checksum(const std::string& content) {
+  return std::to_string(content.size()) + " " + hash_hex(content);
+}
+
+std::string entry_dir(const std::string& kind) { return cache_root() + "/" + kind; }
+
+}  // namespace
+
+std::string cache_root() {
+  if (const char* dir = std::getenv("KILN_CACHE_DIR"); dir && *dir) return dir;
+  const char* home = std::getenv("HOME");
+  return std::string(home && *home ? home : "/tmp") + "/.cache/kiln";
+}
+
+std::string hash_hex(const std::string& data) {
+  return hex64(fnv1a(data, 14695981039346656037ull)) + hex64(fnv1a(data, 0x9e3779b97f4a7c15ull));
+}
+
+CacheStats& stats() {
+  static CacheStats s;
+  return s;
+}
+
+std::optional<std::string> lookup(const std::string& kind, const std::string& key, const std::string& suffix) {
+  const std::string path = entry_dir(kind) + "/" + key + suffix;
+  std::string content, recorded;
+  if (!read_file(path, content)) return std::nullopt;
+  if (!read_file(path + ".sum", recorded) || recorded != checksum(content)) {
+    stats().corrupt_entries++;
+    return std::nullopt;
+  }
+  return path;
+}
+
+std::string temporary_path(const std::string& kind, const std::string& key, const std::string& suffix) {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t salt = std::random_device{}();
+  make_dirs(entry_dir(kind));
+  return entry_dir(kind) + "/" + key + ".tmp." + std::to_string(::getpid()) + "." + hex64(salt ^ counter++) + suffix;
+}
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string temp = path + ".tmp." + std::to_string(::getpid()) + "." + hash_hex(path + text).substr(0, 8);
+  {
+    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
+    KILN_CHECK(static_cast<bool>(out)) << "cannot write " << temp << ": " << std::strerror(errno);
+    out << text;
+    out.flush();
+    KILN_CHECK(static_cast<bool>(out)) << "cannot write " << temp << ": " << std::strerror(errno);
+  }
+  KILN_CHECK(std::rename(temp.c_str(), path.c_str()) == 0)
+      << "cannot move " << temp << " to " << path << ": " << std::strerror(errno);
+}
+
+std::string publish(const std::string& kind, const std::string& key, const std::string& suffix, const std::string& built) {
+  std::string content;
+  KILN_CHECK(read_file(built, content)) << "the compiled artefact " << built << " is missing";
+  const std::string path = entry_dir(kind) + "/" + key + suffix;
+  KILN_CHECK(std::rename(built.c_str(), path.c_str()) == 0)
+      << "cannot move " << built << " into the cache at " << path << ": " << std::strerror(errno);
+  write_file_atomically(path + ".sum", checksum(content));
+  return path;
+}
+
+}  // namespace kiln::cache

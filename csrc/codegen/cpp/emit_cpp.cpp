@@ -1,0 +1,406 @@
+// C++/OpenMP code generation from the loop IR.
+//
+// Design: the kernel's domain is first turned into loops: outer dims, then reduced dims, dropping size-1
+// dims and merging neighbours that every access walks contiguously (so a contiguous pointwise kernel is one
+// flat loop, `#pragma omp parallel for simd`). Per outer index the body computes each reduction in its own
+// loop over the reduced dims (recomputing the pointwise prologue it needs: loads are cheap next to a
+// second pass over memory), then the per-outer values and stores, then one more loop over the reduced dims
+// for stores that run along them (softmax's output, layer norm's y). Expressions that do not depend on a
+// reduced loop variable are emitted once, before the loop that needs them.
+#include "codegen/cpp/emit_cpp.h"
+
+#include <cmath>
+#include <functional>
+#include <iomanip>
+#include <limits>
+#include <sstream>
+
+#include "common/error.h"
+#include "device_lib/cpp_prelude.h"
+
+namespace kiln::codegen::cpp {
+
+using decomp::PrimOp;
+using fusion::Expr;
+using fusion::ExprKind;
+using fusion::Kernel;
+using graph::ScalarType;
+
+namespace {
+
+constexpr int64_t kParallelThreshold = 32768;  // elements below which threads cost more than they save
+
+const char* storage_type(ScalarType t) {
+  switch (t) {
+    case ScalarType::Bool: return "bool";
+    case ScalarType::Byte: return "uint8_t";
+    case ScalarType::Char: return "int8_t";
+    case ScalarType::Short: return "int16_t";
+    case ScalarType::Int: return "int32_t";
+    case ScalarType::Long: return "int64_t";
+    case ScalarType::Half: return "kiln_half";
+    case ScalarType::BFloat16: return "kiln_bf16";
+    case ScalarType::Float: return "float";
+    case ScalarType::Double: return "double";
+    default: KILN_ASSERT(false) << "no C++ type for dtype " << graph::scalar_type_name(t); return "";
+  }
+}
+
+const char* compute_type(ScalarType t) {
+  return (t == ScalarType::Half || t == ScalarType::BFloat16) ? "float" : storage_type(t);
+}
+
+std::string literal(double v, ScalarType t) {
+  std::ostringstream out;
+  const std::string ct = compute_type(t);
+  if (t == ScalarType::Bool) return v != 0 ? "true" : "false";
+  if (!graph::is_floating_or_complex(t)) {
+    out << "static_cast<" << ct << ">(INT64_C(" << static_cast<int64_t>(v) << "))";
+    return out.str();
+  }
+  if (std::isnan(v)) return "std::numeric_limits<" + ct + ">::quiet_NaN()";
+  if (std::isinf(v)) return std::string(v < 0 ? "-" : "") + "std::numeric_limits<" + ct + ">::infinity()";
+  out << "static_cast<" << ct << ">(" << std::setprecision(17) << v << ")";
+  return out.str();
+}
+
+// Format strings of the prims: $a $b are operand names, $T the compute type.
+const char* prim_format(PrimOp op) {
+  switch (op) {
+    case PrimOp::Neg: return "(-$a)";
+    case PrimOp::Abs: return "std::abs($a)";
+    case PrimOp::Exp: return "kiln_exp($a)";
+    case PrimOp::Log: return "std::log($a)";
+    case PrimOp::Sqrt: return "std::sqrt($a)";
+    case PrimOp::Rsqrt: return "kiln_rsqrt($a)";
+    case PrimOp::Tanh: return "std::tanh($a)";
+    case PrimOp::Sigmoid: return "kiln_sigmoid($a)";
+    case PrimOp::Erf: return "std::erf($a)";
+    case PrimOp::LogicalNot: return "(!$a)";
+    case PrimOp::Add: return "($a + $b)";
+    case PrimOp::Sub: return "($a - $b)";
+    case PrimOp::Mul: return "($a * $b)";
+    case PrimOp::Div: return "($a / $b)";
+    case PrimOp::Maximum: return "kiln_max<$T>($a, $b)";
+    case PrimOp::Minimum: return "kiln_min<$T>($a, $b)";
+    case PrimOp::Pow: return "std::pow($a, $b)";
+    case PrimOp::Lt: return "($a < $b)";
+    case PrimOp::Le: return "($a <= $b)";
+    case PrimOp::Gt: return "($a > $b)";
+    case PrimOp::Ge: return "($a >= $b)";
+    case PrimOp::Eq: return "($a == $b)";
+    case PrimOp::Ne: return "($a != $b)";
+    case PrimOp::LogicalAnd: return "($a && $b)";
+    case PrimOp::LogicalOr: return "($a || $b)";
+    case PrimOp::Where: return "($a ? $b : $c)";
+  }
+  return "";
+}
+
+std::string substitute(std::string text, const std::string& key, const std::string& value) {
+  for (size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + value.size()))
+    text.replace(at, key.size(), value);
+  return text;
+}
+
+struct Loop {
+  int64_t size;
+  bool reduced;
+};
+
+// The kernel's accesses re-expressed over the merged loops.
+struct LoopNest {
+  std::vector<Loop> loops;
+  std::vector<std::vector<int64_t>> load_strides;   // per expr (loads only)
+  std::vector<std::vector<int64_t>> store_strides;  // per store
+  int outer_count = 0;
+};
+
+LoopNest build_loops(const Kernel& k) {
+  std::vector<int> order;
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t d = 0; d < k.domain.size(); ++d)
+      if (k.reduced[d] == (pass == 1) && k.domain[d] != 1) order.push_back(static_cast<int>(d));
+  std::vector<const std::vector<int64_t>*> accesses;
+  for (const Expr& e : k.exprs)
+    if (e.kind == ExprKind::Load) accesses.push_back(&e.index.strides);
+  for (const auto& s : k.stores) accesses.push_back(&s.index.strides);
+
+  // groups of domain dims merged into one loop (outermost first within a group)
+  std::vector<std::vector<int>> groups;
+  for (int d : order) {
+    if (!groups.empty()) {
+      const int inner = groups.back().back();
+      bool mergeable = k.reduced[inner] == k.reduced[d];
+      for (const auto* s : accesses) mergeable = mergeable && (*s)[inner] == (*s)[d] * k.domain[d];
+      if (mergeable) {
+        groups.back().push_back(d);
+        continue;
+      }
+    }
+    groups.push_back({d});
+  }
+  LoopNest nest;
+  auto merged = [&](const std::vector<int64_t>& strides) {
+    std::vector<int64_t> out;
+    for (const auto& g : groups) out.push_back(strides[g.back()]);  // the innermost dim's stride steps the loop
+    return out;
+  };
+  for (const auto& g : groups) {
+    int64_t size = 1;
+    for (int d : g) size *= k.domain[d];
+    nest.loops.push_back({size, static_cast<bool>(k.reduced[g[0]])});
+    if (!k.reduced[g[0]]) nest.outer_count++;
+  }
+  nest.load_strides.resize(k.exprs.size());
+  for (size_t i = 0; i < k.exprs.size(); ++i)
+    if (k.exprs[i].kind == ExprKind::Load) nest.load_strides[i] = merged(k.exprs[i].index.strides);
+  for (const auto& s : k.stores) nest.store_strides.push_back(merged(s.index.strides));
+  return nest;
+}
+
+class KernelEmitter {
+ public:
+  KernelEmitter(const Kernel& k, const graph::Graph& g) : k_(k), g_(g), nest_(build_loops(k)) {
+    depends_.resize(k.exprs.size(), false);
+    for (size_t i = 0; i < k.exprs.size(); ++i) {
+      const Expr& e = k.exprs[i];
+      if (e.kind == ExprKind::Load) depends_[i] = strides_run_reduced(nest_.load_strides[i]);
+      else if (e.kind != ExprKind::Reduce)
+        for (int32_t op : e.operands) depends_[i] = depends_[i] || (op >= 0 && depends_[op]);
+    }
+    names_.resize(k.exprs.size());
+  }
+
+  std::string emit() {
+    std::ostringstream out;
+    out << "// " << k_.name << " covers graph nodes:";
+    for (graph::NodeIndex n : k_.nodes) out << " " << n << ":" << g_.nodes[n].qualified_name();
+    out << "\nextern \"C\" void " << k_.name << "(void* const* buffers) {\n";
+    for (size_t b = 0; b < k_.buffers.size(); ++b) {
+      const auto& buf = k_.buffers[b];
+      const char* type = storage_type(buf.dtype);
+      out << "  " << (buf.is_output ? "" : "const ") << type << "* __restrict__ buf" << b << " = static_cast<"
+          << (buf.is_output ? "" : "const ") << type << "*>(buffers[" << b << "]);  // %" << buf.value << "\n";
+    }
+    int64_t numel = 1;
+    for (int64_t s : k_.domain) numel *= s;
+    if (numel == 0) {
+      out << "  (void)buffers;  // empty domain\n}\n";
+      return out.str();
+    }
+    const bool parallel = numel >= kParallelThreshold;
+    const int outer = nest_.outer_count;
+    const bool reduces = static_cast<int>(nest_.loops.size()) > outer;
+    std::string indent = "  ";
+    for (int l = 0; l < outer; ++l) {
+      if (l == 0 && parallel) {
+        if (!reduces && outer == 1) out << indent << "#pragma omp parallel for simd\n";
+        else if (!reduces) out << indent << "#pragma omp parallel for" << (outer > 2 ? " collapse(" + std::to_string(outer - 1) + ")" : "") << "\n";
+        else out << indent << "#pragma omp parallel for" << (outer > 1 ? " collapse(" + std::to_string(outer) + ")" : "") << "\n";
+      } else if (!reduces && l == outer - 1 && !(l == 0 && parallel)) {
+        out << indent << "#pragma omp simd\n";
+      }
+      out << indent << "for (int64_t i" << l << " = 0; i" << l << " < " << nest_.loops[l].size << "; ++i" << l << ") {\n";
+      indent += "  ";
+    }
+    body_ = &out;
+    indent_ = indent;
+    emit_body();
+    for (int l = outer - 1; l >= 0; --l) {
+      indent.resize(indent.size() - 2);
+      out << indent << "}\n";
+    }
+    out << "}\n";
+    return out.str();
+  }
+
+ private:
+  bool strides_run_reduced(const std::vector<int64_t>& strides) const {
+    for (size_t l = 0; l < nest_.loops.size(); ++l)
+      if (nest_.loops[l].reduced && strides[l] != 0) return true;
+    return false;
+  }
+
+  std::string index(const std::vector<int64_t>& strides, int64_t offset) const {
+    std::ostringstream out;
+    out << offset;
+    for (size_t l = 0; l < strides.size(); ++l)
+      if (strides[l] != 0) out << " + INT64_C(" << strides[l] << ") * i" << l;
+    return out.str();
+  }
+
+  // The C++ text of expression `e` (operands already named).
+  std::string expression(int32_t e) const {
+    const Expr& x = k_.exprs[e];
+    const std::string ct = compute_type(x.dtype);
+    auto name = [&](int i) { return names_[x.operands[i]]; };
+    switch (x.kind) {
+      case ExprKind::Load:
+        return "kiln_load(buf" + std::to_string(x.buffer) + "[" + index(nest_.load_strides[e], x.index.offset) + "])";
+      case ExprKind::Constant:
+        return literal(x.constant, x.dtype);
+      case ExprKind::Cast: {
+        const ScalarType from = k_.exprs[x.operands[0]].dtype;
+        if (x.dtype == ScalarType::Bool) return "(" + name(0) + " != 0)";
+        std::string converted = "static_cast<" + ct + ">(" + name(0) + ")";
+        const bool narrows = from == ScalarType::Float || from == ScalarType::Double || !graph::is_floating_or_complex(from);
+        if (x.dtype == ScalarType::BFloat16 && narrows) return "kiln_round_bf16(" + converted + ")";
+        if (x.dtype == ScalarType::Half && narrows) return "kiln_round_half(" + converted + ")";
+        return converted;
+      }
+      case ExprKind::Unary:
+      case ExprKind::Binary:
+      case ExprKind::Where: {
+        std::string text = x.kind == ExprKind::Where ? prim_format(PrimOp::Where) : prim_format(x.op);
+        // operand compute type for max/min templates: the operands' dtype
+        text = substitute(text, "$T", compute_type(k_.exprs[x.operands[x.kind == ExprKind::Where ? 1 : 0]].dtype));
+        for (int i = 0; i < 3; ++i)
+          if (x.operands[i] >= 0) text = substitute(text, std::string("$") + static_cast<char>('a' + i), name(i));
+        return text;
+      }
+      case ExprKind::Reduce:
+        break;
+    }
+    KILN_ASSERT(false) << "kernel " << k_.name << ": expression " << e << " cannot be emitted inline";
+    return "";
+  }
+
+  // Emits `e` and its operands that are not yet named into `out`; `inner` allows dependent expressions.
+  void emit_expr(int32_t e, std::ostream& out, const std::string& indent, std::vector<std::string>& scope) {
+    if (!names_[e].empty()) return;
+    const Expr& x = k_.exprs[e];
+    KILN_ASSERT(x.kind != ExprKind::Reduce) << "kernel " << k_.name << ": reduction " << e << " used before it is computed";
+    for (int32_t op : x.operands)
+      if (op >= 0) emit_expr(op, out, indent, scope);
+    names_[e] = "v" + std::to_string(e);
+    out << indent << "const " << compute_type(x.dtype) << " " << names_[e] << " = " << expression(e) << ";\n";
+    scope.push_back(names_[e]);
+    scope_ids_.push_back(e);
+  }
+
+  // Emits the outer-level (reduced-independent) expressions `e` needs, stopping at dependent ones.
+  void emit_outer_deps(int32_t e) {
+    if (!names_[e].empty()) return;
+    if (!depends_[e]) {
+      std::vector<std::string> scope;
+      emit_expr(e, *body_, indent_, scope);
+      scope_ids_.clear();  // outer names stay for the rest of this outer iteration
+      return;
+    }
+    for (int32_t op : k_.exprs[e].operands)
+      if (op >= 0) emit_outer_deps(op);
+  }
+
+  // Opens the reduced loops; calls `body(indent)`; closes them and forgets the names made inside.
+  void reduced_loops(const std::function<void(const std::string&)>& body, const std::string& simd_clause) {
+    std::string indent = indent_;
+    const int outer = nest_.outer_count;
+    const int total = static_cast<int>(nest_.loops.size());
+    for (int l = outer; l < total; ++l) {
+      if (l == total - 1 && !simd_clause.empty()) *body_ << indent << "#pragma omp simd" << simd_clause << "\n";
+      *body_ << indent << "for (int64_t i" << l << " = 0; i" << l << " < " << nest_.loops[l].size << "; ++i" << l << ") {\n";
+      indent += "  ";
+    }
+    scope_ids_.clear();
+    body(indent);
+    for (int32_t id : scope_ids_) names_[id].clear();
+    scope_ids_.clear();
+    for (int l = total - 1; l >= outer; --l) {
+      indent.resize(indent.size() - 2);
+      *body_ << indent << "}\n";
+    }
+  }
+
+  void emit_body() {
+    for (size_t r = 0; r < k_.exprs.size(); ++r) {
+      const Expr& x = k_.exprs[r];
+      if (x.kind != ExprKind::Reduce) continue;
+      const int32_t operand = x.operands[0];
+      emit_outer_deps(operand);
+      const std::string acc = "acc" + std::to_string(r);
+      const std::string ct = compute_type(x.dtype);
+      std::string init, combine, clause;
+      switch (x.reduce_op) {
+        case decomp::ReduceOp::Sum:
+          init = literal(0, x.dtype);
+          clause = " reduction(+:" + acc + ")";
+          break;
+        case decomp::ReduceOp::Max:
+          init = graph::is_floating_or_complex(x.dtype) ? "-std::numeric_limits<" + ct + ">::infinity()"
+                                                        : "std::numeric_limits<" + ct + ">::lowest()";
+          break;
+        case decomp::ReduceOp::Min:
+          init = graph::is_floating_or_complex(x.dtype) ? "std::numeric_limits<" + ct + ">::infinity()"
+                                                        : "std::numeric_limits<" + ct + ">::max()";
+          break;
+      }
+      *body_ << indent_ << ct << " " << acc << " = " << init << ";\n";
+      reduced_loops(
+          [&](const std::string& indent) {
+            std::vector<std::string> scope;
+            emit_expr(operand, *body_, indent, scope);
+            const std::string v = names_[operand];
+            if (x.reduce_op == decomp::ReduceOp::Sum) *body_ << indent << acc << " += " << v << ";\n";
+            else if (x.reduce_op == decomp::ReduceOp::Max)
+              *body_ << indent << acc << " = (" << v << " != " << v << " || " << v << " > " << acc << ") ? " << v << " : " << acc << ";\n";
+            else
+              *body_ << indent << acc << " = (" << v << " != " << v << " || " << v << " < " << acc << ") ? " << v << " : " << acc << ";\n";
+          },
+          x.reduce_op == decomp::ReduceOp::Sum ? clause : "");
+      names_[r] = acc;
+    }
+    // Stores once per outer index, then stores that run along the reduced dims.
+    std::vector<size_t> inner_stores;
+    for (size_t s = 0; s < k_.stores.size(); ++s) {
+      const auto& st = k_.stores[s];
+      if (depends_[st.expr] || strides_run_reduced(nest_.store_strides[s])) {
+        inner_stores.push_back(s);
+        continue;
+      }
+      emit_outer_deps(st.expr);
+      emit_store(s, *body_, indent_);
+    }
+    if (inner_stores.empty()) return;
+    for (size_t s : inner_stores) emit_outer_deps(k_.stores[s].expr);
+    reduced_loops(
+        [&](const std::string& indent) {
+          std::vector<std::string> scope;
+          for (size_t s : inner_stores) {
+            emit_expr(k_.stores[s].expr, *body_, indent, scope);
+            emit_store(s, *body_, indent);
+          }
+        },
+        "");
+  }
+
+  void emit_store(size_t s, std::ostream& out, const std::string& indent) {
+    const auto& st = k_.stores[s];
+    const auto& buf = k_.buffers[st.buffer];
+    out << indent << "buf" << st.buffer << "[" << index(nest_.store_strides[s], st.index.offset) << "] = kiln_store_as<"
+        << storage_type(buf.dtype) << ">::from(" << names_[st.expr] << ");\n";
+  }
+
+  const Kernel& k_;
+  const graph::Graph& g_;
+  LoopNest nest_;
+  std::vector<bool> depends_;
+  std::vector<std::string> names_;
+  std::vector<int32_t> scope_ids_;  // names made inside the current reduced loop
+  std::ostringstream* body_ = nullptr;
+  std::string indent_;
+};
+
+}  // namespace
+
+std::string emit_cpp_kernel(const Kernel& kernel, const graph::Graph& g) { return KernelEmitter(kernel, g).emit(); }
+
+std::string emit_cpp_source(const fusion::Schedule& schedule, const graph::Graph& g) {
+  std::ostringstream out;
+  out << device_lib::cpp_prelude() << "\n";
+  for (const fusion::Step& step : schedule.steps)
+    if (step.kind == fusion::Step::Kind::Kernel) out << "\n" << emit_cpp_kernel(schedule.kernels[step.index], g);
+  return out.str();
+}
+
+}  // namespace kiln::codegen::cpp

@@ -1,0 +1,34 @@
+#pragma once
+// Compile-and-load for one device, cached in memory for the life of the process: the same source with the
+// same flags on the same device is compiled by NVRTC and loaded by the driver once. (The on-disk cubin cache
+// of issue 5 goes below this, keyed by the source, NVRTC version, flags and architecture.)
+#include <memory>
+#include <string>
+
+#include "codegen/cuda/nvrtc_compiler.h"
+#include "runtime/cuda_launch.h"
+
+namespace kiln::codegen::cuda {
+
+struct CudaProgram {
+  std::shared_ptr<runtime::cuda::LoadedProgram> loaded;
+  std::string arch;  ///< what NVRTC compiled for: sm_XY, or compute_XY when only PTX fits the device
+  NvrtcVersion nvrtc_version;
+  double compile_ms = 0;
+};
+
+/// `source` compiled for device `ordinal` (its compute capability read through the driver; the device
+/// helper headers available to #include) and loaded into its primary context. Thread-safe; the first call
+/// per (device, source, line_info) compiles, later ones return the same program. Compile errors throw
+/// kiln::Error quoting the failing line (nvrtc_compiler.h); nothing is cached for them.
+CudaProgram cuda_program_for_device(int ordinal, const std::string& source, const std::string& program_name,
+                                    bool line_info = false);
+
+/// How many programs were compiled and how many requests the memory cache answered.
+struct CudaProgramCacheStats {
+  long compiled = 0;
+  long memory_hits = 0;
+};
+CudaProgramCacheStats cuda_program_cache_stats();
+
+}  // namespace kiln::codegen::cuda

@@ -1,0 +1,427 @@
+// The ATen -> prims table. Each entry is a small builder; arithmetic casts its operands to the output dtype
+// first (PyTorch computes pointwise ops in the promoted dtype, which the meta already names), comparisons to
+// the promoted dtype of their operands. Reductions declare their reduced dims so the scheduler can pick the
+// kernel's iteration space before the builder runs.
+#include "decomp/decompositions.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+namespace kiln::decomp {
+
+using graph::ArgValue;
+using graph::Graph;
+using graph::Node;
+using graph::ScalarType;
+
+const char* prim_name(PrimOp op) {
+  static const char* const names[] = {"neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf",
+                                      "not", "add", "sub", "mul", "div", "max", "min", "pow", "lt", "le", "gt",
+                                      "ge", "eq", "ne", "and", "or", "where"};
+  return names[static_cast<int>(op)];
+}
+
+const char* reduce_name(ReduceOp op) {
+  static const char* const names[] = {"sum", "max", "min"};
+  return names[static_cast<int>(op)];
+}
+
+bool is_comparison(PrimOp op) { return op >= PrimOp::Lt && op <= PrimOp::Ne; }
+
+bool is_codegen_dtype(ScalarType t) {
+  switch (t) {
+    case ScalarType::Bool: case ScalarType::Byte: case ScalarType::Char: case ScalarType::Short:
+    case ScalarType::Int: case ScalarType::Long: case ScalarType::Half: case ScalarType::BFloat16:
+    case ScalarType::Float: case ScalarType::Double:
+      return true;
+    default:
+      return false;
+  }
+}
+
+namespace {
+
+int dtype_category(ScalarType t) {  // 0 bool, 1 integral, 2 floating
+  if (t == ScalarType::Bool) return 0;
+  return graph::is_floating_or_complex(t) ? 2 : 1;
+}
+
+int dtype_rank(ScalarType t) {
+  switch (t) {
+    case ScalarType::Bool: return 0;
+    case ScalarType::Byte: case ScalarType::Char: return 1;
+    case ScalarType::Short: return 2;
+    case ScalarType::Int: return 3;
+    case ScalarType::Long: return 4;
+    case ScalarType::Half: case ScalarType::BFloat16: return 5;
+    case ScalarType::Float: return 6;
+    default: return 7;
+  }
+}
+
+}  // namespace
+
+ScalarType promote_types(ScalarType a, ScalarType b) {
+  if (a == b) return a;
+  if ((a == ScalarType::Half && b == ScalarType::BFloat16) || (a == ScalarType::BFloat16 && b == ScalarType::Half))
+    return ScalarType::Float;
+  if ((a == ScalarType::Byte && b == ScalarType::Char) || (a == ScalarType::Char && b == ScalarType::Byte))
+    return ScalarType::Short;
+  return dtype_rank(a) >= dtype_rank(b) ? a : b;
+}
+
+namespace {
+
+const graph::TensorMeta& out_meta(const Graph& g, const Node& n, int i = 0) { return g.value(n.outputs[i]).meta; }
+
+const graph::TensorMeta* tensor_arg_meta(const Graph& g, const Node& n, int i) {
+  if (auto* t = std::get_if<graph::TensorArg>(&n.args[i])) return &g.value(t->id).meta;
+  return nullptr;
+}
+
+bool is_none(const Node& n, int i) { return std::holds_alternative<graph::NoneArg>(n.args[i]); }
+
+double number_arg(const Node& n, int i) {
+  const ArgValue& a = n.args[i];
+  if (auto* d = std::get_if<double>(&a)) return *d;
+  if (auto* l = std::get_if<int64_t>(&a)) return static_cast<double>(*l);
+  if (auto* b = std::get_if<bool>(&a)) return *b ? 1.0 : 0.0;
+  return std::nan("");
+}
+
+bool is_number(const Node& n, int i) {
+  const ArgValue& a = n.args[i];
+  return std::holds_alternative<double>(a) || std::holds_alternative<int64_t>(a) || std::holds_alternative<bool>(a);
+}
+
+ScalarType number_dtype(const Node& n, int i) {
+  const ArgValue& a = n.args[i];
+  if (std::holds_alternative<double>(a)) return ScalarType::Double;
+  if (std::holds_alternative<bool>(a)) return ScalarType::Bool;
+  return ScalarType::Long;
+}
+
+std::vector<int64_t> int_list_arg(const Node& n, int i) {
+  const ArgValue& a = n.args[i];
+  if (auto* v = std::get_if<std::vector<int64_t>>(&a)) return *v;
+  if (auto* l = std::get_if<int64_t>(&a)) return {*l};
+  return {};
+}
+
+std::vector<int64_t> normalise_dims(std::vector<int64_t> dims, int64_t rank, bool empty_means_all) {
+  if (dims.empty() && empty_means_all)
+    for (int64_t d = 0; d < rank; ++d) dims.push_back(d);
+  std::vector<int64_t> out;
+  for (int64_t d : dims) {
+    if (rank == 0) continue;  // 0-d: dim 0 / -1 name the single element
+    if (d < 0) d += rank;
+    if (std::find(out.begin(), out.end(), d) == out.end()) out.push_back(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The dtype a comparison (or maximum/minimum) of args i and j is carried out in.
+ScalarType compare_dtype(const Graph& g, const Node& n, int i, int j) {
+  const auto* ma = tensor_arg_meta(g, n, i);
+  const auto* mb = tensor_arg_meta(g, n, j);
+  if (ma && mb) return promote_types(ma->dtype, mb->dtype);
+  const auto* tensor = ma ? ma : mb;
+  const ScalarType number = number_dtype(n, ma ? j : i);
+  if (dtype_category(number) > dtype_category(tensor->dtype))
+    return number == ScalarType::Double ? ScalarType::Float : ScalarType::Long;  // default dtypes
+  return tensor->dtype;
+}
+
+Prim arg_as(PrimBuilder& b, int i, ScalarType t) { return b.cast(b.arg(i), t); }
+Prim constant_like(PrimBuilder& b, double v, Prim like) { return b.constant(v, b.dtype(like)); }
+
+// ---- builders -------------------------------------------------------------------------------------------
+using Builder = std::function<void(PrimBuilder&, const Graph&, const Node&)>;
+
+Builder unary(PrimOp op) {
+  return [op](PrimBuilder& b, const Graph& g, const Node& n) {
+    b.set_output(0, b.unary(op, arg_as(b, 0, out_meta(g, n).dtype)));
+  };
+}
+
+// add/sub with alpha (argument 2): a op alpha*b
+Builder add_like(PrimOp op) {
+  return [op](PrimBuilder& b, const Graph& g, const Node& n) {
+    const ScalarType t = out_meta(g, n).dtype;
+    Prim rhs = arg_as(b, 1, t);
+    if (n.args.size() > 2 && is_number(n, 2) && number_arg(n, 2) != 1.0)
+      rhs = b.binary(PrimOp::Mul, rhs, b.constant(number_arg(n, 2), t));
+    b.set_output(0, b.binary(op, arg_as(b, 0, t), rhs));
+  };
+}
+
+Builder binary(PrimOp op) {
+  return [op](PrimBuilder& b, const Graph& g, const Node& n) {
+    const ScalarType t = out_meta(g, n).dtype;
+    b.set_output(0, b.binary(op, arg_as(b, 0, t), arg_as(b, 1, t)));
+  };
+}
+
+Builder comparison(PrimOp op) {
+  return [op](PrimBuilder& b, const Graph& g, const Node& n) {
+    const ScalarType t = compare_dtype(g, n, 0, 1);
+    b.set_output(0, b.binary(op, arg_as(b, 0, t), arg_as(b, 1, t)));
+  };
+}
+
+void build_relu(PrimBuilder& b, const Graph& g, const Node& n) {
+  Prim x = arg_as(b, 0, out_meta(g, n).dtype);
+  b.set_output(0, b.binary(PrimOp::Maximum, x, constant_like(b, 0, x)));
+}
+
+void build_gelu(PrimBuilder& b, const Graph& g, const Node& n) {
+  Prim x = arg_as(b, 0, out_meta(g, n).dtype);
+  const bool tanh_form = n.args.size() > 1 && std::holds_alternative<std::string>(n.args[1]) &&
+                         std::get<std::string>(n.args[1]) == "tanh";
+  auto c = [&](double v) { return constant_like(b, v, x); };
+  Prim inner;
+  if (tanh_form) {  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    Prim x3 = b.binary(PrimOp::Mul, b.binary(PrimOp::Mul, x, x), x);
+    Prim poly = b.binary(PrimOp::Add, x, b.binary(PrimOp::Mul, c(0.044715), x3));
+    inner = b.unary(PrimOp::Tanh, b.binary(PrimOp::Mul, c(0.7978845608028654), poly));
+  } else {  // 0.5 x (1 + erf(x / sqrt 2))
+    inner = b.unary(PrimOp::Erf, b.binary(PrimOp::Mul, x, c(0.7071067811865476)));
+  }
+  Prim half_x = b.binary(PrimOp::Mul, x, c(0.5));
+  b.set_output(0, b.binary(PrimOp::Mul, half_x, b.binary(PrimOp::Add, c(1.0), inner)));
+}
+
+void build_silu(PrimBuilder& b, const Graph& g, const Node& n) {
+  Prim x = arg_as(b, 0, out_meta(g, n).dtype);
+  b.set_output(0, b.binary(PrimOp::Mul, x, b.unary(PrimOp::Sigmoid, x)));
+}
+
+void build_pow_scalar(PrimBuilder& b, const Graph& g, const Node& n) {
+  Prim x = arg_as(b, 0, out_meta(g, n).dtype);
+  const double e = number_arg(n, 1);
+  Prim result;
+  if (e == 1.0) result = x;
+  else if (e == 2.0) result = b.binary(PrimOp::Mul, x, x);
+  else if (e == 3.0) result = b.binary(PrimOp::Mul, b.binary(PrimOp::Mul, x, x), x);
+  else if (e == 0.5) result = b.unary(PrimOp::Sqrt, x);
+  else if (e == -0.5) result = b.unary(PrimOp::Rsqrt, x);
+  else if (e == -1.0) result = b.binary(PrimOp::Div, constant_like(b, 1, x), x);
+  else result = b.binary(PrimOp::Pow, x, constant_like(b, e, x));
+  b.set_output(0, result);
+}
+
+bool pow_supported(const Graph& g, const Node& n) {
+  if (graph::is_floating_or_complex(out_meta(g, n).dtype)) return true;
+  const double e = number_arg(n, 1);  // integers: only exact small powers, never std::pow's doubles
+  return e == 1.0 || e == 2.0 || e == 3.0;
+}
+
+// clamp(x, min?, max?) = min(max(x, lo), hi); the bounds are arguments `lo_arg`, `hi_arg` (-1: absent).
+Builder clamp(int lo_arg, int hi_arg) {
+  return [lo_arg, hi_arg](PrimBuilder& b, const Graph& g, const Node& n) {
+    const ScalarType t = out_meta(g, n).dtype;
+    Prim x = arg_as(b, 0, t);
+    if (lo_arg >= 0 && !is_none(n, lo_arg)) x = b.binary(PrimOp::Maximum, x, arg_as(b, lo_arg, t));
+    if (hi_arg >= 0 && !is_none(n, hi_arg)) x = b.binary(PrimOp::Minimum, x, arg_as(b, hi_arg, t));
+    b.set_output(0, x);
+  };
+}
+
+void build_where(PrimBuilder& b, const Graph& g, const Node& n) {
+  const ScalarType t = out_meta(g, n).dtype;
+  b.set_output(0, b.where(arg_as(b, 0, ScalarType::Bool), arg_as(b, 1, t), arg_as(b, 2, t)));
+}
+
+void build_cast(PrimBuilder& b, const Graph& g, const Node& n) { b.set_output(0, arg_as(b, 0, out_meta(g, n).dtype)); }
+
+bool to_copy_supported(const Graph& g, const Node& n) {
+  const auto* in = tensor_arg_meta(g, n, 0);
+  return in && in->device == out_meta(g, n).device;
+}
+
+// ---- reductions ----------------------------------------------------------------------------------------
+std::vector<int64_t> dims_from_arg(const Graph& g, const Node& n, int arg, bool empty_means_all) {
+  const int64_t rank = static_cast<int64_t>(tensor_arg_meta(g, n, 0)->sizes.size());
+  if (arg < 0 || is_none(n, arg)) return normalise_dims({}, rank, true);
+  return normalise_dims(int_list_arg(n, arg), rank, empty_means_all);
+}
+
+Builder reduction(ReduceOp op, bool mean) {
+  return [op, mean](PrimBuilder& b, const Graph& g, const Node& n) {
+    const ScalarType t = out_meta(g, n).dtype;
+    Prim r = b.reduce(op, arg_as(b, 0, t));
+    if (mean) r = b.binary(PrimOp::Div, r, b.constant(static_cast<double>(b.reduction_size()), t));
+    b.set_output(0, r);
+  };
+}
+
+// softmax(x) = exp(x - max) / sum(exp(x - max)); log_softmax(x) = (x - max) - log(sum(exp(x - max))).
+Builder softmax(bool log) {
+  return [log](PrimBuilder& b, const Graph& g, const Node& n) {
+    Prim x = arg_as(b, 0, out_meta(g, n).dtype);
+    Prim shifted = b.binary(PrimOp::Sub, x, b.reduce(ReduceOp::Max, x));
+    Prim e = b.unary(PrimOp::Exp, shifted);
+    Prim total = b.reduce(ReduceOp::Sum, e);
+    b.set_output(0, log ? b.binary(PrimOp::Sub, shifted, b.unary(PrimOp::Log, total)) : b.binary(PrimOp::Div, e, total));
+  };
+}
+
+bool softmax_supported(const Graph& g, const Node& n) {
+  // _softmax(half_to_float=True) writes float from half: the meta's dtype covers it, but keep it extern
+  // until tested; softmax.int(dtype) is fine (the output dtype names the compute dtype).
+  if (auto* flag = std::get_if<bool>(&n.args[2])) return !*flag;
+  return graph::is_floating_or_complex(out_meta(g, n).dtype);
+}
+
+void build_layer_norm(PrimBuilder& b, const Graph& g, const Node& n) {
+  const ScalarType t = out_meta(g, n).dtype;
+  const ScalarType stat_t = out_meta(g, n, 1).dtype;  // float for half/bfloat16 inputs
+  const ScalarType compute = promote_types(t, stat_t);
+  Prim x = arg_as(b, 0, compute);
+  Prim count = b.constant(static_cast<double>(b.reduction_size()), compute);
+  Prim mean = b.binary(PrimOp::Div, b.reduce(ReduceOp::Sum, x), count);
+  Prim centred = b.binary(PrimOp::Sub, x, mean);
+  Prim var = b.binary(PrimOp::Div, b.reduce(ReduceOp::Sum, b.binary(PrimOp::Mul, centred, centred)), count);
+  Prim rstd = b.unary(PrimOp::Rsqrt, b.binary(PrimOp::Add, var, b.constant(number_arg(n, 4), compute)));
+  Prim y = b.binary(PrimOp::Mul, centred, rstd);
+  if (!is_none(n, 2)) y = b.binary(PrimOp::Mul, y, arg_as(b, 2, compute));
+  if (!is_none(n, 3)) y = b.binary(PrimOp::Add, y, arg_as(b, 3, compute));
+  b.set_output(0, b.cast(y, t));
+  b.set_output(1, b.cast(mean, stat_t));
+  b.set_output(2, b.cast(rstd, stat_t));
+}
+
+std::vector<int64_t> layer_norm_dims(const Graph& g, const Node& n) {
+  const int64_t rank = static_cast<int64_t>(tensor_arg_meta(g, n, 0)->sizes.size());
+  const int64_t k = static_cast<int64_t>(int_list_arg(n, 1).size());
+  std::vector<int64_t> dims;
+  for (int64_t d = rank - k; d < rank; ++d) dims.push_back(d);
+  return dims;
+}
+
+bool is_floating_output(const Graph& g, const Node& n) { return graph::is_floating_or_complex(out_meta(g, n).dtype); }
+bool not_bool_output(const Graph& g, const Node& n) { return out_meta(g, n).dtype != ScalarType::Bool; }
+
+std::map<std::string, Decomposition> make_table() {
+  std::map<std::string, Decomposition> t;
+  auto pointwise = [&](const std::string& name, Builder build, decltype(Decomposition::supports) ok = nullptr) {
+    t[name] = Decomposition{std::move(ok), nullptr, std::move(build), 1};
+  };
+  auto reducing = [&](const std::string& name, Builder build, decltype(Decomposition::reduction_dims) dims,
+                      decltype(Decomposition::supports) ok = nullptr, int outputs = 1) {
+    t[name] = Decomposition{std::move(ok), std::move(dims), std::move(build), outputs};
+  };
+  for (const char* o : {"aten::add.Tensor", "aten::add.Scalar"}) pointwise(o, add_like(PrimOp::Add), not_bool_output);
+  for (const char* o : {"aten::sub.Tensor", "aten::sub.Scalar"}) pointwise(o, add_like(PrimOp::Sub), not_bool_output);
+  for (const char* o : {"aten::mul.Tensor", "aten::mul.Scalar"}) pointwise(o, binary(PrimOp::Mul), not_bool_output);
+  for (const char* o : {"aten::div.Tensor", "aten::div.Scalar"}) pointwise(o, binary(PrimOp::Div), is_floating_output);
+  pointwise("aten::maximum.default", binary(PrimOp::Maximum));
+  pointwise("aten::minimum.default", binary(PrimOp::Minimum));
+  const std::pair<const char*, PrimOp> unary_ops[] = {
+      {"neg", PrimOp::Neg},   {"abs", PrimOp::Abs},   {"exp", PrimOp::Exp},         {"log", PrimOp::Log},
+      {"sqrt", PrimOp::Sqrt}, {"rsqrt", PrimOp::Rsqrt}, {"tanh", PrimOp::Tanh}, {"sigmoid", PrimOp::Sigmoid},
+      {"erf", PrimOp::Erf}};
+  for (const auto& [name, op] : unary_ops) {
+    const bool needs_float = op != PrimOp::Neg && op != PrimOp::Abs;
+    pointwise(std::string("aten::") + name + ".default", unary(op), needs_float ? is_floating_output : not_bool_output);
+  }
+  pointwise("aten::logical_not.default", [](PrimBuilder& b, const Graph& g, const Node& n) {
+    b.set_output(0, b.cast(b.unary(PrimOp::LogicalNot, arg_as(b, 0, ScalarType::Bool)), out_meta(g, n).dtype));
+  });
+  pointwise("aten::relu.default", build_relu, not_bool_output);
+  pointwise("aten::gelu.default", build_gelu, is_floating_output);
+  pointwise("aten::silu.default", build_silu, is_floating_output);
+  pointwise("aten::pow.Tensor_Scalar", build_pow_scalar, pow_supported);
+  pointwise("aten::clamp.default", clamp(1, 2), not_bool_output);
+  pointwise("aten::clamp_min.default", clamp(1, -1), not_bool_output);
+  pointwise("aten::clamp_max.default", clamp(-1, 1), not_bool_output);
+  pointwise("aten::where.self", build_where);
+  pointwise("aten::_to_copy.default", build_cast, to_copy_supported);
+  pointwise("aten::clone.default", build_cast);
+  const std::pair<const char*, PrimOp> comparisons[] = {{"lt", PrimOp::Lt}, {"le", PrimOp::Le}, {"gt", PrimOp::Gt},
+                                                        {"ge", PrimOp::Ge}, {"eq", PrimOp::Eq}, {"ne", PrimOp::Ne}};
+  for (const auto& [name, op] : comparisons)
+    for (const char* overload : {".Tensor", ".Scalar"}) pointwise(std::string("aten::") + name + overload, comparison(op));
+
+  auto dims_arg = [](int arg, bool empty_means_all) {
+    return [arg, empty_means_all](const Graph& g, const Node& n) { return dims_from_arg(g, n, arg, empty_means_all); };
+  };
+  reducing("aten::sum.dim_IntList", reduction(ReduceOp::Sum, false), dims_arg(1, true), not_bool_output);
+  reducing("aten::sum.default", reduction(ReduceOp::Sum, false), dims_arg(-1, true), not_bool_output);
+  reducing("aten::mean.dim", reduction(ReduceOp::Sum, true), dims_arg(1, true), is_floating_output);
+  reducing("aten::mean.default", reduction(ReduceOp::Sum, true), dims_arg(-1, true), is_floating_output);
+  reducing("aten::amax.default", reduction(ReduceOp::Max, false), dims_arg(1, true), not_bool_output);
+  reducing("aten::amin.default", reduction(ReduceOp::Min, false), dims_arg(1, true), not_bool_output);
+  for (const char* o : {"aten::_softmax.default", "aten::softmax.int"})
+    reducing(o, softmax(false), dims_arg(1, false), softmax_supported);
+  for (const char* o : {"aten::_log_softmax.default", "aten::log_softmax.int"})
+    reducing(o, softmax(true), dims_arg(1, false), softmax_supported);
+  reducing("aten::native_layer_norm.default", build_layer_norm, layer_norm_dims, is_floating_output, 3);
+  return t;
+}
+
+const std::map<std::string, Decomposition>& table() {
+  static const std::map<std::string, Decomposition> t = make_table();
+  return t;
+}
+
+}  // namespace
+
+const Decomposition* find_decomposition(const Graph& g, const Node& node) {
+  if (node.mutates_args || node.returns_list) return nullptr;
+  auto it = table().find(node.qualified_name());
+  if (it == table().end()) return nullptr;
+  for (graph::ValueId out : node.outputs)
+    if (!is_codegen_dtype(g.value(out).meta.dtype)) return nullptr;
+  for (const ArgValue& arg : node.args) {
+    bool ok = true;
+    graph::for_each_tensor(arg, [&](graph::ValueId id) {
+      const auto& m = g.value(id).meta;
+      ok = ok && is_codegen_dtype(m.dtype) && m.device == g.value(node.outputs[0]).meta.device;
+    });
+    if (std::holds_alternative<graph::TensorListArg>(arg) || std::holds_alternative<std::complex<double>>(arg)) return nullptr;
+    if (!ok) return nullptr;
+  }
+  if (it->second.supports && !it->second.supports(g, node)) return nullptr;
+  return &it->second;
+}
+
+std::optional<double> constant_node_value(const Graph& g, const Node& node, ScalarType& dtype) {
+  if (node.qualified_name() != "aten::scalar_tensor.default" || !is_number(node, 0)) return std::nullopt;
+  dtype = out_meta(g, node).dtype;
+  if (!is_codegen_dtype(dtype)) return std::nullopt;
+  return number_arg(node, 0);
+}
+
+bool is_affine_view(const Graph& g, const Node& node) {
+  static const char* const always[] = {"aten::view.default", "aten::expand.default", "aten::unsqueeze.default",
+                                       "aten::squeeze.default", "aten::squeeze.dim", "aten::squeeze.dims",
+                                       "aten::permute.default", "aten::transpose.int", "aten::t.default",
+                                       "aten::slice.Tensor", "aten::select.int", "aten::alias.default",
+                                       "aten::numpy_T.default"};
+  static const char* const contiguous_only[] = {"aten::reshape.default", "aten::_unsafe_view.default",
+                                                "aten::_reshape_alias.default"};
+  if (node.outputs.size() != 1 || node.mutates_args || node.args.empty()) return false;
+  auto* base = std::get_if<graph::TensorArg>(&node.args[0]);
+  if (!base) return false;
+  const std::string name = node.qualified_name();
+  for (const char* n : always)
+    if (name == n) return true;
+  for (const char* n : contiguous_only) {
+    if (name != n) continue;
+    const auto& m = g.value(base->id).meta;
+    return m.strides == graph::contiguous_strides(m.sizes) &&
+           g.value(node.outputs[0]).meta.strides == graph::contiguous_strides(g.value(node.outputs[0]).meta.sizes);
+  }
+  return false;
+}
+
+std::vector<std::string> decomposed_ops() {
+  std::vector<std::string> names;
+  for (const auto& [name, entry] : table()) names.push_back(name);
+  return names;
+}
+
+}  // namespace kiln::decomp

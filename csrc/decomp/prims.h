@@ -1,0 +1,60 @@
+#pragma once
+// The closed set of prims that ATen ops decompose into (DESIGN.md "decomp/ lowers ATen to a small closed
+// set of prims"), and the builder interface decompositions write them through.
+//
+// Decompositions never see loops or buffers: they receive their operands as scalar values already loaded
+// and broadcast into the op's index space, and return scalar values. Whoever implements PrimBuilder decides
+// what a value is: fusion/ turns it into loop-IR expressions; autodiff (issue 6) can implement it again to
+// record a prim graph. Views, broadcasting and strides are therefore not prims: they are index expressions
+// that the implementer applies when it loads an operand.
+//
+// Torch-free.
+#include <cstdint>
+
+#include "graph/graph.h"
+
+namespace kiln::decomp {
+
+enum class PrimOp : int8_t {
+  // unary
+  Neg, Abs, Exp, Log, Sqrt, Rsqrt, Tanh, Sigmoid, Erf, LogicalNot,
+  // binary
+  Add, Sub, Mul, Div, Maximum, Minimum, Pow, Lt, Le, Gt, Ge, Eq, Ne, LogicalAnd, LogicalOr,
+  // ternary
+  Where,
+  // casts are PrimBuilder::cast; reductions are PrimBuilder::reduce
+};
+
+enum class ReduceOp : int8_t { Sum, Max, Min };
+
+/// "add", "exp" ...: used in kernel names and verifier messages.
+const char* prim_name(PrimOp op);
+const char* reduce_name(ReduceOp op);
+bool is_comparison(PrimOp op);
+
+/// A scalar value inside a decomposition (an index into the implementer's value table).
+using Prim = int32_t;
+
+class PrimBuilder {
+ public:
+  virtual ~PrimBuilder() = default;
+  /// The node's argument `arg_index` as a scalar: a tensor operand loaded (in its own dtype) and broadcast
+  /// to the op's index space, or a Python number (Tensor-position or Scalar argument) as a constant of
+  /// its natural dtype (bool, int64, double).
+  virtual Prim arg(int arg_index) = 0;
+  virtual Prim constant(double value, graph::ScalarType dtype) = 0;
+  virtual Prim unary(PrimOp op, Prim a) = 0;
+  virtual Prim binary(PrimOp op, Prim a, Prim b) = 0;
+  virtual Prim where(Prim condition, Prim if_true, Prim if_false) = 0;
+  /// Conversion with the rounding of the target dtype (a no-op when `a` already has it).
+  virtual Prim cast(Prim a, graph::ScalarType dtype) = 0;
+  /// Reduces `a` over the node's reduction dims (Decomposition::reduction_dims).
+  virtual Prim reduce(ReduceOp op, Prim a) = 0;
+  virtual graph::ScalarType dtype(Prim a) const = 0;
+  /// Number of elements one reduce() combines (the product of the reduced sizes).
+  virtual int64_t reduction_size() const = 0;
+  /// Declares the value of the node's output `index`.
+  virtual void set_output(int index, Prim value) = 0;
+};
+
+}  // namespace kiln::decomp

@@ -1,0 +1,90 @@
+#pragma once
+// The helper code every generated C++ translation unit starts with, embedded as a string so that the
+// generated source is self-contained (its hash is the cache key). Half and bfloat16 are stored as 16-bit
+// structs and computed in float, like PyTorch's "opmath"; max/min propagate NaN like torch.maximum.
+namespace kiln::device_lib {
+
+inline const char* cpp_prelude() {
+  return R"KILN(// ---- kiln C++ prelude ----
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+struct kiln_half { uint16_t bits; };
+struct kiln_bf16 { uint16_t bits; };
+
+static inline float kiln_bits_to_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+static inline uint32_t kiln_float_to_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+
+static inline float kiln_load(kiln_bf16 v) { return kiln_bits_to_float(static_cast<uint32_t>(v.bits) << 16); }
+static inline kiln_bf16 kiln_to_bf16(float f) {
+  uint32_t u = kiln_float_to_bits(f);
+  if (f != f) return kiln_bf16{static_cast<uint16_t>((u >> 16) | 0x40)};
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return kiln_bf16{static_cast<uint16_t>(u >> 16)};
+}
+
+static inline float kiln_load(kiln_half v) {
+  const uint32_t h = v.bits, sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  if (exp == 0x1fu) return kiln_bits_to_float(sign | 0x7f800000u | (mant << 13));
+  if (exp != 0) return kiln_bits_to_float(sign | ((exp + 112u) << 23) | (mant << 13));
+  const float m = static_cast<float>(mant) * 5.9604644775390625e-08f;  // subnormal: mant * 2^-24
+  return sign ? -m : m;
+}
+static inline kiln_half kiln_to_half(float f) {
+  const uint32_t u = kiln_float_to_bits(f), sign = (u >> 16) & 0x8000u;
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs >= 0x7f800000u) return kiln_half{static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u))};
+  if (abs >= 0x477ff000u) return kiln_half{static_cast<uint16_t>(sign | 0x7c00u)};  // rounds to inf
+  if (abs < 0x38800000u) {  // subnormal or zero: round |f| * 2^24 to nearest even
+    const float scaled = kiln_bits_to_float(abs) * 16777216.0f;
+    return kiln_half{static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(scaled)))};
+  }
+  uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
+  return kiln_half{static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13))};
+}
+
+template <typename T> static inline T kiln_load(T v) { return v; }
+
+template <typename T> struct kiln_store_as { template <typename S> static T from(S v) { return static_cast<T>(v); } };
+template <> struct kiln_store_as<bool> { template <typename S> static bool from(S v) { return v != 0; } };
+template <> struct kiln_store_as<kiln_bf16> { template <typename S> static kiln_bf16 from(S v) { return kiln_to_bf16(static_cast<float>(v)); } };
+template <> struct kiln_store_as<kiln_half> { template <typename S> static kiln_half from(S v) { return kiln_to_half(static_cast<float>(v)); } };
+
+static inline float kiln_round_bf16(float v) { return kiln_load(kiln_to_bf16(v)); }
+static inline float kiln_round_half(float v) { return kiln_load(kiln_to_half(v)); }
+
+template <typename T> static inline T kiln_max(T a, T b) { return (a != a || a > b) ? a : b; }
+template <typename T> static inline T kiln_min(T a, T b) { return (a != a || a < b) ? a : b; }
+// exp in straight-line arithmetic so loops that call it vectorise (std::exp is a libm call that GCC only
+// vectorises under -ffast-math). Range reduction x = k ln2 + r, |r| <= ln2/2, a degree-6 polynomial for e^r
+// (Cephes' coefficients, ~1 ulp), 2^k built from the exponent bits in two halves so subnormal results survive.
+// Edge cases as std::exp: NaN -> NaN, +inf and overflow -> inf, -inf and underflow -> 0.
+static inline float kiln_exp(float x) {
+  const float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+  const float k = std::nearbyint(xc * 1.44269504088896341f);
+  const float r = (xc - k * 0.693359375f) - k * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float er = p * r * r + r + 1.0f;
+  const int32_t ki = static_cast<int32_t>(k), k1 = ki / 2, k2 = ki - k1;
+  float result = er * kiln_bits_to_float(static_cast<uint32_t>(k1 + 127) << 23) *
+                 kiln_bits_to_float(static_cast<uint32_t>(k2 + 127) << 23);
+  result = x > 88.72283935546875f ? std::numeric_limits<float>::infinity() : result;
+  result = x < -103.972084f ? 0.0f : result;
+  return x != x ? x : result;
+}
+static inline double kiln_exp(double x) { return std::exp(x); }
+template <typename T> static inline double kiln_exp(T x) { return std::exp(static_cast<double>(x)); }
+template <typename T> static inline T kiln_sigmoid(T a) { return T(1) / (T(1) + kiln_exp(-a)); }
+template <typename T> static inline T kiln_rsqrt(T a) { return T(1) / std::sqrt(a); }
+// ---- end of prelude ----
+)KILN";
+}
+
+}  // namespace kiln::device_lib

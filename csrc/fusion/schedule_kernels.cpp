@@ -1,0 +1,491 @@
+// The kernel scheduler.
+//
+// Design: one walk over the nodes in order. A node with a decomposition joins an existing kernel when it
+// is compatible (same domain and reduced dims, operands that line up with the kernel's loop variables,
+// external operands produced by earlier steps), else it opens a new kernel; any other node is an extern
+// call whose tensor arguments get materialised. The candidates tried, in order, are the kernels that
+// define the node's operands (vertical fusion: prologues, epilogues, reductions) and then the most recent
+// kernel (horizontal fusion of independent work over the same domain).
+//
+// Every value inside a kernel carries a *dim map*: for each of its dims, the domain dim it runs along
+// (-1 for a kept size-1 dim). A pointwise op whose shape equals the domain runs along all dims; one whose
+// shape equals the domain with the reduced dims removed (or kept as 1) runs once per outer index, so
+// `x - x.amax(-1, keepdim=True)` and `x.sum(-1) * 2` both stay in the reduction's kernel.
+//
+// Views are not kernel nodes: an affine view is an index expression on its root's storage, so only the root
+// has to exist as a tensor. A view that must exist as a tensor itself (a graph output, an extern argument)
+// is run as an extern call, which gives exactly eager's aliasing.
+#include "fusion/schedule_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+#include "common/error.h"
+#include "decomp/decompositions.h"
+
+namespace kiln::fusion {
+
+using decomp::Prim;
+using decomp::PrimOp;
+using decomp::ReduceOp;
+using graph::Graph;
+using graph::Node;
+using graph::NodeIndex;
+using graph::ScalarType;
+using graph::ValueId;
+
+namespace {
+
+using DimMap = std::vector<int>;
+
+constexpr int32_t kNotAvailable = 1 << 30;
+
+struct KernelHome {
+  int32_t kernel = -1;
+  int32_t expr = -1;
+  DimMap dims;
+};
+
+// `shape` as a value of a kernel over `domain` with `reduced` dims: identity, reduced dims kept as 1, or
+// reduced dims dropped.
+std::optional<DimMap> match_domain(const std::vector<int64_t>& shape, const std::vector<int64_t>& domain,
+                                   const std::vector<bool>& reduced) {
+  const int rank = static_cast<int>(domain.size());
+  DimMap identity(rank);
+  for (int d = 0; d < rank; ++d) identity[d] = d;
+  if (shape == domain) return identity;
+  if (std::find(reduced.begin(), reduced.end(), true) == reduced.end()) return std::nullopt;
+  std::vector<int64_t> keep = domain, kept;
+  DimMap keep_map = identity, kept_map;
+  for (int d = 0; d < rank; ++d) {
+    if (reduced[d]) {
+      keep[d] = 1;
+      keep_map[d] = -1;
+    } else {
+      kept.push_back(domain[d]);
+      kept_map.push_back(d);
+    }
+  }
+  if (shape == keep) return keep_map;
+  if (shape == kept) return kept_map;
+  return std::nullopt;
+}
+
+class Scheduler;
+
+// A Python number converted like a C++ static_cast to `t` (kept unrounded for half/bfloat16, which PyTorch
+// also applies in float).
+double convert_constant(double v, ScalarType t) {
+  if (t == ScalarType::Bool) return v != 0 ? 1 : 0;
+  if (!graph::is_floating_or_complex(t)) return std::trunc(v);
+  if (t == ScalarType::Float) return static_cast<double>(static_cast<float>(v));
+  return v;
+}
+
+// Implements decomp's PrimBuilder by appending loop-IR expressions to one kernel.
+class KernelPrimBuilder final : public decomp::PrimBuilder {
+ public:
+  KernelPrimBuilder(Scheduler& s, int32_t kernel, const Node& node, DimMap node_space,
+                    std::vector<int64_t> node_shape, std::vector<DimMap> output_maps)
+      : s_(s), kernel_(kernel), node_(node), node_space_(std::move(node_space)),
+        node_shape_(std::move(node_shape)), output_maps_(std::move(output_maps)) {}
+
+  Prim arg(int arg_index) override;
+  Prim constant(double value, ScalarType dtype) override {
+    Expr e{ExprKind::Constant, dtype};
+    e.constant = value;
+    return add(std::move(e));
+  }
+  Prim unary(PrimOp op, Prim a) override {
+    Expr e{ExprKind::Unary, op == PrimOp::LogicalNot ? ScalarType::Bool : dtype(a)};
+    e.op = op;
+    e.operands[0] = a;
+    return add(std::move(e));
+  }
+  Prim binary(PrimOp op, Prim a, Prim b) override {
+    const bool logical = decomp::is_comparison(op) || op == PrimOp::LogicalAnd || op == PrimOp::LogicalOr;
+    Expr e{ExprKind::Binary, logical ? ScalarType::Bool : dtype(a)};
+    e.op = op;
+    e.operands[0] = a;
+    e.operands[1] = b;
+    return add(std::move(e));
+  }
+  Prim where(Prim c, Prim a, Prim b) override {
+    Expr e{ExprKind::Where, dtype(a)};
+    e.operands[0] = c;
+    e.operands[1] = a;
+    e.operands[2] = b;
+    return add(std::move(e));
+  }
+  Prim cast(Prim a, ScalarType t) override;
+  Prim reduce(ReduceOp op, Prim a) override;
+  ScalarType dtype(Prim a) const override;
+  int64_t reduction_size() const override;
+  void set_output(int index, Prim value) override;
+
+ private:
+  Prim add(Expr e);
+
+  Scheduler& s_;
+  int32_t kernel_;
+  const Node& node_;
+  DimMap node_space_;
+  std::vector<int64_t> node_shape_;
+  std::vector<DimMap> output_maps_;
+};
+
+class Scheduler {
+ public:
+  explicit Scheduler(const Graph& g)
+      : g_(g), home_(g.values.size()), available_(g.values.size(), kNotAvailable),
+        view_root_(g.values.size(), -1), defining_node_(g.values.size(), -1), constants_(g.values.size()) {
+    for (const graph::Value& v : g.values)
+      if (v.is_input || v.is_constant) available_[v.id] = -1;
+  }
+
+  Schedule run() {
+    for (NodeIndex n = 0; n < static_cast<NodeIndex>(g_.nodes.size()); ++n) schedule_node(n);
+    for (ValueId out : g_.outputs) need_tensor(out);
+    finish();
+    return std::move(schedule_);
+  }
+
+  // ---- used by KernelPrimBuilder ----
+  Kernel& kernel(int32_t k) { return schedule_.kernels[k]; }
+  const Graph& graph() const { return g_; }
+  const KernelHome& home(ValueId v) const { return home_[v]; }
+  void set_home(ValueId v, KernelHome h) { home_[v] = std::move(h); }
+  const std::optional<std::pair<double, ScalarType>>& constant(ValueId v) const { return constants_[v]; }
+
+  // Load of tensor `v` (a view or a materialised value) into kernel k at the node's index space.
+  Prim load(int32_t k, ValueId v, const DimMap& node_space, const std::vector<int64_t>& node_shape) {
+    const ValueId root = view_root_[v] >= 0 ? view_root_[v] : v;
+    need_tensor(root);
+    Kernel& kern = kernel(k);
+    const auto& vm = g_.value(v).meta;
+    IndexExpr index;
+    index.offset = vm.storage_offset - g_.value(root).meta.storage_offset;
+    index.strides.assign(kern.domain.size(), 0);
+    const size_t shift = node_shape.size() - vm.sizes.size();
+    for (size_t j = 0; j < vm.sizes.size(); ++j) {
+      const int d = node_space[j + shift];
+      if (vm.sizes[j] == 1 || d < 0) continue;
+      index.strides[d] += vm.strides[j];
+    }
+    Expr e{ExprKind::Load, vm.dtype};
+    e.buffer = buffer_for(k, root, false);
+    e.index = std::move(index);
+    return add_expr(k, std::move(e));
+  }
+
+  Prim add_expr(int32_t k, Expr e) {
+    // Structural CSE inside the kernel: one load per (buffer, index), one value per identical prim.
+    Kernel& kern = kernel(k);
+    std::ostringstream key;
+    key << static_cast<int>(e.kind) << ',' << static_cast<int>(e.dtype) << ',' << static_cast<int>(e.op) << ','
+        << static_cast<int>(e.reduce_op) << ',' << e.operands[0] << ',' << e.operands[1] << ',' << e.operands[2]
+        << ',' << e.buffer << ',' << e.index.offset;
+    key.precision(17);
+    key << ',' << e.constant;
+    for (int64_t s : e.index.strides) key << ',' << s;
+    // Reductions are never merged: two equal sums are rare and keeping them apart keeps codegen simple.
+    if (e.kind != ExprKind::Reduce) {
+      auto [it, inserted] = expr_keys_[k].emplace(key.str(), static_cast<int32_t>(kern.exprs.size()));
+      if (!inserted) return it->second;
+    }
+    kern.exprs.push_back(std::move(e));
+    return static_cast<Prim>(kern.exprs.size() - 1);
+  }
+
+ private:
+  int32_t buffer_for(int32_t k, ValueId v, bool is_output) {
+    Kernel& kern = kernel(k);
+    for (size_t i = 0; i < kern.buffers.size(); ++i)
+      if (kern.buffers[i].value == v && kern.buffers[i].is_output == is_output) return static_cast<int32_t>(i);
+    kern.buffers.push_back({v, g_.value(v).meta.dtype, is_output});
+    return static_cast<int32_t>(kern.buffers.size() - 1);
+  }
+
+  int32_t append_step(Step::Kind kind, int32_t index) {
+    schedule_.steps.push_back({kind, index});
+    return static_cast<int32_t>(schedule_.steps.size() - 1);
+  }
+
+  // Makes `v` a real tensor at run time; returns the step after which it exists (-1: from the start).
+  int32_t need_tensor(ValueId v) {
+    if (available_[v] != kNotAvailable) return available_[v];
+    if (view_root_[v] >= 0 || constants_[v]) {
+      const Node& node = g_.nodes[defining_node_[v]];
+      for (const graph::ArgValue& arg : node.args) graph::for_each_tensor(arg, [&](ValueId a) { need_tensor(a); });
+      const int32_t step = append_step(Step::Kind::Extern, defining_node_[v]);
+      for (ValueId out : node.outputs) available_[out] = step;
+      return step;
+    }
+    const KernelHome& h = home_[v];
+    KILN_ASSERT(h.kernel >= 0) << "value %" << v << " is needed as a tensor but no step defines it";
+    Kernel& kern = kernel(h.kernel);
+    Store store{buffer_for(h.kernel, v, true), h.expr, {}};
+    const auto& vm = g_.value(v).meta;
+    store.index.strides.assign(kern.domain.size(), 0);
+    for (size_t j = 0; j < vm.sizes.size(); ++j)
+      if (h.dims[j] >= 0 && vm.sizes[j] != 1) store.index.strides[h.dims[j]] += vm.strides[j];
+    kern.stores.push_back(std::move(store));
+    available_[v] = kernel_step_[h.kernel];
+    return available_[v];
+  }
+
+  // The step after which `v` can be loaded, without side effects (kNotAvailable if never).
+  int32_t load_step(ValueId v, int32_t into_kernel) const {
+    const ValueId root = view_root_[v] >= 0 ? view_root_[v] : v;
+    if (available_[root] != kNotAvailable) return available_[root];
+    const KernelHome& h = home_[root];
+    if (h.kernel < 0 || h.kernel == into_kernel) return kNotAvailable;  // never load what this kernel stores
+    return kernel_step_[h.kernel];
+  }
+
+  void schedule_node(NodeIndex n) {
+    const Node& node = g_.nodes[n];
+    ScalarType constant_dtype;
+    if (auto value = decomp::constant_node_value(g_, node, constant_dtype)) {
+      constants_[node.outputs[0]] = std::make_pair(*value, constant_dtype);
+      defining_node_[node.outputs[0]] = n;
+      return;
+    }
+    if (decomp::is_affine_view(g_, node)) {
+      const ValueId base = std::get<graph::TensorArg>(node.args[0]).id;
+      const ValueId out = node.outputs[0];
+      defining_node_[out] = n;
+      if (constants_[base]) {  // a view of an inlined constant: just run it
+        schedule_extern(n);
+        return;
+      }
+      view_root_[out] = view_root_[base] >= 0 ? view_root_[base] : base;
+      return;
+    }
+    const decomp::Decomposition* d = decomp::find_decomposition(g_, node);
+    if (!d) {
+      schedule_extern(n);
+      return;
+    }
+    std::vector<int32_t> candidates;
+    for (const graph::ArgValue& arg : node.args)
+      graph::for_each_tensor(arg, [&](ValueId v) {
+        if (home_[v].kernel >= 0) candidates.push_back(home_[v].kernel);
+      });
+    std::sort(candidates.rbegin(), candidates.rend());
+    if (!schedule_.kernels.empty()) candidates.push_back(static_cast<int32_t>(schedule_.kernels.size()) - 1);
+    for (int32_t k : candidates)
+      if (try_fuse(k, n, *d)) return;
+    // A fresh kernel over the node's own domain.
+    Kernel fresh;
+    if (d->reduction_dims) {
+      fresh.domain = g_.value(std::get<graph::TensorArg>(node.args[0]).id).meta.sizes;
+    } else {
+      fresh.domain = g_.value(node.outputs[0]).meta.sizes;
+    }
+    fresh.reduced.assign(fresh.domain.size(), false);
+    schedule_.kernels.push_back(std::move(fresh));
+    expr_keys_.emplace_back();
+    kernel_step_.push_back(append_step(Step::Kind::Kernel, static_cast<int32_t>(schedule_.kernels.size()) - 1));
+    const bool fused = try_fuse(static_cast<int32_t>(schedule_.kernels.size()) - 1, n, *d);
+    KILN_ASSERT(fused) << "node " << n << " (" << node.qualified_name() << ") does not fit its own kernel";
+  }
+
+  void schedule_extern(NodeIndex n) {
+    const Node& node = g_.nodes[n];
+    for (const graph::ArgValue& arg : node.args) graph::for_each_tensor(arg, [&](ValueId v) { need_tensor(v); });
+    const int32_t step = append_step(Step::Kind::Extern, n);
+    for (ValueId out : node.outputs) available_[out] = step;
+  }
+
+  // Checks that node n fits kernel k; if so, builds it there and returns true.
+  bool try_fuse(int32_t k, NodeIndex n, const decomp::Decomposition& d) {
+    const Node& node = g_.nodes[n];
+    Kernel& kern = kernel(k);
+    std::vector<bool> reduced = kern.reduced;
+    DimMap node_space;
+    std::vector<int64_t> node_shape;
+    if (d.reduction_dims) {
+      node_shape = g_.value(std::get<graph::TensorArg>(node.args[0]).id).meta.sizes;
+      if (node_shape != kern.domain) return false;
+      std::vector<bool> wanted(kern.domain.size(), false);
+      for (int64_t dim : d.reduction_dims(g_, node)) wanted[dim] = true;
+      const bool kernel_reduces = kern.has_reduction();
+      const bool node_reduces = std::find(wanted.begin(), wanted.end(), true) != wanted.end();
+      if (kernel_reduces && wanted != kern.reduced) return false;
+      if (!kernel_reduces && !node_reduces) {
+        // a reduction over nothing is pointwise
+      } else {
+        reduced = wanted;
+      }
+      for (size_t i = 0; i < node_shape.size(); ++i) node_space.push_back(static_cast<int>(i));
+    } else {
+      node_shape = g_.value(node.outputs[0]).meta.sizes;
+      auto m = match_domain(node_shape, kern.domain, reduced);
+      if (!m) return false;
+      node_space = *m;
+    }
+    std::vector<DimMap> output_maps;
+    for (int i = 0; i < d.outputs_built; ++i) {
+      auto m = match_domain(g_.value(node.outputs[i]).meta.sizes, kern.domain, reduced);
+      if (!m) return false;
+      output_maps.push_back(*m);
+    }
+    auto runs_along_reduced = [&](const DimMap& map, const std::vector<int64_t>& sizes, size_t shift) {
+      for (size_t j = 0; j < map.size(); ++j)
+        if (map[j] >= 0 && reduced[map[j]] && kern.domain[map[j]] != 1 && sizes[j + shift] != 1) return true;
+      return false;
+    };
+    const bool node_is_full = d.reduction_dims || runs_along_reduced(node_space, node_shape, 0);
+    // Operands.
+    const int32_t step = kernel_step_[k];
+    bool ok = true;
+    for (const graph::ArgValue& arg : node.args) {
+      graph::for_each_tensor(arg, [&](ValueId v) {
+        if (!ok || constants_[v]) return;
+        const auto& vm = g_.value(v).meta;
+        if (vm.sizes.size() > node_shape.size()) {
+          ok = false;
+          return;
+        }
+        const size_t shift = node_shape.size() - vm.sizes.size();
+        if (home_[v].kernel == k) {
+          const DimMap& vmap = home_[v].dims;
+          for (size_t j = 0; j < vm.sizes.size() && ok; ++j) {
+            if (vm.sizes[j] == 1) continue;
+            ok = vm.sizes[j] == node_shape[j + shift] && vmap[j] == node_space[j + shift];
+          }
+          if (!node_is_full && runs_along_reduced(vmap, vm.sizes, 0)) ok = false;
+          return;
+        }
+        ok = load_step(v, k) < step;
+      });
+    }
+    if (!ok) return false;
+    kern.reduced = reduced;
+    kern.nodes.push_back(n);
+    KernelPrimBuilder builder(*this, k, node, node_space, node_shape, output_maps);
+    d.build(builder, g_, node);
+    return true;
+  }
+
+  void finish() {
+    // Kernels whose values nobody needs (dead outputs the passes left) are dropped.
+    std::vector<Step> steps;
+    for (const Step& s : schedule_.steps)
+      if (s.kind == Step::Kind::Extern || !schedule_.kernels[s.index].stores.empty()) steps.push_back(s);
+    schedule_.steps = std::move(steps);
+    for (size_t k = 0; k < schedule_.kernels.size(); ++k) {
+      Kernel& kern = schedule_.kernels[k];
+      std::ostringstream name;
+      name << "kernel_" << k;
+      std::set<std::string> seen;
+      int shown = 0;
+      for (NodeIndex n : kern.nodes) {
+        std::string op = g_.nodes[n].op.substr(g_.nodes[n].op.find("::") + 2);
+        while (!op.empty() && op[0] == '_') op.erase(0, 1);
+        if (!seen.insert(op).second) continue;
+        if (shown++ < 4) name << '_' << op;
+      }
+      kern.name = name.str();
+    }
+    schedule_.materialised.assign(g_.values.size(), false);
+    for (size_t v = 0; v < g_.values.size(); ++v) schedule_.materialised[v] = available_[v] != kNotAvailable;
+  }
+
+  const Graph& g_;
+  Schedule schedule_;
+  std::vector<KernelHome> home_;
+  std::vector<int32_t> available_;   // per value: the step after which it is a tensor
+  std::vector<ValueId> view_root_;    // per value: the materialised storage an affine view reads
+  std::vector<NodeIndex> defining_node_;  // per view/constant value: its node (run when needed as a tensor)
+  std::vector<std::optional<std::pair<double, ScalarType>>> constants_;
+  std::vector<int32_t> kernel_step_;  // per kernel: its step index
+  std::vector<std::map<std::string, int32_t>> expr_keys_;
+};
+
+Prim KernelPrimBuilder::arg(int arg_index) {
+  const graph::ArgValue& a = node_.args[arg_index];
+  if (auto* d = std::get_if<double>(&a)) return constant(*d, ScalarType::Double);
+  if (auto* l = std::get_if<int64_t>(&a)) return constant(static_cast<double>(*l), ScalarType::Long);
+  if (auto* b = std::get_if<bool>(&a)) return constant(*b ? 1 : 0, ScalarType::Bool);
+  auto* t = std::get_if<graph::TensorArg>(&a);
+  KILN_ASSERT(t) << "decomposition of " << node_.qualified_name() << " reads argument " << arg_index
+                 << " that is neither a tensor nor a number";
+  if (const auto& c = s_.constant(t->id)) return constant(c->first, c->second);
+  if (s_.home(t->id).kernel == kernel_) return s_.home(t->id).expr;
+  return s_.load(kernel_, t->id, node_space_, node_shape_);
+}
+
+Prim KernelPrimBuilder::cast(Prim a, ScalarType t) {
+  if (dtype(a) == t) return a;
+  const Expr& source = s_.kernel(kernel_).exprs[a];
+  if (source.kind == ExprKind::Constant) return constant(convert_constant(source.constant, t), t);
+  Expr e{ExprKind::Cast, t};
+  e.operands[0] = a;
+  return add(std::move(e));
+}
+
+Prim KernelPrimBuilder::reduce(ReduceOp op, Prim a) {
+  if (!s_.kernel(kernel_).has_reduction()) return a;  // over no dims (0-d input): the value itself
+  Expr e{ExprKind::Reduce, dtype(a)};
+  e.reduce_op = op;
+  e.operands[0] = a;
+  return add(std::move(e));
+}
+
+ScalarType KernelPrimBuilder::dtype(Prim a) const { return s_.kernel(kernel_).exprs[a].dtype; }
+
+int64_t KernelPrimBuilder::reduction_size() const {
+  const Kernel& k = s_.kernel(kernel_);
+  int64_t n = 1;
+  for (size_t d = 0; d < k.domain.size(); ++d)
+    if (k.reduced[d]) n *= k.domain[d];
+  return n;
+}
+
+void KernelPrimBuilder::set_output(int index, Prim value) {
+  const ValueId out = node_.outputs[index];
+  const Prim typed = cast(value, s_.graph().value(out).meta.dtype);
+  s_.set_home(out, KernelHome{kernel_, typed, output_maps_[index]});
+}
+
+Prim KernelPrimBuilder::add(Expr e) { return s_.add_expr(kernel_, std::move(e)); }
+
+}  // namespace
+
+Schedule schedule_kernels(const Graph& g) { return Scheduler(g).run(); }
+
+std::string Schedule::summary() const {
+  std::ostringstream out;
+  int kernel_count = 0, extern_count = 0;
+  for (const Step& s : steps) (s.kind == Step::Kind::Kernel ? kernel_count : extern_count)++;
+  out << kernel_count << " kernels, " << extern_count << " extern calls";
+  return out.str();
+}
+
+void verify_kernel(const Kernel& k) {
+  KILN_ASSERT_EQ(k.reduced.size(), k.domain.size()) << "kernel " << k.name << ": reduced mask rank";
+  for (size_t i = 0; i < k.exprs.size(); ++i) {
+    const Expr& e = k.exprs[i];
+    for (int32_t op : e.operands)
+      KILN_ASSERT(op < static_cast<int32_t>(i)) << "kernel " << k.name << ": expression " << i
+                                                 << " uses a later expression " << op;
+    if (e.kind == ExprKind::Load) {
+      KILN_ASSERT(e.buffer >= 0 && e.buffer < static_cast<int32_t>(k.buffers.size()))
+          << "kernel " << k.name << ": expression " << i << " loads an unknown buffer";
+      KILN_ASSERT_EQ(e.index.strides.size(), k.domain.size()) << "kernel " << k.name << ": index rank of load " << i;
+    }
+  }
+  for (const Store& s : k.stores) {
+    KILN_ASSERT(s.expr >= 0 && s.expr < static_cast<int32_t>(k.exprs.size())) << "kernel " << k.name << ": store of an unknown expression";
+    KILN_ASSERT(k.buffers[s.buffer].is_output) << "kernel " << k.name << ": store into an input buffer";
+  }
+}
+
+}  // namespace kiln::fusion

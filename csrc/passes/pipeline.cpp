@@ -1,0 +1,36 @@
+// The pass pipeline: a straight line, each step commented with why it sits where it does.
+#include "passes/pipeline.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "common/log.h"
+#include "passes/eliminate_common_subexpressions.h"
+#include "passes/remove_dead_nodes.h"
+
+namespace kiln::passes {
+
+bool verify_enabled() {
+  const char* v = std::getenv("KILN_VERIFY");
+  return v && *v && std::string(v) != "0";
+}
+
+void run_graph_passes(graph::Graph& g) {
+  const bool verify = verify_enabled();
+  auto after = [&](const char* pass) {
+    if (!verify) return;
+    try {
+      g.verify();
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string("graph verifier failed after pass ") + pass + ": " + e.what());
+    }
+  };
+  after("(input)");
+  // CSE first: merged duplicates become dead, and the dead-node sweep below collects them.
+  eliminate_common_subexpressions(g);
+  after("eliminate_common_subexpressions");
+  remove_dead_nodes(g);
+  after("remove_dead_nodes");
+}
+
+}  // namespace kiln::passes

@@ -1,0 +1,18 @@
+#pragma once
+#include "graph/graph.h"
+
+namespace kiln::passes {
+
+/// Removes nodes none of whose outputs reach a graph output. Needs: a verified graph. Guarantees: only
+/// pure nodes are removed (ops with a decomposition and affine views: no in-place, random or otherwise
+/// effectful op is ever dropped); value ids are renumbered densely.
+void remove_dead_nodes(graph::Graph& g);
+
+/// After nodes were removed: drops the values no node defines, renumbers the rest densely and resets
+/// Value::producer (shared by the passes).
+void renumber_producers(graph::Graph& g);
+
+/// True for nodes the passes may drop or merge: no side effects, result determined by the arguments.
+bool is_pure_node(const graph::Graph& g, const graph::Node& node);
+
+}  // namespace kiln::passes

@@ -1,0 +1,213 @@
+// The autograd bridge (see autograd_graph.h) and the meta oracle autodiff/ builds backward graphs with.
+//
+// Design: the joint node is a torch::autograd::Function, so the engine's own machinery does what eager
+// does: edges to the inputs that require grad (AccumulateGrad for parameters), SavedVariables with
+// version checks (an in-place change of a saved tensor raises as in eager), release of saved values after
+// backward unless retain_graph, non-differentiable outputs. The forward runs with grad off; the backward
+// conforms its inputs to the strides the compiled backward was built for (contiguous gradients).
+#include "runtime/autograd_graph.h"
+
+#include <Python.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "autodiff/build_joint_graphs.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "runtime/node_call.h"
+
+namespace kiln::runtime {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+at::TensorOptions options_of(const graph::TensorMeta& meta, c10::Device device) {
+  return at::TensorOptions().dtype(static_cast<at::ScalarType>(meta.dtype)).device(device);
+}
+
+// Runs each emitted backward op on meta tensors shaped like its arguments: PyTorch's meta kernels give
+// the results' sizes, strides and dtype.
+class MetaOracle final : public autodiff::OpOracle {
+ public:
+  std::vector<graph::TensorMeta> complete_node(const graph::Graph& g, graph::Node& node) override {
+    const std::string overload = node.overload == "default" ? "" : node.overload;
+    auto handle = c10::Dispatcher::singleton().findSchema({node.op, overload});
+    KILN_ASSERT(handle.has_value()) << "backward op " << node.qualified_name() << " is not registered";
+    const c10::FunctionSchema& schema = handle->schema();
+    KILN_ASSERT_EQ(schema.arguments().size(), node.args.size()) << "arguments of backward op " << node.qualified_name();
+    node.arg_names.clear();
+    node.num_positional = 0;
+    for (const c10::Argument& a : schema.arguments()) {
+      node.arg_names.push_back(a.name());
+      if (!a.kwarg_only()) node.num_positional++;
+      if (a.alias_info() && a.alias_info()->isWrite()) node.mutates_args = true;
+    }
+    for (const c10::Argument& r : schema.returns())
+      if (r.alias_info()) node.is_view = true;
+
+    const auto first_output = static_cast<graph::ValueId>(g.values.size());
+    std::optional<graph::TensorMeta> first_input;
+    values_.resize(g.values.size() + schema.returns().size());
+    for (const graph::ArgValue& arg : node.args)
+      graph::for_each_tensor(arg, [&](graph::ValueId id) {
+        if (!first_input) first_input = g.values[id].meta;
+        if (!values_[id].defined()) values_[id] = meta_tensor(g.values[id].meta);
+      });
+    KILN_ASSERT(first_input.has_value()) << "backward op " << node.qualified_name() << " without tensor arguments";
+    node.outputs.clear();
+    for (size_t i = 0; i < schema.returns().size(); ++i) node.outputs.push_back(first_output + static_cast<graph::ValueId>(i));
+    PreparedNode prepared = prepare_node(g, node, values_);
+    call_node(prepared, g, values_, values_);
+    std::vector<graph::TensorMeta> metas;
+    for (graph::ValueId out : node.outputs) {
+      graph::TensorMeta meta;
+      meta.device = first_input->device;
+      at::Tensor& t = values_[out];
+      if (t.defined()) {
+        meta.sizes = t.sizes().vec();
+        meta.strides = t.strides().vec();
+        meta.storage_offset = t.storage_offset();
+        meta.dtype = static_cast<graph::ScalarType>(t.scalar_type());
+      } else {  // a masked-off result (output_mask false): never read
+        meta.sizes = {0};
+        meta.strides = {1};
+        meta.dtype = first_input->dtype;
+      }
+      metas.push_back(std::move(meta));
+    }
+    for (graph::ValueId out : node.outputs) values_[out].reset();  // add_node assigns the real ids
+    node.outputs.clear();
+    return metas;
+  }
+
+ private:
+  static at::Tensor meta_tensor(const graph::TensorMeta& meta) {
+    at::Tensor t = at::empty_strided(meta.sizes, meta.strides, options_of(meta, c10::Device(c10::kMeta)));
+    if (meta.storage_offset != 0) t = t.as_strided(meta.sizes, meta.strides, meta.storage_offset);
+    return t;
+  }
+  std::vector<at::Tensor> values_;  // meta tensors by backward ValueId
+};
+
+struct JointProgram final : torch::CustomClassHolder {
+  autodiff::JointGraphs joint;
+  std::shared_ptr<CompiledGraph> forward;
+  std::shared_ptr<CompiledGraph> backward;
+};
+
+// A tensor with exactly the sizes and strides `meta` promises (copied only when it differs).
+at::Tensor conform(const at::Tensor& t, const graph::TensorMeta& meta) {
+  const auto dtype = static_cast<at::ScalarType>(meta.dtype);
+  if (t.sizes().equals(meta.sizes) && t.strides().equals(meta.strides) && t.scalar_type() == dtype) return t;
+  at::Tensor copy = at::empty_strided(meta.sizes, meta.strides, t.options().dtype(dtype));
+  copy.copy_(t);
+  return copy;
+}
+
+[[noreturn]] void raise_double_backward() {
+  const char* message =
+      "double backward through a kiln-compiled graph is not supported; compile without kiln or use "
+      "torch.autograd.grad on the eager function";
+  {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject* errors = PyImport_ImportModule("kiln.errors");
+    PyObject* type = errors ? PyObject_GetAttrString(errors, "KilnError") : nullptr;
+    if (type) {
+      PyErr_SetString(type, message);
+    } else {
+      PyErr_SetString(PyExc_RuntimeError, message);
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(errors);
+    python_error err;
+    err.persist();
+    PyGILState_Release(gil);
+    throw std::move(err);
+  }
+}
+
+struct KilnFunction : torch::autograd::Function<KilnFunction> {
+  static variable_list forward(AutogradContext* ctx, at::TensorList input_list, c10::intrusive_ptr<JointProgram> program) {
+    const std::vector<at::Tensor> inputs = input_list.vec();
+    const autodiff::JointGraphs& joint = program->joint;
+    std::vector<at::Tensor> results = program->forward->run(inputs);
+    variable_list outputs(results.begin(), results.begin() + static_cast<std::ptrdiff_t>(joint.num_outputs));
+    variable_list saved;
+    size_t next = joint.num_outputs;
+    for (int32_t from_input : joint.saved_from_input) saved.push_back(from_input >= 0 ? inputs[from_input] : results.at(next++));
+    ctx->save_for_backward(saved);
+    ctx->saved_data["program"] = c10::IValue::make_capsule(program);
+    variable_list non_differentiable;
+    for (size_t i = 0; i < outputs.size(); ++i)
+      if (!joint.output_differentiable[i]) non_differentiable.push_back(outputs[i]);
+    if (!non_differentiable.empty()) ctx->mark_non_differentiable(non_differentiable);
+    return outputs;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    if (at::GradMode::is_enabled()) raise_double_backward();
+    auto program = c10::static_intrusive_pointer_cast<JointProgram>(ctx->saved_data["program"].toCapsule());
+    const autodiff::JointGraphs& joint = program->joint;
+    const graph::Graph& bg = *joint.backward;
+    variable_list saved = ctx->get_saved_variables();
+    std::vector<at::Tensor> inputs;
+    inputs.reserve(bg.inputs.size());
+    for (size_t i = 0; i < joint.num_outputs; ++i) {
+      if (!joint.output_differentiable[i]) continue;
+      const graph::TensorMeta& meta = bg.values[bg.inputs[inputs.size()]].meta;
+      KILN_ASSERT(grad_outputs[i].defined()) << "the autograd engine passed no gradient for output " << i;
+      inputs.push_back(conform(grad_outputs[i], meta));
+    }
+    for (const at::Tensor& s : saved) inputs.push_back(conform(s, bg.values[bg.inputs[inputs.size()]].meta));
+    std::vector<at::Tensor> grads = program->backward->run(inputs);
+    // One gradient per forward argument: the inputs (undefined where none flows), then the program.
+    const size_t num_inputs = joint.forward->inputs.size();
+    variable_list result(num_inputs + 1);
+    for (size_t i = 0; i < joint.grad_inputs.size(); ++i) result[joint.grad_inputs[i]] = grads[i];
+    return result;
+  }
+};
+
+class JointGraph final : public AutogradGraph {
+ public:
+  explicit JointGraph(c10::intrusive_ptr<JointProgram> program) : program_(std::move(program)) {}
+
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) override {
+    bool needs_grad = false;
+    if (at::GradMode::is_enabled())
+      for (const at::Tensor& t : inputs) needs_grad = needs_grad || (t.defined() && t.requires_grad());
+    // A TensorList (not a vector) so that Function::apply sees each input as a variable.
+    if (needs_grad) return KilnFunction::apply(at::TensorList(inputs), program_);
+    std::vector<at::Tensor> results = program_->forward->run(inputs);
+    results.resize(program_->joint.num_outputs);
+    return results;
+  }
+  const CompiledGraph& forward() const override { return *program_->forward; }
+  const CompiledGraph& backward() const override { return *program_->backward; }
+
+ private:
+  c10::intrusive_ptr<JointProgram> program_;
+};
+
+}  // namespace
+
+std::shared_ptr<AutogradGraph> compile_autograd_graph(std::shared_ptr<const graph::Graph> g,
+                                                      const CompileGradFreeGraph& compile_part) {
+  MetaOracle oracle;
+  auto program = c10::make_intrusive<JointProgram>();
+  {
+    at::NoGradGuard no_grad;
+    program->joint = autodiff::build_joint_graphs(*g, oracle);
+  }
+  KILN_LOG(graph) << "kiln autograd: forward\n" << program->joint.forward->to_string() << "backward\n"
+                  << program->joint.backward->to_string();
+  program->forward = compile_part(program->joint.forward);
+  program->backward = compile_part(program->joint.backward);
+  return std::make_shared<JointGraph>(std::move(program));
+}
+
+}  // namespace kiln::runtime

@@ -1,0 +1,197 @@
+// Opens libcuda once per process and wraps the calls kiln needs. The library is looked up where the
+// driver installs it (the loader's path, then /usr/local/nvidia/lib64 on the GPU machine); when torch
+// already loaded it, dlopen returns that same copy by soname.
+#include "runtime/cuda_driver.h"
+
+#include <dlfcn.h>
+
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+#include <vector>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace kiln::runtime::cuda {
+namespace {
+
+constexpr const char* kDriverCandidates[] = {
+    "libcuda.so.1",
+    "/usr/local/nvidia/lib64/libcuda.so.1",
+    "/usr/local/nvidia/lib64/libcuda.so",
+    "libcuda.so",
+};
+
+struct LoadedDriver {
+  DriverApi api{};
+  bool ok = false;
+  std::string path;
+  std::string failure;  // why loading failed, with every path tried
+};
+
+// One symbol per DriverApi field; a missing one means a driver too old for kiln.
+template <typename Fn>
+bool resolve(void* handle, const char* name, Fn*& slot, std::string& missing) {
+  slot = reinterpret_cast<Fn*>(dlsym(handle, name));
+  if (!slot) missing += std::string(missing.empty() ? "" : ", ") + name;
+  return slot != nullptr;
+}
+
+std::string describe_with(const DriverApi& a, CudaResult result) {
+  const char* name = nullptr;
+  const char* text = nullptr;
+  if (a.cuGetErrorName) a.cuGetErrorName(result, &name);
+  if (a.cuGetErrorString) a.cuGetErrorString(result, &text);
+  std::ostringstream out;
+  out << (name ? name : "CUDA error") << " " << result;
+  if (text) out << " (" << text << ")";
+  return out.str();
+}
+
+LoadedDriver load_driver() {
+  LoadedDriver loaded;
+  std::ostringstream tried;
+  void* handle = nullptr;
+  for (const char* candidate : kDriverCandidates) {
+    handle = dlopen(candidate, RTLD_NOW | RTLD_LOCAL);
+    if (handle) {
+      loaded.path = candidate;
+      break;
+    }
+    tried << "\n  " << candidate << ": " << dlerror();
+  }
+  if (!handle) {
+    loaded.failure = "the CUDA driver (libcuda) was not found; tried:" + tried.str() +
+                     "\nCUDA kernels need an NVIDIA driver; on a machine without one use CPU tensors.";
+    return loaded;
+  }
+  DriverApi& a = loaded.api;
+  std::string missing;
+  resolve(handle, "cuInit", a.cuInit, missing);
+  resolve(handle, "cuDriverGetVersion", a.cuDriverGetVersion, missing);
+  resolve(handle, "cuDeviceGetCount", a.cuDeviceGetCount, missing);
+  resolve(handle, "cuDeviceGet", a.cuDeviceGet, missing);
+  resolve(handle, "cuDeviceGetAttribute", a.cuDeviceGetAttribute, missing);
+  resolve(handle, "cuDevicePrimaryCtxRetain", a.cuDevicePrimaryCtxRetain, missing);
+  resolve(handle, "cuCtxGetCurrent", a.cuCtxGetCurrent, missing);
+  resolve(handle, "cuCtxSetCurrent", a.cuCtxSetCurrent, missing);
+  resolve(handle, "cuCtxGetDevice", a.cuCtxGetDevice, missing);
+  resolve(handle, "cuModuleLoadData", a.cuModuleLoadData, missing);
+  resolve(handle, "cuModuleUnload", a.cuModuleUnload, missing);
+  resolve(handle, "cuModuleGetFunction", a.cuModuleGetFunction, missing);
+  resolve(handle, "cuFuncGetAttribute", a.cuFuncGetAttribute, missing);
+  resolve(handle, "cuLaunchKernel", a.cuLaunchKernel, missing);
+  resolve(handle, "cuGetErrorName", a.cuGetErrorName, missing);
+  resolve(handle, "cuGetErrorString", a.cuGetErrorString, missing);
+  if (!missing.empty()) {
+    loaded.failure = "the CUDA driver at " + loaded.path + " lacks " + missing + ": update the NVIDIA driver";
+    return loaded;
+  }
+  // The handle stays open for the life of the process: modules and functions point into it.
+  CudaResult init = a.cuInit(0);
+  if (init != 0) {
+    loaded.failure = "cuInit failed: " + describe_with(a, init) + " (driver " + loaded.path + ")";
+    return loaded;
+  }
+  loaded.ok = true;
+  KILN_LOG(perf) << "CUDA driver loaded from " << loaded.path;
+  return loaded;
+}
+
+const LoadedDriver& loaded_driver() {
+  static const LoadedDriver loaded = load_driver();  // thread-safe, once
+  return loaded;
+}
+
+}  // namespace
+
+bool driver_available() { return loaded_driver().ok; }
+
+const DriverApi& driver() {
+  const LoadedDriver& loaded = loaded_driver();
+  KILN_CHECK(loaded.ok) << loaded.failure;
+  return loaded.api;
+}
+
+std::string driver_library_path() { return loaded_driver().ok ? loaded_driver().path : std::string(); }
+
+std::string describe_error(CudaResult result) { return describe_with(loaded_driver().api, result); }
+
+void check(CudaResult result, const char* what) {
+  if (result == 0) return;
+  // A user-facing error: most failures here are launch configurations or a broken device, not kiln bugs.
+  KILN_CHECK(false) << what << " failed: " << describe_error(result);
+}
+
+int device_count() {
+  int count = 0;
+  check(driver().cuDeviceGetCount(&count), "cuDeviceGetCount");
+  return count;
+}
+
+ComputeCapability compute_capability(int ordinal) {
+  const DriverApi& a = driver();
+  CudaDevice device = 0;
+  check(a.cuDeviceGet(&device, ordinal), "cuDeviceGet");
+  ComputeCapability cc;
+  check(a.cuDeviceGetAttribute(&cc.major, kDeviceAttributeComputeCapabilityMajor, device), "cuDeviceGetAttribute");
+  check(a.cuDeviceGetAttribute(&cc.minor, kDeviceAttributeComputeCapabilityMinor, device), "cuDeviceGetAttribute");
+  return cc;
+}
+
+namespace {
+
+// Primary contexts retained by kiln, one per device, never released: torch keeps them alive anyway,
+// and releasing at exit would race the driver's own teardown.
+CudaContext retained_primary_context(int ordinal) {
+  static std::mutex mutex;
+  static std::unordered_map<int, CudaContext>* contexts = new std::unordered_map<int, CudaContext>();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = contexts->find(ordinal);
+  if (found != contexts->end()) return found->second;
+  const DriverApi& a = driver();
+  CudaDevice device = 0;
+  check(a.cuDeviceGet(&device, ordinal), "cuDeviceGet");
+  CudaContext context = nullptr;
+  check(a.cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
+  contexts->emplace(ordinal, context);
+  return context;
+}
+
+// Which device the thread's current context belongs to, remembered per thread: asking the driver for
+// the device of a context costs a call, and the current context rarely changes between launches.
+thread_local CudaContext cached_context = nullptr;
+thread_local int cached_context_device = -1;
+
+int device_of_current(const DriverApi& a, CudaContext current) {
+  if (current == cached_context) return cached_context_device;
+  CudaDevice device = -1;
+  check(a.cuCtxGetDevice(&device), "cuCtxGetDevice");
+  // The ordinal is what cuDeviceGet(ordinal) returns: on every driver CUdevice equals the ordinal.
+  cached_context = current;
+  cached_context_device = device;
+  return device;
+}
+
+}  // namespace
+
+DeviceContextGuard::DeviceContextGuard(int ordinal) {
+  const DriverApi& a = driver();
+  check(a.cuCtxGetCurrent(&previous_), "cuCtxGetCurrent");
+  if (previous_ && device_of_current(a, previous_) == ordinal) {
+    context_ = previous_;
+    return;
+  }
+  context_ = retained_primary_context(ordinal);
+  check(a.cuCtxSetCurrent(context_), "cuCtxSetCurrent");
+  // Keep the primary context on a thread that had none (a worker thread's later calls find it); put
+  // back another device's context, as a device guard would.
+  switched_ = previous_ != nullptr;
+}
+
+DeviceContextGuard::~DeviceContextGuard() {
+  if (switched_) loaded_driver().api.cuCtxSetCurrent(previous_);  // no throw from a destructor
+}
+
+}  // namespace kiln::runtime::cuda

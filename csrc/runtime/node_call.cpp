@@ -1,0 +1,152 @@
+// Preparing and calling one node through the dispatcher (see node_call.h).
+#include "runtime/node_call.h"
+
+#include <ATen/core/stack.h>
+#include <ATen/ops/scalar_tensor.h>
+
+#include "common/error.h"
+
+namespace kiln::runtime {
+
+namespace {
+
+bool is_optional_tensor_list(const c10::TypePtr& type) {
+  c10::TypePtr t = type;
+  if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
+  auto list = t->cast<c10::ListType>();
+  return list && list->getElementType()->kind() == c10::TypeKind::OptionalType;
+}
+
+bool expects_tensor(const c10::TypePtr& type) {
+  c10::TypePtr t = type;
+  if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
+  return t->kind() == c10::TypeKind::TensorType;
+}
+
+// `x + 1.0` reaches __torch_dispatch__ as add.Tensor(x, 1.0): the Python number stands for a "wrapped
+// number" tensor, which type promotion treats like a scalar. Rebuild exactly that.
+c10::IValue wrapped_number(const c10::Scalar& s, at::ScalarType dtype) {
+  at::Tensor t = at::scalar_tensor(s, at::TensorOptions().dtype(dtype).device(at::kCPU));
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
+}
+
+bool expects_float(const c10::TypePtr& type) {
+  c10::TypePtr t = type;
+  if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
+  return t->kind() == c10::TypeKind::FloatType;
+}
+
+// Non-tensor ArgValue -> IValue, one overload per alternative (tensor kinds are handled by the caller).
+struct ConstantArgToIValue {
+  const c10::Argument& schema_arg;
+  c10::IValue operator()(const graph::NoneArg&) const { return {}; }
+  c10::IValue operator()(const graph::TensorArg&) const { return {}; }
+  c10::IValue operator()(const graph::TensorListArg&) const { return {}; }
+  c10::IValue operator()(bool b) const {
+    if (expects_tensor(schema_arg.type())) return wrapped_number(b, at::kBool);
+    return b;
+  }
+  c10::IValue operator()(int64_t i) const {
+    if (expects_tensor(schema_arg.type())) return wrapped_number(i, at::kLong);
+    // Python hands integral defaults to float parameters ("float eps=1"): the schema decides.
+    if (expects_float(schema_arg.type())) return static_cast<double>(i);
+    return i;
+  }
+  c10::IValue operator()(double d) const {
+    if (expects_tensor(schema_arg.type())) return wrapped_number(d, at::kDouble);
+    return d;
+  }
+  c10::IValue operator()(const std::complex<double>& c) const {
+    const c10::complex<double> value(c.real(), c.imag());
+    if (expects_tensor(schema_arg.type())) return wrapped_number(value, at::kComplexDouble);
+    return value;
+  }
+  c10::IValue operator()(const std::string& s) const { return s; }
+  c10::IValue operator()(const std::vector<int64_t>& v) const { return v; }
+  c10::IValue operator()(const std::vector<double>& v) const { return v; }
+  c10::IValue operator()(const std::vector<bool>& v) const {
+    c10::List<bool> list;
+    for (bool b : v) list.push_back(b);
+    return list;
+  }
+  c10::IValue operator()(const graph::ScalarTypeArg& t) const { return static_cast<int64_t>(t.type); }
+  c10::IValue operator()(const graph::LayoutArg& l) const { return static_cast<int64_t>(l.code); }
+  c10::IValue operator()(const graph::MemoryFormatArg& m) const { return static_cast<int64_t>(m.code); }
+  c10::IValue operator()(const graph::Device& d) const {
+    return c10::Device(static_cast<c10::DeviceType>(d.type), d.index);
+  }
+};
+
+const at::Tensor& lookup(graph::ValueId id, const graph::Graph& g, const std::vector<at::Tensor>& constants,
+                         const std::vector<at::Tensor>& env) {
+  return g.values[id].is_constant ? constants[id] : env[id];
+}
+
+c10::IValue build_list(const PreparedNode::TensorListSlot& slot, const graph::Graph& g,
+                       const std::vector<at::Tensor>& constants, const std::vector<at::Tensor>& env) {
+  if (slot.optional_elements) {
+    c10::List<std::optional<at::Tensor>> list;
+    list.reserve(slot.ids.size());
+    for (const auto& id : slot.ids)
+      list.push_back(id ? std::optional<at::Tensor>(lookup(*id, g, constants, env)) : std::nullopt);
+    return list;
+  }
+  c10::List<at::Tensor> list;
+  list.reserve(slot.ids.size());
+  for (const auto& id : slot.ids) list.push_back(lookup(*id, g, constants, env));
+  return list;
+}
+
+}  // namespace
+
+PreparedNode prepare_node(const graph::Graph& g, const graph::Node& node, const std::vector<at::Tensor>& constants) {
+  PreparedNode prepared;
+  prepared.name = node.qualified_name();
+  const std::string overload = node.overload == "default" ? "" : node.overload;
+  auto handle = c10::Dispatcher::singleton().findSchema({node.op, overload});
+  KILN_CHECK(handle.has_value()) << "no ATen operator " << prepared.name << " is registered with the dispatcher";
+  prepared.op = *handle;
+  const auto& schema_args = prepared.op->schema().arguments();
+  KILN_ASSERT_EQ(schema_args.size(), node.args.size()) << "argument count of " << prepared.name;
+  for (size_t i = 0; i < node.args.size(); ++i) {
+    const auto position = static_cast<int32_t>(i);
+    const graph::ArgValue& arg = node.args[i];
+    if (auto* t = std::get_if<graph::TensorArg>(&arg)) {
+      if (g.values[t->id].is_constant) {
+        prepared.stack_template.emplace_back(constants[t->id]);
+      } else {
+        prepared.tensor_slots.push_back({position, t->id});
+        prepared.stack_template.emplace_back();
+      }
+    } else if (auto* list = std::get_if<graph::TensorListArg>(&arg)) {
+      prepared.list_slots.push_back({position, is_optional_tensor_list(schema_args[i].type()), list->ids});
+      prepared.stack_template.emplace_back();
+    } else {
+      prepared.stack_template.push_back(std::visit(ConstantArgToIValue{schema_args[i]}, arg));
+    }
+  }
+  prepared.outputs = node.outputs;
+  prepared.returns_list = node.returns_list;
+  return prepared;
+}
+
+void call_node(const PreparedNode& node, const graph::Graph& g, const std::vector<at::Tensor>& constants,
+               std::vector<at::Tensor>& env) {
+  torch::jit::Stack stack = node.stack_template;
+  for (const auto& slot : node.tensor_slots) stack[slot.position] = env[slot.id];
+  for (const auto& slot : node.list_slots) stack[slot.position] = build_list(slot, g, constants, env);
+  node.op->callBoxed(stack);
+  if (node.returns_list) {
+    KILN_ASSERT_EQ(stack.size(), 1u) << "list-returning op " << node.name;
+    std::vector<at::Tensor> items = stack[0].toTensorVector();
+    KILN_ASSERT_EQ(items.size(), node.outputs.size())
+        << node.name << " returned a different number of tensors than when it was captured";
+    for (size_t i = 0; i < items.size(); ++i) env[node.outputs[i]] = std::move(items[i]);
+    return;
+  }
+  KILN_ASSERT_EQ(stack.size(), node.outputs.size()) << "returns of " << node.name;
+  for (size_t i = 0; i < stack.size(); ++i) env[node.outputs[i]] = std::move(stack[i]).toTensor();
+}
+
+}  // namespace kiln::runtime

@@ -1,0 +1,47 @@
+#pragma once
+// Calling one graph node through the c10 dispatcher, shared by the eager interpreter and the extern calls
+// of compiled graphs (runtime/kernel_graph.cpp): everything that does not depend on the call's tensors
+// (OperatorHandle, non-tensor arguments as IValues, constant tensors) is prepared once.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "graph/graph.h"
+
+namespace kiln::runtime {
+
+struct PreparedNode {
+  // A stack position filled per call with one tensor.
+  struct TensorSlot {
+    int32_t position;
+    graph::ValueId id;
+  };
+  // A stack position filled per call with a Tensor[] / Tensor?[] built from values.
+  struct TensorListSlot {
+    int32_t position;
+    bool optional_elements;  // Tensor?[] (c10::List<std::optional<Tensor>>)
+    std::vector<std::optional<graph::ValueId>> ids;
+  };
+  std::optional<c10::OperatorHandle> op;  // always set; optional only because handles have no default
+  std::string name;                       // "aten::addmm.default", for error messages
+  std::vector<c10::IValue> stack_template;
+  std::vector<TensorSlot> tensor_slots;
+  std::vector<TensorListSlot> list_slots;
+  std::vector<graph::ValueId> outputs;
+  bool returns_list = false;
+};
+
+/// Looks up the node's operator and converts its constant arguments. `constants[id]` is the real tensor of
+/// constant value `id`. Unknown ops or argument lists that do not match the schema raise an error naming
+/// the node.
+PreparedNode prepare_node(const graph::Graph& g, const graph::Node& node, const std::vector<at::Tensor>& constants);
+
+/// Calls the op at the top of the dispatcher (autograd and every other key behave as in eager) with the
+/// tensors of `env` (indexed by ValueId; constants read from `constants`), and stores its results in `env`.
+void call_node(const PreparedNode& node, const graph::Graph& g, const std::vector<at::Tensor>& constants,
+               std::vector<at::Tensor>& env);
+
+}  // namespace kiln::runtime

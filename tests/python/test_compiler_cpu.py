@@ -1,0 +1,351 @@
+"""The "kiln" backend on CPU: decompositions, fusion, C++/OpenMP code generation, the on-disk cache.
+
+Graphs are captured with a user backend that keeps them, then compiled with
+`kiln._C.compile_graph(graph, "kiln", inputs)`; `kiln._C.compiled_graph_summary(compiled)` says which
+kernels and extern calls it made. Every result is compared with eager on fresh random inputs.
+All tests share one temporary KILN_CACHE_DIR (cleared at the start) so that identical kernels compile once.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+import seed_models
+from kiln.testing import random_tensor, tolerance
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kiln_cache_dir(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("kiln_cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KILN_CACHE_DIR", str(cache))
+        yield str(cache)
+
+
+def capture(fn, *inputs):
+    """The graph kiln captures for fn(*inputs) (exactly one graph expected) and its example inputs."""
+    graphs = []
+
+    def keep(graph, example_inputs):
+        graphs.append((graph, list(example_inputs)))
+        return lambda xs: kiln._C.run_graph(graph, "eager", xs)
+
+    kiln.reset()
+    with torch.no_grad():
+        kiln.compile(fn, backend=keep, fullgraph=True)(*inputs)
+    kiln.reset()
+    assert len(graphs) == 1
+    return graphs[0]
+
+
+def compile_kiln(fn, *inputs):
+    graph, example_inputs = capture(fn, *inputs)
+    compiled = kiln._C.compile_graph(graph, "kiln", example_inputs)
+    return compiled, kiln._C.compiled_graph_summary(compiled), example_inputs
+
+
+def assert_matches(actual, expected, kind):
+    expected = list(expected) if isinstance(expected, (tuple, list)) else [expected]
+    actual = list(actual) if isinstance(actual, (tuple, list)) else [actual]
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        assert a.dtype == e.dtype and a.shape == e.shape
+        if e.numel() > 1:
+            assert a.stride() == e.stride()
+        rtol, atol = tolerance(e.dtype, kind)
+        torch.testing.assert_close(a, e, rtol=rtol, atol=atol, equal_nan=True)
+
+
+def check(fn, *inputs, kind="general", expect_kernels=None, expect_backend="kiln"):
+    """Compiles fn's graph with the kiln backend and checks its summary and its outputs on the example
+    inputs; then runs fn through kiln.compile (the default backend, guards and all) on fresh inputs of the
+    same kind. Both are compared with eager: values, dtypes, shapes, strides."""
+    compiled, summary, example_inputs = compile_kiln(fn, *inputs)
+    assert summary["backend"] == expect_backend, summary["fallback_reason"]
+    if expect_kernels is not None:
+        assert len(summary["kernels"]) == expect_kernels, summary
+    with torch.no_grad():
+        expected = fn(*inputs)
+        actual = compiled(example_inputs)
+    if isinstance(expected, (tuple, list)) and len(actual) == len(expected):
+        assert_matches(actual, expected, kind)
+    fresh = [fresh_like(t) for t in inputs]
+    kiln.reset()
+    with torch.no_grad():
+        assert_matches(kiln.compile(fn)(*fresh), fn(*fresh), kind)
+    kiln.reset()
+    return summary
+
+
+def fresh_like(t):
+    """Same shape, dtype and strides, new random values (never all zeros)."""
+    base = random_tensor(*t.shape, dtype=t.dtype) if t.dtype != torch.bool else torch.rand(t.shape) > 0.5
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).copy_(base)
+
+
+def rand(*shape, dtype=torch.float32):
+    if dtype == torch.bool:
+        return torch.rand(shape) > 0.5
+    if not dtype.is_floating_point:
+        return torch.randint(-50, 50, shape, dtype=dtype)
+    return random_tensor(*shape, dtype=dtype)
+
+
+# ---- kernel counts ---------------------------------------------------------------------------------------
+def test_pointwise_chain_is_one_kernel():
+    summary = check(lambda x: torch.relu((x + 1) * 2), rand(37, 53), kind="pointwise", expect_kernels=1)
+    assert summary["externs"] == []
+    assert "kernel_0_add_mul_relu" in summary["source"]
+    assert "#pragma omp" in summary["source"]
+
+
+def test_softmax_is_one_kernel():
+    check(lambda x: torch.softmax(x, -1), rand(33, 129), expect_kernels=1)
+
+
+def test_log_softmax_is_one_kernel():
+    check(lambda x: torch.log_softmax(x, -1), rand(7, 65), expect_kernels=1)
+
+
+def test_layer_norm_is_one_kernel():
+    w, b = rand(96), rand(96)
+    check(lambda x: F.layer_norm(x, (96,), w, b), rand(4, 5, 96), expect_kernels=1)
+
+
+def test_linear_bias_gelu_is_one_extern_and_at_most_one_kernel():
+    w, b = rand(48, 32), rand(48)
+    summary = check(lambda x: F.gelu(F.linear(x, w, b)), rand(16, 32))
+    assert len(summary["kernels"]) <= 1
+    assert [op for op in summary["externs"] if op in ("aten::addmm.default", "aten::mm.default")] == summary["externs"][-1:]
+    assert len([op for op in summary["externs"] if "mm" in op]) == 1
+
+
+def test_reduction_with_epilogue_stays_in_one_kernel():
+    check(lambda x: (x - x.amax(-1, keepdim=True)).exp().sum(-1) * 2, rand(9, 31), expect_kernels=1)
+
+
+def test_horizontal_fusion_of_independent_pointwise_ops():
+    check(lambda x, y: (x.exp(), y.abs() + 1), rand(10, 10), rand(10, 10), kind="pointwise", expect_kernels=1)
+
+
+# ---- op coverage ------------------------------------------------------------------------------------------
+FLOAT_DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+
+UNARY_OPS = {
+    "relu": torch.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu,
+    "sigmoid": torch.sigmoid, "tanh": torch.tanh, "exp": torch.exp, "log": lambda x: torch.log(x.abs() + 0.5),
+    "neg": torch.neg, "abs": torch.abs, "sqrt": lambda x: torch.sqrt(x.abs()), "rsqrt": lambda x: torch.rsqrt(x.abs() + 0.1),
+    "pow2": lambda x: x ** 2, "pow3": lambda x: x.pow(3), "pow_half": lambda x: x.abs() ** 0.5, "pow_odd": lambda x: x.abs() ** 1.7,
+    "clamp": lambda x: x.clamp(-0.5, 0.7), "clamp_min": lambda x: x.clamp_min(0.1), "clamp_max": lambda x: x.clamp(max=0.2),
+    "where": lambda x: torch.where(x > 0, x, x * 0.1), "erf": torch.erf,
+}
+
+
+UNARY_OP_LIST = list(UNARY_OPS.values())
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_unary_ops(dtype):
+    # All unary ops of one dtype in one graph: one compile per dtype keeps this test fast.
+    def f(x):
+        out = []
+        for op in UNARY_OP_LIST:
+            out.append(op(x))
+        return tuple(out)
+    check(f, rand(13, 17, dtype=dtype), kind="pointwise")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + [torch.int64], ids=str)
+def test_binary_ops_with_broadcast_and_scalars(dtype):
+    def f(x, y, z):
+        out = (x + y, x - y, x * z, torch.add(x, y, alpha=2), torch.sub(x, z, alpha=3), x + 3, 2 - x, x * 4,
+               torch.maximum(x, y), torch.minimum(x, z), x > y, x <= 1, x == x, torch.where(x > 0, y, z))
+        if dtype.is_floating_point:
+            out += (x / (y.abs() + 1), x / 3, x.to(torch.float64), x.to(torch.float32))
+        else:
+            out += (x.to(torch.float32), x.clamp(-3, 5), x.abs(), -x)
+        return out
+    # half/bfloat16: fused chains keep intermediates in float (eager rounds after every op), so compare
+    # with the general table there.
+    kind = "general" if dtype in (torch.float16, torch.bfloat16) else "pointwise"
+    check(f, rand(6, 1, 9, dtype=dtype), rand(5, 1, dtype=dtype), rand(9, dtype=dtype), kind=kind)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
+def test_reductions(dtype):
+    w, b = rand(24, dtype=dtype), rand(24, dtype=dtype)
+
+    def f(x):
+        return (x.sum(-1), x.sum((0, 2)), x.mean(1), x.mean(-1, keepdim=True), x.amax(-1), x.amax(0), x.sum(),
+                torch.softmax(x, -1), torch.softmax(x, 1), torch.log_softmax(x, -1),
+                F.layer_norm(x, (24,), w, b), F.layer_norm(x, (5, 24)))
+    check(f, rand(3, 5, 24, dtype=dtype))
+
+
+def test_integer_sum_and_amax():
+    check(lambda x: (x.sum(-1), x.amax(1), x.sum()), rand(4, 7, dtype=torch.int64))
+
+
+def test_views_as_index_expressions():
+    def f(x, y):
+        a = x.t() * 2                      # transposed read, transposed output strides
+        b = x[1:, ::2] + 1                 # slice with step
+        c = x.unsqueeze(0).expand(3, 6, 8) * y.view(3, 1, 1)
+        d = x.reshape(48).relu()
+        e = x.permute(1, 0)[2] - 1         # select after permute
+        return a, b, c, d, e, x.t()        # a view as an output stays a view (extern)
+    summary = check(f, rand(6, 8), rand(3), kind="pointwise")
+    assert summary["externs"] == ["aten::t.default"]
+
+
+def test_non_contiguous_and_broadcast_inputs():
+    x = rand(8, 10).t()  # non-contiguous input
+    y = rand(1, 8)
+    check(lambda x, y: torch.relu(x * y + 1), x, y, kind="pointwise")
+
+
+def test_zero_dim_and_empty_tensors():
+    check(lambda x, y: (x * 2 + 1, x.exp()), rand(), rand(3), kind="pointwise")
+    check(lambda x: (x + 1, x.sum(-1), torch.softmax(x, -1)), torch.empty(0, 5))
+
+
+def test_odd_sizes_parallel_path():
+    # Big enough for the OpenMP-parallel path (>= 32768 elements), odd sizes everywhere.
+    check(lambda x: (torch.relu((x + 1) * 2), torch.softmax(x, -1), x.sum(0)), rand(257, 263))
+
+
+def test_views_of_intermediates_are_materialised():
+    check(lambda x: ((x + 1).t() * 2, (x * 3).reshape(-1).sum()), rand(5, 7))
+
+
+def test_inplace_graph_falls_back_to_eager():
+    def f(x):
+        y = x * 2
+        y.add_(1)
+        return y.relu()
+    summary = check(f, rand(4, 4), expect_backend="eager")
+    assert "in-place" in summary["fallback_reason"]
+
+
+def test_grad_mode_with_requires_grad_falls_back():
+    x = rand(3, 3).requires_grad_()
+    graphs = []
+
+    def keep(graph, example_inputs):
+        graphs.append(graph)
+        return lambda xs: kiln._C.run_graph(graph, "eager", xs)
+
+    kiln.reset()
+    kiln.compile(lambda t: (t + 1).relu(), backend=keep)(x)  # keep() stores (graph, example_inputs)
+    kiln.reset()
+    compiled = kiln._C.compile_graph(graphs[0], "kiln", [x])  # the single input
+    summary = kiln._C.compiled_graph_summary(compiled)
+    assert summary["backend"] == "eager" and "grad" in summary["fallback_reason"]
+    (out,) = compiled([x])
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, (x + 1 > 0).float())
+
+
+# ---- whole models through kiln.compile (the default backend) ------------------------------------------------
+@pytest.mark.parametrize("make", [
+    lambda: (seed_models.MLP(), (32, 100)),
+    lambda: (seed_models.ConvReLU(), (2, 3, 16, 16)),
+    lambda: (seed_models.TransformerBlock(d_model=64, nhead=4, dim_feedforward=128).eval(), (2, 8, 64)),
+], ids=["mlp", "convrelu", "transformer_eval"])
+def test_seed_models_match_eager(make):
+    model, shape = make()
+    kiln.reset()
+    before = kiln._C.compiler_stats()["graphs_compiled"]
+    compiled = kiln.compile(model)
+    with torch.no_grad():
+        for _ in range(2):
+            x = random_tensor(*shape)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    assert kiln._C.compiler_stats()["graphs_compiled"] > before
+    kiln.reset()
+
+
+def test_verify_switch_runs_clean(monkeypatch):
+    monkeypatch.setenv("KILN_VERIFY", "1")
+    check(lambda x: (torch.relu(x + 1) + torch.relu(x + 1)).sum(-1), rand(5, 6))
+
+
+# ---- the cache and the compiler ---------------------------------------------------------------------------
+CHILD = textwrap.dedent("""
+    import sys, torch, kiln
+    torch.manual_seed(0)
+    def f(x):
+        return torch.softmax(x * 3 + 1, -1) * {tag}
+    x = torch.randn(8, 16)
+    with torch.no_grad():
+        out = kiln.compile(f)(x)
+    ok = torch.allclose(out, f(x), atol=1e-5)
+    s = kiln._C.compiler_stats()
+    print(ok, s["kernels_compiled"], s["cache_hits"], s["corrupt_entries"], s["graphs_fallback"])
+""")
+
+
+def run_child(cache_dir, tag, env_extra=None, background=False):
+    env = dict(os.environ, KILN_CACHE_DIR=cache_dir, PYTHONPATH=os.path.join(REPO_ROOT, "python"))
+    env.update(env_extra or {})
+    args = [sys.executable, "-c", CHILD.format(tag=tag)]
+    if background:
+        return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+def test_second_process_hits_the_cache(tmp_path):
+    cache = str(tmp_path / "cache")
+    assert run_child(cache, 2) == ["True", "1", "0", "0", "0"]   # compiled once
+    assert run_child(cache, 2) == ["True", "0", "1", "0", "0"]   # loaded, compiler not run
+
+
+def test_corrupt_entry_is_rebuilt(tmp_path):
+    cache = str(tmp_path / "cache")
+    assert run_child(cache, 3)[:2] == ["True", "1"]
+    libraries = [os.path.join(cache, "cpp", n) for n in os.listdir(os.path.join(cache, "cpp")) if n.endswith(".so")]
+    assert len(libraries) == 1
+    with open(libraries[0], "r+b") as f:
+        f.seek(100)
+        f.write(b"garbage!")
+    assert run_child(cache, 3) == ["True", "1", "0", "1", "0"]
+    assert run_child(cache, 3) == ["True", "0", "1", "0", "0"]
+
+
+def test_two_processes_compiling_at_once_both_succeed(tmp_path):
+    cache = str(tmp_path / "cache")
+    children = [run_child(cache, 4, background=True) for _ in range(2)]
+    for child in children:
+        out, err = child.communicate(timeout=300)
+        assert child.returncode == 0, err
+        assert out.split()[0] == "True" and out.split()[4] == "0"
+    assert run_child(cache, 4)[2] == "1"
+
+
+def test_broken_compiler_falls_back_to_eager(tmp_path):
+    cache = str(tmp_path / "cache")
+    ok, compiled, hits, corrupt, fallbacks = run_child(cache, 5, {"CXX": "/bin/false"})
+    assert (ok, compiled, fallbacks) == ("True", "0", "1")
+
+
+def test_debug_dir_keeps_graph_and_source(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_DEBUG_DIR", str(tmp_path))
+    check(lambda x: x.sigmoid() * 5, rand(3, 3), kind="pointwise")
+    names = os.listdir(tmp_path)
+    assert any(n.endswith(".cpp") for n in names) and any(n.endswith(".graph.txt") for n in names)
+
+
+def test_decomposition_table_lists_the_required_ops():
+    ops = set(kiln._C.decomposed_ops())
+    for op in ("aten::add.Tensor", "aten::gelu.default", "aten::_softmax.default", "aten::native_layer_norm.default",
+               "aten::sum.dim_IntList", "aten::amax.default", "aten::_to_copy.default", "aten::where.self"):
+        assert op in ops

@@ -1,0 +1,427 @@
+"""Graph breaks: what kiln cannot trace runs as CPython would, and the rest is still compiled.
+
+Each case is compared with eager (outputs, and gradients where inputs require grad) and asserts how
+many graphs and breaks kiln.explain reports, and that kiln.stats() counted the breaks (and no frame
+fell back to eager as a whole unless the case says so).
+"""
+import pytest
+import torch
+import torch.nn as nn
+
+import kiln
+from kiln.testing import assert_same_as_eager, random_tensor
+
+PRINTED = []
+
+
+@kiln.disable
+def record(*values):
+    """A stand-in for print: an untraceable call whose effect the tests can see (print would also be
+    seen by pytest's capture code, whose Python frames kiln compiles too)."""
+    PRINTED.append(values)
+
+
+def check(fn, *args, graphs, breaks, fallbacks=0, calls=2, grads=True):
+    """Compiled matches eager on `calls` calls (a cache hit after the first); explain's counts match."""
+    kiln.reset()
+    compiled = kiln.compile(fn)
+    for _ in range(calls):
+        assert_same_as_eager(fn, *args, compiled=compiled, grads=grads)
+    stats = kiln.stats()
+    assert stats["graph_breaks"] == breaks, stats
+    assert stats["fallbacks"] == fallbacks, stats
+    result = kiln.explain(fn)(*args)
+    assert result.graph_count == graphs, result
+    assert result.graph_break_count == breaks + fallbacks, result
+    assert len(result.breaks) == result.graph_break_count
+    for record_ in result.breaks:
+        assert {"type", "context", "explanation", "hints", "reason"} <= set(record_), record_
+    return result
+
+
+# --- priority 1: breaks in the root frame -----------------------------------------------------------
+
+@kiln.disable
+def opaque_scale(t):
+    return t * 3
+
+
+def print_between(x):
+    y = x.sin()
+    print("kiln graph-break test:", tuple(y.shape))
+    return y.cos() + 1
+
+
+def test_print_splits_the_frame(fresh_kiln, capsys):
+    compiled = kiln.compile(print_between)
+    for _ in range(2):
+        assert_same_as_eager(print_between, random_tensor(4, 3, requires_grad=True), compiled=compiled)
+    assert capsys.readouterr().out.count("kiln graph-break test: (4, 3)") == 4
+    result = kiln.explain(print_between)(random_tensor(4, 3))
+    # print's own callees (pytest's capture, written in Python) are compiled too: count this frame's.
+    own = [b for b in result.breaks if "print_between" in b["context"]]
+    assert len(own) == 1 and own[0]["type"] == "call", result.breaks
+    assert own[0]["file"].endswith("test_graph_breaks.py") and own[0]["line"] > 0
+
+
+def disabled_call_between(x):
+    y = torch.sin(x)
+    z = opaque_scale(y)
+    return torch.cos(z) * 2
+
+
+def test_call_of_a_disabled_function(fresh_kiln):
+    result = check(disabled_call_between, random_tensor(5, requires_grad=True), graphs=2, breaks=1)
+    assert "kiln.disable" in result.break_reasons[0]
+
+
+def item_used_later(x):
+    s = x.sum().item()
+    return x * s + 1
+
+
+def test_item_used_later(fresh_kiln):
+    check(item_used_later, random_tensor(6), graphs=2, breaks=1)
+
+
+def tolist_used_later(x):
+    values = (x * 2).tolist()
+    return x + len(values) + values[0]
+
+
+def test_tolist_used_later(fresh_kiln):
+    check(tolist_used_later, random_tensor(3), graphs=2, breaks=1)
+
+
+def branch_on_value(x):
+    y = x * 2
+    if y.sum() > 0:
+        return y + 1
+    return y - 1
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_data_dependent_branch(fresh_kiln, sign):
+    x = random_tensor(8).abs() * sign
+    result = check(branch_on_value, x, graphs=2, breaks=1)
+    assert result.breaks[0]["type"] == "data-dependent branch"
+
+
+def test_data_dependent_branch_takes_both_ways(fresh_kiln):
+    compiled = kiln.compile(branch_on_value)
+    for sign in (1.0, -1.0, 1.0, -1.0):
+        x = random_tensor(8).abs() * sign
+        assert_same_as_eager(branch_on_value, x, compiled=compiled)
+    assert kiln.stats()["graph_breaks"] == 1
+    assert kiln.stats()["fallbacks"] == 0
+
+
+def bool_of_tensor(x):
+    y = x.relu()
+    flag = bool((y > 1).any())
+    return y * 2 if flag else y * 3
+
+
+def test_bool_of_tensor(fresh_kiln):
+    check(bool_of_tensor, random_tensor(10) * 3, graphs=2, breaks=1)
+
+
+def several_breaks(x):
+    a = x + 1
+    record("first", a.shape)
+    b = a * 2
+    record("second")
+    return a, b.sin()
+
+
+def test_several_breaks_chain_resume_functions(fresh_kiln):
+    PRINTED.clear()
+    check(several_breaks, random_tensor(3, requires_grad=True), graphs=3, breaks=2)
+    assert PRINTED[:2] == [("first", torch.Size([3])), ("second",)]
+
+
+def keeps_locals_and_stack(x, scale):
+    items = [x, x * scale]
+    total = x.sum() + (record("middle", len(items)) is None)
+    mapping = {"a": items[1], "b": scale}
+    return items[0] + mapping["a"] * mapping["b"], total
+
+
+def test_locals_and_stack_survive_the_break(fresh_kiln):
+    check(keeps_locals_and_stack, random_tensor(4, requires_grad=True), 3.0, graphs=2, breaks=1)
+
+
+def returns_an_input_after_a_break(x, y):
+    record(x.shape)
+    return x, y + 1
+
+
+def test_inputs_keep_their_identity(fresh_kiln):
+    x, y = random_tensor(2), random_tensor(2)
+    compiled = kiln.compile(returns_an_input_after_a_break)
+    for _ in range(2):
+        out = compiled(x, y)
+        assert out[0] is x
+        torch.testing.assert_close(out[1], y + 1)
+
+
+def list_mutated_by_eager_code(x):
+    out = [x * 2]
+    out.append(x + 1)
+    opaque_append(out, x)
+    return out[0] + out[1] + out[2]
+
+
+@kiln.disable
+def opaque_append(lst, t):
+    lst.append(t * 5)
+
+
+def test_list_mutated_by_the_break_instruction(fresh_kiln):
+    check(list_mutated_by_eager_code, random_tensor(3, requires_grad=True), graphs=2, breaks=1)
+
+
+def keyword_call_break(x):
+    y = x.exp()
+    z = opaque_kw(y, scale=2.0, shift=1.0)
+    return z.log()
+
+
+@kiln.disable
+def opaque_kw(t, *, scale, shift):
+    return t * scale + shift
+
+
+def test_break_at_a_keyword_call(fresh_kiln):
+    check(keyword_call_break, random_tensor(4, requires_grad=True), graphs=2, breaks=1)
+
+
+def nested_call_break(x):
+    return torch.relu(opaque_scale(x.sin()) + 1).sum(dim=0)
+
+
+def test_break_under_pending_calls(fresh_kiln):
+    # The stack at the break holds other calls' callables and NULLs.
+    check(nested_call_break, random_tensor(3, 2, requires_grad=True), graphs=2, breaks=1)
+
+
+def raises_after_work(x):
+    y = x * 2
+    if y.shape[0] == 3:
+        raise ValueError("kiln test: shape 3")
+    return y
+
+
+def test_raise_runs_eagerly(fresh_kiln):
+    compiled = kiln.compile(raises_after_work)
+    with pytest.raises(ValueError, match="kiln test: shape 3"):
+        compiled(random_tensor(3))
+    assert_same_as_eager(raises_after_work, random_tensor(4), compiled=compiled)
+
+
+def test_break_in_a_closure(fresh_kiln):
+    scale = 2.5
+    layer = nn.Linear(3, 3)
+
+    def closure(x):
+        y = layer(x) * scale
+        record("closure")
+        return y.relu() + scale
+
+    check(closure, random_tensor(2, 3, requires_grad=True), graphs=2, breaks=1)
+
+
+def test_closure_break_in_both_branches(fresh_kiln):
+    offset = 1.0
+
+    def closure_branch(x):
+        y = x * 2
+        if y.sum() > 0:
+            return y + offset
+        return y - offset
+
+    compiled = kiln.compile(closure_branch)
+    for sign in (1.0, -1.0, 1.0):
+        assert_same_as_eager(closure_branch, random_tensor(4).abs() * sign, compiled=compiled)
+    assert kiln.stats()["graph_breaks"] == 1 and kiln.stats()["fallbacks"] == 0, kiln.stats()
+
+
+# --- priority 2: breaks inside inlined calls -----------------------------------------------------
+
+def helper_with_print(t):
+    record("inside helper")
+    return t * 3
+
+
+def calls_helper(x):
+    y = x.sin()
+    z = helper_with_print(y)
+    return z.cos()
+
+
+def test_break_inside_an_inlined_function(fresh_kiln):
+    # The root breaks at the call; the helper is compiled on its own and breaks at its print:
+    # graphs: root before, helper before (empty), helper after, root after.
+    check(calls_helper, random_tensor(5, requires_grad=True), graphs=4, breaks=2)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.fc(x)
+        record("block", h.shape)
+        return torch.relu(h)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(4, 4)
+        self.block = Block()
+        self.out = nn.Linear(4, 2)
+
+    def scale(self, x):
+        return self.helper(x) * 2
+
+    def helper(self, x):
+        return x + 1
+
+    def forward(self, x):
+        x = self.scale(self.inp(x))
+        x = self.block(x)
+        return self.out(x)
+
+
+def test_module_with_a_break_in_a_submodule(fresh_kiln):
+    torch.manual_seed(0)
+    model = Net()
+    compiled = kiln.compile(model)
+    for _ in range(2):
+        assert_same_as_eager(model, random_tensor(3, 4, requires_grad=True), compiled=compiled)
+    stats = kiln.stats()
+    assert stats["graph_breaks"] == 2, stats
+    assert stats["fallbacks"] == 0, stats
+
+
+def method_with_print(self_like, x):
+    return self_like.run(x)
+
+
+class Runner:
+    def run(self, x):
+        y = x * 2
+        record("runner")
+        return y + 1
+
+
+def test_break_in_a_method_of_a_plain_object(fresh_kiln):
+    runner = Runner()
+    check(method_with_print, runner, random_tensor(3), graphs=4, breaks=2)
+
+
+# --- with blocks, loops, try: correct, possibly eager -------------------------------------------
+
+def no_grad_block(x):
+    y = x * 2
+    with torch.no_grad():
+        z = y * 3
+    return y + z
+
+
+def test_no_grad_block(fresh_kiln):
+    compiled = kiln.compile(no_grad_block)
+    for _ in range(3):
+        out = assert_same_as_eager(no_grad_block, random_tensor(3, requires_grad=True), compiled=compiled)
+        assert out.requires_grad
+    # A frame with a `with` statement runs eagerly as a whole (once traced, then a cached eager entry):
+    # splitting it would hand each resume function a fresh context manager and recompile every call.
+    stats = kiln.stats()
+    assert stats["fallbacks"] == 1 and stats["recompiles"] == 0 and stats["frames_compiled"] == 0
+
+
+def break_in_loop(x):
+    for i in range(3):
+        x = x * 2
+        record("loop", i)
+    return x + 1
+
+
+def test_break_inside_a_loop_runs_the_frame_eagerly(fresh_kiln):
+    PRINTED.clear()
+    check(break_in_loop, random_tensor(3), graphs=0, breaks=0, fallbacks=1)
+    assert [p for p in PRINTED if p[0] == "loop"][:3] == [("loop", 0), ("loop", 1), ("loop", 2)]
+
+
+def break_in_try(x):
+    y = x + 1
+    try:
+        record("try")
+        y = y * 2
+    except RuntimeError:
+        y = y * 3
+    return y
+
+
+def test_break_inside_try_runs_the_frame_eagerly(fresh_kiln):
+    check(break_in_try, random_tensor(3), graphs=0, breaks=0, fallbacks=1)
+
+
+def test_fullgraph_raises_at_the_first_break(fresh_kiln):
+    compiled = kiln.compile(print_between, fullgraph=True)
+    with pytest.raises(kiln.errors.GraphBreakError) as info:
+        compiled(random_tensor(3))
+    assert "test_graph_breaks.py" in str(info.value)
+
+
+def test_logs_name_the_break(fresh_kiln):
+    import os
+    import subprocess
+    import sys
+    script = (
+        "import torch, kiln\n"
+        "def f(x):\n"
+        "    y = x + 1\n"
+        "    print('mid')\n"
+        "    return y * 2\n"
+        "kiln.compile(f)(torch.ones(2))\n"
+    )
+    env = dict(os.environ, KILN_LOGS="graph_breaks")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.path.join(root, "python") + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "graph break (call)" in proc.stderr + proc.stdout, proc.stderr
+
+
+class MLPWithBreaks(nn.Module):
+    """A seed-style MLP written with a helper function, a print-like call and a data-dependent branch."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 4)
+
+    def hidden(self, x):
+        return torch.relu(self.fc1(x))
+
+    def forward(self, x):
+        h = self.hidden(x)
+        record("hidden", h.shape)
+        if h.mean() > 0.1:
+            h = h * 2
+        return self.fc2(h)
+
+
+def test_mlp_with_helper_print_and_branch(fresh_kiln):
+    torch.manual_seed(0)
+    model = MLPWithBreaks()
+    compiled = kiln.compile(model)
+    for _ in range(3):
+        assert_same_as_eager(model, random_tensor(5, 8, requires_grad=True), compiled=compiled)
+    stats = kiln.stats()
+    assert stats["graph_breaks"] == 2 and stats["fallbacks"] == 0, stats
+    result = kiln.explain(model)(random_tensor(5, 8))
+    assert result.graph_count == 3 and result.graph_break_count == 2, result

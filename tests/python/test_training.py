@@ -1,0 +1,228 @@
+"""Training through kiln: graphs that need grad compile to a forward and a backward graph joined by one
+autograd node (csrc/autodiff, csrc/runtime/autograd_graph.*). Gradients are compared with eager's on
+fresh random inputs; kiln._C.compiler_stats() proves the compiled autograd path ran (no eager fallback)."""
+import copy
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+import kiln.errors
+from kiln.testing import assert_same_as_eager, random_tensor
+
+sys.path.insert(0, "/work/shared/bench")
+seed_models = pytest.importorskip("seed_models")
+
+
+@pytest.fixture(autouse=True)
+def fresh_kiln(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    kiln.reset()
+    kiln._C.reset_compiler_stats()
+    kiln.config.set_compiled_autograd(True)  # off by default (see kiln.config); these tests are about it
+    yield
+    kiln.config.set_compiled_autograd(False)
+    kiln.reset()
+
+
+def assert_compiled_autograd(expect_graphs=1):
+    stats = kiln._C.compiler_stats()
+    assert stats["graphs_fallback"] == 0, stats["last_fallback_reason"]
+    assert stats["graphs_compiled"] >= 2 * expect_graphs, stats  # a forward and a backward per graph
+
+
+def r(*shape, grad=True):
+    return random_tensor(*shape, requires_grad=grad)
+
+
+# (name, fn, input shapes); every input requires grad unless its shape is wrapped in ("nograd", shape).
+RULE_CASES = [
+    ("linear_relu", lambda x, w, b: F.relu(F.linear(x, w, b)), [(5, 8), (4, 8), (4,)]),
+    ("mm", lambda a, b: a @ b, [(5, 8), (8, 3)]),
+    ("bmm", lambda a, b: torch.bmm(a, b), [(2, 5, 8), (2, 8, 3)]),
+    ("add_broadcast", lambda a, b: a + b, [(4, 5), (5,)]),
+    ("add_broadcast_keepdim", lambda a, b: a + 2 * b, [(4, 5), (4, 1)]),
+    ("sub_broadcast", lambda a, b: a - b, [(3, 4, 5), (1, 5)]),
+    ("mul_broadcast", lambda a, b: a * b, [(4, 5), (5,)]),
+    ("div_broadcast", lambda a, b: a / (b * b + 1), [(4, 5), (4, 1)]),
+    ("scalars", lambda a: (a * 3 - 1) / 2 + 4, [(4, 5)]),
+    ("neg_exp_tanh_sigmoid", lambda a: torch.exp(-a) + torch.tanh(a) * torch.sigmoid(a), [(4, 5)]),
+    ("gelu", lambda a: F.gelu(a), [(4, 5)]),
+    ("gelu_tanh", lambda a: F.gelu(a, approximate="tanh"), [(4, 5)]),
+    ("views", lambda a: a.view(2, 10).t().reshape(5, 4).unsqueeze(0).squeeze(0).permute(1, 0) * 2, [(4, 5)]),
+    ("transpose_contiguous", lambda a: a.transpose(0, 1).contiguous() * 2, [(4, 5)]),
+    ("expand", lambda a, b: a.expand(3, 4, 5) * b, [(4, 1), (3, 4, 5)]),
+    ("sum_mean", lambda a: a.sum() + a.mean(dim=1).sum() + a.sum(dim=0, keepdim=True).mean(), [(4, 5)]),
+    ("softmax", lambda a: torch.softmax(a, dim=-1) * a, [(4, 5)]),
+    ("log_softmax", lambda a: torch.log_softmax(a, dim=1), [(4, 5)]),
+    ("layer_norm", lambda x, w, b: F.layer_norm(x, (8,), w, b), [(3, 5, 8), (8,), (8,)]),
+    ("conv2d", lambda x, w, b: F.conv2d(x, w, b, padding=1), [(2, 3, 8, 8), (4, 3, 3, 3), (4,)]),
+    ("select_slice", lambda a: a[1] * 2 + a[:, 1:3].sum(), [(4, 5)]),
+    ("pow", lambda a: a.pow(2) + a.pow(3), [(4, 5)]),
+    ("silu", lambda a: F.silu(a), [(4, 5)]),
+]
+
+
+@pytest.mark.parametrize("name,fn,shapes", RULE_CASES, ids=[c[0] for c in RULE_CASES])
+def test_rule_gradients_match_eager(name, fn, shapes):
+    assert_same_as_eager(fn, *[r(*s) for s in shapes])
+    assert_compiled_autograd()
+
+
+def test_mixed_requires_grad_inputs():
+    x, w = r(5, 8, grad=False), r(4, 8)
+    assert_same_as_eager(lambda x, w: torch.relu(x @ w.t()), x, w)
+    assert_compiled_autograd()
+
+
+def test_embedding():
+    weight = r(10, 6)
+    indices = torch.randint(0, 10, (3, 4))
+    assert_same_as_eager(lambda w, i: F.embedding(i, w) * 2, weight, indices)
+    assert_compiled_autograd()
+
+
+def test_mlp_module_parameters_accumulate():
+    model = seed_models.MLP()
+    assert_same_as_eager(model, random_tensor(8, 100))
+    assert_compiled_autograd()
+
+
+def test_grad_accumulates_over_two_backwards_and_retain_graph():
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+    reference = copy.deepcopy(model)
+    x = random_tensor(4, 6)
+    compiled = kiln.compile(model)
+    out = compiled(x)
+    loss = out.pow(2).sum()
+    loss.backward(retain_graph=True)
+    loss.backward()  # second backward through the same saved values
+    ref_loss = reference(x).pow(2).sum()
+    ref_loss.backward(retain_graph=True)
+    ref_loss.backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    assert_compiled_autograd()
+
+
+def test_backward_twice_without_retain_graph_raises_like_eager():
+    compiled = kiln.compile(lambda a: torch.tanh(a) * 2)
+    out = compiled(r(3, 4)).sum()
+    out.backward()
+    with pytest.raises(RuntimeError, match="second time"):
+        out.backward()
+
+
+def test_double_backward_raises_kiln_error():
+    compiled = kiln.compile(lambda a: torch.tanh(a) * a)
+    x = r(3, 4)
+    out = compiled(x).sum()
+    with pytest.raises(kiln.errors.KilnError, match="double backward through a kiln-compiled graph"):
+        (g,) = torch.autograd.grad(out, x, create_graph=True)
+
+
+def test_autograd_grad():
+    fn = lambda a, b: (torch.sigmoid(a) * b).sum(dim=1)
+    a, b = r(4, 5), r(4, 5)
+    (ga, gb) = torch.autograd.grad(kiln.compile(fn)(a, b).sum(), (a, b))
+    (ea, eb) = torch.autograd.grad(fn(a, b).sum(), (a, b))
+    torch.testing.assert_close(ga, ea)
+    torch.testing.assert_close(gb, eb)
+    assert_compiled_autograd()
+
+
+def test_no_grad_call_runs_forward_only():
+    fn = kiln.compile(lambda a: torch.relu(a) * 3)
+    x = r(4, 5)
+    fn(x)  # compiled with grad
+    with torch.no_grad():
+        out = fn(x)
+    assert not out.requires_grad
+    torch.testing.assert_close(out, torch.relu(x.detach()) * 3)
+
+
+def test_compiled_summary_has_backward_kernels():
+    graphs = []
+
+    def keep(graph, example_inputs):
+        compiled = kiln._C.compile_graph(graph, "kiln", example_inputs)
+        graphs.append(kiln._C.compiled_graph_summary(compiled))
+        return compiled
+
+    fn = kiln.compile(lambda a, b: torch.relu(a * b + 1), backend=keep)
+    a, b = r(64, 32), r(64, 32)
+    fn(a, b).sum().backward()
+    (summary,) = graphs
+    assert summary["backend"] == "kiln_autograd", summary
+    assert any(k.startswith("backward:") for k in summary["kernels"]), summary
+    torch.testing.assert_close(a.grad, (b * ((a * b + 1) > 0)).detach())
+
+
+def train(model, make_optimizer, inputs, steps=20, compiled=True):
+    run = kiln.compile(model) if compiled else model
+    optimizer = make_optimizer(model.parameters())
+    losses = []
+    for step in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        loss = run(inputs[step % len(inputs)]).float().pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_transformer_blocks_adamw_loss_curve():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[seed_models.TransformerBlock(32, 4, 64) for _ in range(2)])
+    reference = copy.deepcopy(model)
+    inputs = [random_tensor(2, 6, 32) for _ in range(4)]
+    adamw = lambda params: torch.optim.AdamW(params, lr=1e-3)
+    kiln_losses = train(model, adamw, inputs)
+    eager_losses = train(reference, adamw, inputs, compiled=False)
+    torch.testing.assert_close(torch.tensor(kiln_losses), torch.tensor(eager_losses), rtol=1e-3, atol=1e-5)
+    assert_compiled_autograd()
+
+
+class SmallResNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(8)
+        self.conv = torch.nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(8)
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = torch.relu(self.bn1(self.stem(x)))
+        x = torch.relu(self.bn2(self.conv(x)) + x)
+        return self.head(x.mean(dim=(2, 3)))
+
+
+def test_resnet_style_sgd_batchnorm_train_loss_curve():
+    torch.manual_seed(0)
+    model = SmallResNet().train()
+    reference = copy.deepcopy(model)
+    inputs = [random_tensor(4, 3, 8, 8) for _ in range(4)]
+    sgd = lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    kiln_losses = train(model, sgd, inputs)
+    eager_losses = train(reference, sgd, inputs, compiled=False)
+    torch.testing.assert_close(torch.tensor(kiln_losses), torch.tensor(eager_losses), rtol=1e-3, atol=1e-5)
+    for (name, a), b in zip(model.named_buffers(), reference.buffers()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_dropout_reproducible_under_manual_seed():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Dropout(0.5), torch.nn.Linear(16, 4)).train()
+    reference = copy.deepcopy(model)
+    x = random_tensor(8, 16)
+    torch.manual_seed(7)
+    out = kiln.compile(model)(x)
+    out.sum().backward()
+    torch.manual_seed(7)
+    expected = reference(x)
+    expected.sum().backward()
+    torch.testing.assert_close(out, expected)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
