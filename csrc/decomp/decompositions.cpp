@@ -257,14 +257,21 @@ Builder reduction(ReduceOp op, bool mean) {
   };
 }
 
-// softmax(x) = exp(x - max) / sum(exp(x - max)); log_softmax(x) = (x - max) - log(sum(exp(x - max))).
+// softmax(x) = exp(x - max) * (1 / sum(exp(x - max))); log_softmax(x) = (x - max) - log(sum(exp(x - max))).
+// The reciprocal is taken once per row (it depends only on the outer loops) and multiplied in, as ATen's
+// CPU kernel does: a multiply per element instead of a divide.
 Builder softmax(bool log) {
   return [log](PrimBuilder& b, const Graph& g, const Node& n) {
     Prim x = arg_as(b, 0, out_meta(g, n).dtype);
     Prim shifted = b.binary(PrimOp::Sub, x, b.reduce(ReduceOp::Max, x));
     Prim e = b.unary(PrimOp::Exp, shifted);
     Prim total = b.reduce(ReduceOp::Sum, e);
-    b.set_output(0, log ? b.binary(PrimOp::Sub, shifted, b.unary(PrimOp::Log, total)) : b.binary(PrimOp::Div, e, total));
+    if (log) {
+      b.set_output(0, b.binary(PrimOp::Sub, shifted, b.unary(PrimOp::Log, total)));
+      return;
+    }
+    Prim inverse = b.binary(PrimOp::Div, b.constant(1.0, out_meta(g, n).dtype), total);
+    b.set_output(0, b.binary(PrimOp::Mul, e, inverse));
   };
 }
 

@@ -22,7 +22,9 @@ _GENERAL_TOLERANCE = {
     torch.complex64: (1e-4, 1e-5),
     torch.float64: (1e-7, 1e-7),
     torch.complex128: (1e-7, 1e-7),
-    torch.float16: (1e-3, 1e-3),
+    # float16 has ~1e-3 relative spacing: a fused chain computed in float and rounded once differs from
+    # eager's op-by-op rounding by a few ulps (seen: 2 ulps on a 4-op chain), hence 5e-3.
+    torch.float16: (5e-3, 1e-3),
     torch.bfloat16: (1.6e-2, 1e-2),
 }
 _POINTWISE_TOLERANCE = {**_GENERAL_TOLERANCE, torch.float32: (1.3e-6, 1e-5), torch.complex64: (1.3e-6, 1e-5)}

@@ -335,19 +335,31 @@ class KernelEmitter {
                                                         : "std::numeric_limits<" + ct + ">::max()";
           break;
       }
+      // Max/min propagate NaN like torch.amax. Written as a plain max/min reduction plus a separate "saw a
+      // NaN" flag, both of which OpenMP can vectorise; the NaN is applied after the loop.
+      const bool minmax = x.reduce_op != decomp::ReduceOp::Sum;
+      const bool floating = graph::is_floating_or_complex(x.dtype);
+      const std::string nan = acc + "_nan";
+      if (minmax) clause = std::string(" reduction(") + (x.reduce_op == decomp::ReduceOp::Max ? "max" : "min") + ":" + acc + ")";
+      if (minmax && floating) clause += " reduction(|:" + nan + ")";
       *body_ << indent_ << ct << " " << acc << " = " << init << ";\n";
+      if (minmax && floating) *body_ << indent_ << "int " << nan << " = 0;\n";
       reduced_loops(
           [&](const std::string& indent) {
             std::vector<std::string> scope;
             emit_expr(operand, *body_, indent, scope);
             const std::string v = names_[operand];
-            if (x.reduce_op == decomp::ReduceOp::Sum) *body_ << indent << acc << " += " << v << ";\n";
-            else if (x.reduce_op == decomp::ReduceOp::Max)
-              *body_ << indent << acc << " = (" << v << " != " << v << " || " << v << " > " << acc << ") ? " << v << " : " << acc << ";\n";
-            else
-              *body_ << indent << acc << " = (" << v << " != " << v << " || " << v << " < " << acc << ") ? " << v << " : " << acc << ";\n";
+            if (!minmax) {
+              *body_ << indent << acc << " += " << v << ";\n";
+              return;
+            }
+            if (floating) *body_ << indent << nan << " |= (" << v << " != " << v << ");\n";
+            const char* cmp = x.reduce_op == decomp::ReduceOp::Max ? " > " : " < ";
+            *body_ << indent << acc << " = (" << v << cmp << acc << ") ? " << v << " : " << acc << ";\n";
           },
-          x.reduce_op == decomp::ReduceOp::Sum ? clause : "");
+          clause);
+      if (minmax && floating)
+        *body_ << indent_ << acc << " = " << nan << " ? std::numeric_limits<" << ct << ">::quiet_NaN() : " << acc << ";\n";
       names_[r] = acc;
     }
     // Stores once per outer index, then stores that run along the reduced dims.
