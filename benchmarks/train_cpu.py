@@ -8,14 +8,15 @@ with its error when it fails.
 import argparse
 import copy
 import json
+import os
 import statistics
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, "/work/shared/bench")
-import seed_models  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import seed_models  # noqa: E402  (the copy beside this script)
 
 
 def make_step(system, model):

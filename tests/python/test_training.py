@@ -2,7 +2,6 @@
 autograd node (csrc/autodiff, csrc/runtime/autograd_graph.*). Gradients are compared with eager's on
 fresh random inputs; kiln._C.compiler_stats() proves the compiled autograd path ran (no eager fallback)."""
 import copy
-import sys
 
 import pytest
 import torch
@@ -12,8 +11,7 @@ import kiln
 import kiln.errors
 from kiln.testing import assert_same_as_eager, random_tensor
 
-sys.path.insert(0, "/work/shared/bench")
-seed_models = pytest.importorskip("seed_models")
+seed_models = pytest.importorskip("seed_models")  # benchmarks/seed_models.py (conftest puts benchmarks/ on the path)
 
 
 @pytest.fixture(autouse=True)
