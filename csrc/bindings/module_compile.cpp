@@ -36,8 +36,9 @@ py::object set_compiler(py::object handle) {
 void register_compile(py::module_& m) {
   py::class_<CompilerHandle>(m, "Compiler")
       .def(py::init([](const std::string& backend, py::object user_backend, bool fullgraph, int recompile_limit,
-                       py::list entry_codes, py::object explain_sink) {
+                       py::list entry_codes, py::object explain_sink, bool trace_all) {
              trace::CompileOptions options;
+             options.trace_all = trace_all;
              options.backend = backend;
              options.fullgraph = fullgraph;
              options.recompile_limit = recompile_limit;
@@ -49,7 +50,7 @@ void register_compile(py::module_& m) {
              return handle;
            }),
            py::arg("backend"), py::arg("user_backend"), py::arg("fullgraph"), py::arg("recompile_limit"),
-           py::arg("entry_codes"), py::arg("explain_sink"));
+           py::arg("entry_codes"), py::arg("explain_sink"), py::arg("trace_all") = false);
   m.def("set_compiler", &set_compiler, py::arg("compiler").none(true),
         "Sets this thread's compiler (None: none); returns the previous one.");
   m.def("stats", [] {

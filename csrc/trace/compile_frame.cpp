@@ -82,8 +82,9 @@ PyObject* string_list(const std::vector<std::string>& lines) {
   return list;
 }
 
-// kiln._tracing.skip_reason(filename): frames of torch, kiln and the standard library are not traced.
-bool skipped_file(PyCodeObject* code) {
+// kiln._tracing.skip_reason(filename): frames of torch, kiln and the standard library are not traced
+// (with trace_all, only kiln's own).
+bool skipped_file(PyCodeObject* code, bool trace_all) {
   static PyObject* fn = [] {
     PyObject* m = PyImport_ImportModule("kiln._tracing");
     PyObject* f = m ? PyObject_GetAttrString(m, "skip_reason") : nullptr;
@@ -99,7 +100,7 @@ bool skipped_file(PyCodeObject* code) {
     PyErr_Clear();
     return false;
   }
-  bool skip = r != Py_None;
+  bool skip = r != Py_None && (!trace_all || (PyUnicode_Check(r) && PyUnicode_CompareWithASCIIString(r, "kiln itself") == 0));
   Py_DECREF(r);
   return skip;
 }
@@ -263,7 +264,7 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
     }
   }
   bool entry_code = options_.entry_codes.count((PyObject*)frame.code) > 0;
-  if (!entry_code && skipped_file(frame.code)) {
+  if (!entry_code && skipped_file(frame.code, options_.trace_all)) {
     result.action = frame::MissAction::kSkipCode;
     return result;
   }

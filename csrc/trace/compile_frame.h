@@ -23,6 +23,9 @@ struct CompileOptions {
   int recompile_limit = 8;
   PyObject* explain_sink = nullptr;  ///< owned list: kiln.explain collects one record per event
   std::unordered_set<PyObject*> entry_codes;  ///< owned: traced even when their file is skipped
+  /// Test-only: trace every frame the hook offers, standard library and torch included (kiln's own
+  /// Python excepted), to show that tracing and falling back never change what a program does.
+  bool trace_all = false;
 };
 
 /// Counters behind kiln.stats().

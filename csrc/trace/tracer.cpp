@@ -521,8 +521,10 @@ runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>&
   runtime::OutputSpec spec;
   // A value that came from the frame (an input tensor, an argument list) is re-read from there: the
   // code after a break must see the very same object, not a copy made by the graph.
-  if ((break_output && v->source &&
-       (v->is(VarKind::kTensor) || v->is(VarKind::kList) || v->is(VarKind::kDict) || v->is(VarKind::kTuple))) ||
+  // Containers from the frame are never mutated by the trace (that is refused), so the object itself is
+  // returned: eager returns that very list, and code that appended to it meanwhile must see its items.
+  if ((break_output && v->source && v->is(VarKind::kTensor)) ||
+      (v->source && (v->is(VarKind::kList) || v->is(VarKind::kDict) || v->is(VarKind::kTuple))) ||
       (v->by_type && v->source)) {
     spec.kind = runtime::OutputSpec::Kind::kSource;
     spec.source = v->source;

@@ -279,3 +279,37 @@ def test_partial_and_lambda():
 
     x = torch.randn(4)
     torch.testing.assert_close(kiln.compile(f)(x), f(x))
+
+
+def test_list_from_the_frame_is_returned_as_itself_after_a_break():
+    import types
+    holder = types.SimpleNamespace(sink=None)
+
+    class Recorder:
+        def __init__(self, target):
+            self._target = target
+
+        def enter(self):
+            log = []
+            self._target.sink = log.append  # an attribute store: a graph break
+            return log
+
+    def f(x):
+        log = Recorder(holder).enter()
+        holder.sink("seen")  # appends, eagerly, to the list `log` names
+        return log, x + 1
+
+    compiled = kiln.compile(f)
+    for _ in range(3):
+        log, y = compiled(torch.ones(2))
+        assert log == ["seen"]
+        torch.testing.assert_close(y, torch.full((2,), 2.0))
+
+
+def test_returning_an_argument_list_returns_that_list():
+    def f(items, x):
+        return items, x * 2
+
+    items = [1, 2]
+    out, _ = kiln.compile(f)(items, torch.randn(2))
+    assert out is items

@@ -1,0 +1,39 @@
+"""Runs CPython's own regression suites with kiln tracing every frame (the graph-breaks issue's proof that
+tracing and falling back never change what a program does). Not part of the pytest run yet: it does not
+pass everywhere (tests/README.md has the current counts).
+
+    PYTHONPATH=python .venv/bin/python -W ignore tests/cpython_suites.py [test.test_scope ...]
+"""
+import importlib
+import io
+import sys
+import time
+import unittest
+
+import torch  # noqa: F401  (kiln._C needs LibTorch loaded)
+
+from kiln import _C
+
+SUITES = ["test.test_grammar", "test.test_scope", "test.test_with", "test.test_contextlib", "test.test_generators",
+          "test.test_exceptions"]
+
+
+def run(name):
+    suite = unittest.defaultTestLoader.loadTestsFromModule(importlib.import_module(name))
+    compiler = _C.Compiler("eager", None, False, 8, [], None, trace_all=True)
+    start = time.time()
+    previous = _C.set_compiler(compiler)
+    try:
+        result = unittest.TextTestRunner(stream=io.StringIO(), verbosity=0).run(suite)
+    finally:
+        _C.set_compiler(previous)
+    print(f"{name}: {result.testsRun} run, {len(result.failures)} failed, {len(result.errors)} errors, "
+          f"{time.time() - start:.1f} s", flush=True)
+    for test, trace in result.failures + result.errors:
+        print(f"  {test}: {trace.strip().splitlines()[-1]}")
+    return not (result.failures or result.errors)
+
+
+if __name__ == "__main__":
+    ok = all([run(name) for name in (sys.argv[1:] or SUITES)])
+    sys.exit(0 if ok else 1)
