@@ -349,3 +349,20 @@ def test_decomposition_table_lists_the_required_ops():
     for op in ("aten::add.Tensor", "aten::gelu.default", "aten::_softmax.default", "aten::native_layer_norm.default",
                "aten::sum.dim_IntList", "aten::amax.default", "aten::_to_copy.default", "aten::where.self"):
         assert op in ops
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_softmax_keeps_exp_in_the_output_between_passes(dtype, dim):
+    # The generated softmax stores exp(x - max) into its output during the sum and rescales it in place:
+    # every reduced dim, masked (-inf) entries and a row of equal values must still match eager.
+    x = rand(5, 7, 9, dtype=dtype)
+    x[1, :, 2] = float("-inf")
+    x[2, 3, :] = 0.5
+    x[0, 0, 0] = float("-inf")
+    compiled, summary, inputs = compile_kiln(lambda t: torch.softmax(t, dim), x)
+    assert summary["backend"] == "kiln" and len(summary["kernels"]) == 1
+    assert "kept for the store loop" in summary["source"]
+    (out,) = compiled([x])
+    torch.testing.assert_close(out, torch.softmax(x, dim), rtol=1e-5 if dtype == torch.float32 else 1e-7, atol=1e-6,
+                               equal_nan=True)  # a row that is all -inf gives NaN, as in eager

@@ -312,7 +312,46 @@ class KernelEmitter {
     }
   }
 
+  // True when expression `e` appears in the tree of expression `root` (without crossing reductions).
+  bool uses(int32_t root, int32_t e) const {
+    if (root == e) return true;
+    const Expr& x = k_.exprs[root];
+    if (x.kind == ExprKind::Reduce) return false;
+    for (int32_t op : x.operands)
+      if (op >= 0 && uses(op, e)) return true;
+    return false;
+  }
+
+  // Softmax-like kernels: the last reduction's operand (exp(x - max)) is also what the single store
+  // along the reduced dims needs. Instead of computing it twice, the reduction loop writes it into the
+  // output and the store loop reads it back (as ATen's kernel does). Only when the output holds exactly
+  // the operand's type and nothing in the kernel reads that buffer. Returns the store index, or -1.
+  int stash_store_for(int32_t reduction) const {
+    int32_t operand = k_.exprs[reduction].operands[0];
+    if (!depends_[operand]) return -1;
+    for (size_t r = reduction + 1; r < k_.exprs.size(); ++r)
+      if (k_.exprs[r].kind == ExprKind::Reduce) return -1;
+    int found = -1;
+    for (size_t s = 0; s < k_.stores.size(); ++s) {
+      const auto& st = k_.stores[s];
+      if (!(depends_[st.expr] || strides_run_reduced(nest_.store_strides[s]))) continue;
+      if (found >= 0) return -1;  // several stores along the reduced dims: keep it simple
+      found = static_cast<int>(s);
+    }
+    if (found < 0) return -1;
+    const auto& st = k_.stores[found];
+    const auto& buf = k_.buffers[st.buffer];
+    if (!uses(st.expr, operand) || buf.dtype != k_.exprs[operand].dtype ||
+        std::string(storage_type(buf.dtype)) != compute_type(buf.dtype))
+      return -1;
+    for (const Expr& x : k_.exprs)
+      if (x.kind == ExprKind::Load && x.buffer == st.buffer) return -1;
+    return found;
+  }
+
   void emit_body() {
+    int stash = -1;           // store that receives the last reduction's operand (see stash_store_for)
+    int32_t stashed = -1;     // that operand
     for (size_t r = 0; r < k_.exprs.size(); ++r) {
       const Expr& x = k_.exprs[r];
       if (x.kind != ExprKind::Reduce) continue;
@@ -342,6 +381,7 @@ class KernelEmitter {
       const std::string nan = acc + "_nan";
       if (minmax) clause = std::string(" reduction(") + (x.reduce_op == decomp::ReduceOp::Max ? "max" : "min") + ":" + acc + ")";
       if (minmax && floating) clause += " reduction(|:" + nan + ")";
+      if (!minmax && (stash = stash_store_for(static_cast<int32_t>(r))) >= 0) stashed = operand;
       *body_ << indent_ << ct << " " << acc << " = " << init << ";\n";
       if (minmax && floating) *body_ << indent_ << "int " << nan << " = 0;\n";
       reduced_loops(
@@ -351,6 +391,11 @@ class KernelEmitter {
             const std::string v = names_[operand];
             if (!minmax) {
               *body_ << indent << acc << " += " << v << ";\n";
+              if (stash >= 0) {
+                const auto& st = k_.stores[stash];
+                *body_ << indent << "buf" << st.buffer << "[" << index(nest_.store_strides[stash], st.index.offset)
+                       << "] = " << v << ";  // kept for the store loop below\n";
+              }
               return;
             }
             if (floating) *body_ << indent << nan << " |= (" << v << " != " << v << ");\n";
@@ -378,6 +423,14 @@ class KernelEmitter {
     reduced_loops(
         [&](const std::string& indent) {
           std::vector<std::string> scope;
+          if (stashed >= 0) {
+            // Read back what the reduction loop stored instead of recomputing it.
+            const auto& st = k_.stores[stash];
+            names_[stashed] = "v" + std::to_string(stashed);
+            *body_ << indent << "const " << compute_type(k_.exprs[stashed].dtype) << " " << names_[stashed] << " = buf"
+                   << st.buffer << "[" << index(nest_.store_strides[stash], st.index.offset) << "];\n";
+            scope_ids_.push_back(stashed);
+          }
           for (size_t s : inner_stores) {
             emit_expr(k_.stores[s].expr, *body_, indent, scope);
             emit_store(s, *body_, indent);
