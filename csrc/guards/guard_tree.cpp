@@ -230,39 +230,36 @@ bool GuardTree::check_node(const Node& n, PyObject* value, const SourceRoots& ro
   return true;
 }
 
-bool GuardTree::check(const SourceRoots& roots) const {
-  if (globals_ && roots.globals != globals_) return false;
-  if (!(GlobalState::current() == state_)) return false;
+// One walk for both uses: `why` is null on the hot path (check) and filled for recompile logs.
+bool GuardTree::evaluate(const SourceRoots& roots, std::string* why) const {
+  if (globals_ && roots.globals != globals_) {
+    if (why) *why = "the function's globals are a different dict";
+    return false;
+  }
+  GlobalState now = GlobalState::current();
+  if (!(now == state_)) {
+    if (why) *why = "global state changed: expected " + state_.describe() + ", got " + now.describe();
+    return false;
+  }
   for (const Node* n : roots_) {
     PyObject* v = n->source->resolve(roots);
     if (!v) {
       PyErr_Clear();
+      if (why) *why = n->source->describe() + " is unbound";
       return false;
     }
-    bool ok = check_node(*n, v, roots, nullptr);
+    bool ok = check_node(*n, v, roots, why);
     Py_DECREF(v);
     if (!ok) return false;
   }
-  return check_same_objects(roots, nullptr);
+  return check_same_objects(roots, why);
 }
 
+bool GuardTree::check(const SourceRoots& roots) const { return evaluate(roots, nullptr); }
+
 std::string GuardTree::explain_failure(const SourceRoots& roots) const {
-  if (globals_ && roots.globals != globals_) return "the function's globals are a different dict";
-  GlobalState now = GlobalState::current();
-  if (!(now == state_)) return "global state changed: expected " + state_.describe() + ", got " + now.describe();
   std::string why;
-  for (const Node* n : roots_) {
-    PyObject* v = n->source->resolve(roots);
-    if (!v) {
-      PyErr_Clear();
-      return n->source->describe() + " is unbound";
-    }
-    bool ok = check_node(*n, v, roots, &why);
-    Py_DECREF(v);
-    if (!ok) return why;
-  }
-  if (!check_same_objects(roots, &why)) return why;
-  return "all guards pass";
+  return evaluate(roots, &why) ? "all guards pass" : why;
 }
 
 std::vector<std::string> GuardTree::describe() const {

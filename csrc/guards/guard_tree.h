@@ -98,6 +98,7 @@ class GuardTree {
   GlobalState state_;
   std::vector<std::pair<SourcePtr, SourcePtr>> same_objects_;
   bool check_same_objects(const SourceRoots& roots, std::string* why) const;
+  bool evaluate(const SourceRoots& roots, std::string* why) const;
 };
 
 /// Checks one tensor against a spec; on mismatch writes the reason if `why` is set.

@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/dynamic_library.h"
 #include "common/error.h"
 #include "common/log.h"
 
@@ -30,13 +31,6 @@ struct LoadedDriver {
   std::string failure;  // why loading failed, with every path tried
 };
 
-// One symbol per DriverApi field; a missing one means a driver too old for kiln.
-template <typename Fn>
-bool resolve(void* handle, const char* name, Fn*& slot, std::string& missing) {
-  slot = reinterpret_cast<Fn*>(dlsym(handle, name));
-  if (!slot) missing += std::string(missing.empty() ? "" : ", ") + name;
-  return slot != nullptr;
-}
 
 std::string describe_with(const DriverApi& a, CudaResult result) {
   const char* name = nullptr;
@@ -51,39 +45,32 @@ std::string describe_with(const DriverApi& a, CudaResult result) {
 
 LoadedDriver load_driver() {
   LoadedDriver loaded;
-  std::ostringstream tried;
-  void* handle = nullptr;
-  for (const char* candidate : kDriverCandidates) {
-    handle = dlopen(candidate, RTLD_NOW | RTLD_LOCAL);
-    if (handle) {
-      loaded.path = candidate;
-      break;
-    }
-    tried << "\n  " << candidate << ": " << dlerror();
-  }
+  OpenedLibrary opened = open_first_library({std::begin(kDriverCandidates), std::end(kDriverCandidates)});
+  void* handle = opened.handle;
+  loaded.path = opened.path;
   if (!handle) {
-    loaded.failure = "the CUDA driver (libcuda) was not found; tried:" + tried.str() +
+    loaded.failure = "the CUDA driver (libcuda) was not found; tried:" + opened.tried +
                      "\nCUDA kernels need an NVIDIA driver; on a machine without one use CPU tensors.";
     return loaded;
   }
   DriverApi& a = loaded.api;
   std::string missing;
-  resolve(handle, "cuInit", a.cuInit, missing);
-  resolve(handle, "cuDriverGetVersion", a.cuDriverGetVersion, missing);
-  resolve(handle, "cuDeviceGetCount", a.cuDeviceGetCount, missing);
-  resolve(handle, "cuDeviceGet", a.cuDeviceGet, missing);
-  resolve(handle, "cuDeviceGetAttribute", a.cuDeviceGetAttribute, missing);
-  resolve(handle, "cuDevicePrimaryCtxRetain", a.cuDevicePrimaryCtxRetain, missing);
-  resolve(handle, "cuCtxGetCurrent", a.cuCtxGetCurrent, missing);
-  resolve(handle, "cuCtxSetCurrent", a.cuCtxSetCurrent, missing);
-  resolve(handle, "cuCtxGetDevice", a.cuCtxGetDevice, missing);
-  resolve(handle, "cuModuleLoadData", a.cuModuleLoadData, missing);
-  resolve(handle, "cuModuleUnload", a.cuModuleUnload, missing);
-  resolve(handle, "cuModuleGetFunction", a.cuModuleGetFunction, missing);
-  resolve(handle, "cuFuncGetAttribute", a.cuFuncGetAttribute, missing);
-  resolve(handle, "cuLaunchKernel", a.cuLaunchKernel, missing);
-  resolve(handle, "cuGetErrorName", a.cuGetErrorName, missing);
-  resolve(handle, "cuGetErrorString", a.cuGetErrorString, missing);
+  resolve_symbol(handle, "cuInit", a.cuInit, missing);
+  resolve_symbol(handle, "cuDriverGetVersion", a.cuDriverGetVersion, missing);
+  resolve_symbol(handle, "cuDeviceGetCount", a.cuDeviceGetCount, missing);
+  resolve_symbol(handle, "cuDeviceGet", a.cuDeviceGet, missing);
+  resolve_symbol(handle, "cuDeviceGetAttribute", a.cuDeviceGetAttribute, missing);
+  resolve_symbol(handle, "cuDevicePrimaryCtxRetain", a.cuDevicePrimaryCtxRetain, missing);
+  resolve_symbol(handle, "cuCtxGetCurrent", a.cuCtxGetCurrent, missing);
+  resolve_symbol(handle, "cuCtxSetCurrent", a.cuCtxSetCurrent, missing);
+  resolve_symbol(handle, "cuCtxGetDevice", a.cuCtxGetDevice, missing);
+  resolve_symbol(handle, "cuModuleLoadData", a.cuModuleLoadData, missing);
+  resolve_symbol(handle, "cuModuleUnload", a.cuModuleUnload, missing);
+  resolve_symbol(handle, "cuModuleGetFunction", a.cuModuleGetFunction, missing);
+  resolve_symbol(handle, "cuFuncGetAttribute", a.cuFuncGetAttribute, missing);
+  resolve_symbol(handle, "cuLaunchKernel", a.cuLaunchKernel, missing);
+  resolve_symbol(handle, "cuGetErrorName", a.cuGetErrorName, missing);
+  resolve_symbol(handle, "cuGetErrorString", a.cuGetErrorString, missing);
   if (!missing.empty()) {
     loaded.failure = "the CUDA driver at " + loaded.path + " lacks " + missing + ": update the NVIDIA driver";
     return loaded;

@@ -35,26 +35,30 @@ void InstructionTranslator::op_store_fast(const Instruction& ins) {
 
 void InstructionTranslator::op_delete_fast(const Instruction& ins) { locals_.at(ins.arg) = nullptr; }
 
+namespace {
+// 3.13's paired forms (LOAD_FAST_LOAD_FAST, ...) hold two 4-bit local indices in one argument.
+std::pair<Instruction, Instruction> split_pair(const Instruction& ins) {
+  Instruction first = ins, second = ins;
+  first.arg = ins.arg >> 4;
+  second.arg = ins.arg & 15;
+  return {first, second};
+}
+}  // namespace
+
 void InstructionTranslator::op_load_fast_load_fast(const Instruction& ins) {
-  Instruction a = ins, b = ins;
-  a.arg = ins.arg >> 4;
-  b.arg = ins.arg & 15;
+  auto [a, b] = split_pair(ins);
   op_load_fast(a);
   op_load_fast(b);
 }
 
 void InstructionTranslator::op_store_fast_load_fast(const Instruction& ins) {
-  Instruction a = ins, b = ins;
-  a.arg = ins.arg >> 4;
-  b.arg = ins.arg & 15;
+  auto [a, b] = split_pair(ins);
   op_store_fast(a);
   op_load_fast(b);
 }
 
 void InstructionTranslator::op_store_fast_store_fast(const Instruction& ins) {
-  Instruction a = ins, b = ins;
-  a.arg = ins.arg >> 4;
-  b.arg = ins.arg & 15;
+  auto [a, b] = split_pair(ins);
   op_store_fast(a);
   op_store_fast(b);
 }

@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/dynamic_library.h"
 #include "common/error.h"
 #include "common/log.h"
 
@@ -128,26 +129,13 @@ void preload_builtins_beside(const std::string& nvrtc_file) {
   }
 }
 
-template <typename Fn>
-void resolve(void* handle, const char* name, Fn*& slot, std::string& missing) {
-  slot = reinterpret_cast<Fn*>(dlsym(handle, name));
-  if (!slot) missing += std::string(missing.empty() ? "" : ", ") + name;
-}
-
 LoadedNvrtc load_nvrtc() {
   LoadedNvrtc loaded;
-  std::ostringstream tried;
-  void* handle = nullptr;
-  for (const auto& candidate : nvrtc_candidates()) {
-    handle = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle) {
-      loaded.path = candidate;
-      break;
-    }
-    tried << "\n  " << candidate << ": " << dlerror();
-  }
+  OpenedLibrary opened = open_first_library(nvrtc_candidates());
+  void* handle = opened.handle;
+  loaded.path = opened.path;
   if (!handle) {
-    loaded.failure = "NVRTC (libnvrtc) was not found; tried:" + tried.str() +
+    loaded.failure = "NVRTC (libnvrtc) was not found; tried:" + opened.tried +
                      "\nInstall it with `pip install nvidia-cuda-nvrtc` (scripts/setup.sh does on the development "
                      "machine), or set KILN_NVRTC_PATH to libnvrtc.so or its folder.";
     return loaded;
@@ -156,19 +144,19 @@ LoadedNvrtc load_nvrtc() {
   std::string missing;
   loaded.path = loaded_file_of(handle, loaded.path);
   preload_builtins_beside(loaded.path);
-  resolve(handle, "nvrtcVersion", a.nvrtcVersion, missing);
-  resolve(handle, "nvrtcGetErrorString", a.nvrtcGetErrorString, missing);
-  resolve(handle, "nvrtcGetNumSupportedArchs", a.nvrtcGetNumSupportedArchs, missing);
-  resolve(handle, "nvrtcGetSupportedArchs", a.nvrtcGetSupportedArchs, missing);
-  resolve(handle, "nvrtcCreateProgram", a.nvrtcCreateProgram, missing);
-  resolve(handle, "nvrtcDestroyProgram", a.nvrtcDestroyProgram, missing);
-  resolve(handle, "nvrtcCompileProgram", a.nvrtcCompileProgram, missing);
-  resolve(handle, "nvrtcGetPTXSize", a.nvrtcGetPTXSize, missing);
-  resolve(handle, "nvrtcGetPTX", a.nvrtcGetPTX, missing);
-  resolve(handle, "nvrtcGetCUBINSize", a.nvrtcGetCUBINSize, missing);
-  resolve(handle, "nvrtcGetCUBIN", a.nvrtcGetCUBIN, missing);
-  resolve(handle, "nvrtcGetProgramLogSize", a.nvrtcGetProgramLogSize, missing);
-  resolve(handle, "nvrtcGetProgramLog", a.nvrtcGetProgramLog, missing);
+  resolve_symbol(handle, "nvrtcVersion", a.nvrtcVersion, missing);
+  resolve_symbol(handle, "nvrtcGetErrorString", a.nvrtcGetErrorString, missing);
+  resolve_symbol(handle, "nvrtcGetNumSupportedArchs", a.nvrtcGetNumSupportedArchs, missing);
+  resolve_symbol(handle, "nvrtcGetSupportedArchs", a.nvrtcGetSupportedArchs, missing);
+  resolve_symbol(handle, "nvrtcCreateProgram", a.nvrtcCreateProgram, missing);
+  resolve_symbol(handle, "nvrtcDestroyProgram", a.nvrtcDestroyProgram, missing);
+  resolve_symbol(handle, "nvrtcCompileProgram", a.nvrtcCompileProgram, missing);
+  resolve_symbol(handle, "nvrtcGetPTXSize", a.nvrtcGetPTXSize, missing);
+  resolve_symbol(handle, "nvrtcGetPTX", a.nvrtcGetPTX, missing);
+  resolve_symbol(handle, "nvrtcGetCUBINSize", a.nvrtcGetCUBINSize, missing);
+  resolve_symbol(handle, "nvrtcGetCUBIN", a.nvrtcGetCUBIN, missing);
+  resolve_symbol(handle, "nvrtcGetProgramLogSize", a.nvrtcGetProgramLogSize, missing);
+  resolve_symbol(handle, "nvrtcGetProgramLog", a.nvrtcGetProgramLog, missing);
   if (!missing.empty()) {
     loaded.failure = "NVRTC at " + loaded.path + " lacks " + missing + ": kiln needs NVRTC 11.2 or newer";
     return loaded;
