@@ -1,8 +1,7 @@
 // C++/OpenMP code generation from the loop IR.
 //
-// Design: the kernel's domain is first turned into loops: outer dims, then reduced dims, dropping size-1
-// dims and merging neighbours that every access walks contiguously (so a contiguous pointwise kernel is one
-// flat loop, `#pragma omp parallel for simd`). Per outer index the body computes each reduction in its own
+// Design: the kernel's domain is first turned into loops (fusion/loop_nest.h), so a contiguous pointwise
+// kernel is one flat loop, `#pragma omp parallel for simd`. Per outer index the body computes each reduction in its own
 // loop over the reduced dims (recomputing the pointwise prologue it needs: loads are cheap next to a
 // second pass over memory), then the per-outer values and stores, then one more loop over the reduced dims
 // for stores that run along them (softmax's output, layer norm's y). Expressions that do not depend on a
@@ -17,6 +16,7 @@
 
 #include "common/error.h"
 #include "device_lib/cpp_prelude.h"
+#include "fusion/loop_nest.h"
 
 namespace kiln::codegen::cpp {
 
@@ -103,65 +103,9 @@ std::string substitute(std::string text, const std::string& key, const std::stri
   return text;
 }
 
-struct Loop {
-  int64_t size;
-  bool reduced;
-};
-
-// The kernel's accesses re-expressed over the merged loops.
-struct LoopNest {
-  std::vector<Loop> loops;
-  std::vector<std::vector<int64_t>> load_strides;   // per expr (loads only)
-  std::vector<std::vector<int64_t>> store_strides;  // per store
-  int outer_count = 0;
-};
-
-LoopNest build_loops(const Kernel& k) {
-  std::vector<int> order;
-  for (int pass = 0; pass < 2; ++pass)
-    for (size_t d = 0; d < k.domain.size(); ++d)
-      if (k.reduced[d] == (pass == 1) && k.domain[d] != 1) order.push_back(static_cast<int>(d));
-  std::vector<const std::vector<int64_t>*> accesses;
-  for (const Expr& e : k.exprs)
-    if (e.kind == ExprKind::Load) accesses.push_back(&e.index.strides);
-  for (const auto& s : k.stores) accesses.push_back(&s.index.strides);
-
-  // groups of domain dims merged into one loop (outermost first within a group)
-  std::vector<std::vector<int>> groups;
-  for (int d : order) {
-    if (!groups.empty()) {
-      const int inner = groups.back().back();
-      bool mergeable = k.reduced[inner] == k.reduced[d];
-      for (const auto* s : accesses) mergeable = mergeable && (*s)[inner] == (*s)[d] * k.domain[d];
-      if (mergeable) {
-        groups.back().push_back(d);
-        continue;
-      }
-    }
-    groups.push_back({d});
-  }
-  LoopNest nest;
-  auto merged = [&](const std::vector<int64_t>& strides) {
-    std::vector<int64_t> out;
-    for (const auto& g : groups) out.push_back(strides[g.back()]);  // the innermost dim's stride steps the loop
-    return out;
-  };
-  for (const auto& g : groups) {
-    int64_t size = 1;
-    for (int d : g) size *= k.domain[d];
-    nest.loops.push_back({size, static_cast<bool>(k.reduced[g[0]])});
-    if (!k.reduced[g[0]]) nest.outer_count++;
-  }
-  nest.load_strides.resize(k.exprs.size());
-  for (size_t i = 0; i < k.exprs.size(); ++i)
-    if (k.exprs[i].kind == ExprKind::Load) nest.load_strides[i] = merged(k.exprs[i].index.strides);
-  for (const auto& s : k.stores) nest.store_strides.push_back(merged(s.index.strides));
-  return nest;
-}
-
 class KernelEmitter {
  public:
-  KernelEmitter(const Kernel& k, const graph::Graph& g) : k_(k), g_(g), nest_(build_loops(k)) {
+  KernelEmitter(const Kernel& k, const graph::Graph& g) : k_(k), g_(g), nest_(fusion::build_loop_nest(k)) {
     depends_.resize(k.exprs.size(), false);
     for (size_t i = 0; i < k.exprs.size(); ++i) {
       const Expr& e = k.exprs[i];
@@ -216,11 +160,7 @@ class KernelEmitter {
   }
 
  private:
-  bool strides_run_reduced(const std::vector<int64_t>& strides) const {
-    for (size_t l = 0; l < nest_.loops.size(); ++l)
-      if (nest_.loops[l].reduced && strides[l] != 0) return true;
-    return false;
-  }
+  bool strides_run_reduced(const std::vector<int64_t>& strides) const { return nest_.runs_reduced(strides); }
 
   std::string index(const std::vector<int64_t>& strides, int64_t offset) const {
     std::ostringstream out;
@@ -448,7 +388,7 @@ class KernelEmitter {
 
   const Kernel& k_;
   const graph::Graph& g_;
-  LoopNest nest_;
+  fusion::LoopNest nest_;
   std::vector<bool> depends_;
   std::vector<std::string> names_;
   std::vector<int32_t> scope_ids_;  // names made inside the current reduced loop

@@ -1,0 +1,66 @@
+#include "fusion/loop_nest.h"
+
+namespace kiln::fusion {
+
+LoopNest build_loop_nest(const Kernel& k) {
+  std::vector<int> order;
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t d = 0; d < k.domain.size(); ++d)
+      if (k.reduced[d] == (pass == 1) && k.domain[d] != 1) order.push_back(static_cast<int>(d));
+  std::vector<const std::vector<int64_t>*> accesses;
+  for (const Expr& e : k.exprs)
+    if (e.kind == ExprKind::Load) accesses.push_back(&e.index.strides);
+  for (const auto& s : k.stores) accesses.push_back(&s.index.strides);
+
+  // groups of domain dims merged into one loop (outermost first within a group)
+  std::vector<std::vector<int>> groups;
+  for (int d : order) {
+    if (!groups.empty()) {
+      const int inner = groups.back().back();
+      bool mergeable = k.reduced[inner] == k.reduced[d];
+      for (const auto* s : accesses) mergeable = mergeable && (*s)[inner] == (*s)[d] * k.domain[d];
+      if (mergeable) {
+        groups.back().push_back(d);
+        continue;
+      }
+    }
+    groups.push_back({d});
+  }
+  LoopNest nest;
+  auto merged = [&](const std::vector<int64_t>& strides) {
+    std::vector<int64_t> out;
+    for (const auto& g : groups) out.push_back(strides[g.back()]);  // the innermost dim's stride steps the loop
+    return out;
+  };
+  for (const auto& g : groups) {
+    int64_t size = 1;
+    for (int d : g) size *= k.domain[d];
+    nest.loops.push_back({size, static_cast<bool>(k.reduced[g[0]])});
+    if (!k.reduced[g[0]]) nest.outer_count++;
+  }
+  nest.load_strides.resize(k.exprs.size());
+  for (size_t i = 0; i < k.exprs.size(); ++i)
+    if (k.exprs[i].kind == ExprKind::Load) nest.load_strides[i] = merged(k.exprs[i].index.strides);
+  for (const auto& s : k.stores) nest.store_strides.push_back(merged(s.index.strides));
+  return nest;
+}
+
+bool LoopNest::runs_reduced(const std::vector<int64_t>& strides) const {
+  for (size_t l = 0; l < loops.size(); ++l)
+    if (loops[l].reduced && strides[l] != 0) return true;
+  return false;
+}
+
+int64_t LoopNest::outer_numel() const {
+  int64_t n = 1;
+  for (int l = 0; l < outer_count; ++l) n *= loops[l].size;
+  return n;
+}
+
+int64_t LoopNest::reduced_numel() const {
+  int64_t n = 1;
+  for (size_t l = outer_count; l < loops.size(); ++l) n *= loops[l].size;
+  return n;
+}
+
+}  // namespace kiln::fusion

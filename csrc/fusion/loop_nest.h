@@ -1,0 +1,35 @@
+#pragma once
+// A kernel's domain turned into loops, shared by the code generators: outer dims first, then reduced dims,
+// size-1 dims dropped, and neighbours that every access walks contiguously merged into one loop (so a
+// contiguous pointwise kernel is one flat loop whatever its rank). Each access's strides are re-expressed
+// over the merged loops.
+//
+// Torch-free.
+#include <cstdint>
+#include <vector>
+
+#include "fusion/loop_ir.h"
+
+namespace kiln::fusion {
+
+struct Loop {
+  int64_t size;
+  bool reduced;
+};
+
+struct LoopNest {
+  std::vector<Loop> loops;                           // outer loops first, then reduced ones
+  std::vector<std::vector<int64_t>> load_strides;   // per expr (loads only; empty for the others)
+  std::vector<std::vector<int64_t>> store_strides;  // per store
+  int outer_count = 0;
+
+  /// True when an access with these (merged) strides moves along a reduced loop.
+  bool runs_reduced(const std::vector<int64_t>& strides) const;
+  /// Product of the outer loops' sizes, and of the reduced loops' sizes.
+  int64_t outer_numel() const;
+  int64_t reduced_numel() const;
+};
+
+LoopNest build_loop_nest(const Kernel& k);
+
+}  // namespace kiln::fusion
