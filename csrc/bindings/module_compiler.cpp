@@ -54,11 +54,26 @@ void register_compiler(py::module_& m) {
         d["kernels"] = s->kernels;
         d["externs"] = s->externs;
         d["source"] = s->source;
+        d["device"] = s->device;
+        d["strategies"] = s->strategies;
         return d;
       },
       py::arg("compiled"),
       "for a graph compiled by the kiln backend: {backend: 'kiln'|'eager', fallback_reason, kernels: [names], "
-      "externs: [op overloads], source: generated C++}; None for other backends");
+      "externs: [op overloads], source: generated C++ or CUDA C, device: 'cpu'|'cuda:N', strategies: per CUDA "
+      "kernel}; None for other backends");
+  m.def("set_cuda_ptx_check", &runtime::set_cuda_ptx_check, py::arg("on"),
+        "test switch: also emit every CPU graph's kernels as CUDA C and compile them to PTX with NVRTC");
+  m.def(
+      "cuda_ptx_check",
+      [] {
+        const auto& c = runtime::cuda_ptx_check();
+        py::dict d;
+        d["compiled"] = c.compiled;
+        d["failures"] = c.failures;
+        return d;
+      },
+      "{compiled: graphs whose CUDA C compiled to PTX, failures: [NVRTC message + source]}");
   m.def("decomposed_ops", &decomp::decomposed_ops, "op overloads the kiln backend decomposes into prims");
 }
 

@@ -148,6 +148,7 @@ void register_cuda(py::module_& parent) {
         py::dict d;
         d["compiled"] = s.compiled;
         d["memory_hits"] = s.memory_hits;
+        d["disk_hits"] = s.disk_hits;
         return d;
       },
       "programs compiled by NVRTC for launches, and launches the in-memory cache answered");

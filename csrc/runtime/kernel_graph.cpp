@@ -1,9 +1,11 @@
 // The "kiln" backend's compile pipeline and its CompiledGraph.
 //
-// Design: compile_kiln_graph is a straight line (checks -> graph passes -> schedule -> C++ source -> cached
-// shared library -> run plan); any exception on the way turns into the eager interpreter for this graph,
-// so a compiler problem costs speed, never an answer. The run plan is flat: per step either a kernel (a
-// function pointer and the value ids whose data pointers it takes) or a prepared extern call.
+// Design: compile_kiln_graph is a straight line (checks -> graph passes -> schedule -> source -> compiled
+// kernels -> run plan); any exception on the way turns into the eager interpreter for this graph, so a
+// compiler problem costs speed, never an answer. CPU graphs become one C++/OpenMP shared library
+// (codegen/cpp), CUDA graphs one NVRTC program (codegen/cuda) whose kernels launch on torch's current
+// stream, with buffers from torch's caching allocator and no host synchronisation. The run plan is flat: per
+// step either a kernel (a function and the value ids whose data pointers it takes) or a prepared extern call.
 #include "runtime/kernel_graph.h"
 
 #include <atomic>
@@ -14,16 +16,22 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <unordered_set>
 
 #include "cache/kernel_cache.h"
 #include "codegen/cpp/compile_cpp.h"
 #include "codegen/cpp/emit_cpp.h"
+#include "codegen/cuda/cuda_device_lib.h"
+#include "codegen/cuda/cuda_program_cache.h"
+#include "codegen/cuda/emit_cuda.h"
+#include "codegen/cuda/nvrtc_compiler.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "fusion/schedule_kernels.h"
 #include "passes/pipeline.h"
 #include "runtime/autograd_graph.h"
+#include "runtime/cuda_launch.h"
 #include "runtime/eager_interpreter.h"
 #include "runtime/node_call.h"
 #include "runtime/torch_info.h"
@@ -36,7 +44,10 @@ using graph::ValueId;
 using KernelFn = void (*)(void* const*);
 
 struct KernelCall {
-  KernelFn fn = nullptr;
+  KernelFn fn = nullptr;               // CPU
+  cuda::CudaFunction cuda_fn = nullptr;  // CUDA, with its launch configuration
+  cuda::LaunchConfig launch;
+  std::string name;
   std::vector<ValueId> buffers;
   std::vector<bool> is_output;
   std::vector<at::TensorOptions> options;  // per output buffer
@@ -70,6 +81,8 @@ class KilnGraph final : public CompiledGraph {
     std::vector<at::Tensor> env = constants_;
     for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i]] = inputs[i];
     std::vector<void*> pointers;
+    std::vector<void*> arguments;
+    cuda::CudaStream stream = cuda_device_ >= 0 ? cuda::torch_current_stream(cuda_device_) : nullptr;
     for (const PlanStep& step : plan_) {
       if (step.kernel >= 0) {
         const KernelCall& k = kernels_[step.kernel];
@@ -83,7 +96,13 @@ class KilnGraph final : public CompiledGraph {
           }
           pointers[b] = t.data_ptr();
         }
-        k.fn(pointers.data());
+        if (k.fn) {
+          k.fn(pointers.data());
+        } else if (k.launch.grid.x > 0) {
+          arguments.resize(pointers.size());
+          for (size_t b = 0; b < pointers.size(); ++b) arguments[b] = &pointers[b];
+          cuda::launch_kernel(cuda_device_, k.cuda_fn, k.name, k.launch, stream, arguments.data());
+        }
       } else {
         call_node(externs_[step.external], g, constants_, env);
       }
@@ -103,6 +122,9 @@ class KilnGraph final : public CompiledGraph {
   std::vector<PreparedNode> externs_;
   std::vector<PlanStep> plan_;
   std::shared_ptr<codegen::cpp::SharedLibrary> library_;
+  int cuda_device_ = -1;  // the CUDA device of a CUDA graph, -1 for CPU
+  codegen::cuda::CudaProgram cuda_program_;
+  std::vector<codegen::cuda::CudaKernelLaunch> cuda_launches_;  // per schedule kernel
 };
 
 // True when the graph must record autograd history: grad mode on and some value requires grad.
@@ -113,14 +135,37 @@ bool needs_autograd(const graph::Graph& g) {
   return false;
 }
 
+// The device all of the graph's tensors live on (CPU, or one CUDA device), or nullopt with `why` set.
+std::optional<graph::Device> graph_device(const graph::Graph& g, std::string& why) {
+  std::optional<graph::Device> device;
+  for (const graph::Value& v : g.values) {
+    if (!v.is_tensor) continue;
+    const graph::Device& d = v.meta.device;
+    if (d.type != graph::DeviceType::CPU && d.type != graph::DeviceType::CUDA) {
+      why = "tensors on " + graph::device_type_name(d.type) + " (kiln generates code for CPU and CUDA)";
+      return std::nullopt;
+    }
+    if (d.type == graph::DeviceType::CUDA && d.index < 0) {
+      why = "a CUDA tensor without a device index";
+      return std::nullopt;
+    }
+    if (device && !(*device == d)) {
+      why = "tensors on more than one device (" + graph::device_type_name(device->type) + " and " +
+            graph::device_type_name(d.type) + ")";
+      return std::nullopt;
+    }
+    device = d;
+  }
+  return device ? device : graph::Device{};
+}
+
 // Why `g` must stay on the eager interpreter, or "".
 std::string unsupported_reason(const graph::Graph& g) {
   for (const graph::Node& node : g.nodes)
     if (node.mutates_args) return "in-place op " + node.qualified_name();
-  for (const graph::Value& v : g.values) {
-    if (v.meta.device.type != graph::DeviceType::CPU) return "tensors on " + graph::device_type_name(v.meta.device.type) + " (the C++ backend is CPU-only)";
-  }
-  return "";
+  std::string why;
+  graph_device(g, why);
+  return why;
 }
 
 void dump_debug(const std::string& name, const std::string& graph_text, const std::string& source) {
@@ -129,9 +174,36 @@ void dump_debug(const std::string& name, const std::string& graph_text, const st
   try {
     std::string path = std::string(dir) + "/" + name;
     std::ofstream(path + ".graph.txt") << graph_text;
-    std::ofstream(path + ".cpp") << source;
+    std::ofstream(path + (source.rfind("// generated by kiln", 0) == 0 ? ".cu" : ".cpp")) << source;
   } catch (...) {
     // a debug dump never fails a compile
+  }
+}
+
+std::atomic<bool> g_cuda_ptx_check{false};
+
+CudaPtxCheck& ptx_check_state() {
+  static CudaPtxCheck state;
+  return state;
+}
+
+// The test suite's check that CUDA code generation works for every graph it compiles on CPU: the same
+// schedule emitted as CUDA C and compiled to PTX by NVRTC (no GPU needed). Failures are recorded, not
+// thrown: the CPU graph itself is fine.
+void check_cuda_ptx(const fusion::Schedule& schedule, const graph::Graph& g) {
+  if (!g_cuda_ptx_check) return;
+  CudaPtxCheck& state = ptx_check_state();
+  std::string source;
+  try {
+    source = codegen::cuda::emit_cuda_source(schedule, g).source;
+    KILN_LOG(output_code) << "kiln backend, PTX check of the same schedule as CUDA C:\n" << source;
+    codegen::cuda::NvrtcOptions options;
+    options.arch = "compute_90";
+    options.headers = codegen::cuda::cuda_device_headers();
+    codegen::cuda::compile_cuda(source, "kiln_ptx_check", options);
+    state.compiled++;
+  } catch (const std::exception& e) {
+    state.failures.push_back(std::string(e.what()) + "\n--- source ---\n" + source);
   }
 }
 
@@ -144,12 +216,23 @@ void build_plan(KilnGraph& kg, const fusion::Schedule& schedule) {
     if (step.kind == fusion::Step::Kind::Kernel) {
       const fusion::Kernel& k = schedule.kernels[step.index];
       KernelCall call;
-      call.fn = reinterpret_cast<KernelFn>(kg.library_->symbol(k.name));
+      call.name = k.name;
+      if (kg.cuda_device_ >= 0) {
+        const auto& launch = kg.cuda_launches_[step.index];
+        call.cuda_fn = kg.cuda_program_.loaded->function(k.name);
+        call.launch.grid.x = launch.grid;
+        call.launch.block.x = launch.block_x;
+        call.launch.block.y = launch.block_y;
+      } else {
+        call.fn = reinterpret_cast<KernelFn>(kg.library_->symbol(k.name));
+      }
+      const at::Device device = kg.cuda_device_ >= 0 ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(kg.cuda_device_))
+                                                      : at::Device(at::kCPU);
       for (const auto& buf : k.buffers) {
         call.buffers.push_back(buf.value);
         call.is_output.push_back(buf.is_output);
         if (buf.is_output) {
-          call.options.push_back(at::TensorOptions().dtype(static_cast<at::ScalarType>(buf.dtype)).device(at::kCPU));
+          call.options.push_back(at::TensorOptions().dtype(static_cast<at::ScalarType>(buf.dtype)).device(device));
         } else {
           last_use[buf.value] = position;
         }
@@ -184,10 +267,26 @@ std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> o
   kg->summary.backend = "kiln";
   bool has_kernels = false;
   for (const auto& step : schedule.steps) has_kernels = has_kernels || step.kind == fusion::Step::Kind::Kernel;
-  if (has_kernels) {
+  std::string why;
+  const graph::Device device = *graph_device(*optimised, why);
+  kg->summary.device = device.type == graph::DeviceType::CUDA ? "cuda:" + std::to_string(device.index) : "cpu";
+  if (has_kernels && device.type == graph::DeviceType::CUDA) {
+    codegen::cuda::CudaSource cuda = codegen::cuda::emit_cuda_source(schedule, *optimised);
+    kg->summary.source = cuda.source;
+    for (const auto& launch : cuda.kernels) kg->summary.strategies.push_back(launch.strategy);
+    KILN_LOG(output_code) << "kiln backend (CUDA): " << schedule.summary() << "\n" << kg->summary.source;
+    dump_debug("kiln_" + cache::hash_hex(kg->summary.source).substr(0, 12), optimised->to_string(), kg->summary.source);
+    codegen::cuda::nvrtc_version();  // opens NVRTC with the GIL held: its search may ask importlib
+    codegen::cuda::cuda_device_headers();
+    WithoutGil no_gil;
+    kg->cuda_device_ = device.index;
+    kg->cuda_program_ = codegen::cuda::cuda_program_for_device(device.index, cuda.source, "kiln_graph");
+    kg->cuda_launches_ = std::move(cuda.kernels);
+  } else if (has_kernels) {
     kg->summary.source = codegen::cpp::emit_cpp_source(schedule, *optimised);
     KILN_LOG(output_code) << "kiln backend: " << schedule.summary() << "\n" << kg->summary.source;
     dump_debug("kiln_" + cache::hash_hex(kg->summary.source).substr(0, 12), optimised->to_string(), kg->summary.source);
+    check_cuda_ptx(schedule, *optimised);
     WithoutGil no_gil;
     kg->library_ = codegen::cpp::compile_cpp_library(kg->summary.source, "torch " + built_torch_version());
   }
@@ -207,6 +306,9 @@ std::atomic<bool> g_compiled_autograd{false};
 }  // namespace
 
 void set_compiled_autograd(bool on) { g_compiled_autograd = on; }
+
+void set_cuda_ptx_check(bool on) { g_cuda_ptx_check = on; }
+CudaPtxCheck& cuda_ptx_check() { return ptx_check_state(); }
 bool compiled_autograd() { return g_compiled_autograd; }
 
 std::shared_ptr<CompiledGraph> compile_kiln_graph(std::shared_ptr<const graph::Graph> g, const ConstantsOf& constants_of) {

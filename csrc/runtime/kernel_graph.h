@@ -25,7 +25,9 @@ struct KilnGraphSummary {
   std::string fallback_reason;  // why it fell back, "" otherwise
   std::vector<std::string> kernels;  // kernel names in execution order
   std::vector<std::string> externs;  // op overloads of extern calls, in order
-  std::string source;                // the generated C++ ("" on fallback)
+  std::string source;                // the generated C++ or CUDA C ("" on fallback)
+  std::string device;                // "cpu" or "cuda:N" ("" on fallback)
+  std::vector<std::string> strategies;  // CUDA: per kernel, how it maps onto threads (emit_cuda.h)
 };
 
 /// The summary of a graph compiled by compile_kiln_graph, or nullptr for any other CompiledGraph.
@@ -46,5 +48,14 @@ KilnBackendStats& kiln_backend_stats();
 /// kiln.config.set_compiled_autograd(True) turns it on for the process.
 void set_compiled_autograd(bool on);
 bool compiled_autograd();
+
+/// Test switch: every CPU graph the kiln backend compiles is also emitted as CUDA C and compiled to PTX by
+/// NVRTC, so CUDA code generation is checked on machines without a GPU. Failures are collected here.
+struct CudaPtxCheck {
+  int64_t compiled = 0;
+  std::vector<std::string> failures;  // NVRTC's message and the source, per failing graph
+};
+void set_cuda_ptx_check(bool on);
+CudaPtxCheck& cuda_ptx_check();
 
 }  // namespace kiln::runtime

@@ -38,3 +38,19 @@ def fresh_kiln():
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def device(request):
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def cuda_code_for_cpu_graphs():
+    """Every CPU graph a test compiles with the kiln backend is also emitted as CUDA C and compiled to PTX by
+    NVRTC (issue 5: code-generation mistakes caught without a GPU). A test whose graphs fail that fails too,
+    with NVRTC's message and the source. Skipped where NVRTC is missing."""
+    import kiln
+    if not kiln._C.cuda.nvrtc_available():
+        yield
+        return
+    kiln._C.set_cuda_ptx_check(True)
+    before = len(kiln._C.cuda_ptx_check()["failures"])
+    yield
+    failures = kiln._C.cuda_ptx_check()["failures"][before:]
+    assert not failures, "CUDA C generated for this test's graphs does not compile:\n" + "\n\n".join(failures)

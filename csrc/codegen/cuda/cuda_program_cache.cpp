@@ -1,10 +1,15 @@
-// In-memory program cache for CUDA: compile once per (device, flags, source), load once into the device's
-// primary context. Entries live for the process (loaded modules are never unloaded, see cuda_launch.h).
+// Program cache for CUDA: compile once per (device, flags, source), load once into the device's primary
+// context. Entries live for the process (loaded modules are never unloaded, see cuda_launch.h). Below the
+// memory cache, compiled images live on disk (cache/kernel_cache.h, kind "cuda"), keyed by the source, the
+// device helpers, NVRTC's version, the flags and the architecture: a new process loads them without NVRTC.
 #include "codegen/cuda/cuda_program_cache.h"
 
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <unordered_map>
 
+#include "cache/kernel_cache.h"
 #include "codegen/cuda/cuda_device_lib.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -32,6 +37,50 @@ std::string cache_key(int ordinal, bool line_info, const std::string& source) {
   return key;
 }
 
+std::string read_binary(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// The compiled image of `source` for `options`: from the disk cache, or compiled by NVRTC and published.
+CompiledCuda compile_or_load(const std::string& source, const std::string& program_name, const NvrtcOptions& options,
+                             CudaProgramCacheStats& stats) {
+  const NvrtcVersion version = nvrtc_version();
+  std::string headers;
+  for (const CudaHeader& h : options.headers) headers += h.name + "\x1f" + h.content + "\x1f";
+  const std::string key = cache::hash_hex(source + "\n//nvrtc " + std::to_string(version.major) + "." +
+                                          std::to_string(version.minor) + "|" + options.arch + "|" +
+                                          (options.line_info ? "-lineinfo" : "") + "|" + cache::hash_hex(headers) + "|" +
+                                          std::to_string(cache::kSchemaVersion));
+  const bool cubin = options.arch.rfind("sm_", 0) == 0;
+  const std::string suffix = cubin ? ".cubin" : ".ptx";
+  if (auto path = cache::lookup("cuda", key, suffix)) {
+    CompiledCuda loaded;
+    loaded.image = read_binary(*path);
+    loaded.is_cubin = cubin;
+    loaded.arch = options.arch;
+    loaded.version = version;
+    if (!loaded.image.empty()) {
+      ++stats.disk_hits;
+      return loaded;
+    }
+  }
+  CompiledCuda compiled = compile_cuda(source, program_name, options);
+  ++stats.compiled;
+  try {
+    const std::string built = cache::temporary_path("cuda", key, suffix);
+    {
+      std::ofstream out(built, std::ios::binary);
+      out.write(compiled.image.data(), static_cast<std::streamsize>(compiled.image.size()));
+      if (!out) throw std::runtime_error("write failed");
+    }
+    cache::publish("cuda", key, suffix, built);
+  } catch (const std::exception& e) {
+    KILN_LOG(perf) << "CUDA program '" << program_name << "' not written to the disk cache: " << e.what();
+  }
+  return compiled;
+}
+
 }  // namespace
 
 CudaProgram cuda_program_for_device(int ordinal, const std::string& source, const std::string& program_name,
@@ -53,13 +102,12 @@ CudaProgram cuda_program_for_device(int ordinal, const std::string& source, cons
   options.arch = arch->second;
   options.line_info = line_info;
   options.headers = cuda_device_headers();
-  CompiledCuda compiled = compile_cuda(source, program_name, options);
+  CompiledCuda compiled = compile_or_load(source, program_name, options, c.stats);
   CudaProgram program;
   program.loaded = std::make_shared<runtime::cuda::LoadedProgram>(ordinal, compiled.image);
   program.arch = compiled.arch;
   program.nvrtc_version = compiled.version;
   program.compile_ms = compiled.compile_ms;
-  ++c.stats.compiled;
   KILN_LOG(perf) << "CUDA program '" << program_name << "' loaded on device " << ordinal << " (" << program.arch
                  << ", NVRTC " << compiled.compile_ms << " ms)";
   return c.programs.emplace(std::move(key), std::move(program)).first->second;

@@ -1,7 +1,8 @@
 #pragma once
 // Compile-and-load for one device, cached in memory for the life of the process: the same source with the
-// same flags on the same device is compiled by NVRTC and loaded by the driver once. (The on-disk cubin cache
-// of issue 5 goes below this, keyed by the source, NVRTC version, flags and architecture.)
+// same flags on the same device is compiled by NVRTC and loaded by the driver once. Below that, compiled
+// images are cached on disk (KILN_CACHE_DIR/cuda), keyed by the source, the device helper headers, NVRTC's
+// version, the flags and the architecture, so a new process skips NVRTC.
 #include <memory>
 #include <string>
 
@@ -26,7 +27,8 @@ CudaProgram cuda_program_for_device(int ordinal, const std::string& source, cons
 
 /// How many programs were compiled and how many requests the memory cache answered.
 struct CudaProgramCacheStats {
-  long compiled = 0;
+  long compiled = 0;     // NVRTC runs
+  long disk_hits = 0;    // images read from the disk cache instead
   long memory_hits = 0;
 };
 CudaProgramCacheStats cuda_program_cache_stats();

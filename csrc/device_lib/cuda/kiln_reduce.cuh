@@ -39,3 +39,47 @@ __device__ T block_sum(T value) {
 }
 
 }  // namespace kiln
+
+// Combiners for the generated reductions; max and min propagate NaN like torch.amax/amin.
+namespace kiln {
+
+struct SumCombine {
+  template <typename T>
+  __device__ __forceinline__ static T combine(T a, T b) { return a + b; }
+};
+struct MaxCombine {
+  template <typename T>
+  __device__ __forceinline__ static T combine(T a, T b) { return (a != a || a > b) ? a : b; }
+};
+struct MinCombine {
+  template <typename T>
+  __device__ __forceinline__ static T combine(T a, T b) { return (a != a || a < b) ? a : b; }
+};
+
+// Every lane ends with the combination of all 32 lanes' values. All 32 lanes must call it.
+template <typename Combine, typename T>
+__device__ __forceinline__ T warp_reduce(T value) {
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
+    value = Combine::combine(value, __shfl_xor_sync(kFullWarpMask, value, offset));
+  return value;
+}
+
+// The combination over the whole block (blockDim.y == 1, blockDim.x a multiple of 32), returned to every
+// thread. Unlike block_sum it ends with a barrier, so a kernel may call it any number of times in a row
+// (softmax: a max, then a sum) without a race on the shared totals.
+template <typename Combine, typename T>
+__device__ T block_reduce(T value, T identity) {
+  __shared__ T warp_totals[kWarpSize];
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  value = warp_reduce<Combine>(value);
+  if (lane == 0) warp_totals[warp] = value;
+  __syncthreads();
+  const int warps = blockDim.x / kWarpSize;
+  value = lane < warps ? warp_totals[lane] : identity;
+  value = warp_reduce<Combine>(value);
+  __syncthreads();
+  return value;
+}
+
+}  // namespace kiln

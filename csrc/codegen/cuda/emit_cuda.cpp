@@ -1,0 +1,515 @@
+// CUDA C code generation from the loop IR.
+//
+// Design: the kernel's domain is turned into loops (fusion/loop_nest.h), then one of three shapes:
+// - pointwise (no reduction): one thread per element in a grid-stride loop over the flat outer index, which
+//   is split back into loop indices with constant divisors. When the nest is one contiguous loop, each
+//   thread moves 16 bytes per access (`kiln::vec`, ld.global.v4) after a run-time alignment test, with a
+//   scalar loop for the tail and for unaligned views.
+// - warp_per_row: reductions over at most kWarpRowLimit elements; a warp owns a row (8 rows per block), each
+//   lane strides over the row, the lanes combine with register shuffles.
+// - block_per_row: longer rows; a block owns a row and combines through shared memory (kiln_reduce.cuh).
+// In both row shapes the body mirrors the C++ generator: per row, each reduction in its own pass over the
+// reduced loops (recomputing the pointwise prologue it needs), then the per-row values and stores (lane 0),
+// then one more pass for stores that run along the reduced loops (softmax's output, layer norm's y). Rows are
+// re-read from L1/L2 rather than held in registers; a persistent register-resident variant is future work.
+// Index arithmetic is 32-bit when every index a kernel forms stays below 2^30, else 64-bit.
+#include "codegen/cuda/emit_cuda.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <iomanip>
+#include <sstream>
+
+#include "common/error.h"
+#include "fusion/loop_nest.h"
+
+namespace kiln::codegen::cuda {
+
+using decomp::PrimOp;
+using decomp::ReduceOp;
+using fusion::Expr;
+using fusion::ExprKind;
+using fusion::Kernel;
+using graph::ScalarType;
+
+namespace {
+
+constexpr unsigned kPointwiseBlock = 256;
+constexpr unsigned kRowsPerBlock = 8;       // warp_per_row: one warp per row, 8 warps per block
+constexpr int64_t kWarpRowLimit = 512;      // rows up to this long reduce within one warp
+constexpr int64_t kMaxGrid = int64_t{1} << 20;  // grid-stride loops cover the rest
+constexpr int64_t kIndex32Limit = (int64_t{1} << 31) - 1;
+
+struct TypeInfo {
+  ScalarType dtype;
+  const char* storage;
+  const char* compute;
+  int bytes;
+  const char* lowest;   // identity of max for integer types
+  const char* highest;  // identity of min for integer types
+};
+
+constexpr TypeInfo kTypes[] = {
+    {ScalarType::Bool, "bool", "bool", 1, "false", "true"},
+    {ScalarType::Byte, "unsigned char", "unsigned char", 1, "0", "255"},
+    {ScalarType::Char, "signed char", "signed char", 1, "(-128)", "127"},
+    {ScalarType::Short, "short", "short", 2, "(-32768)", "32767"},
+    {ScalarType::Int, "int", "int", 4, "(-2147483647 - 1)", "2147483647"},
+    {ScalarType::Long, "long long", "long long", 8, "(-9223372036854775807LL - 1)", "9223372036854775807LL"},
+    {ScalarType::Half, "kiln::half_t", "float", 2, nullptr, nullptr},
+    {ScalarType::BFloat16, "kiln::bf16_t", "float", 2, nullptr, nullptr},
+    {ScalarType::Float, "float", "float", 4, nullptr, nullptr},
+    {ScalarType::Double, "double", "double", 8, nullptr, nullptr},
+};
+
+const TypeInfo& type_info(ScalarType t) {
+  for (const TypeInfo& info : kTypes)
+    if (info.dtype == t) return info;
+  KILN_CHECK(false) << "the CUDA code generator has no type for dtype " << graph::scalar_type_name(t);
+  return kTypes[0];
+}
+
+const char* storage_type(ScalarType t) { return type_info(t).storage; }
+const char* compute_type(ScalarType t) { return type_info(t).compute; }
+
+std::string literal(double v, ScalarType t) {
+  const std::string ct = compute_type(t);
+  if (t == ScalarType::Bool) return v != 0 ? "true" : "false";
+  std::ostringstream out;
+  if (!graph::is_floating_or_complex(t)) {
+    out << "static_cast<" << ct << ">(" << static_cast<long long>(v) << "LL)";
+    return out.str();
+  }
+  if (std::isnan(v)) return "kiln::quiet_nan<" + ct + ">()";
+  if (std::isinf(v)) return std::string(v < 0 ? "-" : "") + "kiln::infinity<" + ct + ">()";
+  out << "static_cast<" << ct << ">(" << std::setprecision(17) << v << ")";
+  return out.str();
+}
+
+// Format strings of the prims: $a $b $c are operand names, $T the operands' compute type.
+const char* prim_format(PrimOp op) {
+  switch (op) {
+    case PrimOp::Neg: return "(-$a)";
+    case PrimOp::Abs: return "kiln::abs_($a)";
+    case PrimOp::Exp: return "kiln::exp_($a)";
+    case PrimOp::Log: return "kiln::log_($a)";
+    case PrimOp::Sqrt: return "kiln::sqrt_($a)";
+    case PrimOp::Rsqrt: return "kiln::rsqrt_($a)";
+    case PrimOp::Tanh: return "kiln::tanh_($a)";
+    case PrimOp::Sigmoid: return "kiln::sigmoid_($a)";
+    case PrimOp::Erf: return "kiln::erf_($a)";
+    case PrimOp::LogicalNot: return "(!$a)";
+    case PrimOp::Add: return "($a + $b)";
+    case PrimOp::Sub: return "($a - $b)";
+    case PrimOp::Mul: return "($a * $b)";
+    case PrimOp::Div: return "($a / $b)";
+    case PrimOp::Maximum: return "kiln::max_<$T>($a, $b)";
+    case PrimOp::Minimum: return "kiln::min_<$T>($a, $b)";
+    case PrimOp::Pow: return "kiln::pow_(static_cast<$T>($a), static_cast<$T>($b))";
+    case PrimOp::Lt: return "($a < $b)";
+    case PrimOp::Le: return "($a <= $b)";
+    case PrimOp::Gt: return "($a > $b)";
+    case PrimOp::Ge: return "($a >= $b)";
+    case PrimOp::Eq: return "($a == $b)";
+    case PrimOp::Ne: return "($a != $b)";
+    case PrimOp::LogicalAnd: return "($a && $b)";
+    case PrimOp::LogicalOr: return "($a || $b)";
+    case PrimOp::Where: return "($a ? $b : $c)";
+  }
+  KILN_CHECK(false) << "the CUDA code generator has no code for prim " << decomp::prim_name(op);
+  return "";
+}
+
+const char* combiner(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "kiln::SumCombine";
+    case ReduceOp::Max: return "kiln::MaxCombine";
+    case ReduceOp::Min: return "kiln::MinCombine";
+  }
+  return "";
+}
+
+std::string identity(ReduceOp op, ScalarType t) {
+  if (op == ReduceOp::Sum) return literal(0, t);
+  const bool max = op == ReduceOp::Max;
+  if (graph::is_floating_or_complex(t)) return std::string(max ? "-" : "") + "kiln::infinity<" + compute_type(t) + ">()";
+  const TypeInfo& info = type_info(t);
+  return std::string("static_cast<") + info.compute + ">(" + (max ? info.lowest : info.highest) + ")";
+}
+
+std::string substitute(std::string text, const std::string& key, const std::string& value) {
+  for (size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + value.size()))
+    text.replace(at, key.size(), value);
+  return text;
+}
+
+int64_t pow2_ceil(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+class KernelEmitter {
+ public:
+  KernelEmitter(const Kernel& k, const graph::Graph& g) : k_(k), g_(g), nest_(fusion::build_loop_nest(k)) {
+    depends_.resize(k.exprs.size(), false);
+    for (size_t i = 0; i < k.exprs.size(); ++i) {
+      const Expr& e = k.exprs[i];
+      if (e.kind == ExprKind::Load) depends_[i] = nest_.runs_reduced(nest_.load_strides[i]);
+      else if (e.kind != ExprKind::Reduce)
+        for (int32_t op : e.operands) depends_[i] = depends_[i] || (op >= 0 && depends_[op]);
+      rows_ = rows_ || e.kind == ExprKind::Reduce;
+    }
+    rows_ = rows_ || nest_.outer_count < static_cast<int>(nest_.loops.size());
+    names_.resize(k.exprs.size());
+  }
+
+  std::string emit(CudaKernelLaunch& launch) {
+    launch.name = k_.name;
+    const int64_t outer = nest_.outer_numel();
+    const int64_t reduced = nest_.reduced_numel();
+    unsigned threads = kPointwiseBlock;
+    if (!rows_) {
+      vector_width_ = vector_width();
+      launch.strategy = vector_width_ > 1 ? "pointwise_vec" + std::to_string(vector_width_) : "pointwise";
+      const int64_t work = (outer + std::max(vector_width_, 1) - 1) / std::max(vector_width_, 1);
+      launch.block_x = kPointwiseBlock;
+      launch.grid = static_cast<unsigned>(std::min<int64_t>((work + kPointwiseBlock - 1) / kPointwiseBlock, kMaxGrid));
+    } else if (reduced <= kWarpRowLimit) {
+      launch.strategy = "warp_per_row";
+      launch.block_x = 32;
+      launch.block_y = kRowsPerBlock;
+      launch.grid = static_cast<unsigned>(std::min<int64_t>((outer + kRowsPerBlock - 1) / kRowsPerBlock, kMaxGrid));
+    } else {
+      launch.strategy = "block_per_row";
+      threads = static_cast<unsigned>(std::min<int64_t>(1024, std::max<int64_t>(64, pow2_ceil((reduced + 3) / 4))));
+      launch.block_x = threads;
+      launch.grid = static_cast<unsigned>(std::min<int64_t>(outer, kMaxGrid));
+    }
+    block_reduce_ = launch.strategy == "block_per_row";
+    if (outer == 0) launch.grid = 0;
+    index_type_ = needs_64bit_index(launch) ? "long long" : "int";
+
+    std::ostringstream out;
+    out << "// " << k_.name << " (" << launch.strategy << ") covers graph nodes:";
+    for (graph::NodeIndex n : k_.nodes) out << " " << n << ":" << g_.nodes[n].qualified_name();
+    out << "\nextern \"C\" __global__ void __launch_bounds__(" << (rows_ && !block_reduce_ ? 32 * kRowsPerBlock : threads)
+        << ") " << k_.name << "(";
+    for (size_t b = 0; b < k_.buffers.size(); ++b) {
+      const auto& buf = k_.buffers[b];
+      out << (b ? ", " : "") << (buf.is_output ? "" : "const ") << storage_type(buf.dtype) << "* __restrict__ buf" << b;
+    }
+    out << ") {\n";
+    out << "  typedef " << index_type_ << " index_t;\n";
+    body_ = &out;
+    if (outer > 0) {
+      if (rows_) emit_rows(outer, reduced);
+      else emit_pointwise(outer);
+    }
+    out << "}\n";
+    return out.str();
+  }
+
+ private:
+  // 64-bit indices when any element index, or a loop index plus its grid-stride step, could reach 2^31 - 1.
+  bool needs_64bit_index(const CudaKernelLaunch& launch) const {
+    const int64_t threads = int64_t{launch.grid} * launch.block_x * launch.block_y;
+    int64_t largest = nest_.outer_numel() + threads;
+    largest = std::max(largest, nest_.reduced_numel() + launch.block_x);
+    auto extent = [&](const std::vector<int64_t>& strides, int64_t offset) {
+      int64_t e = std::llabs(offset);
+      for (size_t l = 0; l < strides.size(); ++l) e += std::llabs(strides[l]) * std::max<int64_t>(nest_.loops[l].size - 1, 0);
+      return e;
+    };
+    for (size_t i = 0; i < k_.exprs.size(); ++i)
+      if (k_.exprs[i].kind == ExprKind::Load) largest = std::max(largest, extent(nest_.load_strides[i], k_.exprs[i].index.offset));
+    for (size_t s = 0; s < k_.stores.size(); ++s)
+      largest = std::max(largest, extent(nest_.store_strides[s], k_.stores[s].index.offset));
+    return largest >= kIndex32Limit;
+  }
+
+  // Elements per thread for 16-byte accesses, or 1: only for one flat loop that every load walks with
+  // stride 0 or 1 and every store with stride 1.
+  int vector_width() const {
+    if (nest_.loops.size() != 1) return 1;
+    int width = 8;
+    bool any = false;
+    for (size_t i = 0; i < k_.exprs.size(); ++i) {
+      const Expr& e = k_.exprs[i];
+      if (e.kind != ExprKind::Load) continue;
+      const int64_t stride = nest_.load_strides[i][0];
+      if (stride != 0 && stride != 1) return 1;
+      if (stride == 1) width = std::min(width, 16 / type_info(k_.buffers[e.buffer].dtype).bytes), any = true;
+    }
+    for (size_t s = 0; s < k_.stores.size(); ++s) {
+      if (nest_.store_strides[s][0] != 1) return 1;
+      width = std::min(width, 16 / type_info(k_.buffers[k_.stores[s].buffer].dtype).bytes);
+      any = true;
+    }
+    return any && width >= 2 ? width : 1;
+  }
+
+  std::string index(const std::vector<int64_t>& strides, int64_t offset) const {
+    std::ostringstream out;
+    out << offset;
+    for (size_t l = 0; l < strides.size(); ++l)
+      if (strides[l] != 0) out << " + " << strides[l] << " * i" << l;
+    return out.str();
+  }
+
+  // `const index_t i<first> .. i<last-1>` from the flat index `flat` (the last loop varies fastest).
+  void decompose(const std::string& flat, int first, int last, const std::string& indent) {
+    if (last <= first) return;
+    if (last - first == 1) {
+      *body_ << indent << "const index_t i" << first << " = " << flat << ";\n";
+      return;
+    }
+    const std::string rest = "rest" + std::to_string(first);
+    *body_ << indent << "index_t " << rest << " = " << flat << ";\n";
+    for (int l = last - 1; l > first; --l)
+      *body_ << indent << "const index_t i" << l << " = " << rest << " % " << nest_.loops[l].size << "; " << rest << " /= "
+             << nest_.loops[l].size << ";\n";
+    *body_ << indent << "const index_t i" << first << " = " << rest << ";\n";
+  }
+
+  // The C++ text of expression `e` (operands already named).
+  std::string expression(int32_t e) const {
+    const Expr& x = k_.exprs[e];
+    const std::string ct = compute_type(x.dtype);
+    auto name = [&](int i) { return names_[x.operands[i]]; };
+    switch (x.kind) {
+      case ExprKind::Load: {
+        const std::string buffer = "buf" + std::to_string(x.buffer);
+        if (lane_ >= 0 && nest_.load_strides[e][0] == 1) return "kiln::load(lv" + std::to_string(e) + ".v[" + std::to_string(lane_) + "])";
+        if (lane_ >= 0) return "kiln::load(" + buffer + "[" + std::to_string(x.index.offset) + "])";
+        return "kiln::load(" + buffer + "[" + index(nest_.load_strides[e], x.index.offset) + "])";
+      }
+      case ExprKind::Constant:
+        return literal(x.constant, x.dtype);
+      case ExprKind::Cast: {
+        const ScalarType from = k_.exprs[x.operands[0]].dtype;
+        // A 16-bit value computed in float is rounded where eager would have stored it, at an explicit
+        // cast out of its dtype (`x.half() * 3).float()`): loads are exact already.
+        std::string operand = name(0);
+        const bool exact = k_.exprs[x.operands[0]].kind == ExprKind::Load || k_.exprs[x.operands[0]].kind == ExprKind::Cast;
+        if (from == ScalarType::Half && x.dtype != ScalarType::Half && !exact) operand = "kiln::round_half(" + operand + ")";
+        if (from == ScalarType::BFloat16 && x.dtype != ScalarType::BFloat16 && !exact) operand = "kiln::round_bf16(" + operand + ")";
+        if (x.dtype == ScalarType::Bool) return "(" + operand + " != 0)";
+        const std::string converted = "static_cast<" + ct + ">(" + operand + ")";
+        const bool narrows = from == ScalarType::Float || from == ScalarType::Double || !graph::is_floating_or_complex(from);
+        if (x.dtype == ScalarType::BFloat16 && narrows) return "kiln::round_bf16(" + converted + ")";
+        if (x.dtype == ScalarType::Half && narrows) return "kiln::round_half(" + converted + ")";
+        return converted;
+      }
+      case ExprKind::Unary:
+      case ExprKind::Binary:
+      case ExprKind::Where: {
+        std::string text = prim_format(x.kind == ExprKind::Where ? PrimOp::Where : x.op);
+        text = substitute(text, "$T", compute_type(k_.exprs[x.operands[x.kind == ExprKind::Where ? 1 : 0]].dtype));
+        for (int i = 0; i < 3; ++i)
+          if (x.operands[i] >= 0) text = substitute(text, std::string("$") + static_cast<char>('a' + i), name(i));
+        return text;
+      }
+      case ExprKind::Reduce:
+        break;
+    }
+    KILN_ASSERT(false) << "kernel " << k_.name << ": expression " << e << " cannot be emitted inline";
+    return "";
+  }
+
+  // Emits `e` and its operands not yet named; names made here are forgotten by forget_scope().
+  void emit_expr(int32_t e, const std::string& indent) {
+    if (!names_[e].empty()) return;
+    const Expr& x = k_.exprs[e];
+    KILN_ASSERT(x.kind != ExprKind::Reduce) << "kernel " << k_.name << ": reduction " << e << " used before it is computed";
+    for (int32_t op : x.operands)
+      if (op >= 0) emit_expr(op, indent);
+    names_[e] = "v" + std::to_string(e) + (lane_ >= 0 ? "_" + std::to_string(lane_) : "");
+    *body_ << indent << "const " << compute_type(x.dtype) << " " << names_[e] << " = " << expression(e) << ";\n";
+    scope_.push_back(e);
+  }
+
+  void forget_scope() {
+    for (int32_t id : scope_) names_[id].clear();
+    scope_.clear();
+  }
+
+  // Emits the per-row (reduction-independent) expressions `e` needs, stopping at dependent ones; their
+  // names stay for the rest of the row.
+  void emit_row_values(int32_t e, const std::string& indent) {
+    if (!names_[e].empty()) return;
+    if (!depends_[e]) {
+      emit_expr(e, indent);
+      scope_.clear();
+      return;
+    }
+    for (int32_t op : k_.exprs[e].operands)
+      if (op >= 0) emit_row_values(op, indent);
+  }
+
+  std::string store_text(size_t s, const std::string& value, bool scalar_index) const {
+    const auto& st = k_.stores[s];
+    const std::string target = "buf" + std::to_string(st.buffer) + "[" +
+                               (scalar_index ? index(nest_.store_strides[s], st.index.offset) : "") + "]";
+    return target + " = kiln::store_as<" + storage_type(k_.buffers[st.buffer].dtype) + ">::from(" + value + ");";
+  }
+
+  // One element of a pointwise kernel at loop indices already in scope.
+  void emit_scalar_element(const std::string& indent) {
+    for (size_t s = 0; s < k_.stores.size(); ++s) {
+      emit_expr(k_.stores[s].expr, indent);
+      *body_ << indent << store_text(s, names_[k_.stores[s].expr], true) << "\n";
+    }
+    forget_scope();
+  }
+
+  void emit_pointwise(int64_t n) {
+    std::ostream& out = *body_;
+    out << "  const index_t n = " << n << ";\n";
+    out << "  const index_t first = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;\n";
+    out << "  const index_t step = static_cast<index_t>(gridDim.x) * blockDim.x;\n";
+    const int outer = nest_.outer_count;
+    auto scalar_loop = [&](const std::string& start, const std::string& indent) {
+      out << indent << "for (index_t flat = " << start << "; flat < n; flat += step) {\n";
+      decompose("flat", 0, outer, indent + "  ");
+      emit_scalar_element(indent + "  ");
+      out << indent << "}\n";
+    };
+    if (vector_width_ <= 1) {
+      scalar_loop("first", "  ");
+      return;
+    }
+    const int v = vector_width_;
+    auto vec_type = [&](int buffer) {
+      return "kiln::vec<" + std::string(storage_type(k_.buffers[buffer].dtype)) + ", " + std::to_string(v) + ">";
+    };
+    // The vector path needs every contiguous access aligned to its vector size.
+    std::vector<std::string> checks;
+    for (size_t i = 0; i < k_.exprs.size(); ++i)
+      if (k_.exprs[i].kind == ExprKind::Load && nest_.load_strides[i][0] == 1)
+        checks.push_back("kiln::aligned_to(buf" + std::to_string(k_.exprs[i].buffer) + " + " +
+                         std::to_string(k_.exprs[i].index.offset) + ", sizeof(" + vec_type(k_.exprs[i].buffer) + "))");
+    for (const auto& st : k_.stores)
+      checks.push_back("kiln::aligned_to(buf" + std::to_string(st.buffer) + " + " + std::to_string(st.index.offset) +
+                       ", sizeof(" + vec_type(st.buffer) + "))");
+    out << "  const bool aligned = ";
+    for (size_t c = 0; c < checks.size(); ++c) out << (c ? " && " : "") << checks[c];
+    out << ";\n  if (aligned) {\n";
+    out << "    const index_t vectors = n / " << v << ";\n";
+    out << "    for (index_t vi = first; vi < vectors; vi += step) {\n";
+    out << "      const index_t base = vi * " << v << ";\n";
+    const std::string indent = "      ";
+    for (size_t i = 0; i < k_.exprs.size(); ++i) {
+      const Expr& e = k_.exprs[i];
+      if (e.kind != ExprKind::Load || nest_.load_strides[i][0] != 1) continue;
+      out << indent << "const " << vec_type(e.buffer) << " lv" << i << " = *reinterpret_cast<const " << vec_type(e.buffer)
+          << "*>(buf" << e.buffer << " + " << e.index.offset << " + base);\n";
+    }
+    for (size_t s = 0; s < k_.stores.size(); ++s) out << indent << vec_type(k_.stores[s].buffer) << " sv" << s << ";\n";
+    for (lane_ = 0; lane_ < v; ++lane_) {
+      for (size_t s = 0; s < k_.stores.size(); ++s) {
+        emit_expr(k_.stores[s].expr, indent);
+        out << indent << "sv" << s << ".v[" << lane_ << "] = kiln::store_as<" << storage_type(k_.buffers[k_.stores[s].buffer].dtype)
+            << ">::from(" << names_[k_.stores[s].expr] << ");\n";
+      }
+      forget_scope();
+    }
+    lane_ = -1;
+    for (size_t s = 0; s < k_.stores.size(); ++s)
+      out << indent << "*reinterpret_cast<" << vec_type(k_.stores[s].buffer) << "*>(buf" << k_.stores[s].buffer << " + "
+          << k_.stores[s].index.offset << " + base) = sv" << s << ";\n";
+    out << "    }\n";
+    scalar_loop("vectors * " + std::to_string(v) + " + first", "    ");
+    out << "  } else {\n";
+    scalar_loop("first", "    ");
+    out << "  }\n";
+  }
+
+  // Opens a pass over the reduced loops, lanes striding; calls `body(indent)`; closes it.
+  template <typename Body>
+  void reduced_pass(const std::string& indent, Body body) {
+    *body_ << indent << "for (index_t red = lane; red < " << nest_.reduced_numel() << "; red += group) {\n";
+    decompose("red", nest_.outer_count, static_cast<int>(nest_.loops.size()), indent + "  ");
+    body(indent + "  ");
+    forget_scope();
+    *body_ << indent << "}\n";
+  }
+
+  void emit_rows(int64_t rows, int64_t) {
+    std::ostream& out = *body_;
+    const unsigned rows_per_block = block_reduce_ ? 1 : kRowsPerBlock;
+    out << "  const index_t lane = threadIdx.x;\n";
+    out << "  const index_t group = blockDim.x;\n";
+    out << "  for (index_t row = static_cast<index_t>(blockIdx.x) * " << rows_per_block << " + threadIdx.y; row < " << rows
+        << "; row += static_cast<index_t>(gridDim.x) * " << rows_per_block << ") {\n";
+    const std::string indent = "    ";
+    decompose("row", 0, nest_.outer_count, indent);
+    for (size_t r = 0; r < k_.exprs.size(); ++r) {
+      const Expr& x = k_.exprs[r];
+      if (x.kind != ExprKind::Reduce) continue;
+      const int32_t operand = x.operands[0];
+      emit_row_values(operand, indent);
+      const std::string acc = "acc" + std::to_string(r);
+      const std::string init = identity(x.reduce_op, x.dtype);
+      out << indent << compute_type(x.dtype) << " " << acc << " = " << init << ";\n";
+      reduced_pass(indent, [&](const std::string& inner) {
+        emit_expr(operand, inner);
+        out << inner << acc << " = " << combiner(x.reduce_op) << "::combine(" << acc << ", "
+            << "static_cast<" << compute_type(x.dtype) << ">(" << names_[operand] << "));\n";
+      });
+      if (block_reduce_) out << indent << acc << " = kiln::block_reduce<" << combiner(x.reduce_op) << ">(" << acc << ", " << init << ");\n";
+      else out << indent << acc << " = kiln::warp_reduce<" << combiner(x.reduce_op) << ">(" << acc << ");\n";
+      names_[r] = acc;
+    }
+    std::vector<size_t> along;  // stores that run along the reduced loops
+    for (size_t s = 0; s < k_.stores.size(); ++s) {
+      const auto& st = k_.stores[s];
+      if (depends_[st.expr] || nest_.runs_reduced(nest_.store_strides[s])) {
+        along.push_back(s);
+        continue;
+      }
+      emit_row_values(st.expr, indent);
+      out << indent << "if (lane == 0) " << store_text(s, names_[st.expr], true) << "\n";
+    }
+    if (!along.empty()) {
+      for (size_t s : along) emit_row_values(k_.stores[s].expr, indent);
+      reduced_pass(indent, [&](const std::string& inner) {
+        for (size_t s : along) {
+          emit_expr(k_.stores[s].expr, inner);
+          out << inner << store_text(s, names_[k_.stores[s].expr], true) << "\n";
+        }
+      });
+    }
+    out << "  }\n";
+  }
+
+  const Kernel& k_;
+  const graph::Graph& g_;
+  fusion::LoopNest nest_;
+  std::vector<bool> depends_;
+  std::vector<std::string> names_;
+  std::vector<int32_t> scope_;
+  std::ostringstream* body_ = nullptr;
+  std::string index_type_;
+  bool rows_ = false;
+  bool block_reduce_ = false;
+  int vector_width_ = 1;
+  int lane_ = -1;  // the vector lane being emitted, or -1 for scalar code
+};
+
+}  // namespace
+
+CudaSource emit_cuda_source(const fusion::Schedule& schedule, const graph::Graph& g) {
+  CudaSource result;
+  std::ostringstream out;
+  out << "// generated by kiln: " << schedule.summary() << "\n";
+  out << "#include \"kiln_scalar.cuh\"\n#include \"kiln_reduce.cuh\"\n";
+  result.kernels.resize(schedule.kernels.size());
+  for (size_t i = 0; i < schedule.kernels.size(); ++i)
+    out << "\n" << KernelEmitter(schedule.kernels[i], g).emit(result.kernels[i]);
+  result.source = out.str();
+  return result;
+}
+
+}  // namespace kiln::codegen::cuda

@@ -1,0 +1,32 @@
+#pragma once
+/// Loop IR -> one CUDA C program for all kernels of a schedule (compiled by NVRTC, codegen/cuda).
+///
+/// Needs: verified kernels (fusion::verify_kernel). Guarantees: one `extern "C" __global__` function per
+/// kernel, named kernel.name, taking one pointer per kernel buffer in order (already offset to the tensor's
+/// first element); shapes and strides are compile-time constants; the launch configuration comes with it.
+/// Kernels are correct for any grid (grid-stride loops) and never synchronise with the host.
+#include <string>
+#include <vector>
+
+#include "fusion/loop_ir.h"
+#include "graph/graph.h"
+
+namespace kiln::codegen::cuda {
+
+struct CudaKernelLaunch {
+  std::string name;
+  unsigned grid = 0;     ///< 0: nothing to compute (empty domain), skip the launch
+  unsigned block_x = 1;  ///< threads per row group (pointwise: per block)
+  unsigned block_y = 1;  ///< rows per block (warp-per-row reductions)
+  std::string strategy;  ///< "pointwise", "pointwise_vec4", "warp_per_row", "block_per_row" (logs, tests)
+};
+
+struct CudaSource {
+  std::string source;
+  std::vector<CudaKernelLaunch> kernels;  ///< one per Schedule::kernels entry, same order
+};
+
+/// Throws kiln::Error for a construct it has no CUDA code for (the caller falls back).
+CudaSource emit_cuda_source(const fusion::Schedule& schedule, const graph::Graph& g);
+
+}  // namespace kiln::codegen::cuda

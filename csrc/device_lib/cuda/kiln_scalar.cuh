@@ -1,0 +1,115 @@
+#pragma once
+// Scalar helpers for kiln's generated kernels. 16-bit floats are stored as 16-bit structs and computed in
+// float, like PyTorch's "opmath"; conversions go through the PTX cvt instructions, so no CUDA header is
+// needed. Math functions are overloaded by compute type (float calls the float routine, double the double
+// one); max/min propagate NaN like torch.maximum.
+namespace kiln {
+
+struct __align__(2) half_t { unsigned short bits; };
+struct __align__(2) bf16_t { unsigned short bits; };
+
+__device__ __forceinline__ float load(half_t v) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits));
+  return f;
+}
+__device__ __forceinline__ float load(bf16_t v) { return __uint_as_float(static_cast<unsigned>(v.bits) << 16); }
+template <typename T>
+__device__ __forceinline__ T load(T v) { return v; }
+
+__device__ __forceinline__ half_t to_half(float f) {
+  half_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ bf16_t to_bf16(float f) {
+  bf16_t h;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.bits) : "f"(f));
+#else
+  unsigned u = __float_as_uint(f);
+  if (f != f) {
+    h.bits = static_cast<unsigned short>((u >> 16) | 0x40u);
+  } else {
+    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+    h.bits = static_cast<unsigned short>(u >> 16);
+  }
+#endif
+  return h;
+}
+__device__ __forceinline__ float round_half(float f) { return load(to_half(f)); }
+__device__ __forceinline__ float round_bf16(float f) { return load(to_bf16(f)); }
+
+template <typename T>
+struct store_as {
+  template <typename S>
+  __device__ __forceinline__ static T from(S v) { return static_cast<T>(v); }
+};
+template <>
+struct store_as<bool> {
+  template <typename S>
+  __device__ __forceinline__ static bool from(S v) { return v != 0; }
+};
+template <>
+struct store_as<half_t> {
+  template <typename S>
+  __device__ __forceinline__ static half_t from(S v) { return to_half(static_cast<float>(v)); }
+};
+template <>
+struct store_as<bf16_t> {
+  template <typename S>
+  __device__ __forceinline__ static bf16_t from(S v) { return to_bf16(static_cast<float>(v)); }
+};
+
+// N consecutive elements moved as one access (ld.global.v4 and friends): the address must be aligned to
+// sizeof(vec), which kernels check at run time before taking their vector path.
+template <typename T, int N>
+struct __align__(sizeof(T) * N) vec { T v[N]; };
+
+__device__ __forceinline__ bool aligned_to(const void* pointer, unsigned bytes) {
+  return (reinterpret_cast<unsigned long long>(pointer) & (bytes - 1)) == 0;
+}
+
+#define KILN_FLOAT_FUNCTION(name, float_fn, double_fn)                          \
+  __device__ __forceinline__ float name(float a) { return float_fn(a); }      \
+  __device__ __forceinline__ double name(double a) { return double_fn(a); }
+KILN_FLOAT_FUNCTION(exp_, expf, exp)
+KILN_FLOAT_FUNCTION(log_, logf, log)
+KILN_FLOAT_FUNCTION(sqrt_, sqrtf, sqrt)
+KILN_FLOAT_FUNCTION(rsqrt_, rsqrtf, rsqrt)
+KILN_FLOAT_FUNCTION(tanh_, tanhf, tanh)
+KILN_FLOAT_FUNCTION(erf_, erff, erf)
+#undef KILN_FLOAT_FUNCTION
+
+__device__ __forceinline__ float abs_(float a) { return fabsf(a); }
+__device__ __forceinline__ double abs_(double a) { return fabs(a); }
+template <typename T>
+__device__ __forceinline__ T abs_(T a) { return a < 0 ? -a : a; }
+
+__device__ __forceinline__ float sigmoid_(float a) { return 1.0f / (1.0f + expf(-a)); }
+__device__ __forceinline__ double sigmoid_(double a) { return 1.0 / (1.0 + exp(-a)); }
+
+__device__ __forceinline__ float pow_(float a, float b) { return powf(a, b); }
+__device__ __forceinline__ double pow_(double a, double b) { return pow(a, b); }
+template <typename T>
+__device__ __forceinline__ T pow_(T a, T b) { return static_cast<T>(pow(static_cast<double>(a), static_cast<double>(b))); }
+
+template <typename T>
+__device__ __forceinline__ T max_(T a, T b) { return (a != a || a > b) ? a : b; }
+template <typename T>
+__device__ __forceinline__ T min_(T a, T b) { return (a != a || a < b) ? a : b; }
+
+template <typename T>
+__device__ __forceinline__ T quiet_nan();
+template <>
+__device__ __forceinline__ float quiet_nan<float>() { return __int_as_float(0x7fc00000); }
+template <>
+__device__ __forceinline__ double quiet_nan<double>() { return __longlong_as_double(0x7ff8000000000000ll); }
+template <typename T>
+__device__ __forceinline__ T infinity();
+template <>
+__device__ __forceinline__ float infinity<float>() { return __int_as_float(0x7f800000); }
+template <>
+__device__ __forceinline__ double infinity<double>() { return __longlong_as_double(0x7ff0000000000000ll); }
+
+}  // namespace kiln

@@ -1,0 +1,240 @@
+"""The "kiln" backend on CUDA: the loop IR emitted as CUDA C, compiled by NVRTC, launched on torch's stream.
+
+Graphs are captured with a user backend that keeps them, then compiled with
+`kiln._C.compile_graph(graph, "kiln", inputs)`; `kiln._C.compiled_graph_summary(compiled)` says which
+kernels (and per kernel which thread mapping) and extern calls it made. Every result is compared with eager
+on fresh random inputs (tolerance table in kiln.testing). All tests need a GPU: they run on the GPU machine.
+On machines without one, the conftest fixture `cuda_code_for_cpu_graphs` still compiles the CUDA C of every
+CPU graph the suite makes to PTX.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln.testing import random_tensor, tolerance
+
+pytestmark = pytest.mark.cuda
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kiln_cache_dir(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("kiln_cuda_cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KILN_CACHE_DIR", str(cache))
+        yield str(cache)
+
+
+def rand(*shape, dtype=torch.float32):
+    if dtype == torch.bool:
+        return torch.rand(shape, device="cuda") > 0.5
+    if not dtype.is_floating_point:
+        return torch.randint(-50, 50, shape, dtype=dtype, device="cuda")
+    return random_tensor(*shape, dtype=dtype, device="cuda")
+
+
+def capture(fn, *inputs):
+    graphs = []
+
+    def keep(graph, example_inputs):
+        graphs.append((graph, list(example_inputs)))
+        return lambda xs: kiln._C.run_graph(graph, "eager", xs)
+
+    kiln.reset()
+    with torch.no_grad():
+        kiln.compile(fn, backend=keep, fullgraph=True)(*inputs)
+    kiln.reset()
+    assert len(graphs) == 1
+    return graphs[0]
+
+
+def assert_matches(actual, expected, kind):
+    expected = list(expected) if isinstance(expected, (tuple, list)) else [expected]
+    actual = list(actual) if isinstance(actual, (tuple, list)) else [actual]
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        assert a.device == e.device and a.dtype == e.dtype and a.shape == e.shape
+        if e.numel() > 1:
+            assert a.stride() == e.stride()
+        rtol, atol = tolerance(e.dtype, kind)
+        torch.testing.assert_close(a, e, rtol=rtol, atol=atol, equal_nan=True)
+
+
+def check(fn, *inputs, kind="general", expect_kernels=None, expect_strategies=None):
+    """Compiles fn's CUDA graph with the kiln backend, checks the summary and the outputs against eager, then
+    runs fn through kiln.compile on fresh inputs of the same kind."""
+    graph, example_inputs = capture(fn, *inputs)
+    compiled = kiln._C.compile_graph(graph, "kiln", example_inputs)
+    summary = kiln._C.compiled_graph_summary(compiled)
+    assert summary["backend"] == "kiln", summary["fallback_reason"]
+    assert summary["device"].startswith("cuda")
+    if expect_kernels is not None:
+        assert len(summary["kernels"]) == expect_kernels, summary
+    if expect_strategies is not None:
+        assert summary["strategies"] == expect_strategies, summary
+    with torch.no_grad():
+        assert_matches(compiled(example_inputs), fn(*inputs), kind)
+        fresh = [t.clone().copy_(rand(*t.shape, dtype=t.dtype)) if t.is_contiguous() else t for t in inputs]
+        kiln.reset()
+        assert_matches(kiln.compile(fn)(*fresh), fn(*fresh), kind)
+    kiln.reset()
+    return summary
+
+
+# ---- pointwise -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [1, 3, 33, 4096 + 3, 1 << 20])
+def test_pointwise_chain_is_one_vectorised_kernel(n):
+    summary = check(lambda x: torch.relu((x + 1) * 2), rand(n), kind="pointwise", expect_kernels=1)
+    assert summary["externs"] == []
+    if n > 1:  # a single element has no loop to vectorise
+        assert summary["strategies"] == ["pointwise_vec4"]
+        assert "kiln::vec<float, 4>" in summary["source"]
+
+
+def test_misaligned_view_takes_the_scalar_path():
+    base = rand(4099)
+
+    def f(x):
+        return torch.sigmoid(x[1:] * 3) - 1
+
+    check(f, base, kind="pointwise", expect_kernels=1)
+
+
+def test_broadcast_and_transposed_operands():
+    check(lambda x, b: torch.tanh(x + b), rand(64, 130), rand(130), kind="pointwise", expect_kernels=1)
+    check(lambda x, y: x.t() * y, rand(40, 70), rand(70, 40), kind="pointwise", expect_kernels=1)
+    check(lambda x, y: (x.unsqueeze(1) - y.unsqueeze(0)).abs(), rand(9, 5), rand(7, 5), kind="pointwise")
+
+
+def test_empty_tensor():
+    check(lambda x: x * 2 + 1, rand(0, 5), kind="pointwise")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_floating_dtypes_compute_like_eager(dtype):
+    # (fused kernels keep float intermediates where eager rounds each op's output: a chain that cancels,
+    # like `gelu(...) - x`, would differ by more than the table allows, for torch.compile too)
+    check(lambda x, y: F.gelu(x * y + 1) * x, rand(513, dtype=dtype), rand(513, dtype=dtype), kind="pointwise",
+          expect_kernels=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_integer_ops_and_comparisons(dtype):
+    check(lambda a, b: (a * b + 3, a > b, torch.where(a > 0, a, b), torch.maximum(a, b)), rand(1000, dtype=dtype),
+          rand(1000, dtype=dtype))
+
+
+def test_bool_logic():
+    check(lambda a, b: (a & b) | ~a, rand(777, dtype=torch.bool), rand(777, dtype=torch.bool))
+
+
+def test_casts_between_dtypes():
+    check(lambda x: (x.half() * 3).float() + x.to(torch.bfloat16).float(), rand(1031), kind="pointwise")
+
+
+# ---- reductions ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape,strategy", [((8, 100), "warp_per_row"), ((64, 1024), "block_per_row"),
+                                            ((3, 5000), "block_per_row"), ((1000, 17), "warp_per_row")])
+def test_softmax_is_one_kernel(shape, strategy):
+    check(lambda x: torch.softmax(x, -1), rand(*shape), expect_kernels=1, expect_strategies=[strategy])
+
+
+def test_log_softmax_over_a_middle_dim():
+    check(lambda x: torch.log_softmax(x, 1), rand(4, 300, 6), expect_kernels=1)
+
+
+@pytest.mark.parametrize("hidden", [96, 768, 1024, 4096])
+def test_layer_norm_is_one_kernel(hidden):
+    w, b = rand(hidden), rand(hidden)
+    check(lambda x: F.layer_norm(x, (hidden,), w, b), rand(4, 5, hidden), expect_kernels=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_softmax_and_layer_norm(dtype):
+    w, b = rand(256, dtype=dtype), rand(256, dtype=dtype)
+    check(lambda x: torch.softmax(x, -1) + F.layer_norm(x, (256,), w, b), rand(32, 256, dtype=dtype))
+
+
+def test_sums_means_and_extrema_over_any_dims():
+    x = rand(33, 65, 7)
+    check(lambda x: (x.sum(0), x.sum(-1), x.mean((0, 2)), x.amax(1), x.amin(-1, keepdim=True)), x)
+    check(lambda x: x.sum(), rand(100_000))
+
+
+def test_amax_propagates_nan():
+    x = rand(16, 300)
+    x[3, 17] = float("nan")
+    x[9, 0] = float("nan")
+    graph, inputs = capture(lambda x: (x.amax(-1), x.amin(-1)), x)
+    compiled = kiln._C.compile_graph(graph, "kiln", inputs)
+    assert kiln._C.compiled_graph_summary(compiled)["backend"] == "kiln"
+    for a, e in zip(compiled(inputs), (x.amax(-1), x.amin(-1))):
+        torch.testing.assert_close(a, e, equal_nan=True)
+
+
+def test_integer_sum():
+    check(lambda a: (a.sum(-1), a.amax(0)), rand(40, 300, dtype=torch.int64))
+
+
+# ---- externs, streams, the cache ---------------------------------------------------------------------------
+def test_linear_bias_gelu_is_one_extern_and_at_most_one_kernel():
+    w, b = rand(48, 32), rand(48)
+    summary = check(lambda x: F.gelu(F.linear(x, w, b)), rand(16, 32))
+    assert len(summary["kernels"]) <= 1
+    assert len([op for op in summary["externs"] if "mm" in op]) == 1
+
+
+def test_runs_on_a_side_stream_after_its_work():
+    fn = kiln.compile(lambda x: torch.relu(x * 2 - 1).sum(-1))
+    x = rand(256, 4096)
+    expected = torch.relu(x * 2 - 1).sum(-1)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y = x * 1.0  # queued on the side stream first: the kernel must run after it
+        out = fn(y)
+    torch.cuda.current_stream().wait_stream(side)
+    rtol, atol = tolerance(torch.float32)
+    torch.testing.assert_close(out, expected, rtol=rtol, atol=atol)
+    kiln.reset()
+
+
+def test_a_new_process_loads_kernels_from_the_disk_cache(kiln_cache_dir):
+    script = textwrap.dedent("""
+        import torch, kiln
+        f = kiln.compile(lambda x: torch.softmax(x * 3, -1))
+        x = torch.randn(64, 333, device="cuda")
+        torch.testing.assert_close(f(x), torch.softmax(x * 3, -1))
+        s = kiln._C.cuda.program_cache_stats()
+        print(s["compiled"], s["disk_hits"])
+    """)
+    env = dict(os.environ, KILN_CACHE_DIR=kiln_cache_dir, PYTHONPATH=os.path.join(REPO_ROOT, "python"))
+    runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+            for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    first, second = ([int(v) for v in r.stdout.split()] for r in runs)
+    assert first[0] >= 1
+    assert second == [0, first[0]]
+
+
+def test_int64_indices_for_tensors_past_two_billion_elements():
+    free, _ = torch.cuda.mem_get_info()
+    n = (1 << 31) + 64
+    if free < 3 * n:
+        pytest.skip("needs about 6.5 GB of free GPU memory")
+    x = torch.ones(n, dtype=torch.int8, device="cuda")
+    graph, inputs = capture(lambda x: x * 2 + 1, x)
+    compiled = kiln._C.compile_graph(graph, "kiln", inputs)
+    summary = kiln._C.compiled_graph_summary(compiled)
+    assert summary["backend"] == "kiln" and "typedef long long index_t" in summary["source"]
+    out = compiled(inputs)[0]
+    assert out.shape == x.shape and bool((out[-70:] == 3).all()) and bool((out[:70] == 3).all())
+    del out, x
+    torch.cuda.empty_cache()
