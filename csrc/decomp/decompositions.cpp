@@ -8,17 +8,25 @@
 #include <cmath>
 #include <map>
 
+#include "decomp/decomposition_helpers.h"
+
 namespace kiln::decomp {
 
+using namespace detail;
 using graph::ArgValue;
 using graph::Graph;
 using graph::Node;
 using graph::ScalarType;
 
 const char* prim_name(PrimOp op) {
-  static const char* const names[] = {"neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf",
-                                      "not", "add", "sub", "mul", "div", "max", "min", "pow", "lt", "le", "gt",
-                                      "ge", "eq", "ne", "and", "or", "where"};
+  static const char* const names[] = {
+      "neg",   "abs",   "exp",   "log",   "sqrt",  "rsqrt", "tanh",     "sigmoid",  "erf",   "not",   "add",
+      "sub",   "mul",   "div",   "max",   "min",   "pow",   "lt",       "le",       "gt",    "ge",    "eq",
+      "ne",    "and",   "or",    "where", "sin",   "cos",   "tan",      "asin",     "acos",  "atan",  "sinh",
+      "cosh",  "asinh", "acosh", "atanh", "log1p", "expm1", "log2",     "log10",    "exp2",  "erfc",  "ceil",
+      "floor", "round", "trunc", "signbit", "bitnot", "atan2", "fmod",  "hypot",    "copysign", "fmax", "fmin",
+      "bitand", "bitor", "bitxor"};
+  static_assert(sizeof(names) / sizeof(names[0]) == kPrimOpCount, "one name per PrimOp");
   return names[static_cast<int>(op)];
 }
 
@@ -28,6 +36,11 @@ const char* reduce_name(ReduceOp op) {
 }
 
 bool is_comparison(PrimOp op) { return op >= PrimOp::Lt && op <= PrimOp::Ne; }
+
+bool has_bool_result(PrimOp op) {
+  return is_comparison(op) || op == PrimOp::LogicalAnd || op == PrimOp::LogicalOr || op == PrimOp::LogicalNot ||
+         op == PrimOp::Signbit;
+}
 
 bool is_codegen_dtype(ScalarType t) {
   switch (t) {
@@ -41,11 +54,6 @@ bool is_codegen_dtype(ScalarType t) {
 }
 
 namespace {
-
-int dtype_category(ScalarType t) {  // 0 bool, 1 integral, 2 floating
-  if (t == ScalarType::Bool) return 0;
-  return graph::is_floating_or_complex(t) ? 2 : 1;
-}
 
 int dtype_rank(ScalarType t) {
   switch (t) {
@@ -72,104 +80,6 @@ ScalarType promote_types(ScalarType a, ScalarType b) {
 }
 
 namespace {
-
-const graph::TensorMeta& out_meta(const Graph& g, const Node& n, int i = 0) { return g.value(n.outputs[i]).meta; }
-
-const graph::TensorMeta* tensor_arg_meta(const Graph& g, const Node& n, int i) {
-  if (auto* t = std::get_if<graph::TensorArg>(&n.args[i])) return &g.value(t->id).meta;
-  return nullptr;
-}
-
-bool is_none(const Node& n, int i) { return std::holds_alternative<graph::NoneArg>(n.args[i]); }
-
-double number_arg(const Node& n, int i) {
-  const ArgValue& a = n.args[i];
-  if (auto* d = std::get_if<double>(&a)) return *d;
-  if (auto* l = std::get_if<int64_t>(&a)) return static_cast<double>(*l);
-  if (auto* b = std::get_if<bool>(&a)) return *b ? 1.0 : 0.0;
-  return std::nan("");
-}
-
-bool is_number(const Node& n, int i) {
-  const ArgValue& a = n.args[i];
-  return std::holds_alternative<double>(a) || std::holds_alternative<int64_t>(a) || std::holds_alternative<bool>(a);
-}
-
-ScalarType number_dtype(const Node& n, int i) {
-  const ArgValue& a = n.args[i];
-  if (std::holds_alternative<double>(a)) return ScalarType::Double;
-  if (std::holds_alternative<bool>(a)) return ScalarType::Bool;
-  return ScalarType::Long;
-}
-
-std::vector<int64_t> int_list_arg(const Node& n, int i) {
-  const ArgValue& a = n.args[i];
-  if (auto* v = std::get_if<std::vector<int64_t>>(&a)) return *v;
-  if (auto* l = std::get_if<int64_t>(&a)) return {*l};
-  return {};
-}
-
-std::vector<int64_t> normalise_dims(std::vector<int64_t> dims, int64_t rank, bool empty_means_all) {
-  if (dims.empty() && empty_means_all)
-    for (int64_t d = 0; d < rank; ++d) dims.push_back(d);
-  std::vector<int64_t> out;
-  for (int64_t d : dims) {
-    if (rank == 0) continue;  // 0-d: dim 0 / -1 name the single element
-    if (d < 0) d += rank;
-    if (std::find(out.begin(), out.end(), d) == out.end()) out.push_back(d);
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-// The dtype a comparison (or maximum/minimum) of args i and j is carried out in.
-ScalarType compare_dtype(const Graph& g, const Node& n, int i, int j) {
-  const auto* ma = tensor_arg_meta(g, n, i);
-  const auto* mb = tensor_arg_meta(g, n, j);
-  if (ma && mb) return promote_types(ma->dtype, mb->dtype);
-  const auto* tensor = ma ? ma : mb;
-  const ScalarType number = number_dtype(n, ma ? j : i);
-  if (dtype_category(number) > dtype_category(tensor->dtype))
-    return number == ScalarType::Double ? ScalarType::Float : ScalarType::Long;  // default dtypes
-  return tensor->dtype;
-}
-
-Prim arg_as(PrimBuilder& b, int i, ScalarType t) { return b.cast(b.arg(i), t); }
-Prim constant_like(PrimBuilder& b, double v, Prim like) { return b.constant(v, b.dtype(like)); }
-
-// ---- builders -------------------------------------------------------------------------------------------
-using Builder = std::function<void(PrimBuilder&, const Graph&, const Node&)>;
-
-Builder unary(PrimOp op) {
-  return [op](PrimBuilder& b, const Graph& g, const Node& n) {
-    b.set_output(0, b.unary(op, arg_as(b, 0, out_meta(g, n).dtype)));
-  };
-}
-
-// add/sub with alpha (argument 2): a op alpha*b
-Builder add_like(PrimOp op) {
-  return [op](PrimBuilder& b, const Graph& g, const Node& n) {
-    const ScalarType t = out_meta(g, n).dtype;
-    Prim rhs = arg_as(b, 1, t);
-    if (n.args.size() > 2 && is_number(n, 2) && number_arg(n, 2) != 1.0)
-      rhs = b.binary(PrimOp::Mul, rhs, b.constant(number_arg(n, 2), t));
-    b.set_output(0, b.binary(op, arg_as(b, 0, t), rhs));
-  };
-}
-
-Builder binary(PrimOp op) {
-  return [op](PrimBuilder& b, const Graph& g, const Node& n) {
-    const ScalarType t = out_meta(g, n).dtype;
-    b.set_output(0, b.binary(op, arg_as(b, 0, t), arg_as(b, 1, t)));
-  };
-}
-
-Builder comparison(PrimOp op) {
-  return [op](PrimBuilder& b, const Graph& g, const Node& n) {
-    const ScalarType t = compare_dtype(g, n, 0, 1);
-    b.set_output(0, b.binary(op, arg_as(b, 0, t), arg_as(b, 1, t)));
-  };
-}
 
 void build_relu(PrimBuilder& b, const Graph& g, const Node& n) {
   Prim x = arg_as(b, 0, out_meta(g, n).dtype);
@@ -218,16 +128,6 @@ bool pow_supported(const Graph& g, const Node& n) {
   return e == 1.0 || e == 2.0 || e == 3.0;
 }
 
-// clamp(x, min?, max?) = min(max(x, lo), hi); the bounds are arguments `lo_arg`, `hi_arg` (-1: absent).
-Builder clamp(int lo_arg, int hi_arg) {
-  return [lo_arg, hi_arg](PrimBuilder& b, const Graph& g, const Node& n) {
-    const ScalarType t = out_meta(g, n).dtype;
-    Prim x = arg_as(b, 0, t);
-    if (lo_arg >= 0 && !is_none(n, lo_arg)) x = b.binary(PrimOp::Maximum, x, arg_as(b, lo_arg, t));
-    if (hi_arg >= 0 && !is_none(n, hi_arg)) x = b.binary(PrimOp::Minimum, x, arg_as(b, hi_arg, t));
-    b.set_output(0, x);
-  };
-}
 
 void build_where(PrimBuilder& b, const Graph& g, const Node& n) {
   const ScalarType t = out_meta(g, n).dtype;
@@ -242,11 +142,6 @@ bool to_copy_supported(const Graph& g, const Node& n) {
 }
 
 // ---- reductions ----------------------------------------------------------------------------------------
-std::vector<int64_t> dims_from_arg(const Graph& g, const Node& n, int arg, bool empty_means_all) {
-  const int64_t rank = static_cast<int64_t>(tensor_arg_meta(g, n, 0)->sizes.size());
-  if (arg < 0 || is_none(n, arg)) return normalise_dims({}, rank, true);
-  return normalise_dims(int_list_arg(n, arg), rank, empty_means_all);
-}
 
 Builder reduction(ReduceOp op, bool mean) {
   return [op, mean](PrimBuilder& b, const Graph& g, const Node& n) {
@@ -300,6 +195,25 @@ void build_layer_norm(PrimBuilder& b, const Graph& g, const Node& n) {
   b.set_output(2, b.cast(rstd, stat_t));
 }
 
+bool is_used(const Graph& g, graph::ValueId v) {
+  if (std::find(g.outputs.begin(), g.outputs.end(), v) != g.outputs.end()) return true;
+  for (const Node& node : g.nodes)
+    for (const ArgValue& arg : node.args) {
+      bool used = false;
+      graph::for_each_tensor(arg, [&](graph::ValueId id) { used = used || id == v; });
+      if (used) return true;
+    }
+  return false;
+}
+
+// On CPU, ATen's layer norm returns mean and rstd in the input's dtype, while the meta (CUDA's rule) says float
+// for half/bfloat16: such a call is decomposed only when nothing reads those two outputs (found by the sweep).
+bool layer_norm_supported(const Graph& g, const Node& n) {
+  if (!is_floating_output(g, n)) return false;
+  if (out_meta(g, n, 1).dtype == out_meta(g, n).dtype || out_meta(g, n).device.type != graph::DeviceType::CPU) return true;
+  return !is_used(g, n.outputs[1]) && !is_used(g, n.outputs[2]);
+}
+
 std::vector<int64_t> layer_norm_dims(const Graph& g, const Node& n) {
   const int64_t rank = static_cast<int64_t>(tensor_arg_meta(g, n, 0)->sizes.size());
   const int64_t k = static_cast<int64_t>(int_list_arg(n, 1).size());
@@ -308,8 +222,6 @@ std::vector<int64_t> layer_norm_dims(const Graph& g, const Node& n) {
   return dims;
 }
 
-bool is_floating_output(const Graph& g, const Node& n) { return graph::is_floating_or_complex(out_meta(g, n).dtype); }
-bool not_bool_output(const Graph& g, const Node& n) { return out_meta(g, n).dtype != ScalarType::Bool; }
 
 std::map<std::string, Decomposition> make_table() {
   std::map<std::string, Decomposition> t;
@@ -341,9 +253,9 @@ std::map<std::string, Decomposition> make_table() {
   pointwise("aten::gelu.default", build_gelu, is_floating_output);
   pointwise("aten::silu.default", build_silu, is_floating_output);
   pointwise("aten::pow.Tensor_Scalar", build_pow_scalar, pow_supported);
-  pointwise("aten::clamp.default", clamp(1, 2), not_bool_output);
-  pointwise("aten::clamp_min.default", clamp(1, -1), not_bool_output);
-  pointwise("aten::clamp_max.default", clamp(-1, 1), not_bool_output);
+  pointwise("aten::clamp.default", clamp_builder(1, 2), not_bool_output);
+  pointwise("aten::clamp_min.default", clamp_builder(1, -1), not_bool_output);
+  pointwise("aten::clamp_max.default", clamp_builder(-1, 1), not_bool_output);
   pointwise("aten::where.self", build_where);
   pointwise("aten::_to_copy.default", build_cast, to_copy_supported);
   pointwise("aten::clone.default", build_cast);
@@ -365,7 +277,8 @@ std::map<std::string, Decomposition> make_table() {
     reducing(o, softmax(false), dims_arg(1, false), softmax_supported);
   for (const char* o : {"aten::_log_softmax.default", "aten::log_softmax.int"})
     reducing(o, softmax(true), dims_arg(1, false), softmax_supported);
-  reducing("aten::native_layer_norm.default", build_layer_norm, layer_norm_dims, is_floating_output, 3);
+  reducing("aten::native_layer_norm.default", build_layer_norm, layer_norm_dims, layer_norm_supported, 3);
+  add_math_decompositions(t);
   return t;
 }
 

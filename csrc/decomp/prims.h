@@ -22,8 +22,19 @@ enum class PrimOp : int8_t {
   Add, Sub, Mul, Div, Maximum, Minimum, Pow, Lt, Le, Gt, Ge, Eq, Ne, LogicalAnd, LogicalOr,
   // ternary
   Where,
+  // unary math (float compute types; rounding ops keep the dtype)
+  Sin, Cos, Tan, Asin, Acos, Atan, Sinh, Cosh, Asinh, Acosh, Atanh, Log1p, Expm1, Log2, Log10, Exp2, Erfc,
+  Ceil, Floor, Round, Trunc,
+  Signbit,     // bool result
+  BitwiseNot,  // integers and bool
+  // binary math
+  Atan2, Fmod, Hypot, Copysign, Fmax, Fmin,
+  BitwiseAnd, BitwiseOr, BitwiseXor,  // integers and bool
   // casts are PrimBuilder::cast; reductions are PrimBuilder::reduce
 };
+
+/// Number of PrimOp values (for tables indexed by op).
+constexpr int kPrimOpCount = static_cast<int>(PrimOp::BitwiseXor) + 1;
 
 enum class ReduceOp : int8_t { Sum, Max, Min };
 
@@ -31,6 +42,8 @@ enum class ReduceOp : int8_t { Sum, Max, Min };
 const char* prim_name(PrimOp op);
 const char* reduce_name(ReduceOp op);
 bool is_comparison(PrimOp op);
+/// Prims whose result is bool whatever their operands (comparisons, logical ops, signbit).
+bool has_bool_result(PrimOp op);
 
 /// A scalar value inside a decomposition (an index into the implementer's value table).
 using Prim = int32_t;

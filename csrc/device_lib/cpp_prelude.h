@@ -83,6 +83,9 @@ static inline double kiln_exp(double x) { return std::exp(x); }
 template <typename T> static inline double kiln_exp(T x) { return std::exp(static_cast<double>(x)); }
 template <typename T> static inline T kiln_sigmoid(T a) { return T(1) / (T(1) + kiln_exp(-a)); }
 template <typename T> static inline T kiln_rsqrt(T a) { return T(1) / std::sqrt(a); }
+// ~ on integers; on bool it is logical not (~true is -2, which would store as true).
+template <typename T> static inline T kiln_bitwise_not(T a) { return static_cast<T>(~a); }
+static inline bool kiln_bitwise_not(bool a) { return !a; }
 // ---- end of prelude ----
 )KILN";
 }

@@ -102,14 +102,13 @@ class KernelPrimBuilder final : public decomp::PrimBuilder {
     return add(std::move(e));
   }
   Prim unary(PrimOp op, Prim a) override {
-    Expr e{ExprKind::Unary, op == PrimOp::LogicalNot ? ScalarType::Bool : dtype(a)};
+    Expr e{ExprKind::Unary, decomp::has_bool_result(op) ? ScalarType::Bool : dtype(a)};
     e.op = op;
     e.operands[0] = a;
     return add(std::move(e));
   }
   Prim binary(PrimOp op, Prim a, Prim b) override {
-    const bool logical = decomp::is_comparison(op) || op == PrimOp::LogicalAnd || op == PrimOp::LogicalOr;
-    Expr e{ExprKind::Binary, logical ? ScalarType::Bool : dtype(a)};
+    Expr e{ExprKind::Binary, decomp::has_bool_result(op) ? ScalarType::Bool : dtype(a)};
     e.op = op;
     e.operands[0] = a;
     e.operands[1] = b;

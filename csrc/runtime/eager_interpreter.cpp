@@ -7,7 +7,6 @@
 // autocast and every other key behave exactly as in eager) and frees intermediates after their last use.
 #include "runtime/eager_interpreter.h"
 
-
 #include <unordered_set>
 
 #include "common/error.h"
@@ -89,6 +88,15 @@ class EagerInterpreter final : public CompiledGraph {
 };
 
 }  // namespace
+
+bool needs_eager_for_grad_mode(const graph::Graph& g) {
+  bool switches = false;
+  for (const graph::Node& node : g.nodes) switches = switches || node.op == "kiln::set_grad_enabled";
+  if (!switches) return false;
+  for (const graph::Value& v : g.values)
+    if (v.meta.requires_grad) return true;
+  return false;
+}
 
 std::shared_ptr<CompiledGraph> make_eager_interpreter(std::shared_ptr<const graph::Graph> g,
                                                       std::vector<at::Tensor> constants) {

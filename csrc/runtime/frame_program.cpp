@@ -3,6 +3,7 @@
 // graph runs, and the frame's return value is rebuilt around its outputs.
 #include "runtime/frame_program.h"
 
+#include <ATen/core/grad_mode.h>
 #include <pybind11/pybind11.h>
 #include <structmember.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -122,6 +123,16 @@ void remember(const OutputSpec& spec, PyObject* built, BuildContext& ctx) {
   ctx.memo[spec.index] = built;
 }
 
+// A graph may switch grad mode (traced grad-mode blocks) and then fail half-way; eager would have left
+// those blocks through their __exit__, so the mode the frame was called in comes back on any error.
+struct RestoreGradModeOnError {
+  bool saved = at::GradMode::is_enabled();
+  bool succeeded = false;
+  ~RestoreGradModeOnError() {
+    if (!succeeded) at::GradMode::set_enabled(saved);
+  }
+};
+
 PyObject* program_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   auto* p = reinterpret_cast<FrameProgramObject*>(self);
   const FrameProgramSpec& spec = *p->spec;
@@ -137,6 +148,7 @@ PyObject* program_call(PyObject* self, PyObject* const* args, size_t nargsf, PyO
   roots.nfreevars = spec.num_freevars_passed;
   roots.globals = spec.globals;
   roots.builtins = spec.builtins;
+  RestoreGradModeOnError grad_mode;
   try {
     std::vector<at::Tensor> inputs;
     inputs.reserve(spec.inputs.size());
@@ -163,7 +175,9 @@ PyObject* program_call(PyObject* self, PyObject* const* args, size_t nargsf, PyO
       outputs = compiled.run(inputs);
     }
     BuildContext ctx{outputs, roots, {}};
-    return build_output(spec.output, ctx);
+    PyObject* result = build_output(spec.output, ctx);
+    grad_mode.succeeded = result != nullptr;
+    return result;
   } catch (pybind11::error_already_set& e) {
     e.restore();
     return nullptr;

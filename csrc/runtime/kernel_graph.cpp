@@ -57,6 +57,11 @@ struct PlanStep {
   int32_t kernel = -1;  // index into kernels_, or -1 for an extern call
   int32_t external = -1;  // index into externs_
   std::vector<ValueId> release_after;
+  // Extern outputs that generated kernels read with the recorded strides baked in. ATen may lay a result
+  // out differently from its meta kernel (an op recorded whole, like scaled_dot_product_attention, whose
+  // fused CUDA kernels return another layout than the math path meta tensors take): such a result is copied
+  // into the recorded layout, so kernels never read it with wrong strides.
+  std::vector<ValueId> layout_checked;
 };
 
 // Drops the GIL while the C++ compiler runs (other Python threads keep going), if this thread holds it.
@@ -70,6 +75,15 @@ class WithoutGil {
  private:
   PyThreadState* state_;
 };
+
+// True when `t` is laid out as `meta` says, ignoring the strides of size-1 dims (never multiplied by a
+// non-zero index).
+bool same_layout(const at::Tensor& t, const graph::TensorMeta& meta) {
+  if (t.dim() != static_cast<int64_t>(meta.sizes.size())) return false;
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.size(d) != meta.sizes[d] || (t.size(d) > 1 && t.stride(d) != meta.strides[d])) return false;
+  return true;
+}
 
 class KilnGraph final : public CompiledGraph {
  public:
@@ -105,6 +119,12 @@ class KilnGraph final : public CompiledGraph {
         }
       } else {
         call_node(externs_[step.external], g, constants_, env);
+        for (ValueId id : step.layout_checked) {
+          at::Tensor& t = env[id];
+          const auto& meta = g.values[id].meta;
+          if (t.defined() && !same_layout(t, meta))
+            t = at::empty_strided(meta.sizes, meta.strides, t.options()).copy_(t);
+        }
       }
       for (ValueId id : step.release_after) env[id].reset();
     }
@@ -219,7 +239,7 @@ void build_plan(KilnGraph& kg, const fusion::Schedule& schedule) {
       call.name = k.name;
       if (kg.cuda_device_ >= 0) {
         const auto& launch = kg.cuda_launches_[step.index];
-        call.cuda_fn = kg.cuda_program_.loaded->function(k.name);
+        call.cuda_fn = kg.cuda_program_.loaded->function(launch.name);  // may be a twin's (emit_cuda_source)
         call.launch.grid.x = launch.grid;
         call.launch.block.x = launch.block_x;
         call.launch.block.y = launch.block_y;
@@ -248,6 +268,17 @@ void build_plan(KilnGraph& kg, const fusion::Schedule& schedule) {
       kg.summary.externs.push_back(node.qualified_name());
     }
     kg.plan_.push_back(std::move(plan_step));
+  }
+  // Extern outputs read by kernels get their layout checked after the call (PlanStep::layout_checked).
+  std::vector<bool> read_by_kernel(g.values.size(), false);
+  for (const auto& k : kg.kernels_)
+    for (size_t b = 0; b < k.buffers.size(); ++b)
+      if (!k.is_output[b]) read_by_kernel[k.buffers[b]] = true;
+  for (PlanStep& step : kg.plan_) {
+    if (step.external < 0) continue;
+    const graph::Node& node = g.nodes[schedule.steps[&step - kg.plan_.data()].index];
+    for (ValueId out : node.outputs)
+      if (read_by_kernel[out]) step.layout_checked.push_back(out);
   }
   std::unordered_set<ValueId> kept(g.outputs.begin(), g.outputs.end());
   for (const graph::Value& v : g.values)
@@ -313,7 +344,9 @@ bool compiled_autograd() { return g_compiled_autograd; }
 
 std::shared_ptr<CompiledGraph> compile_kiln_graph(std::shared_ptr<const graph::Graph> g, const ConstantsOf& constants_of) {
   std::string reason;
-  if (needs_autograd(*g) && !compiled_autograd()) {
+  if (needs_eager_for_grad_mode(*g)) {
+    reason = "the graph switches grad mode over values that require grad (eager_interpreter.h)";
+  } else if (needs_autograd(*g) && !compiled_autograd()) {
     reason = "the graph needs grad (compiled autograd is off: kiln.config.set_compiled_autograd)";
   } else if (needs_autograd(*g)) {
     // Forward and backward compiled ahead of time behind one autograd node; anything autodiff does not

@@ -2,7 +2,10 @@
 #include "runtime/node_call.h"
 
 #include <ATen/core/stack.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/scalar_tensor.h>
+
+#include <unordered_map>
 
 #include "common/error.h"
 
@@ -98,11 +101,41 @@ c10::IValue build_list(const PreparedNode::TensorListSlot& slot, const graph::Gr
   return list;
 }
 
+// kiln's own ops: nodes the tracer records for state changes that are not ATen ops. They run directly,
+// not through the dispatcher: they switch thread-local state (a dispatcher call would also reach any
+// TorchDispatchMode the user has active, as an op it has never heard of). A prepared kiln op has no
+// OperatorHandle; its constant arguments sit in stack_template.
+using KilnOp = void (*)(const std::vector<c10::IValue>& args);
+
+const std::unordered_map<std::string, KilnOp>& kiln_ops() {
+  static const std::unordered_map<std::string, KilnOp> table = {
+      // Grad-mode blocks (csrc/trace/grad_mode.cpp): the ops after it run under this mode, as in eager.
+      {"kiln::set_grad_enabled.default", [](const std::vector<c10::IValue>& args) { at::GradMode::set_enabled(args.at(0).toBool()); }},
+  };
+  return table;
+}
+
+struct KilnArgToIValue {
+  const std::string& name;
+  c10::IValue operator()(bool b) const { return b; }
+  c10::IValue operator()(int64_t i) const { return i; }
+  template <typename Other>
+  c10::IValue operator()(const Other&) const {
+    KILN_ASSERT(false) << name << ": kiln ops take bool and int arguments only";
+    return {};
+  }
+};
+
 }  // namespace
 
 PreparedNode prepare_node(const graph::Graph& g, const graph::Node& node, const std::vector<at::Tensor>& constants) {
   PreparedNode prepared;
   prepared.name = node.qualified_name();
+  if (kiln_ops().count(prepared.name)) {
+    for (const graph::ArgValue& arg : node.args) prepared.stack_template.push_back(std::visit(KilnArgToIValue{prepared.name}, arg));
+    KILN_ASSERT(node.outputs.empty()) << prepared.name << " defines no values";
+    return prepared;
+  }
   const std::string overload = node.overload == "default" ? "" : node.overload;
   auto handle = c10::Dispatcher::singleton().findSchema({node.op, overload});
   KILN_CHECK(handle.has_value()) << "no ATen operator " << prepared.name << " is registered with the dispatcher";
@@ -133,6 +166,10 @@ PreparedNode prepare_node(const graph::Graph& g, const graph::Node& node, const 
 
 void call_node(const PreparedNode& node, const graph::Graph& g, const std::vector<at::Tensor>& constants,
                std::vector<at::Tensor>& env) {
+  if (!node.op) {
+    kiln_ops().at(node.name)(node.stack_template);
+    return;
+  }
   torch::jit::Stack stack = node.stack_template;
   for (const auto& slot : node.tensor_slots) stack[slot.position] = env[slot.id];
   for (const auto& slot : node.list_slots) stack[slot.position] = build_list(slot, g, constants, env);

@@ -25,7 +25,7 @@ struct PreparedNode {
     bool optional_elements;  // Tensor?[] (c10::List<std::optional<Tensor>>)
     std::vector<std::optional<graph::ValueId>> ids;
   };
-  std::optional<c10::OperatorHandle> op;  // always set; optional only because handles have no default
+  std::optional<c10::OperatorHandle> op;  // unset for kiln's own ops (kiln::set_grad_enabled), which node_call.cpp runs itself
   std::string name;                       // "aten::addmm.default", for error messages
   std::vector<c10::IValue> stack_template;
   std::vector<TensorSlot> tensor_slots;

@@ -11,22 +11,6 @@ namespace {
 
 constexpr int kMaxInlineDepth = 64;
 
-[[noreturn]] void rethrow_python(const std::string& context) {
-  PyObject *type, *value, *tb;
-  PyErr_Fetch(&type, &value, &tb);
-  PyErr_NormalizeException(&type, &value, &tb);
-  std::string message = context;
-  if (value) {
-    PyObject* s = PyObject_Str(value);
-    message += std::string(": ") + ((PyTypeObject*)type)->tp_name + ": " + (s ? PyUnicode_AsUTF8(s) : "?");
-    Py_XDECREF(s);
-  }
-  Py_XDECREF(type);
-  Py_XDECREF(value);
-  Py_XDECREF(tb);
-  PyErr_Clear();
-  KILN_UNSUPPORTED() << message;
-}
 
 std::string name_of(PyObject* fn) {
   PyObject* n = PyObject_GetAttrString(fn, "__qualname__");
@@ -53,6 +37,23 @@ bool contains(PyObject* set, PyObject* item) {
 PyObject* builtin(const char* name) { return PyDict_GetItemString(PyEval_GetBuiltins(), name); }
 
 }  // namespace
+
+[[noreturn]] void rethrow_python(const std::string& context) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  std::string message = context;
+  if (value) {
+    PyObject* s = PyObject_Str(value);
+    message += std::string(": ") + ((PyTypeObject*)type)->tp_name + ": " + (s ? PyUnicode_AsUTF8(s) : "?");
+    Py_XDECREF(s);
+  }
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+  PyErr_Clear();
+  KILN_UNSUPPORTED() << message;
+}
 
 VarPtr Tracer::call_recorded(PyObject* fn, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
   PyObject* py_args = PyTuple_New(args.size());
@@ -92,6 +93,9 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
         args.insert(args.begin(), fn->items[0]);
         return call_recorded(fn->value, args, kwargs);
       }
+      bool grad_mode = false;
+      VarPtr switched = call_grad_mode(fn->value, fn->items[0], args, kwargs, &grad_mode);
+      if (grad_mode) return switched;
       if (!PyFunction_Check(fn->value)) {
         if (!kwargs.empty()) KILN_UNSUPPORTED() << "keyword arguments to a container method";
         return call_container_method(fn->items[0], name_of(fn->value), std::move(args));
@@ -110,7 +114,9 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
       KILN_UNSUPPORTED() << "call of " << name_of(f) << ", a function under kiln.disable";
   }
   bool handled = false;
-  VarPtr r = call_builtin(f, args, kwargs, &handled);
+  VarPtr r = call_grad_mode(f, nullptr, args, kwargs, &handled);
+  if (handled) return r;
+  r = call_builtin(f, args, kwargs, &handled);
   if (handled) return r;
   PyObject* global_state = PyObject_CallOneArg(helper("changes_global_state"), f);
   if (!global_state) rethrow_python("classifying a callable");

@@ -2,9 +2,8 @@
 // runs the break instruction eagerly, and the resume functions that continue after it.
 #include "trace/graph_break.h"
 
-#include <cstring>
-
 #include <map>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -97,6 +96,94 @@ std::string unrebuildable(const VarPtr& v, std::unordered_set<const Var*>& seen)
   return "a " + v->describe();
 }
 
+// Instructions reached from the entry by falling through and jumping, without exception edges.
+std::vector<bool> reachable_without_exceptions(const bytecode::CodeInstructions& ci) {
+  const auto& ops = bytecode::opcodes();
+  std::vector<bool> seen(ci.instructions.size(), false);
+  std::vector<int> work = {0};
+  while (!work.empty()) {
+    int i = work.back();
+    work.pop_back();
+    if (i < 0 || i >= (int)ci.instructions.size() || seen[i]) continue;
+    seen[i] = true;
+    const Instruction& ins = ci.instructions[i];
+    if (ops.is_jump(ins.opcode) && ins.target >= 0) work.push_back(ins.target);
+    if (!ops.is_terminator(ins.opcode)) work.push_back(i + 1);
+  }
+  return seen;
+}
+
+const bytecode::ExceptionEntry* covering(const bytecode::CodeInstructions& ci, int index) {
+  for (const bytecode::ExceptionEntry& e : ci.exception_table)
+    if (e.start <= index && index < e.end) return &e;
+  return nullptr;
+}
+
+bool is_grad_mode_exit(const VarPtr& v) {
+  if (!v || !v->is(VarKind::kMethod) || !v->items[0]->is(VarKind::kConst) || !v->items[0]->value) return false;
+  static PyObject* check = [] {
+    PyObject* m = PyImport_ImportModule("kiln._tracing");
+    PyObject* f = m ? PyObject_GetAttrString(m, "is_grad_mode_context") : nullptr;
+    Py_XDECREF(m);
+    return f;
+  }();
+  if (!check) {
+    PyErr_Clear();
+    return false;
+  }
+  PyObject* r = PyObject_CallOneArg(check, v->items[0]->value);
+  if (!r) PyErr_Clear();
+  bool yes = r == Py_True;
+  Py_XDECREF(r);
+  return yes;
+}
+
+// Follows the path an exception raised at the break instruction takes through the exception table. It may
+// only leave through grad-mode `with` blocks (their __exit__ restores the mode and re-raises): anything
+// else (a try block, another context manager) is refused. Returns the mode eager leaves the frame in after
+// such an exception (the mode before the outermost block), or -1 when the break is in no block.
+int enclosing_grad_mode_blocks(const bytecode::CodeInstructions& ci, const BreakState& state, std::string* why_not) {
+  const auto& ops = bytecode::opcodes();
+  auto name_at = [&](int i) -> std::string {
+    return i >= 0 && i < (int)ci.instructions.size() ? ops.name(ci.instructions[i].opcode) : "";
+  };
+  int mode = -1;
+  int at = state.pc;
+  for (int hops = 0; hops < 64; ++hops) {
+    const bytecode::ExceptionEntry* entry = covering(ci, at);
+    if (!entry) return mode;
+    // A with statement's handler: PUSH_EXC_INFO, WITH_EXCEPT_START, with __exit__ at stack[depth - 1].
+    bool with_handler = name_at(entry->target) == "PUSH_EXC_INFO" && name_at(entry->target + 1) == "WITH_EXCEPT_START";
+    if (!with_handler) {
+      *why_not = "the construct is inside a try block";
+      return -1;
+    }
+    if (entry->depth < 1 || entry->depth > (int)state.stack.size() || !is_grad_mode_exit(state.stack[entry->depth - 1])) {
+      *why_not = "the construct is inside a with block whose context manager is not a grad-mode one "
+                 "(user context managers are not resumed: the frame runs eagerly)";
+      return -1;
+    }
+    PyObject* prev = PyObject_GetAttrString(state.stack[entry->depth - 1]->items[0]->value, "prev");
+    if (!prev || !PyBool_Check(prev)) {
+      PyErr_Clear();
+      Py_XDECREF(prev);
+      *why_not = "the grad-mode block's saved mode is unknown";
+      return -1;
+    }
+    mode = prev == Py_True ? 1 : 0;  // the outermost block's, once the walk ends
+    Py_DECREF(prev);
+    // The handler re-raises from inside its cleanup entry; the exception goes on from that entry's target.
+    const bytecode::ExceptionEntry* cleanup = covering(ci, entry->target);
+    if (!cleanup) {
+      *why_not = "a with statement's handler without a cleanup entry";
+      return -1;
+    }
+    at = cleanup->target;
+  }
+  *why_not = "with blocks nested too deeply";
+  return -1;
+}
+
 }  // namespace
 
 BreakPlan plan_break(PyCodeObject* code, const bytecode::CodeInstructions& ci, const BreakState& state) {
@@ -109,24 +196,29 @@ BreakPlan plan_break(PyCodeObject* code, const bytecode::CodeInstructions& ci, c
     plan.why_not = "the frame has cells (variables captured by a nested function)";
     return plan;
   }
-  for (const bytecode::ExceptionEntry& e : ci.exception_table)
-    if (e.start <= state.pc && state.pc < e.end) {
-      plan.why_not = "the construct is inside a try or with block";
-      return plan;
-    }
-  // Splitting around a `with` statement (its constructor call, __enter__, __exit__) makes resume functions
-  // that receive a fresh context manager every call; until grad-mode blocks are traced, the frame runs
-  // eagerly as a whole instead.
-  for (const Instruction& other : ci.instructions) {
-    const char* name = ops.name(other.opcode);
-    if (std::strcmp(name, "BEFORE_WITH") == 0 || std::strcmp(name, "SETUP_WITH") == 0 ||
-        std::strcmp(name, "BEFORE_ASYNC_WITH") == 0) {
-      plan.why_not = "the frame has a with statement";
+  // Zero-argument super() reads the frame's first local as its object; a resume function's first argument is
+  // whatever was live, so super() there would raise (or bind the wrong object).
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(code->co_localsplusnames); ++i) {
+    PyObject* name = PyTuple_GET_ITEM(code->co_localsplusnames, i);
+    if (PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, "__class__") == 0) {
+      plan.why_not = "the frame uses zero-argument super() (its __class__ cell)";
       return plan;
     }
   }
+  if (plan.instruction == "BEFORE_WITH") {
+    // Only grad-mode blocks are traced (grad_mode.cpp); other context managers keep the frame eager.
+    plan.why_not = "a with statement on a context manager other than torch.no_grad/enable_grad/set_grad_enabled "
+                   "(user context managers are not resumed: the frame runs eagerly)";
+    return plan;
+  }
+  plan.restore_grad_mode = enclosing_grad_mode_blocks(ci, state, &plan.why_not);
+  if (!plan.why_not.empty()) return plan;
+  // Exception handlers are not part of a loop even when they jump backward (3.12 puts a with statement's
+  // handler after the function body and jumps back from it).
+  std::vector<bool> normal_flow = reachable_without_exceptions(ci);
   for (size_t j = 0; j < ci.instructions.size(); ++j) {
     const Instruction& jump = ci.instructions[j];
+    if (!normal_flow[j]) continue;
     if (ops.is_jump(jump.opcode) && jump.target >= 0 && jump.target <= state.pc && (int)j >= state.pc) {
       plan.why_not = "the construct is inside a loop";
       return plan;
@@ -261,6 +353,7 @@ PyObject* make_break_code(PyCodeObject* original, const bytecode::CodeInstructio
   const Instruction& broken = ci.instructions[plan.pc];
   Emitter e{out, broken.pos};
   int program_const = (int)PyTuple_GET_SIZE(original->co_consts);
+  std::optional<bytecode::ExceptionEntry> grad_restore_entry;
 
   // values = program(arguments..., free variables...)
   int nargs = original->co_argcount + original->co_kwonlyargcount + ((original->co_flags & CO_VARARGS) ? 1 : 0) +
@@ -306,6 +399,17 @@ PyObject* make_break_code(PyCodeObject* original, const bytecode::CodeInstructio
   copy.target = -1;
   out.instructions.push_back(copy);
   int jump_index = (int)out.instructions.size() - 1;
+  const int extra_consts = 1 + (int)resume_functions.size();  // program, resume functions, then these
+  if (plan.restore_grad_mode >= 0) {
+    // The break runs inside grad-mode blocks that this code no longer has: an exception from it leaves
+    // the frame with the mode eager's __exit__ calls would have restored (graph_break.h).
+    bytecode::ExceptionEntry restore;
+    restore.start = jump_index;
+    restore.end = jump_index + 1;
+    restore.depth = 0;
+    restore.lasti = false;
+    grad_restore_entry = restore;
+  }
 
   // One tail per successor: return resume(stack..., locals...).
   for (size_t s = 0; s < plan.successors.size(); ++s) {
@@ -328,9 +432,35 @@ PyObject* make_break_code(PyCodeObject* original, const bytecode::CodeInstructio
     e.call(nitems + (int)plan.live_locals.size());
     e.emit("RETURN_VALUE");
   }
+  if (grad_restore_entry) {
+    // handler: [exc] -> torch._C._set_grad_enabled(mode) -> re-raise exc
+    grad_restore_entry->target = (int)out.instructions.size();
+    out.exception_table.push_back(*grad_restore_entry);
+    e.callable_under(program_const + extra_consts, 0);
+    e.emit("LOAD_CONST", program_const + extra_consts + 1);
+    e.call(1);
+    e.emit("POP_TOP");
+    e.emit("RERAISE", 0);
+  }
 
   std::vector<PyObject*> extra = {program};
   extra.insert(extra.end(), resume_functions.begin(), resume_functions.end());
+  PyObject* setter = nullptr;
+  if (grad_restore_entry) {
+    PyObject* tracing = PyImport_ImportModule("kiln._tracing");
+    setter = tracing ? PyObject_GetAttrString(tracing, "set_grad_enabled") : nullptr;
+    Py_XDECREF(tracing);
+    if (!setter) {
+      PyErr_Clear();
+      KILN_UNSUPPORTED() << "kiln._tracing.set_grad_enabled is missing";
+    }
+    extra.push_back(setter);
+    extra.push_back(plan.restore_grad_mode ? Py_True : Py_False);
+  }
+  struct ReleaseSetter {
+    PyObject* setter;
+    ~ReleaseSetter() { Py_XDECREF(setter); }
+  } release_setter{setter};
   PyObject* consts = tuple_plus(original->co_consts, extra);
   PyObject* kwargs = Py_BuildValue("{s:N}", "co_consts", consts);
   PyObject* result = nullptr;

@@ -9,8 +9,10 @@
 //
 // A resume function is a generated code object that pushes its stack arguments back and jumps into a
 // copy of the original bytecode right after the break; the frame hook intercepts and traces it like any
-// other frame. Breaks are refused (the frame then runs eagerly) where this rewrite could change what the
-// program does: inside a try/with block, inside a loop, in frames with cells (variables captured by nested
+// other frame. Inside grad-mode `with` blocks the break instruction is covered by a handler that restores
+// the mode eager would leave after the exception and re-raises. Breaks are refused (the frame then runs
+// eagerly) where this rewrite could change what the program does: inside a try block or the with block of
+// any other context manager, inside a loop, in frames with cells (variables captured by nested
 // functions), or with values that cannot be rebuilt (iterators).
 #include <Python.h>
 
@@ -36,6 +38,11 @@ struct BreakPlan {
   std::vector<bool> stack_null;             ///< the stack at the break, bottom first: true = a NULL slot
   std::vector<int> live_locals;             ///< localsplus indices of the bound locals (restored, passed on)
   int kwnames_const = -1;                   ///< co_consts index of a pending KW_NAMES tuple
+  /// Inside grad-mode `with` blocks: the mode an exception from the break instruction must leave behind
+  /// (the mode before the outermost block, as eager's __exit__ calls restore it); -1 outside any block.
+  /// The resume functions need nothing extra: the graph leaves the block's mode set, and the pending
+  /// __exit__ methods travel on the stack into a copy of the original code with its exception table.
+  int restore_grad_mode = -1;
   std::string why_not;                      ///< non-empty: no break possible here (the frame runs eagerly)
   std::string instruction;                  ///< opcode name of the break instruction
 };

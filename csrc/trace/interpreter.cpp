@@ -97,6 +97,7 @@ struct HandlerTable {
         {"GET_ITER", &T::op_get_iter},
         {"FOR_ITER", &T::op_for_iter},
         {"END_FOR", &T::op_end_for},
+        {"BEFORE_WITH", &T::op_before_with},
     };
     const auto& ops = bytecode::opcodes();
     for (const auto& [name, handler] : entries) {

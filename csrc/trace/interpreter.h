@@ -95,6 +95,8 @@ class InstructionTranslator {
   void op_get_iter(const bytecode::Instruction&);
   void op_for_iter(const bytecode::Instruction&);
   void op_end_for(const bytecode::Instruction&);
+  // with statements (grad_mode.cpp)
+  void op_before_with(const bytecode::Instruction&);
   void call_with(VarPtr fn, std::vector<VarPtr> args, PyObject* kwnames);
 
   Tracer& tracer_;

@@ -207,6 +207,7 @@ VarPtr Tracer::wrap(PyObject* value, SourcePtr source) {
     guards_->add_id(source, value);
   } else {
     guards_->add_type(source, Py_TYPE(value));
+    guard_grad_mode_context(value, source);
     v->by_type = true;
   }
   return v;
@@ -594,6 +595,9 @@ runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>&
 }
 
 VarPtr Tracer::trace_root() {
+  // Grad-mode blocks switch the real mode while tracing (grad_mode.cpp); the frame then runs from the
+  // mode it was called in, however the trace ended.
+  GradModeRestore restore_grad_mode(*this);
   PyCodeObject* code = root_.code;
   std::vector<VarPtr> locals(root_.nlocalsplus);
   PyObject* names = PyCode_GetVarnames(code);

@@ -53,6 +53,10 @@ struct BreakState {
   PyObject* kwnames = nullptr;  ///< a pending KW_NAMES tuple (borrowed from co_consts), else nullptr
 };
 
+/// Turns the pending Python exception into kiln's Unsupported error (a graph break), naming `context` and the
+/// exception; clears it. For failures of Python calls the tracer makes on the user's objects.
+[[noreturn]] void rethrow_python(const std::string& context);
+
 class Tracer {
  public:
   explicit Tracer(const FrameInput& frame);
@@ -98,6 +102,10 @@ class Tracer {
   std::vector<VarPtr> iterate(const VarPtr& v);
 
   PyObject* helper(const char* name);  ///< borrowed attribute of kiln._tracing
+  /// Grad-mode switches (grad_mode.cpp): `fn` (bound to `self` when set) is run for real when it is a
+  /// grad-mode callable, recording a kiln::set_grad_enabled node if the mode changed; else *handled = false.
+  VarPtr call_grad_mode(PyObject* fn, const VarPtr& self, const std::vector<VarPtr>& args, const KwArgs& kwargs,
+                        bool* handled);
   int depth() const { return depth_; }
   const FrameInput& root() const { return root_; }
   /// Source root for the globals dict `globals` (the root frame's or another module's).
@@ -113,6 +121,18 @@ class Tracer {
   VarPtr call_builtin(PyObject* fn, const std::vector<VarPtr>& args, const KwArgs& kwargs, bool* handled);
   VarPtr module_attr(const VarPtr& module, PyObject* name);
   runtime::OutputSpec output_spec(const VarPtr& v, std::vector<PyObject*>& graph_outputs, bool break_output);
+
+  /// A grad-mode context manager read from the frame: guards the mode its __exit__ restores.
+  void guard_grad_mode_context(PyObject* value, const SourcePtr& source);
+  // The real grad mode (grad_mode.cpp): read and set through torch, restored when a trace ends.
+  bool grad_enabled();
+  void set_real_grad_mode(bool enabled);
+  struct GradModeRestore {
+    Tracer& tracer;
+    bool saved;
+    explicit GradModeRestore(Tracer& t);
+    ~GradModeRestore();
+  };
 
   FrameInput root_;
   PyObject* helpers_ = nullptr;   // kiln._tracing

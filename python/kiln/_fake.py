@@ -38,6 +38,13 @@ _DATA_DEPENDENT = {
 }
 _DATA_DEPENDENT_TAGS = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output)
 
+# Composite ops recorded as one node instead of the ops they decompose into. On meta tensors ATen can only
+# pick scaled_dot_product_attention's math path (matmuls and a softmax); recorded whole, the run picks
+# flash / memory-efficient / cuDNN attention on the real device, exactly as eager does.
+_WHOLE_OPS = {
+    torch.nn.functional.scaled_dot_product_attention: lambda: torch.ops.aten.scaled_dot_product_attention.default,
+}
+
 # Tensor methods that leave tensor land: refused before they run (on meta they would fail obscurely).
 _ESCAPING_METHODS = {
     "numpy": "it copies tensor data into a NumPy array",
@@ -149,6 +156,8 @@ class _RecordingMode(TorchDispatchMode):
         return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.recorder._inside_whole_op:  # the meta decomposition of an op recorded as one node
+            return func(*args, **(kwargs or {}))
         return self.recorder._record(func, args, kwargs or {})
 
 
@@ -221,6 +230,7 @@ class Recorder:
         self._logical_device = None  # (type code, index); see logical_device_code
         self._journal = None      # [(dict, key, old value)] while a call runs, to undo a failed one
         self._op_infos = {}
+        self._inside_whole_op = False
 
     # ---- public API used by the tracer -----------------------------------------------------------
     def add_input(self, tensor):
@@ -251,7 +261,8 @@ class Recorder:
         self._journal = []
         try:
             with _RecordingMode(self):
-                result = fn(*args, **kwargs)
+                whole = _WHOLE_OPS.get(fn)
+                result = self._record_whole(whole(), args, kwargs) if whole else fn(*args, **kwargs)
         except errors.KilnError:
             self._undo(num_values, num_nodes)
             raise
@@ -270,6 +281,12 @@ class Recorder:
             self._journal = None
         self._refresh_requires_grad(num_values)
         return result
+
+    def record_grad_mode(self, enabled):
+        """Appends a kiln::set_grad_enabled node: the runtime switches grad mode there (node_call.cpp).
+        The caller has already switched the real mode, so the fakes that follow see what eager sees."""
+        self._nodes.append(("kiln::set_grad_enabled", "default", [("bool", bool(enabled))], ["enabled"], 1, [],
+                            False, False, False))
 
     @contextlib.contextmanager
     def swapped_state(self, module, fakes_by_name):
@@ -351,6 +368,14 @@ class Recorder:
         return _C._graph_from_records(values, self._nodes, output_ids)
 
     # ---- recording ---------------------------------------------------------------------------------
+    def _record_whole(self, func, args, kwargs):
+        """Records a composite op as ONE node (see _WHOLE_OPS); its meta decomposition runs unrecorded."""
+        self._inside_whole_op = True
+        try:
+            return self._record(func, args, kwargs)
+        finally:
+            self._inside_whole_op = False
+
     def _record(self, func, args, kwargs):
         """__torch_dispatch__ body: records func's call as a node and runs it on meta."""
         info = self._op_infos.get(func)

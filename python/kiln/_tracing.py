@@ -204,3 +204,31 @@ import math as _math  # noqa: E402
 
 PURE_BUILTINS |= {getattr(_math, n) for n in dir(_math) if callable(getattr(_math, n)) and not n.startswith("_")}
 PURE_BUILTINS |= {f for f in _OPERATOR_FUNCS if callable(f)}
+
+
+# ---- grad mode -----------------------------------------------------------------------------------
+# Grad-mode switches are traced, not broken on: at trace time they run for real (so the fakes that follow
+# get eager's requires_grad), and each change of the mode becomes a kiln::set_grad_enabled node that the
+# runtime replays in graph order. Grad mode at any point of a trace is a function of the mode at frame
+# entry (guarded) and of these calls' constant arguments (guarded), so replaying the recorded values is
+# exact on every cache hit.
+GRAD_MODE_CLASSES = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)
+GRAD_MODE_CALLABLES = {torch.no_grad, torch.enable_grad, torch.set_grad_enabled, torch.is_grad_enabled,
+                       torch._C._set_grad_enabled, torch._C.is_grad_enabled}
+# The methods of grad-mode context managers the tracer runs for real (bound to their object).
+GRAD_MODE_METHODS = {getattr(cls, name) for cls in GRAD_MODE_CLASSES for name in ("__enter__", "__exit__")}
+GRAD_MODE_ENTER_METHODS = {cls.__enter__ for cls in GRAD_MODE_CLASSES}
+set_grad_enabled = torch._C._set_grad_enabled
+grad_enabled = torch.is_grad_enabled
+
+
+def is_grad_mode_context(obj):
+    return type(obj) in GRAD_MODE_CLASSES
+
+
+def grad_mode_call(fn, args, kwargs):
+    """Runs a grad-mode callable for real at trace time: -> (its result, the new mode or None if unchanged)."""
+    before = torch.is_grad_enabled()
+    result = fn(*args, **kwargs)
+    after = torch.is_grad_enabled()
+    return result, (after if after != before else None)

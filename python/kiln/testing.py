@@ -239,3 +239,24 @@ def assert_same_as_eager(fn_or_module, *args, compiled=None, grads=True, rtol=No
         if e is not None:
             _compare(a, e, f"grad of parameter {name}", rtol, atol)
     return actual
+
+
+def capture_graphs(fn, *inputs, fullgraph=False):
+    """The graphs kiln captures for fn(*inputs) under no_grad, with their example inputs: [(graph, inputs)],
+    and the number of graph breaks and eager fallbacks on the way. Each graph is replayed by the eager
+    interpreter during the capture; kiln is reset before and after."""
+    import kiln
+
+    graphs = []
+
+    def keep(graph, example_inputs):
+        graphs.append((graph, list(example_inputs)))
+        return lambda xs: kiln._C.run_graph(graph, "eager", xs)
+
+    kiln.reset()
+    with torch.no_grad():
+        kiln.compile(fn, backend=keep, fullgraph=fullgraph)(*inputs)
+    stats = kiln.stats()
+    breaks = stats["graph_breaks"] + stats["fallbacks"]
+    kiln.reset()
+    return graphs, breaks

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import kiln
 import seed_models
-from kiln.testing import random_tensor, tolerance
+from kiln.testing import capture_graphs, random_tensor, tolerance
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -31,16 +31,7 @@ def kiln_cache_dir(tmp_path_factory):
 
 def capture(fn, *inputs):
     """The graph kiln captures for fn(*inputs) (exactly one graph expected) and its example inputs."""
-    graphs = []
-
-    def keep(graph, example_inputs):
-        graphs.append((graph, list(example_inputs)))
-        return lambda xs: kiln._C.run_graph(graph, "eager", xs)
-
-    kiln.reset()
-    with torch.no_grad():
-        kiln.compile(fn, backend=keep, fullgraph=True)(*inputs)
-    kiln.reset()
+    graphs, _ = capture_graphs(fn, *inputs, fullgraph=True)
     assert len(graphs) == 1
     return graphs[0]
 

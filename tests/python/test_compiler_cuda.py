@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import kiln
-from kiln.testing import random_tensor, tolerance
+from kiln.testing import capture_graphs, random_tensor, tolerance
 
 pytestmark = pytest.mark.cuda
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -40,16 +40,8 @@ def rand(*shape, dtype=torch.float32):
 
 
 def capture(fn, *inputs):
-    graphs = []
-
-    def keep(graph, example_inputs):
-        graphs.append((graph, list(example_inputs)))
-        return lambda xs: kiln._C.run_graph(graph, "eager", xs)
-
-    kiln.reset()
-    with torch.no_grad():
-        kiln.compile(fn, backend=keep, fullgraph=True)(*inputs)
-    kiln.reset()
+    """The graph kiln captures for fn(*inputs) (exactly one graph expected) and its example inputs."""
+    graphs, _ = capture_graphs(fn, *inputs, fullgraph=True)
     assert len(graphs) == 1
     return graphs[0]
 
@@ -238,3 +230,15 @@ def test_int64_indices_for_tensors_past_two_billion_elements():
     assert out.shape == x.shape and bool((out[-70:] == 3).all()) and bool((out[:70] == 3).all())
     del out, x
     torch.cuda.empty_cache()
+
+
+def test_kernels_read_attention_output_in_its_real_layout():
+    # SDPA is recorded whole; on CUDA its fused kernels return a different layout than the math path the
+    # meta tensors took, so the kernel after it must not trust the recorded strides blindly.
+    def f(q, k, v):
+        b, h, s, d = q.shape
+        return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, s, h * d) * 2 + 1
+
+    for dtype in (torch.float32, torch.float16):
+        q, k, v = (rand(4, 8, 128, 64, dtype=dtype) for _ in range(3))
+        check(f, q, k, v)

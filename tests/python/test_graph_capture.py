@@ -389,3 +389,46 @@ def test_argument_kinds():
     assert {"aten::index.Tensor", "aten::gelu.default", "aten::_foreach_add_.Scalar"} <= ops
     text = str(graph)
     assert "approximate='tanh'" in text and "memory_format=channels_last" in text and "f64" in text
+
+
+# ---- composite ops recorded whole ---------------------------------------------------------------------
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("variant", ["plain", "causal", "mask", "scale"])
+def test_scaled_dot_product_attention_is_one_node(device, variant):
+    # On meta tensors ATen can only take SDPA's math path; recorded whole, the run picks the fused kernels
+    # (flash / memory-efficient on CUDA, the CPU flash kernel) as eager does.
+    kwargs = {"causal": {"is_causal": True}, "scale": {"scale": 0.3},
+              "mask": {"attn_mask": torch.randn(16, 16, device=device)}}.get(variant, {})
+    graph = check(F.scaled_dot_product_attention, randn((2, 4, 16, 8), (2, 4, 16, 8), (2, 4, 16, 8), device=device),
+                  kwargs, rtol=1e-4, atol=1e-4)
+    assert graph.ops() == ["aten::scaled_dot_product_attention.default"]
+
+
+def test_traced_attention_records_one_sdpa_node():
+    import kiln
+    graphs = []
+
+    def keep(graph, example_inputs):
+        graphs.append(graph)
+        return lambda xs: _C.run_graph(graph, "eager", xs)
+
+    def attention(q, k, v):
+        return F.scaled_dot_product_attention(q * 2, k, v, is_causal=True).transpose(1, 2)
+
+    q, k, v = (torch.randn(2, 3, 10, 8) for _ in range(3))
+    kiln.reset()
+    torch.testing.assert_close(kiln.compile(attention, backend=keep, fullgraph=True)(q, k, v), attention(q, k, v))
+    kiln.reset()
+    assert graphs[0].ops() == ["aten::mul.Tensor", "aten::scaled_dot_product_attention.default", "aten::transpose.int"]
+
+
+def test_scaled_dot_product_attention_gradients_flow_through_the_node():
+    q, k, v = (torch.randn(2, 3, 10, 8, requires_grad=True) for _ in range(3))
+    graph, _ = capture(F.scaled_dot_product_attention, [q, k, v], {"is_causal": True})
+    out = replay(graph, [q, k, v])[0]
+    grads = torch.autograd.grad(out.square().sum(), [q, k, v])
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    expected_grads = torch.autograd.grad(expected.square().sum(), [q, k, v])
+    torch.testing.assert_close(out, expected)
+    for g, e in zip(grads, expected_grads):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)

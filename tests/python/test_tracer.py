@@ -313,3 +313,22 @@ def test_returning_an_argument_list_returns_that_list():
     items = [1, 2]
     out, _ = kiln.compile(f)(items, torch.randn(2))
     assert out is items
+
+
+def test_zero_argument_super_in_a_frame_with_a_graph_break(fresh_kiln):
+    # A resume function's first argument is not the frame's `self`, so a frame that uses super() must not be
+    # split at a break (HuggingFace's config __getattribute__ did this): it runs eagerly instead, correctly.
+    class Base(torch.nn.Module):
+        def scale(self):
+            return 2.0
+
+    class Child(Base):
+        def forward(self, x):
+            y = x + 1
+            print("break", end="")
+            return y * super().scale()
+
+    m = Child()
+    x = torch.randn(5)
+    torch.testing.assert_close(kiln.compile(m)(x), m(x))
+    torch.testing.assert_close(kiln.compile(m)(x), m(x))

@@ -64,37 +64,25 @@ std::string literal(double v, ScalarType t) {
   return out.str();
 }
 
-// Format strings of the prims: $a $b are operand names, $T the compute type.
+// Format strings of the prims: $a $b are operand names, $T the compute type. A table indexed by PrimOp, checked
+// to have one entry per op, so that a new prim cannot be forgotten here.
 const char* prim_format(PrimOp op) {
-  switch (op) {
-    case PrimOp::Neg: return "(-$a)";
-    case PrimOp::Abs: return "std::abs($a)";
-    case PrimOp::Exp: return "kiln_exp($a)";
-    case PrimOp::Log: return "std::log($a)";
-    case PrimOp::Sqrt: return "std::sqrt($a)";
-    case PrimOp::Rsqrt: return "kiln_rsqrt($a)";
-    case PrimOp::Tanh: return "std::tanh($a)";
-    case PrimOp::Sigmoid: return "kiln_sigmoid($a)";
-    case PrimOp::Erf: return "std::erf($a)";
-    case PrimOp::LogicalNot: return "(!$a)";
-    case PrimOp::Add: return "($a + $b)";
-    case PrimOp::Sub: return "($a - $b)";
-    case PrimOp::Mul: return "($a * $b)";
-    case PrimOp::Div: return "($a / $b)";
-    case PrimOp::Maximum: return "kiln_max<$T>($a, $b)";
-    case PrimOp::Minimum: return "kiln_min<$T>($a, $b)";
-    case PrimOp::Pow: return "std::pow($a, $b)";
-    case PrimOp::Lt: return "($a < $b)";
-    case PrimOp::Le: return "($a <= $b)";
-    case PrimOp::Gt: return "($a > $b)";
-    case PrimOp::Ge: return "($a >= $b)";
-    case PrimOp::Eq: return "($a == $b)";
-    case PrimOp::Ne: return "($a != $b)";
-    case PrimOp::LogicalAnd: return "($a && $b)";
-    case PrimOp::LogicalOr: return "($a || $b)";
-    case PrimOp::Where: return "($a ? $b : $c)";
-  }
-  return "";
+  static const char* const formats[] = {
+      "(-$a)", "std::abs($a)", "kiln_exp($a)", "std::log($a)", "std::sqrt($a)", "kiln_rsqrt($a)",   // Neg..Rsqrt
+      "std::tanh($a)", "kiln_sigmoid($a)", "std::erf($a)", "(!$a)",                                  // ..LogicalNot
+      "($a + $b)", "($a - $b)", "($a * $b)", "($a / $b)", "kiln_max<$T>($a, $b)", "kiln_min<$T>($a, $b)",
+      "std::pow($a, $b)", "($a < $b)", "($a <= $b)", "($a > $b)", "($a >= $b)", "($a == $b)", "($a != $b)",
+      "($a && $b)", "($a || $b)", "($a ? $b : $c)",                                                  // ..Where
+      "std::sin($a)", "std::cos($a)", "std::tan($a)", "std::asin($a)", "std::acos($a)", "std::atan($a)",
+      "std::sinh($a)", "std::cosh($a)", "std::asinh($a)", "std::acosh($a)", "std::atanh($a)", "std::log1p($a)",
+      "std::expm1($a)", "std::log2($a)", "std::log10($a)", "std::exp2($a)", "std::erfc($a)",          // ..Erfc
+      "std::ceil($a)", "std::floor($a)", "std::nearbyint($a)", "std::trunc($a)",                     // ..Trunc
+      "std::signbit($a)", "kiln_bitwise_not($a)",                                                    // ..BitwiseNot
+      "std::atan2($a, $b)", "std::fmod($a, $b)", "std::hypot($a, $b)", "std::copysign($a, $b)",
+      "std::fmax($a, $b)", "std::fmin($a, $b)",                                                      // ..Fmin
+      "static_cast<$T>($a & $b)", "static_cast<$T>($a | $b)", "static_cast<$T>($a ^ $b)"};          // ..BitwiseXor
+  static_assert(sizeof(formats) / sizeof(formats[0]) == decomp::kPrimOpCount, "one format per PrimOp");
+  return formats[static_cast<int>(op)];
 }
 
 std::string substitute(std::string text, const std::string& key, const std::string& value) {
@@ -129,7 +117,7 @@ class KernelEmitter {
     }
     int64_t numel = 1;
     for (int64_t s : k_.domain) numel *= s;
-    if (numel == 0) {
+    if (nest_.outer_numel() == 0) {  // an empty reduction still stores its initial values (sum of nothing = 0)
       out << "  (void)buffers;  // empty domain\n}\n";
       return out.str();
     }

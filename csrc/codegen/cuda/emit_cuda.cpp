@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <iomanip>
 #include <sstream>
+#include <unordered_map>
 
 #include "common/error.h"
 #include "fusion/loop_nest.h"
@@ -87,38 +88,29 @@ std::string literal(double v, ScalarType t) {
   return out.str();
 }
 
-// Format strings of the prims: $a $b $c are operand names, $T the operands' compute type.
+// Format strings of the prims: $a $b $c are operand names, $T the operands' compute type. A table indexed
+// by PrimOp, checked to have one entry per op, so that a new prim cannot be forgotten here.
 const char* prim_format(PrimOp op) {
-  switch (op) {
-    case PrimOp::Neg: return "(-$a)";
-    case PrimOp::Abs: return "kiln::abs_($a)";
-    case PrimOp::Exp: return "kiln::exp_($a)";
-    case PrimOp::Log: return "kiln::log_($a)";
-    case PrimOp::Sqrt: return "kiln::sqrt_($a)";
-    case PrimOp::Rsqrt: return "kiln::rsqrt_($a)";
-    case PrimOp::Tanh: return "kiln::tanh_($a)";
-    case PrimOp::Sigmoid: return "kiln::sigmoid_($a)";
-    case PrimOp::Erf: return "kiln::erf_($a)";
-    case PrimOp::LogicalNot: return "(!$a)";
-    case PrimOp::Add: return "($a + $b)";
-    case PrimOp::Sub: return "($a - $b)";
-    case PrimOp::Mul: return "($a * $b)";
-    case PrimOp::Div: return "($a / $b)";
-    case PrimOp::Maximum: return "kiln::max_<$T>($a, $b)";
-    case PrimOp::Minimum: return "kiln::min_<$T>($a, $b)";
-    case PrimOp::Pow: return "kiln::pow_(static_cast<$T>($a), static_cast<$T>($b))";
-    case PrimOp::Lt: return "($a < $b)";
-    case PrimOp::Le: return "($a <= $b)";
-    case PrimOp::Gt: return "($a > $b)";
-    case PrimOp::Ge: return "($a >= $b)";
-    case PrimOp::Eq: return "($a == $b)";
-    case PrimOp::Ne: return "($a != $b)";
-    case PrimOp::LogicalAnd: return "($a && $b)";
-    case PrimOp::LogicalOr: return "($a || $b)";
-    case PrimOp::Where: return "($a ? $b : $c)";
-  }
-  KILN_CHECK(false) << "the CUDA code generator has no code for prim " << decomp::prim_name(op);
-  return "";
+  static const char* const formats[] = {
+      "(-$a)", "kiln::abs_($a)", "kiln::exp_($a)", "kiln::log_($a)", "kiln::sqrt_($a)", "kiln::rsqrt_($a)",  // Neg..Rsqrt
+      "kiln::tanh_($a)", "kiln::sigmoid_($a)", "kiln::erf_($a)", "(!$a)",                                  // ..LogicalNot
+      "($a + $b)", "($a - $b)", "($a * $b)", "($a / $b)", "kiln::max_<$T>($a, $b)", "kiln::min_<$T>($a, $b)",
+      "kiln::pow_(static_cast<$T>($a), static_cast<$T>($b))", "($a < $b)", "($a <= $b)", "($a > $b)", "($a >= $b)",
+      "($a == $b)", "($a != $b)", "($a && $b)", "($a || $b)", "($a ? $b : $c)",                             // ..Where
+      "kiln::sin_($a)", "kiln::cos_($a)", "kiln::tan_($a)", "kiln::asin_($a)", "kiln::acos_($a)", "kiln::atan_($a)",
+      "kiln::sinh_($a)", "kiln::cosh_($a)", "kiln::asinh_($a)", "kiln::acosh_($a)", "kiln::atanh_($a)",
+      "kiln::log1p_($a)", "kiln::expm1_($a)", "kiln::log2_($a)", "kiln::log10_($a)", "kiln::exp2_($a)",
+      "kiln::erfc_($a)",                                                                                   // ..Erfc
+      "kiln::ceil_($a)", "kiln::floor_($a)", "kiln::round_($a)", "kiln::trunc_($a)",                         // ..Trunc
+      "kiln::signbit_($a)", "kiln::bitwise_not_($a)",                                                      // ..BitwiseNot
+      "kiln::atan2_(static_cast<$T>($a), static_cast<$T>($b))", "kiln::fmod_(static_cast<$T>($a), static_cast<$T>($b))",
+      "kiln::hypot_(static_cast<$T>($a), static_cast<$T>($b))", "kiln::copysign_(static_cast<$T>($a), static_cast<$T>($b))",
+      "kiln::fmax_(static_cast<$T>($a), static_cast<$T>($b))", "kiln::fmin_(static_cast<$T>($a), static_cast<$T>($b))",
+      "static_cast<$T>($a & $b)", "static_cast<$T>($a | $b)", "static_cast<$T>($a ^ $b)"};                 // ..BitwiseXor
+  static_assert(sizeof(formats) / sizeof(formats[0]) == decomp::kPrimOpCount, "one format per PrimOp");
+  const int index = static_cast<int>(op);
+  KILN_CHECK(index >= 0 && index < decomp::kPrimOpCount) << "the CUDA code generator has no code for prim " << index;
+  return formats[index];
 }
 
 const char* combiner(ReduceOp op) {
@@ -204,7 +196,7 @@ class KernelEmitter {
     out << "  typedef " << index_type_ << " index_t;\n";
     body_ = &out;
     if (outer > 0) {
-      if (rows_) emit_rows(outer, reduced);
+      if (rows_) emit_rows(outer);
       else emit_pointwise(outer);
     }
     out << "}\n";
@@ -229,25 +221,44 @@ class KernelEmitter {
     return largest >= kIndex32Limit;
   }
 
-  // Elements per thread for 16-byte accesses, or 1: only for one flat loop that every load walks with
-  // stride 0 or 1 and every store with stride 1.
+  // Elements per thread for 16-byte accesses, or 1. Vectors run along the innermost loop: every load
+  // walks it with stride 0 or 1 and every store with stride 1. With outer loops too (a bias or a per-channel
+  // scale broadcast along rows), the innermost size and every outer stride of a contiguous access must be
+  // multiples of the width, so that a vector never straddles two rows and stays aligned.
   int vector_width() const {
-    if (nest_.loops.size() != 1) return 1;
+    const size_t loops = nest_.loops.size();
+    if (loops == 0) return 1;
+    const size_t inner = loops - 1;
     int width = 8;
     bool any = false;
+    std::vector<std::pair<const std::vector<int64_t>*, int64_t>> contiguous;  // strides, offset
     for (size_t i = 0; i < k_.exprs.size(); ++i) {
       const Expr& e = k_.exprs[i];
       if (e.kind != ExprKind::Load) continue;
-      const int64_t stride = nest_.load_strides[i][0];
+      const int64_t stride = nest_.load_strides[i][inner];
       if (stride != 0 && stride != 1) return 1;
-      if (stride == 1) width = std::min(width, 16 / type_info(k_.buffers[e.buffer].dtype).bytes), any = true;
-    }
-    for (size_t s = 0; s < k_.stores.size(); ++s) {
-      if (nest_.store_strides[s][0] != 1) return 1;
-      width = std::min(width, 16 / type_info(k_.buffers[k_.stores[s].buffer].dtype).bytes);
+      if (stride != 1) continue;
+      width = std::min(width, 16 / type_info(k_.buffers[e.buffer].dtype).bytes);
+      contiguous.push_back({&nest_.load_strides[i], e.index.offset});
       any = true;
     }
-    return any && width >= 2 ? width : 1;
+    for (size_t s = 0; s < k_.stores.size(); ++s) {
+      if (nest_.store_strides[s][inner] != 1) return 1;
+      width = std::min(width, 16 / type_info(k_.buffers[k_.stores[s].buffer].dtype).bytes);
+      contiguous.push_back({&nest_.store_strides[s], k_.stores[s].index.offset});
+      any = true;
+    }
+    if (!any || width < 2) return 1;
+    if (loops == 1) return width;
+    for (; width >= 2; width /= 2) {
+      bool fits = nest_.loops[inner].size % width == 0;
+      for (const auto& [strides, offset] : contiguous) {
+        fits = fits && offset % width == 0;
+        for (size_t l = 0; l < inner; ++l) fits = fits && (*strides)[l] % width == 0;
+      }
+      if (fits) return width;
+    }
+    return 1;
   }
 
   std::string index(const std::vector<int64_t>& strides, int64_t offset) const {
@@ -281,8 +292,7 @@ class KernelEmitter {
     switch (x.kind) {
       case ExprKind::Load: {
         const std::string buffer = "buf" + std::to_string(x.buffer);
-        if (lane_ >= 0 && nest_.load_strides[e][0] == 1) return "kiln::load(lv" + std::to_string(e) + ".v[" + std::to_string(lane_) + "])";
-        if (lane_ >= 0) return "kiln::load(" + buffer + "[" + std::to_string(x.index.offset) + "])";
+        if (lane_ >= 0 && nest_.load_strides[e].back() == 1) return "kiln::load(lv" + std::to_string(e) + ".v[" + std::to_string(lane_) + "])";
         return "kiln::load(" + buffer + "[" + index(nest_.load_strides[e], x.index.offset) + "])";
       }
       case ExprKind::Constant:
@@ -384,27 +394,31 @@ class KernelEmitter {
     auto vec_type = [&](int buffer) {
       return "kiln::vec<" + std::string(storage_type(k_.buffers[buffer].dtype)) + ", " + std::to_string(v) + ">";
     };
-    // The vector path needs every contiguous access aligned to its vector size.
+    // The vector path needs every contiguous access aligned to its vector size (outer strides are multiples
+    // of the width already: vector_width).
+    auto contiguous_load = [&](size_t i) { return k_.exprs[i].kind == ExprKind::Load && nest_.load_strides[i].back() == 1; };
     std::vector<std::string> checks;
     for (size_t i = 0; i < k_.exprs.size(); ++i)
-      if (k_.exprs[i].kind == ExprKind::Load && nest_.load_strides[i][0] == 1)
-        checks.push_back("kiln::aligned_to(buf" + std::to_string(k_.exprs[i].buffer) + " + " +
-                         std::to_string(k_.exprs[i].index.offset) + ", sizeof(" + vec_type(k_.exprs[i].buffer) + "))");
+      if (contiguous_load(i))
+        checks.push_back("kiln::aligned_to(buf" + std::to_string(k_.exprs[i].buffer) + " + " + std::to_string(k_.exprs[i].index.offset) +
+                         ", sizeof(" + vec_type(k_.exprs[i].buffer) + "))");
     for (const auto& st : k_.stores)
-      checks.push_back("kiln::aligned_to(buf" + std::to_string(st.buffer) + " + " + std::to_string(st.index.offset) +
-                       ", sizeof(" + vec_type(st.buffer) + "))");
+      checks.push_back("kiln::aligned_to(buf" + std::to_string(st.buffer) + " + " + std::to_string(st.index.offset) + ", sizeof(" +
+                       vec_type(st.buffer) + "))");
+    std::sort(checks.begin(), checks.end());
+    checks.erase(std::unique(checks.begin(), checks.end()), checks.end());
     out << "  const bool aligned = ";
     for (size_t c = 0; c < checks.size(); ++c) out << (c ? " && " : "") << checks[c];
     out << ";\n  if (aligned) {\n";
     out << "    const index_t vectors = n / " << v << ";\n";
     out << "    for (index_t vi = first; vi < vectors; vi += step) {\n";
-    out << "      const index_t base = vi * " << v << ";\n";
     const std::string indent = "      ";
+    decompose("vi * " + std::to_string(v), 0, outer, indent);  // the indices of the vector's first element
     for (size_t i = 0; i < k_.exprs.size(); ++i) {
+      if (!contiguous_load(i)) continue;
       const Expr& e = k_.exprs[i];
-      if (e.kind != ExprKind::Load || nest_.load_strides[i][0] != 1) continue;
       out << indent << "const " << vec_type(e.buffer) << " lv" << i << " = *reinterpret_cast<const " << vec_type(e.buffer)
-          << "*>(buf" << e.buffer << " + " << e.index.offset << " + base);\n";
+          << "*>(buf" << e.buffer << " + " << index(nest_.load_strides[i], e.index.offset) << ");\n";
     }
     for (size_t s = 0; s < k_.stores.size(); ++s) out << indent << vec_type(k_.stores[s].buffer) << " sv" << s << ";\n";
     for (lane_ = 0; lane_ < v; ++lane_) {
@@ -418,7 +432,7 @@ class KernelEmitter {
     lane_ = -1;
     for (size_t s = 0; s < k_.stores.size(); ++s)
       out << indent << "*reinterpret_cast<" << vec_type(k_.stores[s].buffer) << "*>(buf" << k_.stores[s].buffer << " + "
-          << k_.stores[s].index.offset << " + base) = sv" << s << ";\n";
+          << index(nest_.store_strides[s], k_.stores[s].index.offset) << ") = sv" << s << ";\n";
     out << "    }\n";
     scalar_loop("vectors * " + std::to_string(v) + " + first", "    ");
     out << "  } else {\n";
@@ -426,24 +440,119 @@ class KernelEmitter {
     out << "  }\n";
   }
 
-  // Opens a pass over the reduced loops, lanes striding; calls `body(indent)`; closes it.
+  // Elements per lane and step in the row passes: vectors along the one reduced loop, when every access that
+  // runs along it is contiguous there, the row length and every outer stride and offset of those accesses are
+  // multiples of the width (so vectors stay inside a row and aligned once the base pointers are).
+  int row_vector_width() const {
+    if (static_cast<int>(nest_.loops.size()) != nest_.outer_count + 1) return 1;
+    const size_t red = nest_.loops.size() - 1;
+    int width = 8;
+    std::vector<std::pair<const std::vector<int64_t>*, int64_t>> contiguous;
+    for (size_t i = 0; i < k_.exprs.size(); ++i) {
+      const Expr& e = k_.exprs[i];
+      if (e.kind != ExprKind::Load || nest_.load_strides[i][red] == 0) continue;
+      if (nest_.load_strides[i][red] != 1) return 1;
+      width = std::min(width, 16 / type_info(k_.buffers[e.buffer].dtype).bytes);
+      contiguous.push_back({&nest_.load_strides[i], e.index.offset});
+    }
+    for (size_t s = 0; s < k_.stores.size(); ++s) {
+      if (nest_.store_strides[s][red] == 0) continue;
+      if (nest_.store_strides[s][red] != 1) return 1;
+      width = std::min(width, 16 / type_info(k_.buffers[k_.stores[s].buffer].dtype).bytes);
+      contiguous.push_back({&nest_.store_strides[s], k_.stores[s].index.offset});
+    }
+    if (contiguous.empty()) return 1;
+    width = std::min<int64_t>(width, 4);  // 4 lanes already give 16-byte float loads; more only adds registers
+    for (; width >= 2; width /= 2) {
+      bool fits = nest_.loops[red].size % width == 0 && nest_.loops[red].size >= width * 32;
+      for (const auto& [strides, offset] : contiguous) {
+        fits = fits && offset % width == 0;
+        for (size_t l = 0; l < red; ++l) fits = fits && (*strides)[l] % width == 0;
+      }
+      if (fits) return width;
+    }
+    return 1;
+  }
+
+  bool contiguous_along_reduced(const std::vector<int64_t>& strides) const { return strides.back() == 1 && nest_.runs_reduced(strides); }
+
+  std::string vec_type(int buffer, int width) const {
+    return "kiln::vec<" + std::string(storage_type(k_.buffers[buffer].dtype)) + ", " + std::to_string(width) + ">";
+  }
+
+  // Opens a pass over the reduced loops, lanes striding (by row_width_ elements at a time); calls
+  // `body(indent)` once per element of the step (lane_ set when vectorised) and stores the vectors of
+  // `vector_stores` after it; closes the pass.
   template <typename Body>
-  void reduced_pass(const std::string& indent, Body body) {
-    *body_ << indent << "for (index_t red = lane; red < " << nest_.reduced_numel() << "; red += group) {\n";
-    decompose("red", nest_.outer_count, static_cast<int>(nest_.loops.size()), indent + "  ");
-    body(indent + "  ");
-    forget_scope();
+  void reduced_pass(const std::string& indent, Body body, const std::vector<size_t>& vector_stores = {}) {
+    const int w = row_width_;
+    const std::string inner = indent + "  ";
+    if (w <= 1) {
+      *body_ << indent << "for (index_t red = lane; red < " << nest_.reduced_numel() << "; red += group) {\n";
+      decompose("red", nest_.outer_count, static_cast<int>(nest_.loops.size()), inner);
+      body(inner);
+      forget_scope();
+      *body_ << indent << "}\n";
+      return;
+    }
+    *body_ << indent << "for (index_t red = lane * " << w << "; red < " << nest_.reduced_numel() << "; red += group * " << w << ") {\n";
+    decompose("red", nest_.outer_count, static_cast<int>(nest_.loops.size()), inner);
+    for (size_t i = 0; i < k_.exprs.size(); ++i) {
+      const Expr& e = k_.exprs[i];
+      if (e.kind != ExprKind::Load || !contiguous_along_reduced(nest_.load_strides[i])) continue;
+      *body_ << inner << "const " << vec_type(e.buffer, w) << " lv" << i << " = *reinterpret_cast<const " << vec_type(e.buffer, w)
+             << "*>(buf" << e.buffer << " + " << index(nest_.load_strides[i], e.index.offset) << ");\n";
+    }
+    for (size_t s : vector_stores) *body_ << inner << vec_type(k_.stores[s].buffer, w) << " sv" << s << ";\n";
+    for (lane_ = 0; lane_ < w; ++lane_) {
+      body(inner);
+      forget_scope();
+    }
+    lane_ = -1;
+    for (size_t s : vector_stores)
+      *body_ << inner << "*reinterpret_cast<" << vec_type(k_.stores[s].buffer, w) << "*>(buf" << k_.stores[s].buffer << " + "
+             << index(nest_.store_strides[s], k_.stores[s].index.offset) << ") = sv" << s << ";\n";
     *body_ << indent << "}\n";
   }
 
-  void emit_rows(int64_t rows, int64_t) {
+  void emit_rows(int64_t rows) {
     std::ostream& out = *body_;
-    const unsigned rows_per_block = block_reduce_ ? 1 : kRowsPerBlock;
     out << "  const index_t lane = threadIdx.x;\n";
     out << "  const index_t group = blockDim.x;\n";
-    out << "  for (index_t row = static_cast<index_t>(blockIdx.x) * " << rows_per_block << " + threadIdx.y; row < " << rows
+    const int width = row_vector_width();
+    if (width <= 1) {
+      emit_row_loop(rows, "  ");
+      return;
+    }
+    // Vector passes need the base pointers of the contiguous accesses aligned; otherwise the scalar passes.
+    std::vector<std::string> checks;
+    const size_t red = nest_.loops.size() - 1;
+    for (size_t i = 0; i < k_.exprs.size(); ++i)
+      if (k_.exprs[i].kind == ExprKind::Load && nest_.load_strides[i][red] == 1)
+        checks.push_back("kiln::aligned_to(buf" + std::to_string(k_.exprs[i].buffer) + ", sizeof(" + vec_type(k_.exprs[i].buffer, width) + "))");
+    for (size_t s = 0; s < k_.stores.size(); ++s)
+      if (nest_.store_strides[s][red] == 1)
+        checks.push_back("kiln::aligned_to(buf" + std::to_string(k_.stores[s].buffer) + ", sizeof(" + vec_type(k_.stores[s].buffer, width) + "))");
+    std::sort(checks.begin(), checks.end());
+    checks.erase(std::unique(checks.begin(), checks.end()), checks.end());
+    out << "  if (";
+    for (size_t c = 0; c < checks.size(); ++c) out << (c ? " && " : "") << checks[c];
+    out << ") {\n";
+    row_width_ = width;
+    emit_row_loop(rows, "    ");
+    for (auto& name : names_) name.clear();
+    row_width_ = 1;
+    out << "  } else {\n";
+    emit_row_loop(rows, "    ");
+    out << "  }\n";
+  }
+
+  void emit_row_loop(int64_t rows, const std::string& base_indent) {
+    std::ostream& out = *body_;
+    const unsigned rows_per_block = block_reduce_ ? 1 : kRowsPerBlock;
+    out << base_indent << "for (index_t row = static_cast<index_t>(blockIdx.x) * " << rows_per_block << " + threadIdx.y; row < " << rows
         << "; row += static_cast<index_t>(gridDim.x) * " << rows_per_block << ") {\n";
-    const std::string indent = "    ";
+    const std::string indent = base_indent + "  ";
     decompose("row", 0, nest_.outer_count, indent);
     for (size_t r = 0; r < k_.exprs.size(); ++r) {
       const Expr& x = k_.exprs[r];
@@ -474,14 +583,28 @@ class KernelEmitter {
     }
     if (!along.empty()) {
       for (size_t s : along) emit_row_values(k_.stores[s].expr, indent);
-      reduced_pass(indent, [&](const std::string& inner) {
-        for (size_t s : along) {
-          emit_expr(k_.stores[s].expr, inner);
-          out << inner << store_text(s, names_[k_.stores[s].expr], true) << "\n";
-        }
-      });
+      std::vector<size_t> vector_stores;
+      if (row_width_ > 1)
+        for (size_t s : along)
+          if (nest_.store_strides[s].back() == 1) vector_stores.push_back(s);
+      reduced_pass(
+          indent,
+          [&](const std::string& inner) {
+            for (size_t s : along) {
+              emit_expr(k_.stores[s].expr, inner);
+              const bool vector = std::find(vector_stores.begin(), vector_stores.end(), s) != vector_stores.end();
+              if (vector)
+                out << inner << "sv" << s << ".v[" << lane_ << "] = kiln::store_as<" << storage_type(k_.buffers[k_.stores[s].buffer].dtype)
+                    << ">::from(" << names_[k_.stores[s].expr] << ");\n";
+              else
+                out << inner << store_text(s, names_[k_.stores[s].expr], true) << "\n";
+            }
+          },
+          vector_stores);
     }
-    out << "  }\n";
+    // row-level names belong to this loop's body
+    for (size_t r = 0; r < k_.exprs.size(); ++r) names_[r].clear();
+    out << base_indent << "}\n";
   }
 
   const Kernel& k_;
@@ -496,6 +619,7 @@ class KernelEmitter {
   bool block_reduce_ = false;
   int vector_width_ = 1;
   int lane_ = -1;  // the vector lane being emitted, or -1 for scalar code
+  int row_width_ = 1;  // elements per lane and step in the row passes being emitted
 };
 
 }  // namespace
@@ -506,8 +630,19 @@ CudaSource emit_cuda_source(const fusion::Schedule& schedule, const graph::Graph
   out << "// generated by kiln: " << schedule.summary() << "\n";
   out << "#include \"kiln_scalar.cuh\"\n#include \"kiln_reduce.cuh\"\n";
   result.kernels.resize(schedule.kernels.size());
-  for (size_t i = 0; i < schedule.kernels.size(); ++i)
-    out << "\n" << KernelEmitter(schedule.kernels[i], g).emit(result.kernels[i]);
+  // Kernels whose code is the same but for their name (each block of a layer stack makes the same ones) are
+  // emitted once and launched under that one name: NVRTC's time grows with the source, and a 6-block
+  // transformer has 55 kernels but 9 distinct ones.
+  std::unordered_map<std::string, std::string> name_of_body;
+  for (size_t i = 0; i < schedule.kernels.size(); ++i) {
+    CudaKernelLaunch& launch = result.kernels[i];
+    const std::string text = KernelEmitter(schedule.kernels[i], g).emit(launch);
+    const size_t signature = text.find("\nextern \"C\"");
+    const std::string body = substitute(text.substr(signature), launch.name + "(", "kernel(");
+    auto [it, fresh] = name_of_body.emplace(body, launch.name);
+    if (fresh) out << "\n" << text;
+    else launch.name = it->second;
+  }
   result.source = out.str();
   return result;
 }

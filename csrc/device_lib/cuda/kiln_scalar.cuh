@@ -79,7 +79,67 @@ KILN_FLOAT_FUNCTION(sqrt_, sqrtf, sqrt)
 KILN_FLOAT_FUNCTION(rsqrt_, rsqrtf, rsqrt)
 KILN_FLOAT_FUNCTION(tanh_, tanhf, tanh)
 KILN_FLOAT_FUNCTION(erf_, erff, erf)
+KILN_FLOAT_FUNCTION(erfc_, erfcf, erfc)
+KILN_FLOAT_FUNCTION(sin_, sinf, sin)
+KILN_FLOAT_FUNCTION(cos_, cosf, cos)
+KILN_FLOAT_FUNCTION(tan_, tanf, tan)
+KILN_FLOAT_FUNCTION(asin_, asinf, asin)
+KILN_FLOAT_FUNCTION(acos_, acosf, acos)
+KILN_FLOAT_FUNCTION(atan_, atanf, atan)
+KILN_FLOAT_FUNCTION(sinh_, sinhf, sinh)
+KILN_FLOAT_FUNCTION(cosh_, coshf, cosh)
+KILN_FLOAT_FUNCTION(asinh_, asinhf, asinh)
+KILN_FLOAT_FUNCTION(acosh_, acoshf, acosh)
+KILN_FLOAT_FUNCTION(atanh_, atanhf, atanh)
+KILN_FLOAT_FUNCTION(log1p_, log1pf, log1p)
+KILN_FLOAT_FUNCTION(expm1_, expm1f, expm1)
+KILN_FLOAT_FUNCTION(log2_, log2f, log2)
+KILN_FLOAT_FUNCTION(log10_, log10f, log10)
+KILN_FLOAT_FUNCTION(exp2_, exp2f, exp2)
 #undef KILN_FLOAT_FUNCTION
+
+// Rounding keeps the dtype; integers are already whole. round_ rounds half to even, like torch.round.
+#define KILN_ROUNDING(name, float_fn, double_fn)                                \
+  __device__ __forceinline__ float name(float a) { return float_fn(a); }      \
+  __device__ __forceinline__ double name(double a) { return double_fn(a); }   \
+  template <typename T>                                                       \
+  __device__ __forceinline__ T name(T a) { return a; }
+KILN_ROUNDING(ceil_, ceilf, ceil)
+KILN_ROUNDING(floor_, floorf, floor)
+KILN_ROUNDING(round_, rintf, rint)
+KILN_ROUNDING(trunc_, truncf, trunc)
+#undef KILN_ROUNDING
+
+#define KILN_FLOAT_FUNCTION2(name, float_fn, double_fn)                                  \
+  __device__ __forceinline__ float name(float a, float b) { return float_fn(a, b); }    \
+  __device__ __forceinline__ double name(double a, double b) { return double_fn(a, b); }
+KILN_FLOAT_FUNCTION2(atan2_, atan2f, atan2)
+KILN_FLOAT_FUNCTION2(hypot_, hypotf, hypot)
+KILN_FLOAT_FUNCTION2(copysign_, copysignf, copysign)
+#undef KILN_FLOAT_FUNCTION2
+
+// fmod truncates like C (torch.fmod); fmax/fmin ignore NaN (torch.fmax/fmin).
+__device__ __forceinline__ float fmod_(float a, float b) { return fmodf(a, b); }
+__device__ __forceinline__ double fmod_(double a, double b) { return fmod(a, b); }
+template <typename T>
+__device__ __forceinline__ T fmod_(T a, T b) { return a % b; }
+__device__ __forceinline__ float fmax_(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ double fmax_(double a, double b) { return fmax(a, b); }
+template <typename T>
+__device__ __forceinline__ T fmax_(T a, T b) { return a > b ? a : b; }
+__device__ __forceinline__ float fmin_(float a, float b) { return fminf(a, b); }
+__device__ __forceinline__ double fmin_(double a, double b) { return fmin(a, b); }
+template <typename T>
+__device__ __forceinline__ T fmin_(T a, T b) { return a < b ? a : b; }
+
+__device__ __forceinline__ bool signbit_(float a) { return signbit(a); }
+__device__ __forceinline__ bool signbit_(double a) { return signbit(a); }
+template <typename T>
+__device__ __forceinline__ bool signbit_(T a) { return a < 0; }
+
+__device__ __forceinline__ bool bitwise_not_(bool a) { return !a; }
+template <typename T>
+__device__ __forceinline__ T bitwise_not_(T a) { return static_cast<T>(~a); }
 
 __device__ __forceinline__ float abs_(float a) { return fabsf(a); }
 __device__ __forceinline__ double abs_(double a) { return fabs(a); }
