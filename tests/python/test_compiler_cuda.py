@@ -242,3 +242,18 @@ def test_kernels_read_attention_output_in_its_real_layout():
     for dtype in (torch.float32, torch.float16):
         q, k, v = (rand(4, 8, 128, 64, dtype=dtype) for _ in range(3))
         check(f, q, k, v)
+
+
+def test_identical_kernels_are_compiled_once():
+    # each block of a layer stack makes the same kernels: the program holds one copy of each
+    norms = [torch.nn.LayerNorm(256).cuda() for _ in range(4)]
+
+    def f(x):
+        for norm in norms:
+            x = F.gelu(norm(x)) * 2
+        return x
+
+    summary = check(f, rand(8, 256))
+    assert len(summary["kernels"]) >= 4
+    assert summary["source"].count("__global__") < len(summary["kernels"])
+    assert summary["source"].count("(the same code)") == len(summary["kernels"]) - summary["source"].count("__global__")

@@ -1,4 +1,5 @@
-"""The OpInfo sweep (issue 4): PyTorch's op_db on CPU samples, compiled by the "kiln" backend, against eager.
+"""The OpInfo sweep (issues 4 and 5): PyTorch's op_db compiled by the "kiln" backend, against eager, on CPU
+samples (and on CUDA samples where a GPU is present).
 
 For each op and dtype of SWEEP_DTYPES that the op supports, one sample (seeded, the first with more than one
 element) is called through `kiln.compile(fn, backend="kiln")` and compared with eager: same structure,
@@ -82,10 +83,10 @@ class Case:
         return self.op.op(*args, **kwargs)
 
 
-def first_sample(op, dtype):
+def first_sample(op, dtype, device):
     torch.manual_seed(0)
     chosen = None
-    for sample in op.sample_inputs("cpu", dtype, requires_grad=False):
+    for sample in op.sample_inputs(device, dtype, requires_grad=False):
         if chosen is None:
             chosen = sample
         if isinstance(sample.input, torch.Tensor) and sample.input.numel() > 1:
@@ -108,19 +109,19 @@ def same_result(a, b):
         return False
 
 
-def collect_cases(dtype, skipped):
+def collect_cases(dtype, skipped, device="cpu"):
     """The cases of `dtype`: ops whose eager call on their sample succeeds and returns tensors."""
     from torch.testing._internal.common_methods_invocations import op_db
     cases = []
     for op in op_db:
         key = op.name + ("." + op.variant_test_name if op.variant_test_name else "")
-        if dtype not in op.supported_dtypes("cpu"):
+        if dtype not in op.supported_dtypes(device):
             continue
         if op.name.endswith("_") or "inplace" in op.variant_test_name or "in_place" in op.variant_test_name:
             skipped[key] = "in-place variant"
             continue
         try:
-            sample = first_sample(op, dtype)
+            sample = first_sample(op, dtype, device)
             if sample is None:
                 skipped[key] = "no sample"
                 continue
@@ -347,11 +348,12 @@ def format_report(dtype, cases, skipped, seconds, compiles):
     return "\n".join(lines), counts
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("dtype", SWEEP_DTYPES, ids=str)
-def test_opinfo_sweep(dtype, tmp_path):
+def test_opinfo_sweep(dtype, device, tmp_path):
     start = time.time()
     skipped = {}
-    cases = collect_cases(dtype, skipped)
+    cases = collect_cases(dtype, skipped, device)
     sweep = Sweep()
     batchable = []
     for case in cases:
@@ -365,7 +367,7 @@ def test_opinfo_sweep(dtype, tmp_path):
             batchable.append(case)
     for i in range(0, len(batchable), BATCH_SIZE):
         sweep.run_batch(batchable[i:i + BATCH_SIZE])
-    report, counts = format_report(dtype, cases, skipped, time.time() - start, sweep.compiles)
+    report, counts = format_report(f"{dtype} on {device}", cases, skipped, time.time() - start, sweep.compiles)
     known, failures = [], []
     for case, message in sweep.failures:
         issue = next((name for name, matches in KNOWN_ISSUES.items() if matches(case, message)), None)

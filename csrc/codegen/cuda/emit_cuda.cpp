@@ -142,6 +142,16 @@ int64_t pow2_ceil(int64_t v) {
   return p;
 }
 
+// "// kernel_3_add covers graph nodes: 4:aten::add.Tensor ...": the same line as the C++ generator's, which
+// tools read to map kernels back to graph nodes.
+std::string covers_comment(const Kernel& k, const graph::Graph& g) {
+  std::ostringstream out;
+  out << "// " << k.name << " covers graph nodes:";
+  for (graph::NodeIndex n : k.nodes) out << " " << n << ":" << g.nodes[n].qualified_name();
+  out << "\n";
+  return out.str();
+}
+
 class KernelEmitter {
  public:
   KernelEmitter(const Kernel& k, const graph::Graph& g) : k_(k), g_(g), nest_(fusion::build_loop_nest(k)) {
@@ -184,9 +194,7 @@ class KernelEmitter {
     index_type_ = needs_64bit_index(launch) ? "long long" : "int";
 
     std::ostringstream out;
-    out << "// " << k_.name << " (" << launch.strategy << ") covers graph nodes:";
-    for (graph::NodeIndex n : k_.nodes) out << " " << n << ":" << g_.nodes[n].qualified_name();
-    out << "\nextern \"C\" __global__ void __launch_bounds__(" << (rows_ && !block_reduce_ ? 32 * kRowsPerBlock : threads)
+    out << covers_comment(k_, g_) << "// strategy: " << launch.strategy << "\nextern \"C\" __global__ void __launch_bounds__(" << (rows_ && !block_reduce_ ? 32 * kRowsPerBlock : threads)
         << ") " << k_.name << "(";
     for (size_t b = 0; b < k_.buffers.size(); ++b) {
       const auto& buf = k_.buffers[b];
@@ -640,8 +648,12 @@ CudaSource emit_cuda_source(const fusion::Schedule& schedule, const graph::Graph
     const size_t signature = text.find("\nextern \"C\"");
     const std::string body = substitute(text.substr(signature), launch.name + "(", "kernel(");
     auto [it, fresh] = name_of_body.emplace(body, launch.name);
-    if (fresh) out << "\n" << text;
-    else launch.name = it->second;
+    if (fresh) {
+      out << "\n" << text;
+    } else {
+      out << "\n" << covers_comment(schedule.kernels[i], g) << "// launched as " << it->second << " (the same code)\n";
+      launch.name = it->second;
+    }
   }
   result.source = out.str();
   return result;
