@@ -29,6 +29,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "fusion/schedule_kernels.h"
+#include "passes/channels_last.h"
 #include "passes/pipeline.h"
 #include "runtime/autograd_graph.h"
 #include "runtime/cuda_launch.h"
@@ -287,6 +288,12 @@ void build_plan(KilnGraph& kg, const fusion::Schedule& schedule) {
 
 std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> original, const ConstantsOf& constants_of) {
   auto optimised = std::make_shared<graph::Graph>(*original);
+  std::string why;
+  const graph::Device device = *graph_device(*optimised, why);  // checked by unsupported_reason
+  if (device.type == graph::DeviceType::CUDA && passes::relayout_convolutions_channels_last(*optimised)) {
+    KILN_LOG(perf) << "kiln backend: convolutions run channels-last";
+    if (passes::verify_enabled()) optimised->verify();
+  }
   passes::run_graph_passes(*optimised);
   fusion::Schedule schedule = fusion::schedule_kernels(*optimised);
   if (passes::verify_enabled())
@@ -298,8 +305,6 @@ std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> o
   kg->summary.backend = "kiln";
   bool has_kernels = false;
   for (const auto& step : schedule.steps) has_kernels = has_kernels || step.kind == fusion::Step::Kind::Kernel;
-  std::string why;
-  const graph::Device device = *graph_device(*optimised, why);
   kg->summary.device = device.type == graph::DeviceType::CUDA ? "cuda:" + std::to_string(device.index) : "cpu";
   if (has_kernels && device.type == graph::DeviceType::CUDA) {
     codegen::cuda::CudaSource cuda = codegen::cuda::emit_cuda_source(schedule, *optimised);

@@ -71,18 +71,6 @@ bool is_simple_constant(PyObject* o) {
 
 std::string str_of(PyObject* name) { return PyUnicode_AsUTF8(name); }
 
-// A trace-time fake (a meta tensor) must never reach the user: eager would have returned real data.
-// Reaching this is a tracer bug (a value that should have been symbolic was kept as a constant); the
-// frame then falls back to eager, with the reason logged under KILN_LOGS=fallbacks.
-void refuse_escaping_fake(PyObject* value, PyObject* holds_meta_tensor) {
-  PyObject* r = PyObject_CallOneArg(holds_meta_tensor, value);
-  if (!r) throw_python_error("checking an output for fake tensors");
-  bool leaked = r == Py_True;
-  Py_DECREF(r);
-  KILN_ASSERT(!leaked) << "a " << Py_TYPE(value)->tp_name
-                       << " holding trace-time fake (meta) tensors would leave the compiled frame";
-}
-
 }  // namespace
 
 TraceResult::~TraceResult() {
@@ -173,20 +161,6 @@ VarPtr Tracer::wrap(PyObject* value, SourcePtr source) {
     // would need replaying after the graph).
     return make_sequence(tuple ? VarKind::kTuple : VarKind::kList, std::move(items), source);
   }
-  if (source && PyTuple_Check(value)) {
-    // A namedtuple or structseq argument: its items, so indexing and field reads stay symbolic.
-    if (PyObject* fields = tuple_fields(Py_TYPE(value))) {
-      Py_DECREF(fields);
-      Py_ssize_t n = PyTuple_GET_SIZE(value);
-      guards_->add_type(source, Py_TYPE(value));
-      guards_->add_length(source, n);
-      std::vector<VarPtr> items;
-      for (Py_ssize_t i = 0; i < n; ++i) items.push_back(wrap(PyTuple_GET_ITEM(value, i), Source::index(source, i)));
-      VarPtr v = make_typed_tuple(Py_TYPE(value), std::move(items));
-      v->source = source;
-      return v;
-    }
-  }
   if (PyDict_CheckExact(value)) {
     std::vector<PyObject*> keys;
     std::vector<VarPtr> items;
@@ -259,16 +233,6 @@ VarPtr Tracer::wrap_result(PyObject* value) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(value);
     for (Py_ssize_t i = 0; i < n; ++i) items.push_back(wrap_result(PySequence_Fast_GET_ITEM(value, i)));
     return make_sequence(PyTuple_CheckExact(value) ? VarKind::kTuple : VarKind::kList, std::move(items));
-  }
-  // torch.return_types (torch.max(x, 1), x.sort()) and namedtuples: typed tuples of their items, never a
-  // constant holding fakes.
-  if (PyTuple_Check(value)) {
-    if (PyObject* fields = tuple_fields(Py_TYPE(value))) {
-      Py_DECREF(fields);
-      std::vector<VarPtr> items;
-      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(value); ++i) items.push_back(wrap_result(PyTuple_GET_ITEM(value, i)));
-      return make_typed_tuple(Py_TYPE(value), std::move(items));
-    }
   }
   return make_const(value);
 }
@@ -361,11 +325,9 @@ VarPtr Tracer::get_attr(const VarPtr& obj, PyObject* name) {
       Py_DECREF(v);
       return out;
     }
-    case VarKind::kObject: return record_attr(obj, name);
     case VarKind::kDict:
     case VarKind::kList:
     case VarKind::kTuple: {
-      if (obj->is(VarKind::kTuple) && obj->real_type) return record_attr(obj, name);
       // Methods of symbolic containers (d.get, d.items, l.append) are applied structurally on call.
       PyTypeObject* type = obj->is(VarKind::kDict) ? &PyDict_Type : obj->is(VarKind::kList) ? &PyList_Type : &PyTuple_Type;
       if (PyObject* descr = _PyType_Lookup(type, name)) return make_method(descr, obj);
@@ -466,16 +428,6 @@ VarPtr Tracer::subscript(const VarPtr& obj, const VarPtr& index) {
     Py_DECREF(child);
     return out;
   }
-  if (obj->is(VarKind::kObject) && is_constant(index)) {
-    // out["logits"], out[0] of a ModelOutput: its own __getitem__ on the trace-time instance.
-    PyObject* i = to_python(index);
-    PyObject* r = i ? PyObject_GetItem(obj->value, i) : nullptr;
-    Py_XDECREF(i);
-    check(r, "subscript of a " + obj->describe());
-    VarPtr out = record_value(obj, r);
-    Py_DECREF(r);
-    return out;
-  }
   if (is_constant(obj) && is_constant(index)) {
     PyObject* o = to_python(obj);
     PyObject* i = to_python(index);
@@ -500,10 +452,9 @@ bool Tracer::truthy(const VarPtr& v) {
     case VarKind::kTuple:
     case VarKind::kList:
     case VarKind::kDict: return !v->items.empty();
-    case VarKind::kObject:
     case VarKind::kModule: {
       int r = PyObject_IsTrue(v->value);
-      if (r < 0) throw_python_error("truth value of a " + v->describe());
+      if (r < 0) throw_python_error("truth value of a module");
       return r;
     }
     case VarKind::kMethod: return true;
@@ -533,14 +484,6 @@ std::vector<VarPtr> Tracer::iterate(const VarPtr& v) {
       while (PyDict_Next(modules, &pos, &k, &child))
         out.push_back(wrap(child, v->source ? Source::module_slot(v->source, "_modules", str_of(k)) : nullptr));
       Py_DECREF(modules);
-      return out;
-    }
-    case VarKind::kObject: {
-      PyObject* seq = PySequence_List(v->value);
-      check(seq, "iterating a " + v->describe());
-      std::vector<VarPtr> out;
-      for (Py_ssize_t i = 0; i < PyList_GET_SIZE(seq); ++i) out.push_back(record_value(v, PyList_GET_ITEM(seq, i)));
-      Py_DECREF(seq);
       return out;
     }
     case VarKind::kConst: {
@@ -588,7 +531,7 @@ runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>&
     spec.source = v->source;
     return spec;
   }
-  if (break_output && (v->is(VarKind::kList) || v->is(VarKind::kDict) || v->is(VarKind::kObject))) {
+  if (break_output && (v->is(VarKind::kList) || v->is(VarKind::kDict))) {
     // A mutable container reachable twice (a local and a call argument) must stay one object.
     auto [it, first] = memo_slots_.emplace(v.get(), (int)memo_slots_.size());
     if (!first) {
@@ -614,28 +557,11 @@ runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>&
       return spec;
     case VarKind::kConst:
     case VarKind::kModule:
-      refuse_escaping_fake(v->value, helper("holds_meta_tensor"));
       spec.kind = runtime::OutputSpec::Kind::kConstant;
       Py_INCREF(v->value);
       spec.object = v->value;
       return spec;
-    case VarKind::kObject: {
-      spec.kind = runtime::OutputSpec::Kind::kConstruct;
-      PyObject* names = PyTuple_New(v->keys.size());
-      for (size_t i = 0; i < v->keys.size(); ++i) PyTuple_SET_ITEM(names, i, Py_NewRef(v->keys[i]));
-      spec.object = Py_BuildValue("(ON)", (PyObject*)v->real_type, names);
-      for (const VarPtr& item : v->items) spec.children.push_back(output_spec(item, graph_outputs, break_output));
-      return spec;
-    }
     case VarKind::kTuple:
-      if (v->real_type) {
-        spec.kind = runtime::OutputSpec::Kind::kTypedTuple;
-        Py_INCREF(v->real_type);
-        spec.object = (PyObject*)v->real_type;
-        for (const VarPtr& item : v->items) spec.children.push_back(output_spec(item, graph_outputs, break_output));
-        return spec;
-      }
-      [[fallthrough]];
     case VarKind::kList:
       spec.kind = v->is(VarKind::kTuple) ? runtime::OutputSpec::Kind::kTuple : runtime::OutputSpec::Kind::kList;
       for (const VarPtr& item : v->items) spec.children.push_back(output_spec(item, graph_outputs, break_output));

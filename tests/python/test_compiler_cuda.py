@@ -257,3 +257,34 @@ def test_identical_kernels_are_compiled_once():
     assert len(summary["kernels"]) >= 4
     assert summary["source"].count("__global__") < len(summary["kernels"])
     assert summary["source"].count("(the same code)") == len(summary["kernels"]) - summary["source"].count("__global__")
+
+
+@pytest.fixture
+def no_tf32():
+    # cuDNN picks different algorithms for NCHW and NHWC; without TF32 both are float32-exact enough to compare
+    previous = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = previous
+
+
+def test_convolution_chains_run_channels_last_with_eager_strides_outside(no_tf32):
+    conv1 = torch.nn.Conv2d(32, 64, 3, padding=1).cuda().requires_grad_(False)
+    conv2 = torch.nn.Conv2d(64, 64, 3, padding=1).cuda().requires_grad_(False)
+    bn = torch.nn.BatchNorm2d(64).cuda().eval().requires_grad_(False)
+    bn.running_mean.uniform_(-1, 1)
+    bn.running_var.uniform_(0.5, 2)
+
+    def f(x):
+        y = F.relu(bn(conv1(x)))
+        z = F.relu(conv2(y) + y)
+        return F.max_pool2d(z, 2), z.mean((2, 3)), z.view(z.shape[0], -1)
+
+    summary = check(f, rand(4, 32, 16, 16))
+    assert any("clone" in k for k in summary["kernels"] + summary["externs"]), summary
+
+
+def test_rgb_stem_convolution_keeps_its_layout(no_tf32):
+    conv = torch.nn.Conv2d(3, 16, 3).cuda().requires_grad_(False)
+    summary = check(lambda x: F.relu(conv(x)), rand(2, 3, 32, 32))
+    assert not any("clone" in k for k in summary["kernels"] + summary["externs"]), summary

@@ -1,0 +1,193 @@
+// Channels-last layout for CUDA convolution chains (passes/channels_last.h).
+//
+// Design: one walk over the nodes in order, knowing for each value whether it now lives in channels-last
+// layout ("relaid"). A convolution that qualifies gets its input and weight relaid (a clone node each,
+// unless the input already is) and produces a relaid output. Ops that keep a channels-last input's layout in
+// eager (pointwise ops over same-shaped 4-d operands, batch norm, max pooling) pass it on when all their 4-d
+// operands are relaid. Anything else, and the graph's outputs, get the value back in its recorded layout
+// (one clone per value, made on first need), so the graph's observable strides, views and aliasing are the
+// recorded ones. New metas are derived, not traced: relaid values keep their sizes and take channels-last
+// strides, which is what ATen's CUDA kernels return for such inputs (and runtime/kernel_graph.cpp copies any
+// extern result that disagrees with its meta before a kernel reads it).
+#include "passes/channels_last.h"
+
+#include <string>
+#include <unordered_set>
+
+namespace kiln::passes {
+
+using graph::ArgValue;
+using graph::Graph;
+using graph::Node;
+using graph::ScalarType;
+using graph::TensorArg;
+using graph::ValueId;
+
+namespace {
+
+constexpr int8_t kContiguousFormat = 0;    // c10::MemoryFormat::Contiguous
+constexpr int8_t kChannelsLastFormat = 2;  // c10::MemoryFormat::ChannelsLast
+constexpr int64_t kMinChannels = 16;       // below this (an RGB stem) NHWC gains nothing and costs a copy
+
+// Ops whose output keeps a channels-last input's layout and whose every output is 4-d like the input.
+const std::unordered_set<std::string>& layout_following_ops() {
+  static const std::unordered_set<std::string> ops = {
+      "aten::relu.default", "aten::relu_.default", "aten::gelu.default", "aten::silu.default",
+      "aten::sigmoid.default", "aten::tanh.default", "aten::hardtanh.default", "aten::hardswish.default",
+      "aten::leaky_relu.default", "aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor",
+      "aten::div.Tensor", "aten::clamp.default", "aten::clamp_min.default", "aten::max_pool2d_with_indices.default"};
+  return ops;
+}
+
+// Batch norm: output 0 follows the input's layout; the others are per-channel vectors.
+bool is_batch_norm(const std::string& name) {
+  return name == "aten::native_batch_norm.default" || name == "aten::_native_batch_norm_legit_no_training.default";
+}
+
+std::vector<int64_t> channels_last_strides(const std::vector<int64_t>& sizes) {
+  const int64_t c = sizes[1], h = sizes[2], w = sizes[3];
+  return {c * h * w, 1, w * c, c};
+}
+
+bool floating_cuda_4d(const graph::TensorMeta& m) {
+  return m.sizes.size() == 4 && m.device.type == graph::DeviceType::CUDA &&
+         (m.dtype == ScalarType::Float || m.dtype == ScalarType::Half || m.dtype == ScalarType::BFloat16);
+}
+
+bool qualifies(const Graph& g, const Node& node) {
+  if (node.qualified_name() != "aten::convolution.default" || node.args.size() < 9) return false;
+  const auto* input = std::get_if<TensorArg>(&node.args[0]);
+  const auto* weight = std::get_if<TensorArg>(&node.args[1]);
+  const bool* transposed = std::get_if<bool>(&node.args[6]);
+  if (!input || !weight || !transposed || *transposed) return false;
+  const auto& in = g.values[input->id].meta;
+  const auto& w = g.values[weight->id].meta;
+  return floating_cuda_4d(in) && w.sizes.size() == 4 && in.sizes[1] >= kMinChannels && w.sizes[0] >= kMinChannels &&
+         !in.requires_grad && !w.requires_grad;
+}
+
+class Relayout {
+ public:
+  explicit Relayout(Graph& g) : g_(g), relaid_(g.values.size(), false), restored_(g.values.size(), -1) {}
+
+  void run() {
+    std::vector<Node> old_nodes = std::move(g_.nodes);
+    g_.nodes.clear();
+    for (Node& node : old_nodes) {
+      const std::string name = node.qualified_name();
+      if (qualifies(g_, node)) {
+        for (int a : {0, 1}) {
+          ValueId& id = std::get<TensorArg>(node.args[a]).id;
+          if (!relaid_[id]) id = clone(id, kChannelsLastFormat);
+        }
+        set_relaid(node.outputs[0]);
+      } else if (follows(node, name)) {
+        if (is_batch_norm(name)) set_relaid(node.outputs[0]);
+        else
+          for (ValueId out : node.outputs) set_relaid(out);
+      } else {
+        restore_args(node);
+      }
+      append(std::move(node));
+    }
+    for (ValueId& out : g_.outputs)
+      if (out < static_cast<ValueId>(relaid_.size()) && relaid_[out]) out = restored(out);
+  }
+
+  bool changed() const { return changed_; }
+
+ private:
+  // True when every 4-d tensor operand is relaid and at least one is (so the op keeps the layout).
+  bool follows(const Node& node, const std::string& name) const {
+    if (!layout_following_ops().count(name) && !is_batch_norm(name)) return false;
+    bool any = false, all = true;
+    for (size_t a = 0; a < node.args.size(); ++a) {
+      const auto* t = std::get_if<TensorArg>(&node.args[a]);
+      if (!t) continue;
+      const auto& meta = g_.values[t->id].meta;
+      if (is_batch_norm(name) && a > 0) continue;  // weight, bias, running stats: vectors
+      if (meta.sizes.size() == 4) {
+        any = any || relaid_[t->id];
+        all = all && relaid_[t->id];
+      } else if (!meta.sizes.empty()) {
+        all = false;  // a broadcast operand of another rank: keep it simple, restore the layout
+      }
+    }
+    if (!any || !all) return false;
+    for (ValueId out : node.outputs)
+      if (!is_batch_norm(name) && g_.values[out].meta.sizes.size() != 4) return false;
+    return true;
+  }
+
+  void restore_args(Node& node) {
+    for (ArgValue& arg : node.args) {
+      if (auto* t = std::get_if<TensorArg>(&arg)) {
+        if (relaid_[t->id]) t->id = restored(t->id);
+      } else if (auto* list = std::get_if<graph::TensorListArg>(&arg)) {
+        for (auto& id : list->ids)
+          if (id && relaid_[*id]) id = restored(*id);
+      }
+    }
+  }
+
+  void set_relaid(ValueId id) {
+    auto& meta = g_.values[id].meta;
+    if (meta.sizes.size() != 4) return;
+    meta.strides = channels_last_strides(meta.sizes);
+    relaid_[id] = true;
+    changed_ = true;
+  }
+
+  // The value in its recorded (contiguous) layout: one clone per relaid value, made on first need.
+  ValueId restored(ValueId id) {
+    if (restored_[id] < 0) restored_[id] = clone(id, kContiguousFormat);
+    return restored_[id];
+  }
+
+  // Appends `clone(id, memory_format=format)` and returns its output, laid out as asked.
+  ValueId clone(ValueId id, int8_t format) {
+    Node node;
+    node.op = "aten::clone";
+    node.overload = "default";
+    node.args = {TensorArg{id}, graph::MemoryFormatArg{format}};
+    node.arg_names = {"self", "memory_format"};
+    node.num_positional = 1;
+    graph::Value copy;
+    copy.id = static_cast<ValueId>(g_.values.size());
+    copy.meta = g_.values[id].meta;
+    copy.meta.storage_offset = 0;
+    copy.meta.requires_grad = false;
+    copy.meta.strides = format == kChannelsLastFormat ? channels_last_strides(copy.meta.sizes)
+                                                      : graph::contiguous_strides(copy.meta.sizes);
+    g_.values.push_back(std::move(copy));
+    relaid_.push_back(format == kChannelsLastFormat);
+    restored_.push_back(-1);
+    node.outputs = {g_.values.back().id};
+    append(std::move(node));
+    changed_ = true;
+    return g_.values.back().id;
+  }
+
+  void append(Node node) {
+    for (ValueId out : node.outputs) g_.values[out].producer = static_cast<graph::NodeIndex>(g_.nodes.size());
+    g_.nodes.push_back(std::move(node));
+  }
+
+  Graph& g_;
+  std::vector<bool> relaid_;
+  std::vector<ValueId> restored_;
+  bool changed_ = false;
+};
+
+}  // namespace
+
+bool relayout_convolutions_channels_last(Graph& g) {
+  bool any = false;
+  for (const Node& node : g.nodes) any = any || qualifies(g, node);
+  if (!any) return false;
+  Relayout relayout(g);
+  relayout.run();
+  return relayout.changed();
+}
+
+}  // namespace kiln::passes
