@@ -30,6 +30,7 @@
 #include "common/log.h"
 #include "fusion/schedule_kernels.h"
 #include "passes/channels_last.h"
+#include "passes/functionalize.h"
 #include "passes/pipeline.h"
 #include "runtime/autograd_graph.h"
 #include "runtime/cuda_launch.h"
@@ -348,6 +349,15 @@ CudaPtxCheck& cuda_ptx_check() { return ptx_check_state(); }
 bool compiled_autograd() { return g_compiled_autograd; }
 
 std::shared_ptr<CompiledGraph> compile_kiln_graph(std::shared_ptr<const graph::Graph> g, const ConstantsOf& constants_of) {
+  bool mutates = false;
+  for (const graph::Node& node : g->nodes) mutates = mutates || node.mutates_args;
+  if (mutates) {  // in-place ops on the graph's own intermediates become functional (passes/functionalize.h)
+    auto functional = std::make_shared<graph::Graph>(*g);
+    if (passes::functionalize_inplace_ops(*functional)) {
+      if (passes::verify_enabled()) functional->verify();
+      g = std::move(functional);
+    }
+  }
   std::string reason;
   if (needs_eager_for_grad_mode(*g)) {
     reason = "the graph switches grad mode over values that require grad (eager_interpreter.h)";

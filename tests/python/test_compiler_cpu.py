@@ -216,13 +216,69 @@ def test_views_of_intermediates_are_materialised():
     check(lambda x: ((x + 1).t() * 2, (x * 3).reshape(-1).sum()), rand(5, 7))
 
 
-def test_inplace_graph_falls_back_to_eager():
+def test_inplace_ops_on_intermediates_become_functional_and_fuse():
     def f(x):
         y = x * 2
         y.add_(1)
-        return y.relu()
+        y.relu_()
+        return y
+    summary = check(f, rand(4, 4), kind="pointwise", expect_kernels=1)
+    assert summary["externs"] == []
+
+
+def test_inplace_relu_module_compiles():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(inplace=True), torch.nn.Linear(16, 4))
+    model.requires_grad_(False)
+    check(model, rand(5, 8))
+
+
+def test_mutated_intermediate_returned_before_and_after():
+    def f(x):
+        y = x - 1
+        z = y.mul_(3).clamp_(min=0)
+        return y, z, z + 1
+    check(f, rand(6, 3), kind="pointwise")
+
+
+def test_inplace_on_an_input_falls_back_to_eager():
+    def f(x):
+        return x.add_(1).relu()
+    graph, example_inputs = capture(f, rand(4, 4))
+    compiled = kiln._C.compile_graph(graph, "kiln", example_inputs)
+    summary = kiln._C.compiled_graph_summary(compiled)
+    assert summary["backend"] == "eager" and "in-place" in summary["fallback_reason"]
+    x = rand(4, 4)
+    mine, theirs = x.clone(), x.clone()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled([mine])[0], f(theirs))
+    torch.testing.assert_close(mine, theirs)  # the input is mutated as in eager
+
+
+def test_inplace_through_a_view_falls_back_to_eager():
+    def f(x):
+        y = x * 2
+        y[0].mul_(3)  # writes through a view: y changes too
+        return y
     summary = check(f, rand(4, 4), expect_backend="eager")
     assert "in-place" in summary["fallback_reason"]
+
+
+def test_inplace_on_a_viewed_intermediate_falls_back_to_eager():
+    def f(x):
+        y = x * 2
+        flat = y.view(-1)
+        y.relu_()  # flat sees it
+        return flat + 0
+    summary = check(f, rand(4, 4), expect_backend="eager")
+    assert "in-place" in summary["fallback_reason"]
+
+
+def test_inplace_with_a_wider_operand_keeps_the_narrow_dtype():
+    def f(x, w):
+        y = x.to(torch.bfloat16) * 1
+        y.mul_(w)  # in place: stays bfloat16 (the functional mul would give float32), so it is not converted
+        return y
+    check(f, rand(8), rand(8), expect_backend="eager")
 
 
 def test_grad_mode_with_requires_grad_falls_back():

@@ -246,11 +246,13 @@ def test_kernels_read_attention_output_in_its_real_layout():
 
 def test_identical_kernels_are_compiled_once():
     # each block of a layer stack makes the same kernels: the program holds one copy of each
+    # (a linear layer between the blocks keeps their kernels apart: one extern call each)
     norms = [torch.nn.LayerNorm(256).cuda().requires_grad_(False) for _ in range(4)]
+    linears = [torch.nn.Linear(256, 256).cuda().requires_grad_(False) for _ in range(4)]
 
     def f(x):
-        for norm in norms:
-            x = F.gelu(norm(x)) * 2
+        for norm, linear in zip(norms, linears):
+            x = linear(F.gelu(norm(x)) * 2)
         return x
 
     summary = check(f, rand(8, 256))

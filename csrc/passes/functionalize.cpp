@@ -1,0 +1,124 @@
+// In-place ops on fresh intermediates become their functional forms (passes/functionalize.h).
+//
+// Design: one walk in execution order with a renaming map. `relu_(x)` where x is a tensor this graph made
+// (not a view, not an input or constant) and nothing has viewed x so far is rewritten as `y = relu(x)`, and
+// every later use of x (or of the alias the in-place op returned) reads y instead. That is exactly what
+// the mutation did, because nothing else could observe x's storage. Only ops whose in-place and functional
+// schemas match argument for argument are converted (the table below, checked against torch), and only
+// when every other tensor operand has x's dtype or is bool (a mask), so the functional op's type promotion
+// gives x's dtype as the in-place op does. Random in-place ops (uniform_, bernoulli_, ...) are left alone.
+#include "passes/functionalize.h"
+
+#include <unordered_set>
+
+namespace kiln::passes {
+
+using graph::ArgValue;
+using graph::Graph;
+using graph::Node;
+using graph::TensorArg;
+using graph::ValueId;
+
+namespace {
+
+// "op_.overload" whose functional twin "op.overload" takes the same arguments.
+const std::unordered_set<std::string>& convertible() {
+  static const std::unordered_set<std::string> ops = {
+      "aten::relu_.default", "aten::hardtanh_.default", "aten::leaky_relu_.default", "aten::sigmoid_.default",
+      "aten::tanh_.default", "aten::silu_.default", "aten::gelu_.default", "aten::elu_.default",
+      "aten::hardswish_.default", "aten::hardsigmoid_.default", "aten::neg_.default", "aten::exp_.default",
+      "aten::abs_.default", "aten::sqrt_.default", "aten::rsqrt_.default", "aten::clamp_.default",
+      "aten::clamp_.Tensor", "aten::clamp_min_.default", "aten::clamp_min_.Tensor", "aten::clamp_max_.default",
+      "aten::clamp_max_.Tensor", "aten::add_.Tensor", "aten::add_.Scalar", "aten::sub_.Tensor", "aten::sub_.Scalar",
+      "aten::mul_.Tensor", "aten::mul_.Scalar", "aten::div_.Tensor", "aten::div_.Tensor_mode", "aten::div_.Scalar",
+      "aten::div_.Scalar_mode", "aten::masked_fill_.Scalar", "aten::masked_fill_.Tensor", "aten::fill_.Scalar",
+      "aten::fill_.Tensor", "aten::zero_.default", "aten::copy_.default", "aten::pow_.Scalar", "aten::threshold_.default",
+      "aten::mish_.default", "aten::celu_.default", "aten::selu_.default", "aten::sin_.default", "aten::cos_.default",
+      "aten::log_.default", "aten::floor_.default", "aten::ceil_.default", "aten::round_.default", "aten::trunc_.default",
+      "aten::addcmul_.default", "aten::addcdiv_.default", "aten::lerp_.Scalar", "aten::lerp_.Tensor",
+      "aten::fmod_.Tensor", "aten::fmod_.Scalar", "aten::remainder_.Tensor", "aten::remainder_.Scalar",
+      "aten::nan_to_num_.default", "aten::sign_.default", "aten::reciprocal_.default", "aten::erf_.default",
+      "aten::exp2_.default", "aten::log1p_.default", "aten::expm1_.default", "aten::sinh_.default", "aten::cosh_.default",
+      "aten::atan2_.default", "aten::hypot_.default", "aten::logical_not_.default", "aten::bitwise_not_.default",
+      "aten::index_put_.default", "aten::scatter_.src", "aten::scatter_.value", "aten::scatter_add_.default",
+      "aten::index_fill_.int_Tensor", "aten::index_fill_.int_Scalar", "aten::index_copy_.default",
+      "aten::masked_scatter_.default"};
+  return ops;
+}
+
+// Ops that read but do not constrain dtypes of their other tensors (indices, masks, sources cast on store).
+bool any_operand_dtype(const std::string& name) {
+  return name.rfind("aten::index_", 0) == 0 || name.rfind("aten::scatter", 0) == 0 || name == "aten::copy_.default" ||
+         name == "aten::fill_.Tensor" || name == "aten::masked_scatter_.default";
+}
+
+class Functionalize {
+ public:
+  explicit Functionalize(Graph& g) : g_(g), current_(g.values.size()) {
+    for (size_t v = 0; v < current_.size(); ++v) current_[v] = static_cast<ValueId>(v);
+  }
+
+  bool run() {
+    for (Node& node : g_.nodes) {
+      rename_args(node);
+      if (node.is_view)
+        for (const ArgValue& arg : node.args) graph::for_each_tensor(arg, [&](ValueId id) { viewed_.insert(id); });
+      if (!node.mutates_args || !convert(node)) continue;
+    }
+    for (ValueId& out : g_.outputs) out = current_[out];
+    return changed_;
+  }
+
+ private:
+  void rename_args(Node& node) {
+    for (ArgValue& arg : node.args) {
+      if (auto* t = std::get_if<TensorArg>(&arg)) {
+        t->id = current_[t->id];
+      } else if (auto* list = std::get_if<graph::TensorListArg>(&arg)) {
+        for (auto& id : list->ids)
+          if (id) id = current_[*id];
+      }
+    }
+  }
+
+  bool fresh(ValueId id) const {
+    const graph::Value& v = g_.values[id];
+    if (v.is_input || v.is_constant || v.producer < 0 || viewed_.count(id)) return false;
+    const Node& producer = g_.nodes[v.producer];
+    return !producer.is_view && !producer.mutates_args && !producer.returns_list;
+  }
+
+  bool convert(Node& node) {
+    const std::string name = node.qualified_name();
+    if (!convertible().count(name) || node.args.empty() || node.outputs.size() != 1) return false;
+    const auto* self = std::get_if<TensorArg>(&node.args[0]);
+    if (!self || !fresh(self->id)) return false;
+    const graph::ScalarType dtype = g_.values[self->id].meta.dtype;
+    if (!any_operand_dtype(name)) {
+      for (size_t a = 1; a < node.args.size(); ++a) {
+        bool same = true;
+        graph::for_each_tensor(node.args[a], [&](ValueId id) {
+          const auto t = g_.values[id].meta.dtype;
+          same = same && (t == dtype || t == graph::ScalarType::Bool);
+        });
+        if (!same) return false;
+      }
+    }
+    node.op.pop_back();  // "aten::relu_" -> "aten::relu"
+    node.mutates_args = false;
+    current_[self->id] = node.outputs[0];
+    changed_ = true;
+    return true;
+  }
+
+  Graph& g_;
+  std::vector<ValueId> current_;
+  std::unordered_set<ValueId> viewed_;
+  bool changed_ = false;
+};
+
+}  // namespace
+
+bool functionalize_inplace_ops(Graph& g) { return Functionalize(g).run(); }
+
+}  // namespace kiln::passes
