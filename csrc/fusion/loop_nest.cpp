@@ -1,5 +1,8 @@
 #include "fusion/loop_nest.h"
 
+#include <algorithm>
+#include <cstdlib>
+
 namespace kiln::fusion {
 
 LoopNest build_loop_nest(const Kernel& k) {
@@ -7,6 +10,14 @@ LoopNest build_loop_nest(const Kernel& k) {
   for (int pass = 0; pass < 2; ++pass)
     for (size_t d = 0; d < k.domain.size(); ++d)
       if (k.reduced[d] == (pass == 1) && k.domain[d] != 1) order.push_back(static_cast<int>(d));
+  // Outer loops go in the memory order of the first output (largest stride outermost), so the innermost
+  // loop walks it contiguously even when its layout is not the domain's (channels-last, transposed views);
+  // pointwise loops may run in any order. Reduced loops keep the domain's order.
+  if (!k.stores.empty()) {
+    const std::vector<int64_t>& strides = k.stores[0].index.strides;
+    const auto outer_end = std::find_if(order.begin(), order.end(), [&](int d) { return k.reduced[d]; });
+    std::stable_sort(order.begin(), outer_end, [&](int a, int b) { return std::llabs(strides[a]) > std::llabs(strides[b]); });
+  }
   std::vector<const std::vector<int64_t>*> accesses;
   for (const Expr& e : k.exprs)
     if (e.kind == ExprKind::Load) accesses.push_back(&e.index.strides);

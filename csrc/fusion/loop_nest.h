@@ -1,8 +1,8 @@
 #pragma once
-// A kernel's domain turned into loops, shared by the code generators: outer dims first, then reduced dims,
-// size-1 dims dropped, and neighbours that every access walks contiguously merged into one loop (so a
-// contiguous pointwise kernel is one flat loop whatever its rank). Each access's strides are re-expressed
-// over the merged loops.
+// A kernel's domain turned into loops, shared by the code generators: outer dims first (in the memory order
+// of the first output), then reduced dims, size-1 dims dropped, and neighbours that every access walks
+// contiguously merged into one loop (so a contiguous pointwise kernel is one flat loop whatever its rank).
+// Each access's strides are re-expressed over the merged loops.
 //
 // Torch-free.
 #include <cstdint>
