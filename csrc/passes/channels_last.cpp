@@ -3,8 +3,8 @@
 // Design: one walk over the nodes in order, knowing for each value whether it now lives in channels-last
 // layout ("relaid"). A convolution that qualifies gets its input and weight relaid (a clone node each,
 // unless the input already is) and produces a relaid output. Ops that keep a channels-last input's layout in
-// eager (pointwise ops over same-shaped 4-d operands, batch norm, max pooling) pass it on when all their 4-d
-// operands are relaid. Anything else, and the graph's outputs, get the value back in its recorded layout
+// eager (pointwise ops, batch norm, max pooling) pass it on when all their operands shaped like the output
+// are relaid (broadcast operands, like a [C, 1, 1] scale, do not decide the layout). Anything else, and the graph's outputs, get the value back in its recorded layout
 // (one clone per value, made on first need), so the graph's observable strides, views and aliasing are the
 // recorded ones. New metas are derived, not traced: relaid values keep their sizes and take channels-last
 // strides, which is what ATen's CUDA kernels return for such inputs (and runtime/kernel_graph.cpp copies any
@@ -44,6 +44,13 @@ bool is_batch_norm(const std::string& name) {
   return name == "aten::native_batch_norm.default" || name == "aten::_native_batch_norm_legit_no_training.default";
 }
 
+// True when some dim of size > 1 has stride 0 (an expanded operand).
+bool broadcast(const graph::TensorMeta& m) {
+  for (size_t d = 0; d < m.sizes.size(); ++d)
+    if (m.sizes[d] > 1 && m.strides[d] == 0) return true;
+  return false;
+}
+
 std::vector<int64_t> channels_last_strides(const std::vector<int64_t>& sizes) {
   const int64_t c = sizes[1], h = sizes[2], w = sizes[3];
   return {c * h * w, 1, w * c, c};
@@ -62,8 +69,7 @@ bool qualifies(const Graph& g, const Node& node) {
   if (!input || !weight || !transposed || *transposed) return false;
   const auto& in = g.values[input->id].meta;
   const auto& w = g.values[weight->id].meta;
-  return floating_cuda_4d(in) && w.sizes.size() == 4 && in.sizes[1] >= kMinChannels && w.sizes[0] >= kMinChannels &&
-         !in.requires_grad && !w.requires_grad;
+  return floating_cuda_4d(in) && w.sizes.size() == 4 && in.sizes[1] >= kMinChannels && w.sizes[0] >= kMinChannels;
 }
 
 class Relayout {
@@ -106,11 +112,13 @@ class Relayout {
       if (!t) continue;
       const auto& meta = g_.values[t->id].meta;
       if (is_batch_norm(name) && a > 0) continue;  // weight, bias, running stats: vectors
-      if (meta.sizes.size() == 4) {
+      // Operands shaped like the output decide its layout; broadcast ones (a [C, 1, 1] scale, or one expanded
+      // with stride 0) do not.
+      if (meta.sizes.size() == 4 && meta.sizes == g_.values[node.outputs[0]].meta.sizes && !broadcast(meta)) {
         any = any || relaid_[t->id];
         all = all && relaid_[t->id];
-      } else if (!meta.sizes.empty()) {
-        all = false;  // a broadcast operand of another rank: keep it simple, restore the layout
+      } else if (meta.sizes.size() == 4 && relaid_[t->id]) {
+        all = false;
       }
     }
     if (!any || !all) return false;

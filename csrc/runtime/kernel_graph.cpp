@@ -31,6 +31,7 @@
 #include "fusion/schedule_kernels.h"
 #include "passes/channels_last.h"
 #include "passes/functionalize.h"
+#include "passes/lower_batch_norm.h"
 #include "passes/pipeline.h"
 #include "runtime/autograd_graph.h"
 #include "runtime/cuda_launch.h"
@@ -291,6 +292,7 @@ std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> o
   auto optimised = std::make_shared<graph::Graph>(*original);
   std::string why;
   const graph::Device device = *graph_device(*optimised, why);  // checked by unsupported_reason
+  passes::lower_inference_batch_norm(*optimised);
   if (device.type == graph::DeviceType::CUDA && passes::relayout_convolutions_channels_last(*optimised)) {
     KILN_LOG(perf) << "kiln backend: convolutions run channels-last";
     if (passes::verify_enabled()) optimised->verify();

@@ -413,3 +413,19 @@ def test_softmax_keeps_exp_in_the_output_between_passes(dtype, dim):
     (out,) = compiled([x])
     torch.testing.assert_close(out, torch.softmax(x, dim), rtol=1e-5 if dtype == torch.float32 else 1e-7, atol=1e-6,
                                equal_nan=True)  # a row that is all -inf gives NaN, as in eager
+
+
+def test_inference_batch_norm_fuses_with_its_activation():
+    bn = torch.nn.BatchNorm2d(6).eval().requires_grad_(False)
+    bn.running_mean.uniform_(-1, 1)
+    bn.running_var.uniform_(0.5, 2)
+    bn.weight.data.uniform_(0.5, 1.5)
+    bn.bias.data.uniform_(-1, 1)
+    summary = check(lambda x, r: F.relu(bn(x) + r), rand(2, 6, 5, 7), rand(2, 6, 5, 7), expect_kernels=1)
+    assert not any("batch_norm" in e for e in summary["externs"]), summary
+
+
+def test_training_batch_norm_is_not_lowered():
+    bn = torch.nn.BatchNorm2d(4).train().requires_grad_(False)
+    summary = check(lambda x: bn(x.clone()) * 1, rand(3, 4, 5, 5), expect_backend="eager")
+    assert "in-place" in summary["fallback_reason"]  # the running statistics are updated in place

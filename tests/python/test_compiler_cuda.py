@@ -290,3 +290,22 @@ def test_rgb_stem_convolution_keeps_its_layout(no_tf32):
     conv = torch.nn.Conv2d(3, 16, 3).cuda().requires_grad_(False)
     summary = check(lambda x: F.relu(conv(x)), rand(2, 3, 32, 32))
     assert not any("clone" in k for k in summary["kernels"] + summary["externs"]), summary
+
+
+def test_resnet_style_block_is_channels_last_with_fused_batch_norm(no_tf32):
+    conv1 = torch.nn.Conv2d(32, 32, 3, padding=1, bias=False).cuda()
+    conv2 = torch.nn.Conv2d(32, 32, 3, padding=1, bias=False).cuda()
+    bn1, bn2 = torch.nn.BatchNorm2d(32).cuda().eval(), torch.nn.BatchNorm2d(32).cuda().eval()
+    for bn in (bn1, bn2):
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+    relu = torch.nn.ReLU(inplace=True)
+
+    def block(x):
+        y = relu(bn1(conv1(x)))
+        return relu(bn2(conv2(y)) + x)
+
+    with torch.no_grad():
+        summary = check(block, rand(4, 32, 16, 16))
+    assert not any("batch_norm" in e for e in summary["externs"]), summary
+    assert any("clone" in k for k in summary["kernels"] + summary["externs"]), summary

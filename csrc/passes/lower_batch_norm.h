@@ -1,0 +1,14 @@
+#pragma once
+// Batch norm in inference (running statistics, training=False) rewritten as pointwise ATen ops, so that it
+// fuses with the activation and residual add around it instead of running as its own ATen kernel.
+// Torch-free.
+#include "graph/graph.h"
+
+namespace kiln::passes {
+
+/// Rewrites float32 `native_batch_norm(training=False)` and `_native_batch_norm_legit_no_training` calls whose
+/// mean/invstd outputs nobody reads into (x - mean) * rsqrt(var + eps) * weight + bias over [C, 1, ...]
+/// views of the per-channel vectors. Returns true if it changed the graph.
+bool lower_inference_batch_norm(graph::Graph& g);
+
+}  // namespace kiln::passes
