@@ -1,5 +1,7 @@
 #include "guards/guard_tree.h"
 
+#include <algorithm>
+
 #include "common/error.h"
 
 namespace kiln::guards {
@@ -113,6 +115,24 @@ GuardTree::~GuardTree() {
   for (auto& node : nodes_)
     for (Check& c : node->checks) Py_XDECREF(c.object);
   Py_XDECREF(globals_);
+  Py_XDECREF(instance_);
+}
+
+void GuardTree::set_instance(const SourcePtr& s, PyObject* module) {
+  KILN_ASSERT(!s->base()) << "the instance guard must sit on a root source, got " << s->describe();
+  add_id(s, module);
+  Node* node = node_for(s);
+  // Its identity check first, on the first root: instances of one module class differ there at once.
+  for (size_t i = 0; i < node->checks.size(); ++i)
+    if (node->checks[i].kind == CheckKind::kId && node->checks[i].object == module) {
+      std::rotate(node->checks.begin(), node->checks.begin() + i, node->checks.begin() + i + 1);
+      break;
+    }
+  auto at = std::find(roots_.begin(), roots_.end(), node);
+  if (at != roots_.end()) std::rotate(roots_.begin(), at, at + 1);
+  Py_INCREF(module);
+  Py_XSETREF(instance_, module);
+  instance_source_ = s;
 }
 
 GuardTree::Node* GuardTree::node_for(const SourcePtr& s) {
@@ -232,6 +252,16 @@ bool GuardTree::check_node(const Node& n, PyObject* value, const SourceRoots& ro
 
 // One walk for both uses: `why` is null on the hot path (check) and filled for recompile logs.
 bool GuardTree::evaluate(const SourceRoots& roots, std::string* why) const {
+  if (instance_) {
+    // Before everything else: with one entry per module instance, most entries fail here.
+    PyObject* self = instance_source_->resolve(roots);
+    if (!self) PyErr_Clear();
+    Py_XDECREF(self);  // compared by address only; the frame holds it
+    if (self != instance_) {
+      if (why) *why = instance_source_->describe() + ": a different object than the one traced";
+      return false;
+    }
+  }
   if (globals_ && roots.globals != globals_) {
     if (why) *why = "the function's globals are a different dict";
     return false;

@@ -76,6 +76,13 @@ class GuardTree {
   /// `a` and `b` must lead to the same object (one tensor reached through two paths).
   void add_same_object(const SourcePtr& a, const SourcePtr& b);
   void set_global_state(GlobalState state) { state_ = state; }
+  /// The traced frame's `self`, an nn.Module pinned by identity at `s` (a root source). Its identity check
+  /// runs first, so another instance of the same module class fails after one pointer compare; and the
+  /// compiler counts entries per instance (compile_frame.cpp: kiln.config.module_instance_limit).
+  void set_instance(const SourcePtr& s, PyObject* module);
+  /// The module set by set_instance (borrowed), or nullptr; and where the frame holds it.
+  PyObject* instance() const { return instance_; }
+  const SourcePtr& instance_source() const { return instance_source_; }
 
   /// True when every check passes. Never raises: a path that cannot be resolved fails the check.
   bool check(const SourceRoots& roots) const;
@@ -96,6 +103,8 @@ class GuardTree {
   std::map<std::string, Node*> by_path_;
   PyObject* globals_ = nullptr;
   GlobalState state_;
+  PyObject* instance_ = nullptr;  // owned
+  SourcePtr instance_source_;
   std::vector<std::pair<SourcePtr, SourcePtr>> same_objects_;
   bool check_same_objects(const SourceRoots& roots, std::string* why) const;
   bool evaluate(const SourceRoots& roots, std::string* why) const;

@@ -35,7 +35,9 @@ const std::unordered_set<std::string>& layout_following_ops() {
       "aten::relu.default", "aten::relu_.default", "aten::gelu.default", "aten::silu.default",
       "aten::sigmoid.default", "aten::tanh.default", "aten::hardtanh.default", "aten::hardswish.default",
       "aten::leaky_relu.default", "aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor",
-      "aten::div.Tensor", "aten::clamp.default", "aten::clamp_min.default", "aten::max_pool2d_with_indices.default"};
+      "aten::div.Tensor", "aten::clamp.default", "aten::clamp_min.default", "aten::max_pool2d_with_indices.default",
+      "aten::rsqrt.default", "aten::sqrt.default", "aten::exp.default", "aten::neg.default", "aten::abs.default",
+      "aten::reciprocal.default", "aten::pow.Tensor_Scalar", "aten::add.Scalar", "aten::mul.Scalar", "aten::sub.Scalar"};
   return ops;
 }
 
@@ -74,7 +76,8 @@ bool qualifies(const Graph& g, const Node& node) {
 
 class Relayout {
  public:
-  explicit Relayout(Graph& g) : g_(g), relaid_(g.values.size(), false), restored_(g.values.size(), -1) {}
+  explicit Relayout(Graph& g)
+      : g_(g), relaid_(g.values.size(), false), neutral_(g.values.size(), false), restored_(g.values.size(), -1) {}
 
   void run() {
     std::vector<Node> old_nodes = std::move(g_.nodes);
@@ -91,6 +94,8 @@ class Relayout {
         if (is_batch_norm(name)) set_relaid(node.outputs[0]);
         else
           for (ValueId out : node.outputs) set_relaid(out);
+      } else if (only_broadcast_operands(node, name)) {
+        for (ValueId out : node.outputs) neutral_[out] = true;
       } else {
         restore_args(node);
       }
@@ -103,6 +108,22 @@ class Relayout {
   bool changed() const { return changed_; }
 
  private:
+  // A pointwise op over broadcast (or broadcast-derived) operands only, like `rsqrt(var + eps)` expanded
+  // from a per-channel vector: its output has no layout of its own to keep, and it does not break a chain.
+  bool only_broadcast_operands(const Node& node, const std::string& name) const {
+    if (!layout_following_ops().count(name) || node.outputs.size() != 1) return false;
+    bool any = false;
+    for (const ArgValue& arg : node.args) {
+      const auto* t = std::get_if<TensorArg>(&arg);
+      if (!t) continue;
+      if (!neutral(t->id)) return false;
+      any = true;
+    }
+    return any;
+  }
+
+  bool neutral(ValueId id) const { return neutral_[id] || broadcast(g_.values[id].meta); }
+
   // True when every 4-d tensor operand is relaid and at least one is (so the op keeps the layout).
   bool follows(const Node& node, const std::string& name) const {
     if (!layout_following_ops().count(name) && !is_batch_norm(name)) return false;
@@ -114,7 +135,7 @@ class Relayout {
       if (is_batch_norm(name) && a > 0) continue;  // weight, bias, running stats: vectors
       // Operands shaped like the output decide its layout; broadcast ones (a [C, 1, 1] scale, or one expanded
       // with stride 0) do not.
-      if (meta.sizes.size() == 4 && meta.sizes == g_.values[node.outputs[0]].meta.sizes && !broadcast(meta)) {
+      if (meta.sizes.size() == 4 && meta.sizes == g_.values[node.outputs[0]].meta.sizes && !neutral(t->id)) {
         any = any || relaid_[t->id];
         all = all && relaid_[t->id];
       } else if (meta.sizes.size() == 4 && relaid_[t->id]) {
@@ -169,6 +190,7 @@ class Relayout {
                                                       : graph::contiguous_strides(copy.meta.sizes);
     g_.values.push_back(std::move(copy));
     relaid_.push_back(format == kChannelsLastFormat);
+    neutral_.push_back(false);
     restored_.push_back(-1);
     node.outputs = {g_.values.back().id};
     append(std::move(node));
@@ -183,6 +205,7 @@ class Relayout {
 
   Graph& g_;
   std::vector<bool> relaid_;
+  std::vector<bool> neutral_;  // computed from broadcast operands only (see only_broadcast_operands)
   std::vector<ValueId> restored_;
   bool changed_ = false;
 };

@@ -54,6 +54,39 @@ struct BuildContext {
   std::vector<PyObject*> memo;  // borrowed: each also sits inside the output being built
 };
 
+PyObject* build_output(const OutputSpec& spec, BuildContext& ctx);
+
+struct SuspendCompiler {
+  frame::Compiler* saved = frame::set_thread_compiler(nullptr);
+  ~SuspendCompiler() { frame::set_thread_compiler(saved); }
+};
+
+PyObject* construct(const OutputSpec& spec, BuildContext& ctx) {
+  PyObject* cls = PyTuple_GET_ITEM(spec.object, 0);
+  PyObject* names = PyTuple_GET_ITEM(spec.object, 1);
+  Py_ssize_t nkw = PyTuple_GET_SIZE(names), n = (Py_ssize_t)spec.children.size();
+  std::vector<PyObject*> args;  // vectorcall layout: positional then keyword values
+  args.reserve(n);
+  for (const OutputSpec& child : spec.children) {
+    PyObject* item = build_output(child, ctx);
+    if (!item) {
+      for (PyObject* a : args) Py_DECREF(a);
+      return nullptr;
+    }
+    args.push_back(item);
+  }
+  PyObject* out;
+  {
+    // The constructor's frames (__init__, __post_init__) are the traced code's own work, already
+    // accounted for: they run as plain Python, not as frames kiln would compile.
+    SuspendCompiler suspend;
+    out = PyObject_Vectorcall(cls, args.data(), n - nkw, nkw ? names : nullptr);
+  }
+  for (PyObject* a : args) Py_DECREF(a);
+  if (out) remember(spec, out, ctx);
+  return out;
+}
+
 PyObject* build_output(const OutputSpec& spec, BuildContext& ctx) {
   std::vector<at::Tensor>& outputs = ctx.outputs;
   const SourceRoots& roots = ctx.roots;
@@ -72,11 +105,29 @@ PyObject* build_output(const OutputSpec& spec, BuildContext& ctx) {
     case OutputSpec::Kind::kBoundMethod: {
       PyObject* self = build_output(spec.children[0], ctx);
       if (!self) return nullptr;
-      PyObject* bound = PyObject_CallMethod(spec.object, "__get__", "O", self);
+      // CallMethodObjArgs, not CallMethod(.., "O", self): a tuple self would be spread into arguments.
+      static PyObject* get = PyUnicode_InternFromString("__get__");
+      PyObject* bound = PyObject_CallMethodObjArgs(spec.object, get, self, nullptr);
       Py_DECREF(self);
       return bound;
     }
     case OutputSpec::Kind::kConstant: Py_INCREF(spec.object); return spec.object;
+    case OutputSpec::Kind::kTypedTuple: {
+      PyObject* items = PyTuple_New(spec.children.size());
+      if (!items) return nullptr;
+      for (size_t i = 0; i < spec.children.size(); ++i) {
+        PyObject* item = build_output(spec.children[i], ctx);
+        if (!item) {
+          Py_DECREF(items);
+          return nullptr;
+        }
+        PyTuple_SET_ITEM(items, i, item);
+      }
+      PyObject* out = make_structured_tuple((PyTypeObject*)spec.object, items);
+      Py_DECREF(items);
+      return out;
+    }
+    case OutputSpec::Kind::kConstruct: return construct(spec, ctx);
     case OutputSpec::Kind::kTuple:
     case OutputSpec::Kind::kList: {
       bool tuple = spec.kind == OutputSpec::Kind::kTuple;
@@ -166,10 +217,7 @@ PyObject* program_call(PyObject* self, PyObject* const* args, size_t nargsf, PyO
     std::vector<at::Tensor> outputs;
     CompiledGraph& compiled = **p->compiled;
     if (compiled.reenters_python()) {
-      struct Suspend {
-        frame::Compiler* saved = frame::set_thread_compiler(nullptr);
-        ~Suspend() { frame::set_thread_compiler(saved); }
-      } suspend;
+      SuspendCompiler suspend;
       outputs = compiled.run(inputs);
     } else {
       outputs = compiled.run(inputs);
@@ -232,6 +280,18 @@ PyTypeObject* program_type() {
 }
 
 }  // namespace
+
+PyObject* make_structured_tuple(PyTypeObject* type, PyObject* items) {
+  static PyObject* sequence_fields = PyUnicode_InternFromString("n_sequence_fields");
+  PyObject* marker = PyDict_GetItemWithError(type->tp_dict, sequence_fields);
+  if (marker) return PyObject_CallOneArg((PyObject*)type, items);  // a structseq: type(sequence)
+  if (PyErr_Occurred()) return nullptr;
+  PyObject* args = PyTuple_Pack(1, items);
+  if (!args) return nullptr;
+  PyObject* out = PyTuple_Type.tp_new(type, args, nullptr);
+  Py_DECREF(args);
+  return out;
+}
 
 PyObject* make_frame_program(FrameProgramSpec spec, std::shared_ptr<CompiledGraph> compiled) {
   PyTypeObject* type = program_type();

@@ -22,10 +22,15 @@ class CompiledGraph;
 struct OutputSpec {
   /// kSource: a value of the frame re-read through `source` (keeps its identity across a graph break);
   /// kBoundMethod: `object.__get__(children[0])` (a method of a rebuilt self);
-  /// kRepeat: the list/dict built earlier in this output under memo slot `index` (one object, two places).
-  enum class Kind : unsigned char { kGraphOutput, kConstant, kTuple, kList, kDict, kSource, kBoundMethod, kRepeat };
+  /// kRepeat: the list/dict built earlier in this output under memo slot `index` (one object, two places);
+  /// kTypedTuple: a namedtuple or structseq (torch.return_types) of the children, `object` its class;
+  /// kConstruct: `cls(*children[:-n], **{names: children[-n:]})` with `object` = (cls, names): a record
+  /// (dataclass, ModelOutput) built the way the traced code built it, so __post_init__ runs as in eager.
+  enum class Kind : unsigned char {
+    kGraphOutput, kConstant, kTuple, kList, kDict, kSource, kBoundMethod, kRepeat, kTypedTuple, kConstruct
+  };
   Kind kind = Kind::kConstant;
-  int index = -1;              ///< kGraphOutput: index into the graph's outputs; kList/kDict: memo slot or -1
+  int index = -1;              ///< kGraphOutput: index into the graph's outputs; kList/kDict/kConstruct: memo slot or -1
   PyObject* object = nullptr;  ///< kConstant: the value; kDict: tuple of keys; kBoundMethod: function (owned)
   SourcePtr source;            ///< kSource
   std::vector<OutputSpec> children;
@@ -46,6 +51,11 @@ struct FrameProgramSpec {
   PyObject* builtins = nullptr;
   std::string name;                  ///< for errors: the traced function's qualified name
 };
+
+/// A namedtuple or structseq of type `type` holding the items of the plain tuple `items` (new reference,
+/// NULL with a Python error set): structseqs take the tuple as their one argument, namedtuples are made as
+/// their `_make` does (tuple.__new__), so neither runs user code.
+PyObject* make_structured_tuple(PyTypeObject* type, PyObject* items);
 
 /// Creates the Python-callable program object (new reference). `compiled` runs the graph.
 PyObject* make_frame_program(FrameProgramSpec spec, std::shared_ptr<CompiledGraph> compiled);

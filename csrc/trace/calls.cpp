@@ -93,6 +93,18 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
         args.insert(args.begin(), fn->items[0]);
         return call_recorded(fn->value, args, kwargs);
       }
+      if (fn->items[0]->is(VarKind::kObject)) {
+        // Read-only methods of a record (keys, to_tuple, __getitem__) run on its trace-time instance; its
+        // other Python methods are inlined like any method; its other C methods (update) are refused.
+        bool python = PyFunction_Check(fn->value);
+        PyObject* name = python ? ((PyFunctionObject*)fn->value)->func_name : PyDescr_NAME(fn->value);
+        int read_only = PySet_Contains(helper("RECORD_READ_METHODS"), name);
+        if (read_only < 0) PyErr_Clear();
+        if (!python || read_only == 1) {
+          if (!kwargs.empty()) KILN_UNSUPPORTED() << "keyword arguments to a method of a " << fn->items[0]->describe();
+          return call_record_method(fn->items[0], name, args);
+        }
+      }
       bool grad_mode = false;
       VarPtr switched = call_grad_mode(fn->value, fn->items[0], args, kwargs, &grad_mode);
       if (grad_mode) return switched;
@@ -117,6 +129,8 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
   VarPtr r = call_grad_mode(f, nullptr, args, kwargs, &handled);
   if (handled) return r;
   r = call_builtin(f, args, kwargs, &handled);
+  if (handled) return r;
+  r = construct_record(f, args, kwargs, &handled);
   if (handled) return r;
   PyObject* global_state = PyObject_CallOneArg(helper("changes_global_state"), f);
   if (!global_state) rethrow_python("classifying a callable");
@@ -144,7 +158,7 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
     const VarPtr& x = args[0];
     if (x->is(VarKind::kTuple) || x->is(VarKind::kList) || x->is(VarKind::kDict))
       return make_const_steal(PyLong_FromSize_t(x->items.size()));
-    if (x->is(VarKind::kTensor) || x->is(VarKind::kModule)) {
+    if (x->is(VarKind::kTensor) || x->is(VarKind::kModule) || x->is(VarKind::kObject)) {
       Py_ssize_t len = PyObject_Length(x->value);
       if (len < 0) rethrow_python("len()");
       return make_const_steal(PyLong_FromSsize_t(len));
@@ -157,7 +171,9 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
     if (x->is(VarKind::kTensor)) {
       r = PyObject_IsSubclass((PyObject*)x->real_type, cls);
     } else if (x->is(VarKind::kTuple) || x->is(VarKind::kList) || x->is(VarKind::kDict)) {
-      PyTypeObject* t = x->is(VarKind::kTuple) ? &PyTuple_Type : x->is(VarKind::kList) ? &PyList_Type : &PyDict_Type;
+      PyTypeObject* t = x->is(VarKind::kTuple) ? (x->real_type ? x->real_type : &PyTuple_Type)
+                        : x->is(VarKind::kList) ? &PyList_Type
+                                                : &PyDict_Type;
       r = PyObject_IsSubclass((PyObject*)t, cls);
     } else if (x->value) {
       r = PyObject_IsInstance(x->value, cls);

@@ -1,8 +1,8 @@
 #include "trace/compile_frame.h"
 
-#include <optional>
-
+#include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -103,6 +103,56 @@ bool skipped_file(PyCodeObject* code, bool trace_all) {
   bool skip = r != Py_None && (!trace_all || (PyUnicode_Check(r) && PyUnicode_CompareWithASCIIString(r, "kiln itself") == 0));
   Py_DECREF(r);
   return skip;
+}
+
+// kiln.config.module_instance_limit, read on the misses that need it (a new instance of a module).
+int module_instance_limit() {
+  constexpr int kDefault = 64;
+  PyObject* config = PyImport_ImportModule("kiln.config");
+  PyObject* limit = config ? PyObject_GetAttrString(config, "module_instance_limit") : nullptr;
+  Py_XDECREF(config);
+  long value = limit && PyLong_Check(limit) ? PyLong_AsLong(limit) : kDefault;
+  Py_XDECREF(limit);
+  PyErr_Clear();
+  return (int)value;
+}
+
+// How many of a code object's entries count toward which limit on this miss. Entries traced for one
+// nn.Module instance (`self`) are counted per instance: 12 identical layers whose forward is compiled on
+// its own (a graph break in it) are 12 instances of one entry each, not 12 recompiles of one frame.
+struct EntryCount {
+  int entries = 0;
+  int limit = 0;
+  std::string what;
+};
+
+EntryCount count_entries(const frame::FrameView& frame, const std::vector<const frame::CacheEntry*>& own,
+                         int recompile_limit) {
+  EntryCount count{(int)own.size(), recompile_limit, "recompile limit"};
+  std::vector<PyObject*> instances;
+  for (const frame::CacheEntry* e : own) {
+    const guards::GuardTree& tree = static_cast<const FrameGuard*>(e->guard.get())->tree();
+    if (!tree.instance()) return count;  // entries not tied to an instance: one limit for all
+    instances.push_back(tree.instance());
+  }
+  const auto& source = static_cast<const FrameGuard*>(own.front()->guard.get())->tree().instance_source();
+  PyObject* self = source->resolve(roots_of(frame));
+  if (!self) {
+    PyErr_Clear();
+    return count;
+  }
+  Py_DECREF(self);  // only compared by address, while the frame holds it
+  int same = (int)std::count(instances.begin(), instances.end(), self);
+  if (same > 0) {
+    count.entries = same;
+    count.what = "recompile limit for one module instance";
+    return count;
+  }
+  std::sort(instances.begin(), instances.end());
+  count.entries = (int)(std::unique(instances.begin(), instances.end()) - instances.begin());
+  count.limit = module_instance_limit();
+  count.what = "module instance limit (kiln.config.module_instance_limit)";
+  return count;
 }
 
 }  // namespace
@@ -276,9 +326,10 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
   }
   if (!own.empty()) {
     std::string reason = own.front()->guard->describe_failure(frame);
-    if ((int)own.size() >= options_.recompile_limit) {
+    EntryCount count = count_entries(frame, own, options_.recompile_limit);
+    if (count.entries >= count.limit) {
       if (warned_limit_.insert((PyObject*)frame.code).second) {
-        std::string text = "kiln: recompile limit (" + std::to_string(options_.recompile_limit) + ") reached for " +
+        std::string text = "kiln: " + count.what + " (" + std::to_string(count.limit) + ") reached for " +
                            where(frame.code) + "; new inputs run eagerly. Last failing guard: " + reason;
         if (PyErr_WarnEx(PyExc_RuntimeWarning, text.c_str(), 1) < 0) PyErr_Clear();
       }

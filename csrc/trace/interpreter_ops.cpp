@@ -114,6 +114,14 @@ void InstructionTranslator::op_contains_op(const Instruction& ins) {
   bool found = false;
   if (container->is(VarKind::kDict) && item->is(VarKind::kConst)) {
     for (PyObject* k : container->keys) found = found || PyObject_RichCompareBool(k, item->value, Py_EQ) == 1;
+  } else if (container->is(VarKind::kObject) && item->is(VarKind::kConst)) {
+    // `"loss" in output` of a ModelOutput: its keys, on the trace-time instance (a read, like out[key]).
+    int r = PySequence_Contains(container->value, item->value);
+    if (r < 0) {
+      PyErr_Clear();
+      KILN_UNSUPPORTED() << "'in' on a " << container->describe() << " raised";
+    }
+    found = r;
   } else if (is_constant(container) && is_constant(item)) {
     PyObject* c = to_python(container);
     PyObject* i = to_python(item);

@@ -161,6 +161,20 @@ VarPtr Tracer::wrap(PyObject* value, SourcePtr source) {
     // would need replaying after the graph).
     return make_sequence(tuple ? VarKind::kTuple : VarKind::kList, std::move(items), source);
   }
+  if (source && PyTuple_Check(value)) {
+    // A namedtuple or structseq argument: its items, so indexing and field reads stay symbolic.
+    if (PyObject* fields = tuple_fields(Py_TYPE(value))) {
+      Py_DECREF(fields);
+      Py_ssize_t n = PyTuple_GET_SIZE(value);
+      guards_->add_type(source, Py_TYPE(value));
+      guards_->add_length(source, n);
+      std::vector<VarPtr> items;
+      for (Py_ssize_t i = 0; i < n; ++i) items.push_back(wrap(PyTuple_GET_ITEM(value, i), Source::index(source, i)));
+      VarPtr v = make_typed_tuple(Py_TYPE(value), std::move(items));
+      v->source = source;
+      return v;
+    }
+  }
   if (PyDict_CheckExact(value)) {
     std::vector<PyObject*> keys;
     std::vector<VarPtr> items;
@@ -233,6 +247,16 @@ VarPtr Tracer::wrap_result(PyObject* value) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(value);
     for (Py_ssize_t i = 0; i < n; ++i) items.push_back(wrap_result(PySequence_Fast_GET_ITEM(value, i)));
     return make_sequence(PyTuple_CheckExact(value) ? VarKind::kTuple : VarKind::kList, std::move(items));
+  }
+  // torch.return_types (torch.max(x, 1), x.sort()) and namedtuples: typed tuples of their items, never a
+  // constant holding fakes.
+  if (PyTuple_Check(value)) {
+    if (PyObject* fields = tuple_fields(Py_TYPE(value))) {
+      Py_DECREF(fields);
+      std::vector<VarPtr> items;
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(value); ++i) items.push_back(wrap_result(PyTuple_GET_ITEM(value, i)));
+      return make_typed_tuple(Py_TYPE(value), std::move(items));
+    }
   }
   return make_const(value);
 }
@@ -307,6 +331,14 @@ VarPtr Tracer::get_attr(const VarPtr& obj, PyObject* name) {
         bool shadowed = dictptr && *dictptr && PyDict_GetItemWithError(*dictptr, name);
         if (PyErr_Occurred()) PyErr_Clear();
         if (descr && PyFunction_Check(descr) && !shadowed) return make_method(descr, obj);
+        // A property of a plain object (a dataclass argument's): its getter is traced, so the tensor work
+        // in it lands in the graph instead of running, uncaptured, in every guard check's source read.
+        descr = descr ? descr : _PyType_Lookup(Py_TYPE(obj->value), name);
+        if (descr && Py_TYPE(descr) == &PyProperty_Type) {
+          PyObject* getter = check(PyObject_GetAttrString(descr, "fget"), "property.fget");
+          if (PyFunction_Check(getter)) return call(make_const_steal(getter), {obj}, {});
+          Py_DECREF(getter);
+        }
       }
       PyObject* v = check(PyObject_GetAttr(obj->value, name), "getattr " + attr);
       VarPtr out;
@@ -325,9 +357,11 @@ VarPtr Tracer::get_attr(const VarPtr& obj, PyObject* name) {
       Py_DECREF(v);
       return out;
     }
+    case VarKind::kObject: return record_attr(obj, name);
     case VarKind::kDict:
     case VarKind::kList:
     case VarKind::kTuple: {
+      if (obj->is(VarKind::kTuple) && obj->real_type) return record_attr(obj, name);
       // Methods of symbolic containers (d.get, d.items, l.append) are applied structurally on call.
       PyTypeObject* type = obj->is(VarKind::kDict) ? &PyDict_Type : obj->is(VarKind::kList) ? &PyList_Type : &PyTuple_Type;
       if (PyObject* descr = _PyType_Lookup(type, name)) return make_method(descr, obj);
@@ -428,6 +462,19 @@ VarPtr Tracer::subscript(const VarPtr& obj, const VarPtr& index) {
     Py_DECREF(child);
     return out;
   }
+  if (obj->is(VarKind::kObject) && is_constant(index)) {
+    // out["logits"], out[0] of a ModelOutput: its own __getitem__ on the trace-time instance.
+    PyObject* i = to_python(index);
+    PyObject* r = i ? PyObject_GetItem(obj->value, i) : nullptr;
+    Py_XDECREF(i);
+    check(r, "subscript of a " + obj->describe());
+    VarPtr out = record_value(obj, r);
+    Py_DECREF(r);
+    return out;
+  }
+  if (obj->is(VarKind::kConst) && obj->by_type && obj->source && index->is(VarKind::kConst)) {
+    if (VarPtr item = frame_record_item(obj, index->value)) return item;
+  }
   if (is_constant(obj) && is_constant(index)) {
     PyObject* o = to_python(obj);
     PyObject* i = to_python(index);
@@ -452,9 +499,10 @@ bool Tracer::truthy(const VarPtr& v) {
     case VarKind::kTuple:
     case VarKind::kList:
     case VarKind::kDict: return !v->items.empty();
+    case VarKind::kObject:
     case VarKind::kModule: {
       int r = PyObject_IsTrue(v->value);
-      if (r < 0) throw_python_error("truth value of a module");
+      if (r < 0) throw_python_error("truth value of a " + v->describe());
       return r;
     }
     case VarKind::kMethod: return true;
@@ -484,6 +532,14 @@ std::vector<VarPtr> Tracer::iterate(const VarPtr& v) {
       while (PyDict_Next(modules, &pos, &k, &child))
         out.push_back(wrap(child, v->source ? Source::module_slot(v->source, "_modules", str_of(k)) : nullptr));
       Py_DECREF(modules);
+      return out;
+    }
+    case VarKind::kObject: {
+      PyObject* seq = PySequence_List(v->value);
+      check(seq, "iterating a " + v->describe());
+      std::vector<VarPtr> out;
+      for (Py_ssize_t i = 0; i < PyList_GET_SIZE(seq); ++i) out.push_back(record_value(v, PyList_GET_ITEM(seq, i)));
+      Py_DECREF(seq);
       return out;
     }
     case VarKind::kConst: {
@@ -518,82 +574,6 @@ std::vector<VarPtr> Tracer::iterate(const VarPtr& v) {
 
 // ---- the driver --------------------------------------------------------------------------------------
 
-runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>& graph_outputs, bool break_output) {
-  runtime::OutputSpec spec;
-  // A value that came from the frame (an input tensor, an argument list) is re-read from there: the
-  // code after a break must see the very same object, not a copy made by the graph.
-  // Containers from the frame are never mutated by the trace (that is refused), so the object itself is
-  // returned: eager returns that very list, and code that appended to it meanwhile must see its items.
-  if ((break_output && v->source && v->is(VarKind::kTensor)) ||
-      (v->source && (v->is(VarKind::kList) || v->is(VarKind::kDict) || v->is(VarKind::kTuple))) ||
-      (v->by_type && v->source)) {
-    spec.kind = runtime::OutputSpec::Kind::kSource;
-    spec.source = v->source;
-    return spec;
-  }
-  if (break_output && (v->is(VarKind::kList) || v->is(VarKind::kDict))) {
-    // A mutable container reachable twice (a local and a call argument) must stay one object.
-    auto [it, first] = memo_slots_.emplace(v.get(), (int)memo_slots_.size());
-    if (!first) {
-      spec.kind = runtime::OutputSpec::Kind::kRepeat;
-      spec.index = it->second;
-      return spec;
-    }
-    spec.index = it->second;
-  }
-  switch (v->kind) {
-    case VarKind::kTensor:
-      spec.kind = runtime::OutputSpec::Kind::kGraphOutput;
-      if (break_output) {
-        // One graph output per tensor: `y` on the stack and in a local must stay one object.
-        for (size_t i = 0; i < graph_outputs.size(); ++i)
-          if (graph_outputs[i] == v->value) {
-            spec.index = (int)i;
-            return spec;
-          }
-      }
-      spec.index = (int)graph_outputs.size();
-      graph_outputs.push_back(v->value);
-      return spec;
-    case VarKind::kConst:
-    case VarKind::kModule:
-      spec.kind = runtime::OutputSpec::Kind::kConstant;
-      Py_INCREF(v->value);
-      spec.object = v->value;
-      return spec;
-    case VarKind::kTuple:
-    case VarKind::kList:
-      spec.kind = v->is(VarKind::kTuple) ? runtime::OutputSpec::Kind::kTuple : runtime::OutputSpec::Kind::kList;
-      for (const VarPtr& item : v->items) spec.children.push_back(output_spec(item, graph_outputs, break_output));
-      return spec;
-    case VarKind::kDict: {
-      spec.kind = runtime::OutputSpec::Kind::kDict;
-      spec.object = PyTuple_New(v->keys.size());
-      for (size_t i = 0; i < v->keys.size(); ++i) {
-        Py_INCREF(v->keys[i]);
-        PyTuple_SET_ITEM(spec.object, i, v->keys[i]);
-        spec.children.push_back(output_spec(v->items[i], graph_outputs, break_output));
-      }
-      return spec;
-    }
-    case VarKind::kMethod:
-      if (!break_output) break;
-      spec.kind = runtime::OutputSpec::Kind::kBoundMethod;
-      Py_INCREF(v->value);
-      spec.object = v->value;
-      spec.children.push_back(output_spec(v->items[0], graph_outputs, break_output));
-      return spec;
-    case VarKind::kSlice:
-      if (!break_output || !is_constant(v)) break;
-      spec.kind = runtime::OutputSpec::Kind::kConstant;
-      spec.object = to_python(v);
-      return spec;
-    default: break;
-  }
-  KILN_UNSUPPORTED() << (break_output ? "keeping a " : "returning a ") << v->describe()
-                     << (break_output ? " alive across a graph break" : "");
-}
-
 VarPtr Tracer::trace_root() {
   // Grad-mode blocks switch the real mode while tracing (grad_mode.cpp); the frame then runs from the
   // mode it was called in, however the trace ended.
@@ -608,6 +588,8 @@ VarPtr Tracer::trace_root() {
     if (!value) continue;
     std::string name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, i));
     locals[i] = wrap(value, Source::local(i, name));
+    // A module's forward (or its resume functions, which keep the name): entries per instance.
+    if (name == "self" && locals[i]->is(VarKind::kModule)) guards_->set_instance(locals[i]->source, value);
   }
   Py_XDECREF(names);
   std::vector<VarPtr> freevars;
@@ -623,31 +605,6 @@ VarPtr Tracer::trace_root() {
 
   InstructionTranslator root(*this, code, root_.globals, root_.builtins, std::move(locals), std::move(freevars));
   return root.run();
-}
-
-TraceResult Tracer::finish(const VarPtr& returned, bool break_output) {
-  KILN_ASSERT(returned) << "finishing a trace without an output";
-  TraceResult result;
-  std::vector<PyObject*> outputs;
-  result.output = output_spec(returned, outputs, break_output);
-  PyObject* out_list = PyList_New(outputs.size());
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    Py_INCREF(outputs[i]);
-    PyList_SET_ITEM(out_list, i, outputs[i]);
-  }
-  PyObject* graph = PyObject_CallMethod(recorder_, "finish", "O", out_list);
-  Py_DECREF(out_list);
-  result.graph = check(graph, "finishing the graph");
-  PyObject* n = PyObject_GetAttrString(graph, "num_nodes");
-  if (n && PyCallable_Check(n)) Py_SETREF(n, PyObject_CallNoArgs(n));
-  result.num_ops = n && PyLong_Check(n) ? (int)PyLong_AsLong(n) : 0;
-  Py_XDECREF(n);
-  PyErr_Clear();
-  result.guards = std::move(guards_);
-  result.input_sources = std::move(input_sources_);
-  Py_INCREF(example_inputs_);
-  result.example_inputs = example_inputs_;
-  return result;
 }
 
 }  // namespace kiln::trace

@@ -120,6 +120,22 @@ class Tracer {
   VarPtr call_container_method(const VarPtr& self, const std::string& name, std::vector<VarPtr> args);
   VarPtr call_builtin(PyObject* fn, const std::vector<VarPtr>& args, const KwArgs& kwargs, bool* handled);
   VarPtr module_attr(const VarPtr& module, PyObject* name);
+  // Records: namedtuples, structseqs (torch.return_types), dataclasses and ModelOutput (records.cpp).
+  /// Field names of a namedtuple/structseq type (new reference), or nullptr for other types.
+  PyObject* tuple_fields(PyTypeObject* type);
+  /// `cls(*args, **kwargs)` of a record class called in traced code; *handled = false for other callables.
+  VarPtr construct_record(PyObject* cls, std::vector<VarPtr> args, const KwArgs& kwargs, bool* handled);
+  /// `obj.name` of a typed tuple (its field) or of a kObject (its attribute, mapped back to a Var).
+  VarPtr record_attr(const VarPtr& obj, PyObject* name);
+  /// A read-only method of a kObject (keys, to_tuple, __getitem__...), run on its trace-time instance.
+  VarPtr call_record_method(const VarPtr& obj, PyObject* name, const std::vector<VarPtr>& args);
+  /// A Python value read off a kObject's trace-time instance, as a Var: the constructor's own argument
+  /// Vars where the value is one of them, else as a trace-time result.
+  VarPtr record_value(const VarPtr& obj, PyObject* value);
+  /// `obj[index]` of a dict-like record read from the frame (a ModelOutput a graph break handed over):
+  /// the item, reached through the key it is stored under with the keys guarded; nullptr when the item
+  /// is not stored under a string key.
+  VarPtr frame_record_item(const VarPtr& obj, PyObject* index);
   runtime::OutputSpec output_spec(const VarPtr& v, std::vector<PyObject*>& graph_outputs, bool break_output);
 
   /// A grad-mode context manager read from the frame: guards the mode its __exit__ restores.

@@ -1,11 +1,13 @@
 #include "trace/variables.h"
 
 #include "common/error.h"
+#include "runtime/frame_program.h"
 
 namespace kiln::trace {
 
 Var::~Var() {
   Py_XDECREF(value);
+  Py_XDECREF(built_from);
   for (PyObject* k : keys) Py_DECREF(k);
 }
 
@@ -29,12 +31,14 @@ std::string Var::describe() const {
     case VarKind::kConst: return std::string(Py_TYPE(value)->tp_name) + " " + short_repr(value);
     case VarKind::kTensor: return "Tensor";
     case VarKind::kModule: return std::string("module ") + Py_TYPE(value)->tp_name;
-    case VarKind::kTuple: return "tuple[" + std::to_string(items.size()) + "]";
+    case VarKind::kTuple:
+      return (real_type ? std::string(real_type->tp_name) : std::string("tuple")) + "[" + std::to_string(items.size()) + "]";
     case VarKind::kList: return "list[" + std::to_string(items.size()) + "]";
     case VarKind::kDict: return "dict[" + std::to_string(items.size()) + "]";
     case VarKind::kMethod: return "method " + short_repr(value);
     case VarKind::kIterator: return "iterator";
     case VarKind::kSlice: return "slice";
+    case VarKind::kObject: return std::string(real_type->tp_name) + " instance";
   }
   return "?";
 }
@@ -107,6 +111,25 @@ VarPtr make_method(PyObject* function, VarPtr self) {
   return v;
 }
 
+VarPtr make_typed_tuple(PyTypeObject* type, std::vector<VarPtr> items) {
+  VarPtr v = make_sequence(VarKind::kTuple, std::move(items));
+  v->real_type = type;
+  return v;
+}
+
+VarPtr make_object(PyObject* instance, std::vector<VarPtr> args, std::vector<PyObject*> kwnames, PyObject* built_from) {
+  auto v = std::make_shared<Var>();
+  v->kind = VarKind::kObject;
+  Py_INCREF(instance);
+  v->value = instance;
+  v->real_type = Py_TYPE(instance);
+  v->items = std::move(args);
+  v->keys = std::move(kwnames);
+  Py_INCREF(built_from);
+  v->built_from = built_from;
+  return v;
+}
+
 bool is_constant(const VarPtr& v) {
   switch (v->kind) {
     case VarKind::kConst: return true;
@@ -125,6 +148,7 @@ PyObject* to_python(const VarPtr& v) {
   switch (v->kind) {
     case VarKind::kConst:
     case VarKind::kTensor:
+    case VarKind::kObject:
     case VarKind::kModule: Py_INCREF(v->value); return v->value;
     case VarKind::kTuple:
     case VarKind::kList: {
@@ -142,6 +166,7 @@ PyObject* to_python(const VarPtr& v) {
         else
           PyList_SET_ITEM(out, i, item);
       }
+      if (tuple && v->real_type) Py_SETREF(out, runtime::make_structured_tuple(v->real_type, out));
       return out;
     }
     case VarKind::kDict: {

@@ -20,12 +20,17 @@ enum class VarKind : unsigned char {
   kConst,     ///< a Python value known at trace time (numbers, strings, functions, modules, classes...)
   kTensor,    ///< a fake tensor (value = the meta tensor); real_type = the Python type of the real tensor
   kModule,    ///< an nn.Module instance (value = the real module)
-  kTuple,     ///< items
+  kTuple,     ///< items; real_type = a namedtuple or structseq class (torch.return_types), else nullptr
   kList,      ///< items (mutable: shared between aliases)
   kDict,      ///< keys (constants) + items
   kMethod,    ///< a Python function bound to items[0] (value = the function)
   kIterator,  ///< over items, next position `position`
   kSlice,     ///< items = start, stop, step
+  /// An instance of a record class (a dataclass, a HuggingFace-style ModelOutput) built inside the traced
+  /// code: real_type = the class, items = the constructor's arguments (keyword values last, named by
+  /// `keys`), value = the same instance built on the fakes at trace time (what attribute reads consult),
+  /// built_from = tuple of the Python objects the items were converted to (maps its attributes back to Vars).
+  kObject,
 };
 
 struct Var;
@@ -38,6 +43,7 @@ struct Var {
   std::vector<VarPtr> items;
   std::vector<PyObject*> keys;  ///< owned, for kDict
   size_t position = 0;
+  PyObject* built_from = nullptr;  ///< owned; kObject only
   SourcePtr source;
   /// A kConst from `source` guarded by its type only (a plain object: each call may pass a new one).
   /// Its identity was not pinned, so outputs re-read it from the source and `is` on it is not folded.
@@ -63,6 +69,11 @@ VarPtr make_module(PyObject* module, SourcePtr source);
 VarPtr make_sequence(VarKind kind, std::vector<VarPtr> items, SourcePtr source = nullptr);
 VarPtr make_dict(std::vector<PyObject*> keys_new_refs, std::vector<VarPtr> items, SourcePtr source = nullptr);
 VarPtr make_method(PyObject* function, VarPtr self);
+/// A namedtuple / structseq of `items` (type = its class); nullptr type gives a plain tuple.
+VarPtr make_typed_tuple(PyTypeObject* type, std::vector<VarPtr> items);
+/// A kObject (see VarKind): steals nothing.
+VarPtr make_object(PyObject* instance, std::vector<VarPtr> args, std::vector<PyObject*> kwnames_new_refs,
+                   PyObject* built_from);
 
 /// True when the whole Var (recursively) is known at trace time.
 bool is_constant(const VarPtr& v);

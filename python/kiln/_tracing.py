@@ -232,3 +232,56 @@ def grad_mode_call(fn, args, kwargs):
     result = fn(*args, **kwargs)
     after = torch.is_grad_enabled()
     return result, (after if after != before else None)
+
+
+# ---- structured values: namedtuples, structseqs (torch.return_types), dataclasses, ModelOutput -------------
+import dataclasses as _dataclasses  # noqa: E402
+
+
+def tuple_fields(cls):
+    """Field names of a namedtuple or structseq class (torch.return_types.max: ('values', 'indices')),
+    or None for plain tuples and other tuple subclasses (torch.Size): those are not rebuilt by field."""
+    if not (isinstance(cls, type) and issubclass(cls, tuple)) or cls is tuple:
+        return None
+    if "n_sequence_fields" in cls.__dict__:  # a structseq: its visible fields, in order
+        names = getattr(cls, "__match_args__", None)
+        return tuple(names) if names is not None else None
+    names = getattr(cls, "_fields", None)
+    if isinstance(names, tuple) and all(isinstance(n, str) for n in names) and callable(getattr(cls, "_make", None)):
+        return names
+    return None
+
+
+def record_class_kind(cls):
+    """How the tracer builds an instance of `cls` called inside traced code: "tuple" (a namedtuple or
+    structseq: kept as a typed tuple of its items), "object" (a dataclass, HuggingFace's ModelOutput
+    included: built on the fakes to read its fields, rebuilt by calling cls again with the real values),
+    or None (not a record class: calling it is not traced)."""
+    if not isinstance(cls, type):
+        return None
+    if tuple_fields(cls) is not None:
+        return "tuple"
+    if _dataclasses.is_dataclass(cls):
+        return "object"
+    return None
+
+
+# Methods of record instances that only read them: called for real on the trace-time instance.
+RECORD_READ_METHODS = {"keys", "values", "items", "get", "to_tuple", "__getitem__", "__len__", "__contains__",
+                       "__iter__"}
+
+
+def holds_meta_tensor(obj, _depth=0):
+    """True when `obj` (a value about to leave a compiled frame as a constant) holds a meta tensor: a
+    trace-time fake that escaped. Walks containers and dataclass fields a few levels deep."""
+    if isinstance(obj, torch.Tensor):
+        return obj.device.type == "meta"
+    if _depth > 6 or isinstance(obj, (str, bytes, int, float, type)):
+        return False
+    if isinstance(obj, dict):
+        return any(holds_meta_tensor(v, _depth + 1) for v in obj.values())
+    if isinstance(obj, (tuple, list, set, frozenset)):
+        return any(holds_meta_tensor(v, _depth + 1) for v in obj)
+    if _dataclasses.is_dataclass(obj):
+        return any(holds_meta_tensor(getattr(obj, f.name, None), _depth + 1) for f in _dataclasses.fields(obj))
+    return False

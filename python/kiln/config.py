@@ -11,12 +11,17 @@
 | CXX             | the C++ compiler of the kiln backend (default `c++`); if it fails, graphs run on the eager interpreter |
 
 Python-level settings (this module's attributes):
-- recompile_limit: cache entries per code object before new inputs run eagerly (default 8).
+- recompile_limit: cache entries per code object before new inputs run eagerly (default 8). Entries of a
+  module's forward (a frame whose `self` is an nn.Module) count per instance: 8 per instance.
+- module_instance_limit: distinct nn.Module instances one forward (or its resume functions) is compiled
+  for before further instances run eagerly (default 64). Identical layers (12 blocks of a ModuleList whose
+  forward has a graph break) are compiled once each without reaching recompile_limit; read on each such miss.
 - set_compiled_autograd(on): compiled forward + backward for graphs that need grad (default off).
 """
 import os
 
 recompile_limit = 8
+module_instance_limit = 64
 
 
 def set_compiled_autograd(on=True):

@@ -45,10 +45,7 @@ COVERAGE_FLOOR = {torch.float32: 0.86, torch.float64: 0.86, torch.bfloat16: 0.85
 
 # Mismatches whose cause lies outside the compiler (the tracer and runtime own them), each a predicate over
 # (case, message). They are listed in the report; any other mismatch fails the test.
-KNOWN_ISSUES = {
-    "tracer: named-tuple results (torch.return_types) come back holding meta tensors":
-        lambda case, message: type(case.expected).__module__ == "torch.return_types" and "meta" in message,
-}
+KNOWN_ISSUES = {}
 
 UNINITIALISED = ("empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided", "empty_permuted")
 

@@ -1,0 +1,143 @@
+// The frame's output: which graph outputs the tensors inside the returned value (or a graph break's live
+// values) become, and the OutputSpec that rebuilds the Python value around them on every call.
+#include "common/error.h"
+#include "trace/tracer.h"
+
+namespace kiln::trace {
+
+namespace {
+
+// A trace-time fake (a meta tensor) must never reach the user: eager would have returned real data.
+// Reaching this is a tracer bug (a value that should have been symbolic was kept as a constant); the
+// frame then falls back to eager, with the reason logged under KILN_LOGS=fallbacks.
+void refuse_escaping_fake(PyObject* value, PyObject* holds_meta_tensor) {
+  PyObject* r = PyObject_CallOneArg(holds_meta_tensor, value);
+  if (!r) rethrow_python("checking an output for fake tensors");
+  bool leaked = r == Py_True;
+  Py_DECREF(r);
+  KILN_ASSERT(!leaked) << "a " << Py_TYPE(value)->tp_name
+                       << " holding trace-time fake (meta) tensors would leave the compiled frame";
+}
+
+}  // namespace
+
+runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>& graph_outputs, bool break_output) {
+  runtime::OutputSpec spec;
+  // A value that came from the frame (an input tensor, an argument list) is re-read from there: the
+  // code after a break must see the very same object, not a copy made by the graph.
+  // Containers from the frame are never mutated by the trace (that is refused), so the object itself is
+  // returned: eager returns that very list, and code that appended to it meanwhile must see its items.
+  if ((break_output && v->source && v->is(VarKind::kTensor)) ||
+      (v->source && (v->is(VarKind::kList) || v->is(VarKind::kDict) || v->is(VarKind::kTuple))) ||
+      (v->by_type && v->source)) {
+    spec.kind = runtime::OutputSpec::Kind::kSource;
+    spec.source = v->source;
+    return spec;
+  }
+  if (break_output && (v->is(VarKind::kList) || v->is(VarKind::kDict) || v->is(VarKind::kObject))) {
+    // A mutable container reachable twice (a local and a call argument) must stay one object.
+    auto [it, first] = memo_slots_.emplace(v.get(), (int)memo_slots_.size());
+    if (!first) {
+      spec.kind = runtime::OutputSpec::Kind::kRepeat;
+      spec.index = it->second;
+      return spec;
+    }
+    spec.index = it->second;
+  }
+  switch (v->kind) {
+    case VarKind::kTensor:
+      spec.kind = runtime::OutputSpec::Kind::kGraphOutput;
+      if (break_output) {
+        // One graph output per tensor: `y` on the stack and in a local must stay one object.
+        for (size_t i = 0; i < graph_outputs.size(); ++i)
+          if (graph_outputs[i] == v->value) {
+            spec.index = (int)i;
+            return spec;
+          }
+      }
+      spec.index = (int)graph_outputs.size();
+      graph_outputs.push_back(v->value);
+      return spec;
+    case VarKind::kConst:
+    case VarKind::kModule:
+      refuse_escaping_fake(v->value, helper("holds_meta_tensor"));
+      spec.kind = runtime::OutputSpec::Kind::kConstant;
+      Py_INCREF(v->value);
+      spec.object = v->value;
+      return spec;
+    case VarKind::kObject: {
+      spec.kind = runtime::OutputSpec::Kind::kConstruct;
+      PyObject* names = PyTuple_New(v->keys.size());
+      for (size_t i = 0; i < v->keys.size(); ++i) PyTuple_SET_ITEM(names, i, Py_NewRef(v->keys[i]));
+      spec.object = Py_BuildValue("(ON)", (PyObject*)v->real_type, names);
+      for (const VarPtr& item : v->items) spec.children.push_back(output_spec(item, graph_outputs, break_output));
+      return spec;
+    }
+    case VarKind::kTuple:
+      if (v->real_type) {
+        spec.kind = runtime::OutputSpec::Kind::kTypedTuple;
+        Py_INCREF(v->real_type);
+        spec.object = (PyObject*)v->real_type;
+        for (const VarPtr& item : v->items) spec.children.push_back(output_spec(item, graph_outputs, break_output));
+        return spec;
+      }
+      [[fallthrough]];
+    case VarKind::kList:
+      spec.kind = v->is(VarKind::kTuple) ? runtime::OutputSpec::Kind::kTuple : runtime::OutputSpec::Kind::kList;
+      for (const VarPtr& item : v->items) spec.children.push_back(output_spec(item, graph_outputs, break_output));
+      return spec;
+    case VarKind::kDict: {
+      spec.kind = runtime::OutputSpec::Kind::kDict;
+      spec.object = PyTuple_New(v->keys.size());
+      for (size_t i = 0; i < v->keys.size(); ++i) {
+        Py_INCREF(v->keys[i]);
+        PyTuple_SET_ITEM(spec.object, i, v->keys[i]);
+        spec.children.push_back(output_spec(v->items[i], graph_outputs, break_output));
+      }
+      return spec;
+    }
+    case VarKind::kMethod:
+      if (!break_output) break;
+      spec.kind = runtime::OutputSpec::Kind::kBoundMethod;
+      Py_INCREF(v->value);
+      spec.object = v->value;
+      spec.children.push_back(output_spec(v->items[0], graph_outputs, break_output));
+      return spec;
+    case VarKind::kSlice:
+      if (!break_output || !is_constant(v)) break;
+      spec.kind = runtime::OutputSpec::Kind::kConstant;
+      spec.object = to_python(v);
+      return spec;
+    default: break;
+  }
+  KILN_UNSUPPORTED() << (break_output ? "keeping a " : "returning a ") << v->describe()
+                     << (break_output ? " alive across a graph break" : "");
+}
+
+TraceResult Tracer::finish(const VarPtr& returned, bool break_output) {
+  KILN_ASSERT(returned) << "finishing a trace without an output";
+  TraceResult result;
+  std::vector<PyObject*> outputs;
+  result.output = output_spec(returned, outputs, break_output);
+  PyObject* out_list = PyList_New(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    Py_INCREF(outputs[i]);
+    PyList_SET_ITEM(out_list, i, outputs[i]);
+  }
+  PyObject* graph = PyObject_CallMethod(recorder_, "finish", "O", out_list);
+  Py_DECREF(out_list);
+  if (!graph) rethrow_python("finishing the graph");
+  result.graph = graph;
+  PyObject* n = PyObject_GetAttrString(graph, "num_nodes");
+  if (n && PyCallable_Check(n)) Py_SETREF(n, PyObject_CallNoArgs(n));
+  result.num_ops = n && PyLong_Check(n) ? (int)PyLong_AsLong(n) : 0;
+  Py_XDECREF(n);
+  PyErr_Clear();
+  result.guards = std::move(guards_);
+  result.input_sources = std::move(input_sources_);
+  Py_INCREF(example_inputs_);
+  result.example_inputs = example_inputs_;
+  return result;
+}
+
+}  // namespace kiln::trace
