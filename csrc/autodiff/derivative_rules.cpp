@@ -77,16 +77,33 @@ int64_t normalize_dim(int64_t dim, size_t rank) { return dim < 0 ? dim + static_
 ValueId t(RuleCall& c, ValueId v) { return c.b.emit("aten::t", "default", {tensor(v)}); }
 ValueId mm(RuleCall& c, ValueId a, ValueId b) { return c.b.emit("aten::mm", "default", {tensor(a), tensor(b)}); }
 
+bool is_column_major(const graph::TensorMeta& m) {
+  return m.sizes.size() == 2 && m.strides[0] == 1 && m.strides[1] == m.sizes[0];
+}
+
+// The gradient of a matrix operand comes out in the operand's own layout, as eager's mm_mat1_backward /
+// mm_mat2_backward do: a Linear weight enters as w.t() (column-major), so its gradient is computed as
+// (grad^T @ mat1)^T and the final t() of the weight's rule makes it contiguous again. Otherwise the
+// parameter's gradient would be a transposed view that AccumulateGrad must copy into the weight's layout.
+ValueId mm_mat1_grad(RuleCall& c, size_t mat1, size_t mat2) {
+  if (is_column_major(c.input_meta(mat1))) return t(c, mm(c, c.input(mat2), t(c, c.grad())));
+  return mm(c, c.grad(), t(c, c.input(mat2)));
+}
+ValueId mm_mat2_grad(RuleCall& c, size_t mat1, size_t mat2) {
+  if (is_column_major(c.input_meta(mat2))) return t(c, mm(c, t(c, c.grad()), c.input(mat1)));
+  return mm(c, t(c, c.input(mat1)), c.grad());
+}
+
 void rule_mm(RuleCall& c) {
-  if (c.needs(0)) c.set(0, mm(c, c.grad(), t(c, c.input(1))));
-  if (c.needs(1)) c.set(1, mm(c, t(c, c.input(0)), c.grad()));
+  if (c.needs(0)) c.set(0, mm_mat1_grad(c, 0, 1));
+  if (c.needs(1)) c.set(1, mm_mat2_grad(c, 0, 1));
 }
 
 void rule_addmm(RuleCall& c) {  // addmm(self, mat1, mat2, *, beta, alpha)
   const double beta = c.number_arg(3), alpha = c.number_arg(4);
   if (c.needs(0)) c.set(0, c.b.mul(c.grad(), beta));
-  if (c.needs(1)) c.set(1, c.b.mul(mm(c, c.grad(), t(c, c.input(2))), alpha));
-  if (c.needs(2)) c.set(2, c.b.mul(mm(c, t(c, c.input(1)), c.grad()), alpha));
+  if (c.needs(1)) c.set(1, c.b.mul(mm_mat1_grad(c, 1, 2), alpha));
+  if (c.needs(2)) c.set(2, c.b.mul(mm_mat2_grad(c, 1, 2), alpha));
 }
 
 void rule_bmm(RuleCall& c) {

@@ -8,6 +8,7 @@
 // reduced loop variable are emitted once, before the loop that needs them.
 #include "codegen/cpp/emit_cpp.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <iomanip>
@@ -69,7 +70,7 @@ std::string literal(double v, ScalarType t) {
 const char* prim_format(PrimOp op) {
   static const char* const formats[] = {
       "(-$a)", "std::abs($a)", "kiln_exp($a)", "std::log($a)", "std::sqrt($a)", "kiln_rsqrt($a)",   // Neg..Rsqrt
-      "std::tanh($a)", "kiln_sigmoid($a)", "std::erf($a)", "(!$a)",                                  // ..LogicalNot
+      "std::tanh($a)", "kiln_sigmoid($a)", "kiln_erf($a)", "(!$a)",                                  // ..LogicalNot
       "($a + $b)", "($a - $b)", "($a * $b)", "($a / $b)", "kiln_max<$T>($a, $b)", "kiln_min<$T>($a, $b)",
       "std::pow($a, $b)", "($a < $b)", "($a <= $b)", "($a > $b)", "($a >= $b)", "($a == $b)", "($a != $b)",
       "($a && $b)", "($a || $b)", "($a ? $b : $c)",                                                  // ..Where
@@ -122,6 +123,11 @@ class KernelEmitter {
       return out.str();
     }
     const bool parallel = numel >= kParallelThreshold;
+    if (column_reduction_applies()) {
+      emit_column_reduction(out, parallel);
+      out << "}\n";
+      return out.str();
+    }
     const int outer = nest_.outer_count;
     const bool reduces = static_cast<int>(nest_.loops.size()) > outer;
     std::string indent = "  ";
@@ -365,6 +371,112 @@ class KernelEmitter {
           }
         },
         "");
+  }
+
+  // ---- column reductions ----------------------------------------------------------------------------
+  // A sum over the OUTER dims of a row-major tensor (a bias gradient: [rows, columns] -> [columns]) walks
+  // each column with a row-sized stride in the generic form: one cache line and, for large rows, one page
+  // per element (18x-50x slower than ATen on [128, 2048] / [4096, 1024]). Instead each thread takes a block
+  // of columns, keeps one accumulator per column, and walks the rows in order, reading each row's block
+  // contiguously (vectorised over the columns).
+
+  // Applies when the innermost outer loop is the contiguous one and the reduced loops are strided: every
+  // reduction is a sum and no load reads the innermost reduced loop contiguously (then the generic form is
+  // already the fast one). Stores along the reduced loops (a fused pointwise prologue's result, a
+  // normalisation's output) get one more walk over the rows after the reductions.
+  bool column_reduction_applies() const {
+    const int outer = nest_.outer_count;
+    const int total = static_cast<int>(nest_.loops.size());
+    if (outer == 0 || total == outer) return false;
+    for (const Expr& x : k_.exprs)
+      if (x.kind == ExprKind::Reduce && x.reduce_op != decomp::ReduceOp::Sum) return false;
+    bool column_contiguous = false;
+    for (size_t i = 0; i < k_.exprs.size(); ++i) {
+      if (k_.exprs[i].kind != ExprKind::Load || !depends_[i]) continue;
+      const std::vector<int64_t>& strides = nest_.load_strides[i];
+      if (strides[total - 1] == 1 || strides[total - 1] == -1) return false;
+      column_contiguous = column_contiguous || strides[outer - 1] == 1;
+    }
+    return column_contiguous;
+  }
+
+  // Opens loops `first_loop`.. (the reduced ones; none when first_loop is the loop count), then a vectorised
+  // loop over the block's columns that defines the column loop variable; calls `body(indent)`; closes them
+  // and forgets the names made inside.
+  void column_walk(std::ostream& out, const std::string& indent, int first_loop,
+                   const std::function<void(const std::string&)>& body) {
+    const int total = static_cast<int>(nest_.loops.size());
+    std::string inner = indent;
+    for (int l = first_loop; l < total; ++l) {
+      out << inner << "for (int64_t i" << l << " = 0; i" << l << " < " << nest_.loops[l].size << "; ++i" << l << ") {\n";
+      inner += "  ";
+    }
+    out << inner << "#pragma omp simd\n" << inner << "for (int64_t j = 0; j < count; ++j) {\n";
+    out << inner << "  const int64_t i" << nest_.outer_count - 1 << " = first + j;\n";
+    scope_ids_.clear();
+    body(inner + "  ");
+    for (int32_t id : scope_ids_) names_[id].clear();
+    scope_ids_.clear();
+    out << inner << "}\n";
+    for (int l = total - 1; l >= first_loop; --l) {
+      inner.resize(inner.size() - 2);
+      out << inner << "}\n";
+    }
+  }
+
+  void emit_column_reduction(std::ostream& out, bool parallel) {
+    const int outer = nest_.outer_count;
+    const int total = static_cast<int>(nest_.loops.size());
+    const int column = outer - 1;
+    const int64_t columns = nest_.loops[column].size;
+    // Enough blocks for every thread (8 per 2-core machine at least), a block at most 2 KiB of float sums.
+    int64_t block = ((columns + 7) / 8 + 15) / 16 * 16;
+    block = std::max<int64_t>(16, std::min<int64_t>(512, block));
+    const int64_t blocks = (columns + block - 1) / block;
+    out << "  // column reduction: per block of " << block << " columns, rows walked contiguously\n";
+    if (parallel) out << "  #pragma omp parallel for" << (outer > 1 ? " collapse(" + std::to_string(outer) + ")" : "") << "\n";
+    std::string indent = "  ";
+    for (int l = 0; l < column; ++l) {
+      out << indent << "for (int64_t i" << l << " = 0; i" << l << " < " << nest_.loops[l].size << "; ++i" << l << ") {\n";
+      indent += "  ";
+    }
+    out << indent << "for (int64_t block = 0; block < " << blocks << "; ++block) {\n";
+    indent += "  ";
+    out << indent << "const int64_t first = block * " << block << ";\n";
+    out << indent << "const int64_t count = " << columns << " - first < " << block << " ? " << columns << " - first : "
+        << block << ";\n";
+    for (size_t r = 0; r < k_.exprs.size(); ++r) {
+      const Expr& x = k_.exprs[r];
+      if (x.kind != ExprKind::Reduce) continue;
+      const std::string acc = "acc" + std::to_string(r);
+      out << indent << compute_type(x.dtype) << " " << acc << "[" << block << "];\n";
+      column_walk(out, indent, total, [&](const std::string& in) { out << in << acc << "[j] = " << literal(0, x.dtype) << ";\n"; });
+      column_walk(out, indent, outer, [&](const std::string& in) {
+        std::vector<std::string> scope;
+        emit_expr(x.operands[0], out, in, scope);
+        out << in << acc << "[j] += " << names_[x.operands[0]] << ";\n";
+      });
+      names_[r] = acc + "[j]";  // read by later reductions and the stores, inside their column loops
+    }
+    // Stores once per column, then the stores along the reduced loops (both after every reduction).
+    std::vector<size_t> outer_stores, inner_stores;
+    for (size_t s = 0; s < k_.stores.size(); ++s)
+      (depends_[k_.stores[s].expr] || strides_run_reduced(nest_.store_strides[s]) ? inner_stores : outer_stores).push_back(s);
+    for (int pass = 0; pass < 2; ++pass) {
+      const std::vector<size_t>& stores = pass == 0 ? outer_stores : inner_stores;
+      if (stores.empty()) continue;
+      column_walk(out, indent, pass == 0 ? total : outer, [&](const std::string& in) {
+        std::vector<std::string> scope;
+        for (size_t s : stores) {
+          emit_expr(k_.stores[s].expr, out, in, scope);
+          emit_store(s, out, in);
+        }
+      });
+    }
+    for (int l = column; l >= 0; --l) {
+      indent.resize(indent.size() - 2);
+      out << indent << "}\n";
+    }
   }
 
   void emit_store(size_t s, std::ostream& out, const std::string& indent) {
