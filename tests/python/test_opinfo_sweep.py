@@ -34,6 +34,20 @@ import pytest
 import torch
 from torch.utils import _pytree as pytree
 
+try:
+    import expecttest  # noqa: F401  (torch.testing._internal needs it)
+except ImportError:
+    # The GPU machine has no package index. op_db only needs expecttest's TestCase base class and its ACCEPT
+    # flag (for torch's own expect-file tests, which the sweep never runs): a stand-in module provides both.
+    import sys
+    import types
+    import unittest
+
+    expecttest = types.ModuleType("expecttest")
+    expecttest.TestCase = unittest.TestCase
+    expecttest.ACCEPT = False
+    sys.modules["expecttest"] = expecttest
+
 import kiln
 from kiln.testing import capture_graphs, tolerance
 
@@ -41,7 +55,13 @@ SWEEP_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.int64, torch
 BATCH_SIZE = 48
 # generated+extern as a fraction of the ops eager supports, per dtype: the floors measured today (the target
 # is 0.90; the gap is graph breaks and graphs with in-place ops, see the report's fallback lines).
-COVERAGE_FLOOR = {torch.float32: 0.86, torch.float64: 0.86, torch.bfloat16: 0.85, torch.int64: 0.91, torch.bool: 0.94}
+# Generated+extern share of the ops eager supports, as measured (2026-11-22; issue 4 aims at 0.90). CUDA has
+# more fallbacks than CPU (float32: 101 vs 86 ops, among them ops whose CUDA kernels return other layouts or
+# dtypes than their meta kernels say, which kiln leaves to the eager interpreter).
+COVERAGE_FLOOR = {
+    "cpu": {torch.float32: 0.86, torch.float64: 0.86, torch.bfloat16: 0.85, torch.int64: 0.91, torch.bool: 0.94},
+    "cuda": {torch.float32: 0.84, torch.float64: 0.84, torch.bfloat16: 0.84, torch.int64: 0.87, torch.bool: 0.91},
+}
 
 # Mismatches whose cause lies outside the compiler (the tracer and runtime own them), each a predicate over
 # (case, message). They are listed in the report; any other mismatch fails the test.
@@ -375,7 +395,7 @@ def test_opinfo_sweep(dtype, device, tmp_path):
     assert all(c.kind for c in cases)
     assert not failures, f"{len(failures)} ops differ from eager:\n" + "\n".join(failures)
     supported = len(cases)
-    assert counts["generated"] + counts["extern"] >= COVERAGE_FLOOR[dtype] * supported, report.splitlines()[0]
+    assert counts["generated"] + counts["extern"] >= COVERAGE_FLOOR[device][dtype] * supported, report.splitlines()[0]
 
 
 # ---- edge values of the generated math ---------------------------------------------------------------------
