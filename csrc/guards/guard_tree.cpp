@@ -197,6 +197,12 @@ void GuardTree::add_length(const SourcePtr& s, long long length) {
   add(node_for(s), std::move(c));
 }
 
+void GuardTree::add_has_no_attr(const SourcePtr& s, const std::string& name) {
+  Check c{CheckKind::kHasNoAttr};
+  c.name = name;
+  add(node_for(s), std::move(c));
+}
+
 void GuardTree::add_dict_keys(const SourcePtr& s, PyObject* keys_tuple) {
   Check c{CheckKind::kDictKeys};
   Py_INCREF(keys_tuple);

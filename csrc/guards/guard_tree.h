@@ -72,6 +72,8 @@ class GuardTree {
   void add_tensor(const SourcePtr& s, PyObject* tensor);
   void add_length(const SourcePtr& s, long long length);
   void add_dict_keys(const SourcePtr& s, PyObject* keys_tuple);
+  /// The value at `s` must still lack attribute `name` (hasattr() answered False at trace time).
+  void add_has_no_attr(const SourcePtr& s, const std::string& name);
   void add_globals_identity(PyObject* globals);
   /// `a` and `b` must lead to the same object (one tensor reached through two paths).
   void add_same_object(const SourcePtr& a, const SourcePtr& b);

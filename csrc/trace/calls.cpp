@@ -36,6 +36,21 @@ bool contains(PyObject* set, PyObject* item) {
 
 PyObject* builtin(const char* name) { return PyDict_GetItemString(PyEval_GetBuiltins(), name); }
 
+// An object pinned only by its type (tracer.cpp: Tracer::wrap) may be another instance on the next call.
+bool holds_object_pinned_by_type(const VarPtr& v) {
+  if (v->by_type) return true;
+  for (const VarPtr& item : v->items)
+    if (item && holds_object_pinned_by_type(item)) return true;
+  return false;
+}
+
+// Builtins whose answer depends on an argument's type alone: foldable when that type is guarded.
+bool depends_on_type_only(PyObject* f) {
+  for (const char* name : {"isinstance", "issubclass", "type", "callable"})
+    if (f == builtin(name)) return true;
+  return false;
+}
+
 }  // namespace
 
 [[noreturn]] void rethrow_python(const std::string& context) {
@@ -189,6 +204,12 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
     // Attribute existence is settled on the real object; the value goes through get_attr (guards).
     if (args[0]->value && !args[0]->is(VarKind::kTensor)) {
       int exists = PyObject_HasAttr(args[0]->value, args[1]->value);
+      if (args[0]->by_type && args[0]->source) {
+        // Another instance of the type may differ: the answer is guarded (a read of the attribute through
+        // its source when present, an absence check when not).
+        if (!exists) guards_->add_has_no_attr(args[0]->source, PyUnicode_AsUTF8(args[1]->value));
+        else if (has) get_attr(args[0], args[1]->value);
+      }
       if (has) return make_const(exists ? Py_True : Py_False);
       if (!exists && n == 3) return args[2];
     }
@@ -233,6 +254,11 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
     // An iterator argument (list(gen), next(it)) would be consumed at trace time: not folded.
     for (const VarPtr& a : args) all_const = all_const && is_constant(a) && !(a->value && PyIter_Check(a->value));
     for (const auto& kv : kwargs) all_const = all_const && is_constant(kv.second);
+    // str(exc), repr(config), len(obj) of an object guarded by type alone would replay the first call's answer.
+    if (!depends_on_type_only(f)) {
+      for (const VarPtr& a : args) all_const = all_const && !holds_object_pinned_by_type(a);
+      for (const auto& kv : kwargs) all_const = all_const && !holds_object_pinned_by_type(kv.second);
+    }
     if (all_const) {
       PyObject* py_args = PyTuple_New(n);
       for (size_t i = 0; i < n; ++i) PyTuple_SET_ITEM(py_args, i, to_python(args[i]));
@@ -246,6 +272,13 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
       Py_DECREF(py_args);
       Py_XDECREF(py_kwargs);
       if (!r) rethrow_python("calling " + name_of(f));
+      // A stateful result (iter(), zip(), enumerate(), set(), dict()) folded into a constant would be the
+      // same object on every call, consumed or mutated by the first: the call runs eagerly instead.
+      if (PyIter_Check(r) || PySet_Check(r) || PyDict_Check(r) || PyByteArray_Check(r)) {
+        Py_DECREF(r);
+        *handled = false;
+        return nullptr;
+      }
       VarPtr out = wrap_result(r);
       Py_DECREF(r);
       return out;

@@ -2,6 +2,7 @@
 // runs the break instruction eagerly, and the resume functions that continue after it.
 #include "trace/graph_break.h"
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <unordered_map>
@@ -367,6 +368,11 @@ PyObject* make_break_code(PyCodeObject* original, const bytecode::CodeInstructio
   for (int i = 0; i < nargs; ++i) e.emit("LOAD_FAST", i);
   for (int j = 0; j < nfree; ++j) e.emit("LOAD_DEREF", nlocalsplus - nfree + j);
   e.call(nargs + nfree);
+  // Arguments the original had already unbound (a resume function's stack arguments, a `del`) must not
+  // stay bound here: eager would have let them go, and a frame kept by a traceback would keep them.
+  for (int i = 0; i < nargs; ++i)
+    if (std::find(plan.live_locals.begin(), plan.live_locals.end(), i) == plan.live_locals.end())
+      e.emit("DELETE_FAST", i);
 
   // Unpack: locals on top (stored first), then the non-NULL stack slots, bottom one deepest.
   int below = (int)plan.stack_null.size() - plan.consumed;
@@ -537,6 +543,10 @@ PyObject* resume_code(PyCodeObject* original, const bytecode::CodeInstructions& 
     else
       e.emit("LOAD_FAST", arg);
   }
+  // Eager holds these values only on the stack: a local copy would outlive them (an exception raised
+  // from the stack would reach itself through its traceback's frame, a cycle that eager never makes).
+  for (int arg : stack_args)
+    if (arg >= 0) e.emit("DELETE_FAST", arg);
   int jump = e.emit("JUMP_FORWARD", 0);
   // A copy of the original body after its prologue, shifted by `shift` instructions.
   int first = prologue_end(ci) + 1;

@@ -89,6 +89,13 @@ void InstructionTranslator::op_is_op(const Instruction& ins) {
   // None/True/False is not known at trace time.
   if ((a->by_type && !pinned_singleton(b)) || (b->by_type && !pinned_singleton(a)))
     KILN_UNSUPPORTED() << "'is' between objects whose identity is not guarded";
+  // Two containers read from the frame through different paths (a local and a global, as copy.py's
+  // `y is not _nil`) may be one object: their identity is not guarded either.
+  auto read_container = [](const VarPtr& v) {
+    return v->source && (v->is(VarKind::kList) || v->is(VarKind::kDict) || v->is(VarKind::kTuple));
+  };
+  if (a != b && read_container(a) && read_container(b))
+    KILN_UNSUPPORTED() << "'is' between two containers read from the frame (aliasing is not guarded)";
   bool same;
   if (a == b) {
     same = true;

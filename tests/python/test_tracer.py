@@ -332,3 +332,111 @@ def test_zero_argument_super_in_a_frame_with_a_graph_break(fresh_kiln):
     x = torch.randn(5)
     torch.testing.assert_close(kiln.compile(m)(x), m(x))
     torch.testing.assert_close(kiln.compile(m)(x), m(x))
+
+
+def test_exception_raised_after_a_break_does_not_outlive_its_except_block():
+    # CPython's testExceptionCleanupState: the resume function that raises got the exception as an argument,
+    # so its frame (kept by the traceback) held the exception: a cycle eager never makes.
+    import gc
+    import weakref
+
+    class Payload:
+        pass
+
+    class Boom(Exception):
+        def __init__(self, payload):
+            self.payload = payload
+
+    def f(x, payload):
+        y = x + 1
+        raise Boom(payload)  # constructing a user exception class is a graph break
+
+    compiled = kiln.compile(f)
+    gc.disable()  # a cycle would only be freed by the collector; eager frees the payload at once
+    try:
+        for _ in range(2):
+            payload = Payload()
+            alive = weakref.ref(payload)
+            try:
+                compiled(torch.ones(2), payload)
+            except Boom as e:
+                assert e.payload is payload
+            del payload
+            assert alive() is None
+    finally:
+        gc.enable()
+    # Boom(payload) breaks, Boom.__init__ breaks at its attribute store, the resume function breaks at the raise.
+    assert (stats()["graph_breaks"], stats()["fallbacks"], stats()["cache_hits"]) == (3, 0, 4), stats()
+
+
+def test_stateful_builtin_results_are_new_on_every_call():
+    # iter() of a constant used to be folded into one iterator object that every call returned (CPython's
+    # conjoin doctest printed nothing); set()/dict() results were likewise shared between calls.
+    def f(x):
+        return iter((0, 1)), set((1, 2)), x + 1
+
+    compiled = kiln.compile(f)
+    for _ in range(3):
+        it, s, y = compiled(torch.ones(2))
+        assert list(it) == [0, 1]
+        assert s == {1, 2}
+        s.add(3)  # must not leak into the next call's set
+        torch.testing.assert_close(y, torch.full((2,), 2.0))
+    # iter() and set() run eagerly (two breaks); the frame and its two resume functions hit on later calls.
+    assert (stats()["graph_breaks"], stats()["fallbacks"], stats()["cache_hits"]) == (2, 0, 6), stats()
+
+
+def test_builtins_of_objects_guarded_by_type_are_not_folded():
+    # An exception (or any plain object) is guarded by its type only: str()/len() of it folded at trace time
+    # replayed the first call's answer for every later instance (CPython's coroutine doctests).
+    class Bag:
+        def __init__(self, n):
+            self.n = n
+
+        def __len__(self):
+            return self.n
+
+    def f(x, err, bag):
+        return str(err), len(bag), x + 1
+
+    compiled = kiln.compile(f)
+    for i in range(3):
+        message, length, y = compiled(torch.ones(2), ValueError(f"call {i}"), Bag(i))
+        assert (message, length) == (f"call {i}", i)
+        torch.testing.assert_close(y, torch.full((2,), 2.0))
+    # str(err) and len(bag) run eagerly at each call instead of replaying the first call's answers.
+    assert (stats()["graph_breaks"], stats()["fallbacks"]) == (4, 0), stats()
+
+
+def test_hasattr_on_objects_guarded_by_type_is_guarded():
+    # Two instances of one class may differ in their attributes: hasattr()/getattr(default) answers are guarded.
+    import types
+
+    def f(x, config):
+        if hasattr(config, "scale"):
+            x = x * config.scale
+        return x + getattr(config, "shift", 0.0)
+
+    compiled = kiln.compile(f)
+    x = torch.ones(2)
+    for config in [types.SimpleNamespace(), types.SimpleNamespace(scale=3.0), types.SimpleNamespace(shift=1.0),
+                   types.SimpleNamespace(scale=2.0, shift=5.0), types.SimpleNamespace()]:
+        torch.testing.assert_close(compiled(x, config), f(x, config))
+    assert stats()["fallbacks"] == 0, stats()
+
+
+SENTINEL = []
+
+
+def test_is_between_a_local_list_and_a_global_list():
+    # copy.deepcopy's `y = memo.get(d, _nil); if y is not _nil: return y`: the local may be the global list
+    # itself, so `is` between two containers read through different paths is not decided at trace time.
+    def f(x, items):
+        if items is SENTINEL:
+            return x + 1
+        return x - 1
+
+    compiled = kiln.compile(f)
+    x = torch.ones(2)
+    for items in [SENTINEL, [], SENTINEL, []]:
+        torch.testing.assert_close(compiled(x, items), f(x, items))
