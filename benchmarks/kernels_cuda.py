@@ -8,7 +8,6 @@ speed-ups of kiln (the other's time / kiln's time). Each kiln result is checked 
 """
 import argparse
 import os
-import statistics
 import sys
 
 import torch
@@ -18,21 +17,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(HERE)
 if os.path.isfile(os.path.join(REPO_ROOT, "python", "kiln", "__init__.py")):
     sys.path.insert(0, os.path.join(REPO_ROOT, "python"))
-
-
-def median_ms(fn, repeats, warmup=5):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+sys.path.insert(0, HERE)
+from micro_cuda import median_ms  # noqa: E402  (CUDA-event timing, shared with the hand-written kernel's benchmark)
 
 
 def cases():

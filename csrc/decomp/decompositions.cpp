@@ -195,23 +195,12 @@ void build_layer_norm(PrimBuilder& b, const Graph& g, const Node& n) {
   b.set_output(2, b.cast(rstd, stat_t));
 }
 
-bool is_used(const Graph& g, graph::ValueId v) {
-  if (std::find(g.outputs.begin(), g.outputs.end(), v) != g.outputs.end()) return true;
-  for (const Node& node : g.nodes)
-    for (const ArgValue& arg : node.args) {
-      bool used = false;
-      graph::for_each_tensor(arg, [&](graph::ValueId id) { used = used || id == v; });
-      if (used) return true;
-    }
-  return false;
-}
-
 // On CPU, ATen's layer norm returns mean and rstd in the input's dtype, while the meta (CUDA's rule) says float
 // for half/bfloat16: such a call is decomposed only when nothing reads those two outputs (found by the sweep).
 bool layer_norm_supported(const Graph& g, const Node& n) {
   if (!is_floating_output(g, n)) return false;
   if (out_meta(g, n, 1).dtype == out_meta(g, n).dtype || out_meta(g, n).device.type != graph::DeviceType::CPU) return true;
-  return !is_used(g, n.outputs[1]) && !is_used(g, n.outputs[2]);
+  return !graph::is_read(g, n.outputs[1]) && !graph::is_read(g, n.outputs[2]);
 }
 
 std::vector<int64_t> layer_norm_dims(const Graph& g, const Node& n) {

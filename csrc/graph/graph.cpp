@@ -1,6 +1,7 @@
 // Graph construction and the small name tables shared by the printer and JSON writer.
 #include "graph/graph.h"
 
+#include <algorithm>
 #include <array>
 
 #include "common/error.h"
@@ -60,6 +61,17 @@ std::string device_type_name(DeviceType t) {
   for (const auto& entry : kDeviceTypeNames)
     if (entry.type == t) return entry.name;
   return "device" + std::to_string(static_cast<int>(t));
+}
+
+bool is_read(const Graph& g, ValueId v) {
+  if (std::find(g.outputs.begin(), g.outputs.end(), v) != g.outputs.end()) return true;
+  for (const Node& node : g.nodes)
+    for (const ArgValue& arg : node.args) {
+      bool read = false;
+      for_each_tensor(arg, [&](ValueId id) { read = read || id == v; });
+      if (read) return true;
+    }
+  return false;
 }
 
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {

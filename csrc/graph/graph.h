@@ -165,6 +165,8 @@ class Graph {
 std::string meta_to_string(const TensorMeta& meta);
 /// Row-major contiguous strides for `sizes`.
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes);
+/// True when some node argument or a graph output refers to `v` (linear in the graph's size).
+bool is_read(const Graph& g, ValueId v);
 /// Calls `fn(ValueId)` for every tensor an argument refers to.
 template <typename Fn>
 void for_each_tensor(const ArgValue& arg, Fn&& fn) {

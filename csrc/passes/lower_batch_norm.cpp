@@ -7,7 +7,6 @@
 // output value, so its consumers are untouched. Only float32 calls whose statistics outputs nobody reads.
 #include "passes/lower_batch_norm.h"
 
-#include <algorithm>
 #include <optional>
 
 namespace kiln::passes {
@@ -39,17 +38,6 @@ std::optional<double> number_at(const Node& n, size_t i) {
   return std::nullopt;
 }
 
-bool used(const Graph& g, ValueId v) {
-  if (std::find(g.outputs.begin(), g.outputs.end(), v) != g.outputs.end()) return true;
-  for (const Node& node : g.nodes)
-    for (const ArgValue& arg : node.args) {
-      bool hit = false;
-      graph::for_each_tensor(arg, [&](ValueId id) { hit = hit || id == v; });
-      if (hit) return true;
-    }
-  return false;
-}
-
 // The arguments of an inference batch norm that qualifies, or nullopt.
 std::optional<BatchNormArgs> inference_batch_norm(const Graph& g, const Node& n) {
   const std::string name = n.qualified_name();
@@ -77,7 +65,7 @@ std::optional<BatchNormArgs> inference_batch_norm(const Graph& g, const Node& n)
     if (m.dtype != graph::ScalarType::Float || m.sizes != std::vector<int64_t>{x.sizes[1]} || !(m.device == x.device))
       return std::nullopt;
   }
-  if (used(g, n.outputs[1]) || used(g, n.outputs[2])) return std::nullopt;
+  if (graph::is_read(g, n.outputs[1]) || graph::is_read(g, n.outputs[2])) return std::nullopt;
   return a;
 }
 
@@ -122,16 +110,15 @@ class Lowering {
       return add("aten::expand", "default", {TensorArg{viewed}, out.sizes, false}, {"self", "size", "implicit"}, 2, m,
                  true);
     };
-    graph::TensorMeta full = out;
+    graph::TensorMeta full = out;  // every new node has the output's index space (see per_channel)
     full.requires_grad = false;
     full.storage_offset = 0;
-    const graph::TensorMeta& channel = full;
     const ValueId mean = per_channel(a.mean);
     const ValueId var = per_channel(a.var);
     const ValueId centred = add("aten::sub", "Tensor", {TensorArg{a.input}, TensorArg{mean}, int64_t{1}},
                                 {"self", "other", "alpha"}, 2, full);
-    const ValueId shifted = add("aten::add", "Tensor", {TensorArg{var}, a.eps, int64_t{1}}, {"self", "other", "alpha"}, 2, channel);
-    const ValueId rstd = add("aten::rsqrt", "default", {TensorArg{shifted}}, {"self"}, 1, channel);
+    const ValueId shifted = add("aten::add", "Tensor", {TensorArg{var}, a.eps, int64_t{1}}, {"self", "other", "alpha"}, 2, full);
+    const ValueId rstd = add("aten::rsqrt", "default", {TensorArg{shifted}}, {"self"}, 1, full);
     const bool last_is_scale = !a.weight && !a.bias;
     ValueId y = add("aten::mul", "Tensor", {TensorArg{centred}, TensorArg{rstd}}, {"self", "other"}, 2, full,
                     false, last_is_scale ? result : -1);

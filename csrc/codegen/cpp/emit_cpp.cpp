@@ -15,6 +15,7 @@
 #include <limits>
 #include <sstream>
 
+#include "codegen/prim_text.h"
 #include "common/error.h"
 #include "device_lib/cpp_prelude.h"
 #include "fusion/loop_nest.h"
@@ -84,12 +85,6 @@ const char* prim_format(PrimOp op) {
       "static_cast<$T>($a & $b)", "static_cast<$T>($a | $b)", "static_cast<$T>($a ^ $b)"};          // ..BitwiseXor
   static_assert(sizeof(formats) / sizeof(formats[0]) == decomp::kPrimOpCount, "one format per PrimOp");
   return formats[static_cast<int>(op)];
-}
-
-std::string substitute(std::string text, const std::string& key, const std::string& value) {
-  for (size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + value.size()))
-    text.replace(at, key.size(), value);
-  return text;
 }
 
 class KernelEmitter {
@@ -186,12 +181,8 @@ class KernelEmitter {
       case ExprKind::Unary:
       case ExprKind::Binary:
       case ExprKind::Where: {
-        std::string text = x.kind == ExprKind::Where ? prim_format(PrimOp::Where) : prim_format(x.op);
-        // operand compute type for max/min templates: the operands' dtype
-        text = substitute(text, "$T", compute_type(k_.exprs[x.operands[x.kind == ExprKind::Where ? 1 : 0]].dtype));
-        for (int i = 0; i < 3; ++i)
-          if (x.operands[i] >= 0) text = substitute(text, std::string("$") + static_cast<char>('a' + i), name(i));
-        return text;
+        return fill_prim_format(prim_format(x.kind == ExprKind::Where ? PrimOp::Where : x.op), x,
+                                compute_type(k_.exprs[typed_operand(x)].dtype), names_);
       }
       case ExprKind::Reduce:
         break;

@@ -22,6 +22,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "codegen/prim_text.h"
 #include "common/error.h"
 #include "fusion/loop_nest.h"
 
@@ -128,12 +129,6 @@ std::string identity(ReduceOp op, ScalarType t) {
   if (graph::is_floating_or_complex(t)) return std::string(max ? "-" : "") + "kiln::infinity<" + compute_type(t) + ">()";
   const TypeInfo& info = type_info(t);
   return std::string("static_cast<") + info.compute + ">(" + (max ? info.lowest : info.highest) + ")";
-}
-
-std::string substitute(std::string text, const std::string& key, const std::string& value) {
-  for (size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + value.size()))
-    text.replace(at, key.size(), value);
-  return text;
 }
 
 int64_t pow2_ceil(int64_t v) {
@@ -323,11 +318,8 @@ class KernelEmitter {
       case ExprKind::Unary:
       case ExprKind::Binary:
       case ExprKind::Where: {
-        std::string text = prim_format(x.kind == ExprKind::Where ? PrimOp::Where : x.op);
-        text = substitute(text, "$T", compute_type(k_.exprs[x.operands[x.kind == ExprKind::Where ? 1 : 0]].dtype));
-        for (int i = 0; i < 3; ++i)
-          if (x.operands[i] >= 0) text = substitute(text, std::string("$") + static_cast<char>('a' + i), name(i));
-        return text;
+        return fill_prim_format(prim_format(x.kind == ExprKind::Where ? PrimOp::Where : x.op), x,
+                                compute_type(k_.exprs[typed_operand(x)].dtype), names_);
       }
       case ExprKind::Reduce:
         break;
@@ -399,25 +391,9 @@ class KernelEmitter {
       return;
     }
     const int v = vector_width_;
-    auto vec_type = [&](int buffer) {
-      return "kiln::vec<" + std::string(storage_type(k_.buffers[buffer].dtype)) + ", " + std::to_string(v) + ">";
-    };
-    // The vector path needs every contiguous access aligned to its vector size (outer strides are multiples
-    // of the width already: vector_width).
+    auto vec_type = [&](int buffer) { return this->vec_type(buffer, v); };
     auto contiguous_load = [&](size_t i) { return k_.exprs[i].kind == ExprKind::Load && nest_.load_strides[i].back() == 1; };
-    std::vector<std::string> checks;
-    for (size_t i = 0; i < k_.exprs.size(); ++i)
-      if (contiguous_load(i))
-        checks.push_back("kiln::aligned_to(buf" + std::to_string(k_.exprs[i].buffer) + " + " + std::to_string(k_.exprs[i].index.offset) +
-                         ", sizeof(" + vec_type(k_.exprs[i].buffer) + "))");
-    for (const auto& st : k_.stores)
-      checks.push_back("kiln::aligned_to(buf" + std::to_string(st.buffer) + " + " + std::to_string(st.index.offset) + ", sizeof(" +
-                       vec_type(st.buffer) + "))");
-    std::sort(checks.begin(), checks.end());
-    checks.erase(std::unique(checks.begin(), checks.end()), checks.end());
-    out << "  const bool aligned = ";
-    for (size_t c = 0; c < checks.size(); ++c) out << (c ? " && " : "") << checks[c];
-    out << ";\n  if (aligned) {\n";
+    out << "  const bool aligned = " << alignment_test(v) << ";\n  if (aligned) {\n";
     out << "    const index_t vectors = n / " << v << ";\n";
     out << "    for (index_t vi = first; vi < vectors; vi += step) {\n";
     const std::string indent = "      ";
@@ -488,6 +464,26 @@ class KernelEmitter {
     return "kiln::vec<" + std::string(storage_type(k_.buffers[buffer].dtype)) + ", " + std::to_string(width) + ">";
   }
 
+  // The run-time test that every access walking the innermost loop contiguously starts on a `width`-element
+  // vector boundary (`a && b && ...`). Outer strides are multiples of the width already (vector_width,
+  // row_vector_width), so the first element's address decides for all.
+  std::string alignment_test(int width) const {
+    std::vector<std::string> checks;
+    auto check = [&](int buffer, int64_t offset) {
+      checks.push_back("kiln::aligned_to(buf" + std::to_string(buffer) + " + " + std::to_string(offset) + ", sizeof(" +
+                       vec_type(buffer, width) + "))");
+    };
+    for (size_t i = 0; i < k_.exprs.size(); ++i)
+      if (k_.exprs[i].kind == ExprKind::Load && nest_.load_strides[i].back() == 1) check(k_.exprs[i].buffer, k_.exprs[i].index.offset);
+    for (size_t s = 0; s < k_.stores.size(); ++s)
+      if (nest_.store_strides[s].back() == 1) check(k_.stores[s].buffer, k_.stores[s].index.offset);
+    std::sort(checks.begin(), checks.end());
+    checks.erase(std::unique(checks.begin(), checks.end()), checks.end());
+    std::string test;
+    for (const std::string& c : checks) test += (test.empty() ? "" : " && ") + c;
+    return test;
+  }
+
   // Opens a pass over the reduced loops, lanes striding (by row_width_ elements at a time); calls
   // `body(indent)` once per element of the step (lane_ set when vectorised) and stores the vectors of
   // `vector_stores` after it; closes the pass.
@@ -532,20 +528,8 @@ class KernelEmitter {
       emit_row_loop(rows, "  ");
       return;
     }
-    // Vector passes need the base pointers of the contiguous accesses aligned; otherwise the scalar passes.
-    std::vector<std::string> checks;
-    const size_t red = nest_.loops.size() - 1;
-    for (size_t i = 0; i < k_.exprs.size(); ++i)
-      if (k_.exprs[i].kind == ExprKind::Load && nest_.load_strides[i][red] == 1)
-        checks.push_back("kiln::aligned_to(buf" + std::to_string(k_.exprs[i].buffer) + ", sizeof(" + vec_type(k_.exprs[i].buffer, width) + "))");
-    for (size_t s = 0; s < k_.stores.size(); ++s)
-      if (nest_.store_strides[s][red] == 1)
-        checks.push_back("kiln::aligned_to(buf" + std::to_string(k_.stores[s].buffer) + ", sizeof(" + vec_type(k_.stores[s].buffer, width) + "))");
-    std::sort(checks.begin(), checks.end());
-    checks.erase(std::unique(checks.begin(), checks.end()), checks.end());
-    out << "  if (";
-    for (size_t c = 0; c < checks.size(); ++c) out << (c ? " && " : "") << checks[c];
-    out << ") {\n";
+    // Vector passes need the contiguous accesses aligned; otherwise the scalar passes.
+    out << "  if (" << alignment_test(width) << ") {\n";
     row_width_ = width;
     emit_row_loop(rows, "    ");
     for (auto& name : names_) name.clear();
