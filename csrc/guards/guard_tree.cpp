@@ -258,16 +258,6 @@ bool GuardTree::check_node(const Node& n, PyObject* value, const SourceRoots& ro
 
 // One walk for both uses: `why` is null on the hot path (check) and filled for recompile logs.
 bool GuardTree::evaluate(const SourceRoots& roots, std::string* why) const {
-  if (instance_) {
-    // Before everything else: with one entry per module instance, most entries fail here.
-    PyObject* self = instance_source_->resolve(roots);
-    if (!self) PyErr_Clear();
-    Py_XDECREF(self);  // compared by address only; the frame holds it
-    if (self != instance_) {
-      if (why) *why = instance_source_->describe() + ": a different object than the one traced";
-      return false;
-    }
-  }
   if (globals_ && roots.globals != globals_) {
     if (why) *why = "the function's globals are a different dict";
     return false;
