@@ -9,6 +9,8 @@
 
 #include <optional>
 
+#include "passes/graph_rewriter.h"
+
 namespace kiln::passes {
 
 using graph::ArgValue;
@@ -71,16 +73,15 @@ std::optional<BatchNormArgs> inference_batch_norm(const Graph& g, const Node& n)
 
 class Lowering {
  public:
-  explicit Lowering(Graph& g) : g_(g) {}
+  explicit Lowering(Graph& g) : rewriter_(g) {}
 
   // `plan[i]`: the arguments of node i when it is lowered (found on the graph before any change).
   bool run(const std::vector<std::optional<BatchNormArgs>>& plan) {
-    std::vector<Node> old_nodes = std::move(g_.nodes);
-    g_.nodes.clear();
+    std::vector<Node> old_nodes = rewriter_.take_nodes();
     bool changed = false;
     for (size_t i = 0; i < old_nodes.size(); ++i) {
       if (!plan[i]) {
-        append(std::move(old_nodes[i]));
+        rewriter_.append(std::move(old_nodes[i]));
         continue;
       }
       lower(*plan[i], old_nodes[i].outputs[0]);
@@ -91,75 +92,44 @@ class Lowering {
 
  private:
   void lower(const BatchNormArgs& a, ValueId result) {
-    const graph::TensorMeta out = g_.values[result].meta;
+    Graph& g = rewriter_.graph();
+    const graph::TensorMeta out = g.values[result].meta;
     std::vector<int64_t> channel_shape(out.sizes.size() - 1, 1);
     channel_shape[0] = out.sizes[1];
     // A per-channel vector as a [C, 1, ...] view expanded (stride 0) to the output's shape: every node then
     // has the output's index space, so fusion puts the whole normalisation in the consumer's kernel.
     auto per_channel = [&](ValueId v) {
-      graph::TensorMeta m = g_.values[v].meta;
+      graph::TensorMeta m = g.values[v].meta;
       m.sizes = channel_shape;
       m.strides = graph::contiguous_strides(channel_shape);
       m.storage_offset = 0;
       m.requires_grad = false;
-      const ValueId viewed = add("aten::view", "default", {TensorArg{v}, channel_shape}, {"self", "size"}, 2, m, true);
-      std::vector<int64_t> strides(out.sizes.size(), 0);
-      strides[1] = 1;
-      m.sizes = out.sizes;
-      m.strides = strides;
-      return add("aten::expand", "default", {TensorArg{viewed}, out.sizes, false}, {"self", "size", "implicit"}, 2, m,
-                 true);
+      const ValueId viewed =
+          rewriter_.add("aten::view", "default", {TensorArg{v}, channel_shape}, {"self", "size"}, 2, m, true);
+      return rewriter_.expand(viewed, out.sizes);
     };
     graph::TensorMeta full = out;  // every new node has the output's index space (see per_channel)
     full.requires_grad = false;
     full.storage_offset = 0;
     const ValueId mean = per_channel(a.mean);
     const ValueId var = per_channel(a.var);
-    const ValueId centred = add("aten::sub", "Tensor", {TensorArg{a.input}, TensorArg{mean}, int64_t{1}},
-                                {"self", "other", "alpha"}, 2, full);
-    const ValueId shifted = add("aten::add", "Tensor", {TensorArg{var}, a.eps, int64_t{1}}, {"self", "other", "alpha"}, 2, full);
-    const ValueId rstd = add("aten::rsqrt", "default", {TensorArg{shifted}}, {"self"}, 1, full);
+    const ValueId centred = rewriter_.add("aten::sub", "Tensor", {TensorArg{a.input}, TensorArg{mean}, int64_t{1}},
+                                          {"self", "other", "alpha"}, 2, full);
+    const ValueId shifted =
+        rewriter_.add("aten::add", "Tensor", {TensorArg{var}, a.eps, int64_t{1}}, {"self", "other", "alpha"}, 2, full);
+    const ValueId rstd = rewriter_.add("aten::rsqrt", "default", {TensorArg{shifted}}, {"self"}, 1, full);
     const bool last_is_scale = !a.weight && !a.bias;
-    ValueId y = add("aten::mul", "Tensor", {TensorArg{centred}, TensorArg{rstd}}, {"self", "other"}, 2, full,
-                    false, last_is_scale ? result : -1);
+    ValueId y = rewriter_.add("aten::mul", "Tensor", {TensorArg{centred}, TensorArg{rstd}}, {"self", "other"}, 2, full,
+                              false, last_is_scale ? result : -1);
     if (a.weight)
-      y = add("aten::mul", "Tensor", {TensorArg{y}, TensorArg{per_channel(*a.weight)}}, {"self", "other"}, 2, full, false,
-              a.bias ? -1 : result);
+      y = rewriter_.add("aten::mul", "Tensor", {TensorArg{y}, TensorArg{per_channel(*a.weight)}}, {"self", "other"}, 2,
+                        full, false, a.bias ? -1 : result);
     if (a.bias)
-      add("aten::add", "Tensor", {TensorArg{y}, TensorArg{per_channel(*a.bias)}, int64_t{1}}, {"self", "other", "alpha"},
-          2, full, false, result);
+      rewriter_.add("aten::add", "Tensor", {TensorArg{y}, TensorArg{per_channel(*a.bias)}, int64_t{1}},
+                    {"self", "other", "alpha"}, 2, full, false, result);
   }
 
-  // Appends a node; its output is `reuse` (the batch norm's result) or a new value with `meta`.
-  ValueId add(const std::string& op, const std::string& overload, std::vector<ArgValue> args,
-              std::vector<std::string> names, int32_t positional, const graph::TensorMeta& meta, bool is_view = false,
-              ValueId reuse = -1) {
-    Node node;
-    node.op = op;
-    node.overload = overload;
-    node.args = std::move(args);
-    node.arg_names = std::move(names);
-    node.num_positional = positional;
-    node.is_view = is_view;
-    ValueId out = reuse;
-    if (out < 0) {
-      graph::Value v;
-      v.id = static_cast<ValueId>(g_.values.size());
-      v.meta = meta;
-      g_.values.push_back(std::move(v));
-      out = g_.values.back().id;
-    }
-    node.outputs = {out};
-    append(std::move(node));
-    return out;
-  }
-
-  void append(Node node) {
-    for (ValueId out : node.outputs) g_.values[out].producer = static_cast<graph::NodeIndex>(g_.nodes.size());
-    g_.nodes.push_back(std::move(node));
-  }
-
-  Graph& g_;
+  GraphRewriter rewriter_;
 };
 
 }  // namespace

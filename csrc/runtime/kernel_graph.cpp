@@ -32,6 +32,7 @@
 #include "passes/channels_last.h"
 #include "passes/functionalize.h"
 #include "passes/lower_batch_norm.h"
+#include "passes/split_addmm.h"
 #include "passes/pipeline.h"
 #include "runtime/autograd_graph.h"
 #include "runtime/cuda_launch.h"
@@ -293,6 +294,8 @@ std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> o
   std::string why;
   const graph::Device device = *graph_device(*optimised, why);  // checked by unsupported_reason
   passes::lower_inference_batch_norm(*optimised);
+  if (device.type == graph::DeviceType::CUDA && passes::split_addmm_bias(*optimised))
+    KILN_LOG(perf) << "kiln backend: addmm bias adds fused after plain matmuls";
   if (device.type == graph::DeviceType::CUDA && passes::relayout_convolutions_channels_last(*optimised)) {
     KILN_LOG(perf) << "kiln backend: convolutions run channels-last";
     if (passes::verify_enabled()) optimised->verify();

@@ -159,6 +159,28 @@ def test_sums_means_and_extrema_over_any_dims():
     check(lambda x: x.sum(), rand(100_000))
 
 
+@pytest.mark.parametrize("shape", [(4096, 2048), (300, 70), (7, 33, 65), (2, 1000)])
+def test_reductions_over_outer_dims_use_the_column_strategy(shape):
+    # a bias gradient's shape: neighbouring outputs read neighbouring elements
+    bias = rand(shape[-1])
+    fn = lambda g: ((g * 2).sum(0), (g - bias).pow(2).mean(0), g.amax(0))  # noqa: E731
+    summary = check(fn, rand(*shape))
+    assert summary["strategies"] == ["column"], summary
+    check(lambda g: g.sum((0, 1)), rand(*shape) if len(shape) == 3 else rand(3, *shape))
+
+
+def test_column_nan_and_integer_reductions():
+    x = rand(64, 96)
+    x[5, 7] = float("nan")
+    x[63, 95] = float("nan")
+    graph, inputs = capture(lambda x: (x.amax(0), x.amin(0)), x)
+    compiled = kiln._C.compile_graph(graph, "kiln", inputs)
+    assert kiln._C.compiled_graph_summary(compiled)["strategies"] == ["column"]
+    for a, e in zip(compiled(inputs), (x.amax(0), x.amin(0))):
+        torch.testing.assert_close(a, e, equal_nan=True)
+    check(lambda a: (a.sum(0), a.amax(0)), rand(300, 40, dtype=torch.int64), expect_strategies=["column"])
+
+
 def test_amax_propagates_nan():
     x = rand(16, 300)
     x[3, 17] = float("nan")
@@ -180,6 +202,19 @@ def test_linear_bias_gelu_is_one_extern_and_at_most_one_kernel():
     summary = check(lambda x: F.gelu(F.linear(x, w, b)), rand(16, 32))
     assert len(summary["kernels"]) <= 1
     assert len([op for op in summary["externs"] if "mm" in op]) == 1
+
+
+def test_linear_bias_is_added_in_the_kernel_after_a_plain_matmul():
+    # float32: addmm(b, x, w) runs as mm(x, w) with the bias add fused into the GELU kernel (passes/split_addmm)
+    w, b = rand(48, 32), rand(48)
+    summary = check(lambda x: F.gelu(F.linear(x, w, b)), rand(16, 32), expect_kernels=1)
+    assert summary["externs"] == ["aten::mm.default"], summary
+    # nothing to fuse with: the add is its own kernel, still eager's values and strides
+    summary = check(lambda x: F.linear(x, w, b).t(), rand(16, 32), expect_kernels=1)
+    assert "aten::addmm.default" not in summary["externs"], summary
+    # half precision keeps cuBLAS's bias epilogue (one rounding, as eager)
+    summary = check(lambda x: F.linear(x, w.half(), b.half()), rand(16, 32, dtype=torch.half), kind="general")
+    assert "aten::addmm.default" in summary["externs"], summary
 
 
 def test_runs_on_a_side_stream_after_its_work():
@@ -290,6 +325,21 @@ def test_rgb_stem_convolution_keeps_its_layout(no_tf32):
     conv = torch.nn.Conv2d(3, 16, 3).cuda().requires_grad_(False)
     summary = check(lambda x: F.relu(conv(x)), rand(2, 3, 32, 32))
     assert not any("clone" in k for k in summary["kernels"] + summary["externs"]), summary
+
+
+def test_rgb_stem_in_front_of_a_wider_chain_runs_channels_last(no_tf32):
+    stem = torch.nn.Conv2d(3, 32, 7, stride=2, padding=3, bias=False).cuda().requires_grad_(False)
+    conv = torch.nn.Conv2d(32, 32, 3, padding=1).cuda().requires_grad_(False)
+    bn = torch.nn.BatchNorm2d(32).cuda().eval().requires_grad_(False)
+    bn.running_mean.uniform_(-1, 1)
+    bn.running_var.uniform_(0.5, 2)
+
+    def f(x):
+        y = F.max_pool2d(F.relu(bn(stem(x))), 3, 2, 1)
+        return F.relu(conv(y) + y)
+
+    summary = check(f, rand(2, 3, 64, 64))
+    assert any("clone" in k for k in summary["kernels"] + summary["externs"]), summary
 
 
 def test_resnet_style_block_is_channels_last_with_fused_batch_norm(no_tf32):

@@ -8,6 +8,9 @@
 // - warp_per_row: reductions over at most kWarpRowLimit elements; a warp owns a row (8 rows per block), each
 //   lane strides over the row, the lanes combine with register shuffles.
 // - block_per_row: longer rows; a block owns a row and combines through shared memory (kiln_reduce.cuh).
+// - column: reductions whose inputs are contiguous along the outputs rather than along the reduced dims (a
+//   bias gradient, a sum over the batch dim): 32 neighbouring outputs per block, one per threadIdx.x, so each
+//   warp reads 32 consecutive elements; threadIdx.y splits the reduced range, combined in shared memory.
 // In both row shapes the body mirrors the C++ generator: per row, each reduction in its own pass over the
 // reduced loops (recomputing the pointwise prologue it needs), then the per-row values and stores (lane 0),
 // then one more pass for stores that run along the reduced loops (softmax's output, layer norm's y). Rows are
@@ -159,6 +162,7 @@ class KernelEmitter {
       rows_ = rows_ || e.kind == ExprKind::Reduce;
     }
     rows_ = rows_ || nest_.outer_count < static_cast<int>(nest_.loops.size());
+    column_ = rows_ && column_shaped();
     names_.resize(k.exprs.size());
   }
 
@@ -173,6 +177,12 @@ class KernelEmitter {
       const int64_t work = (outer + std::max(vector_width_, 1) - 1) / std::max(vector_width_, 1);
       launch.block_x = kPointwiseBlock;
       launch.grid = static_cast<unsigned>(std::min<int64_t>((work + kPointwiseBlock - 1) / kPointwiseBlock, kMaxGrid));
+    } else if (column_) {
+      launch.strategy = "column";
+      launch.block_x = 32;
+      launch.block_y = static_cast<unsigned>(std::clamp<int64_t>(pow2_ceil((reduced + 7) / 8), 1, 32));
+      launch.grid = static_cast<unsigned>(std::min<int64_t>((outer + 31) / 32, kMaxGrid));
+      threads = 32 * launch.block_y;
     } else if (reduced <= kWarpRowLimit) {
       launch.strategy = "warp_per_row";
       launch.block_x = 32;
@@ -189,7 +199,7 @@ class KernelEmitter {
     index_type_ = needs_64bit_index(launch) ? "long long" : "int";
 
     std::ostringstream out;
-    out << covers_comment(k_, g_) << "// strategy: " << launch.strategy << "\nextern \"C\" __global__ void __launch_bounds__(" << (rows_ && !block_reduce_ ? 32 * kRowsPerBlock : threads)
+    out << covers_comment(k_, g_) << "// strategy: " << launch.strategy << "\nextern \"C\" __global__ void __launch_bounds__(" << (rows_ && !block_reduce_ && !column_ ? 32 * kRowsPerBlock : threads)
         << ") " << k_.name << "(";
     for (size_t b = 0; b < k_.buffers.size(); ++b) {
       const auto& buf = k_.buffers[b];
@@ -222,6 +232,27 @@ class KernelEmitter {
     for (size_t s = 0; s < k_.stores.size(); ++s)
       largest = std::max(largest, extent(nest_.store_strides[s], k_.stores[s].index.offset));
     return largest >= kIndex32Limit;
+  }
+
+  // A reduction kernel whose accesses walk the innermost output loop contiguously and never the reduced
+  // loops, with every store one value per output: the column strategy (see the file comment).
+  bool column_shaped() const {
+    const int inner = nest_.outer_count - 1;
+    if (inner < 0) return false;
+    bool contiguous = false;
+    for (size_t i = 0; i < k_.exprs.size(); ++i) {
+      if (k_.exprs[i].kind != ExprKind::Load) continue;
+      const auto& strides = nest_.load_strides[i];
+      for (size_t l = nest_.outer_count; l < strides.size(); ++l)
+        if (strides[l] == 1) return false;
+      if (strides[inner] != 0 && strides[inner] != 1) return false;
+      contiguous = contiguous || (strides[inner] == 1 && nest_.runs_reduced(strides));
+    }
+    for (size_t s = 0; s < k_.stores.size(); ++s)
+      if (nest_.runs_reduced(nest_.store_strides[s]) || depends_[k_.stores[s].expr] ||
+          nest_.store_strides[s][inner] != 1)
+        return false;
+    return contiguous;
   }
 
   // Elements per thread for 16-byte accesses, or 1. Vectors run along the innermost loop: every load
@@ -521,9 +552,10 @@ class KernelEmitter {
 
   void emit_rows(int64_t rows) {
     std::ostream& out = *body_;
-    out << "  const index_t lane = threadIdx.x;\n";
-    out << "  const index_t group = blockDim.x;\n";
-    const int width = row_vector_width();
+    // `lane` and `group`: a thread's place among those sharing one output, and their number
+    out << "  const index_t lane = threadIdx." << (column_ ? "y" : "x") << ";\n";
+    out << "  const index_t group = blockDim." << (column_ ? "y" : "x") << ";\n";
+    const int width = column_ ? 1 : row_vector_width();
     if (width <= 1) {
       emit_row_loop(rows, "  ");
       return;
@@ -541,10 +573,19 @@ class KernelEmitter {
 
   void emit_row_loop(int64_t rows, const std::string& base_indent) {
     std::ostream& out = *body_;
-    const unsigned rows_per_block = block_reduce_ ? 1 : kRowsPerBlock;
-    out << base_indent << "for (index_t row = static_cast<index_t>(blockIdx.x) * " << rows_per_block << " + threadIdx.y; row < " << rows
-        << "; row += static_cast<index_t>(gridDim.x) * " << rows_per_block << ") {\n";
     const std::string indent = base_indent + "  ";
+    if (column_) {
+      // Every thread of the block runs every step (column_reduce has barriers): the threads past the last
+      // output redo the last one and store nothing.
+      out << base_indent << "for (index_t first_row = static_cast<index_t>(blockIdx.x) * 32; first_row < " << rows
+          << "; first_row += static_cast<index_t>(gridDim.x) * 32) {\n";
+      out << indent << "const bool active = first_row + threadIdx.x < " << rows << ";\n";
+      out << indent << "const index_t row = active ? first_row + threadIdx.x : " << rows - 1 << ";\n";
+    } else {
+      const unsigned rows_per_block = block_reduce_ ? 1 : kRowsPerBlock;
+      out << base_indent << "for (index_t row = static_cast<index_t>(blockIdx.x) * " << rows_per_block
+          << " + threadIdx.y; row < " << rows << "; row += static_cast<index_t>(gridDim.x) * " << rows_per_block << ") {\n";
+    }
     decompose("row", 0, nest_.outer_count, indent);
     for (size_t r = 0; r < k_.exprs.size(); ++r) {
       const Expr& x = k_.exprs[r];
@@ -559,7 +600,8 @@ class KernelEmitter {
         out << inner << acc << " = " << combiner(x.reduce_op) << "::combine(" << acc << ", "
             << "static_cast<" << compute_type(x.dtype) << ">(" << names_[operand] << "));\n";
       });
-      if (block_reduce_) out << indent << acc << " = kiln::block_reduce<" << combiner(x.reduce_op) << ">(" << acc << ", " << init << ");\n";
+      if (column_) out << indent << acc << " = kiln::column_reduce<" << combiner(x.reduce_op) << ">(" << acc << ", " << init << ");\n";
+      else if (block_reduce_) out << indent << acc << " = kiln::block_reduce<" << combiner(x.reduce_op) << ">(" << acc << ", " << init << ");\n";
       else out << indent << acc << " = kiln::warp_reduce<" << combiner(x.reduce_op) << ">(" << acc << ");\n";
       names_[r] = acc;
     }
@@ -571,7 +613,7 @@ class KernelEmitter {
         continue;
       }
       emit_row_values(st.expr, indent);
-      out << indent << "if (lane == 0) " << store_text(s, names_[st.expr], true) << "\n";
+      out << indent << (column_ ? "if (lane == 0 && active) " : "if (lane == 0) ") << store_text(s, names_[st.expr], true) << "\n";
     }
     if (!along.empty()) {
       for (size_t s : along) emit_row_values(k_.stores[s].expr, indent);
@@ -609,6 +651,7 @@ class KernelEmitter {
   std::string index_type_;
   bool rows_ = false;
   bool block_reduce_ = false;
+  bool column_ = false;  // the column strategy (column_shaped)
   int vector_width_ = 1;
   int lane_ = -1;  // the vector lane being emitted, or -1 for scalar code
   int row_width_ = 1;  // elements per lane and step in the row passes being emitted

@@ -1,0 +1,60 @@
+"""Where a seed model's GPU time goes: the top CUDA kernels per step under each system (torch.profiler).
+
+Usage: python3 benchmarks/profile_cuda.py --models resnet50,bert [--systems eager,inductor,kiln] [--top 15]
+Prints, per (model, system): kernel launches and summed kernel time per step, then the top kernels by time
+(name, launches per step, us per step). Kernel time is GPU busy time; the gap to the step's wall time is
+launch overhead and host work.
+"""
+import argparse
+import copy
+import json
+import os
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import seed_models  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="resnet50,bert")
+    ap.add_argument("--systems", default="eager,inductor,kiln")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--top", type=int, default=15)
+    args = ap.parse_args()
+    for name in args.models.split(","):
+        torch.manual_seed(0)
+        base, x, train = seed_models.make(name, "cuda")
+        base, x = base.cuda(), x.cuda()
+        for system in args.systems.split(","):
+            model = copy.deepcopy(base)
+            model.train() if train else model.eval()
+            fn = seed_models.step_fn(seed_models.compile_with(system, model, "default"),
+                                     torch.optim.AdamW(model.parameters(), lr=1e-4) if train else None, train)
+            for _ in range(3):
+                fn(x)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(args.steps):
+                    fn(x)
+                torch.cuda.synchronize()
+            kernels = {}
+            for ev in prof.events():
+                if ev.device_type == torch.autograd.DeviceType.CUDA:
+                    k = kernels.setdefault(ev.name, [0, 0.0])
+                    k[0] += 1
+                    k[1] += ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
+            total = sum(v[1] for v in kernels.values()) / args.steps
+            launches = sum(v[0] for v in kernels.values()) / args.steps
+            print(json.dumps({"model": name, "system": system, "kernels_per_step": launches,
+                              "kernel_us_per_step": round(total, 1)}), flush=True)
+            for kname, (n, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:args.top]:
+                print(f"    {us / args.steps:9.1f} us  {n / args.steps:6.1f}x  {kname[:150]}", flush=True)
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

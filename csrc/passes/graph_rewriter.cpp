@@ -1,0 +1,61 @@
+// Node-list rebuilding for the lowering passes (passes/graph_rewriter.h).
+#include "passes/graph_rewriter.h"
+
+#include "common/error.h"
+
+namespace kiln::passes {
+
+using graph::Node;
+using graph::TensorArg;
+using graph::ValueId;
+
+std::vector<Node> GraphRewriter::take_nodes() {
+  std::vector<Node> nodes = std::move(g_.nodes);
+  g_.nodes.clear();
+  return nodes;
+}
+
+void GraphRewriter::append(Node node) {
+  for (ValueId out : node.outputs) g_.values[out].producer = static_cast<graph::NodeIndex>(g_.nodes.size());
+  g_.nodes.push_back(std::move(node));
+}
+
+ValueId GraphRewriter::add(const std::string& op, const std::string& overload, std::vector<graph::ArgValue> args,
+                           std::vector<std::string> names, int32_t positional, const graph::TensorMeta& meta,
+                           bool is_view, ValueId reuse) {
+  Node node;
+  node.op = op;
+  node.overload = overload;
+  node.args = std::move(args);
+  node.arg_names = std::move(names);
+  node.num_positional = positional;
+  node.is_view = is_view;
+  ValueId out = reuse;
+  if (out < 0) {
+    graph::Value v;
+    v.id = static_cast<ValueId>(g_.values.size());
+    v.meta = meta;
+    g_.values.push_back(std::move(v));
+    out = g_.values.back().id;
+  }
+  node.outputs = {out};
+  append(std::move(node));
+  return out;
+}
+
+ValueId GraphRewriter::expand(ValueId v, const std::vector<int64_t>& expanded_sizes) {
+  graph::TensorMeta m = g_.values[v].meta;
+  KILN_ASSERT(m.sizes.size() <= expanded_sizes.size()) << "expand to fewer dims";
+  const size_t lead = expanded_sizes.size() - m.sizes.size();
+  std::vector<int64_t> strides(expanded_sizes.size(), 0);
+  for (size_t d = 0; d < m.sizes.size(); ++d) {
+    KILN_ASSERT(m.sizes[d] == expanded_sizes[lead + d] || m.sizes[d] == 1) << "expand of a non-broadcastable dim";
+    strides[lead + d] = m.sizes[d] == 1 ? 0 : m.strides[d];
+  }
+  m.sizes = expanded_sizes;
+  m.strides = std::move(strides);
+  return add("aten::expand", "default", {TensorArg{v}, expanded_sizes, false}, {"self", "size", "implicit"}, 2, m,
+             true);
+}
+
+}  // namespace kiln::passes

@@ -1,0 +1,37 @@
+#pragma once
+// Rebuilds a graph's node list in order while some nodes are replaced by several plain ATen nodes: the
+// shared machinery of the lowering passes (lower_batch_norm, split_addmm). Torch-free.
+#include <string>
+#include <vector>
+
+#include "graph/graph.h"
+
+namespace kiln::passes {
+
+class GraphRewriter {
+ public:
+  explicit GraphRewriter(graph::Graph& g) : g_(g) {}
+
+  /// Takes the graph's nodes out (to be appended back, or replaced, in order with `append` / `add`).
+  std::vector<graph::Node> take_nodes();
+
+  /// Appends a node, recording it as the producer of its outputs.
+  void append(graph::Node node);
+
+  /// Appends a new ATen node whose one output is `reuse` (a value some replaced node defined, so its consumers
+  /// are untouched) or, when reuse < 0, a new value with `meta`. Returns the output value.
+  graph::ValueId add(const std::string& op, const std::string& overload, std::vector<graph::ArgValue> args,
+                     std::vector<std::string> names, int32_t positional, const graph::TensorMeta& meta,
+                     bool is_view = false, graph::ValueId reuse = -1);
+
+  /// `v` viewed with `expanded_sizes` (a broadcast: new leading dims and size-1 dims get stride 0) through one
+  /// aten::expand node; `v` must broadcast to that shape.
+  graph::ValueId expand(graph::ValueId v, const std::vector<int64_t>& expanded_sizes);
+
+  graph::Graph& graph() { return g_; }
+
+ private:
+  graph::Graph& g_;
+};
+
+}  // namespace kiln::passes

@@ -1,0 +1,120 @@
+// passes/: the CUDA lowering passes on hand-built graphs (torch-free: CUDA metas need no GPU).
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "graph/graph.h"
+#include "passes/channels_last.h"
+#include "passes/split_addmm.h"
+
+using namespace kiln::graph;
+
+namespace {
+TensorMeta cuda(std::vector<int64_t> sizes, ScalarType dtype = ScalarType::Float) {
+  TensorMeta m;
+  m.strides = contiguous_strides(sizes);
+  m.sizes = std::move(sizes);
+  m.dtype = dtype;
+  m.device.type = DeviceType::CUDA;
+  m.device.index = 0;
+  return m;
+}
+
+Node op(const std::string& name, const std::string& overload, std::vector<ArgValue> args,
+        std::vector<std::string> names, int32_t positional) {
+  Node n;
+  n.op = name;
+  n.overload = overload;
+  n.args = std::move(args);
+  n.arg_names = std::move(names);
+  n.num_positional = positional;
+  return n;
+}
+
+// gelu(addmm(b, x, w)) on CUDA; `dtype` for every tensor.
+Graph linear_gelu(ScalarType dtype, int64_t beta = 1) {
+  Graph g;
+  ValueId x = g.add_input(cuda({32, 10}, dtype));
+  ValueId w = g.add_input(cuda({10, 50}, dtype));
+  ValueId b = g.add_input(cuda({50}, dtype));
+  ValueId y = g.add_node(op("aten::addmm", "default", {TensorArg{b}, TensorArg{x}, TensorArg{w}, beta, int64_t{1}},
+                            {"self", "mat1", "mat2", "beta", "alpha"}, 3),
+                         {cuda({32, 50}, dtype)})[0];
+  ValueId z = g.add_node(op("aten::gelu", "default", {TensorArg{y}, std::string("none")}, {"self", "approximate"}, 1),
+                         {cuda({32, 50}, dtype)})[0];
+  g.set_outputs({z});
+  return g;
+}
+
+std::vector<std::string> names(const Graph& g) {
+  std::vector<std::string> out;
+  for (const Node& n : g.nodes) out.push_back(n.qualified_name());
+  return out;
+}
+
+Node conv(ValueId x, ValueId w) {
+  return op("aten::convolution", "default",
+            {TensorArg{x}, TensorArg{w}, NoneArg{}, std::vector<int64_t>{1, 1}, std::vector<int64_t>{1, 1},
+             std::vector<int64_t>{1, 1}, false, std::vector<int64_t>{0, 0}, int64_t{1}},
+            {"input", "weight", "bias", "stride", "padding", "dilation", "transposed", "output_padding", "groups"}, 9);
+}
+
+// conv(3 -> 32) -> relu [-> conv(32 -> 32)] on CUDA, 2x?x8x8.
+Graph stem(bool with_wide_conv) {
+  Graph g;
+  ValueId x = g.add_input(cuda({2, 3, 8, 8}));
+  ValueId w1 = g.add_input(cuda({32, 3, 3, 3}));
+  ValueId y = g.add_node(conv(x, w1), {cuda({2, 32, 8, 8})})[0];
+  ValueId r = g.add_node(op("aten::relu", "default", {TensorArg{y}}, {"self"}, 1), {cuda({2, 32, 8, 8})})[0];
+  if (with_wide_conv) {
+    ValueId w2 = g.add_input(cuda({32, 32, 3, 3}));
+    r = g.add_node(conv(r, w2), {cuda({2, 32, 8, 8})})[0];
+  }
+  g.set_outputs({r});
+  return g;
+}
+}  // namespace
+
+TEST_CASE("addmm with a bias vector on CUDA float32 becomes mm + a fusable bias add") {
+  Graph g = linear_gelu(ScalarType::Float);
+  const ValueId out = g.outputs[0];
+  REQUIRE(kiln::passes::split_addmm_bias(g));
+  CHECK_NOTHROW(g.verify());
+  CHECK(names(g) == std::vector<std::string>{"aten::mm.default", "aten::expand.default", "aten::add.Tensor",
+                                             "aten::gelu.default"});
+  const Value& bias = g.values[std::get<TensorArg>(g.nodes[2].args[1]).id];
+  CHECK(bias.meta.sizes == std::vector<int64_t>{32, 50});
+  CHECK(bias.meta.strides == std::vector<int64_t>{0, 1});
+  CHECK(g.outputs[0] == out);
+  // the add defines the addmm's own value, so gelu reads it unchanged
+  CHECK(std::get<TensorArg>(g.nodes[3].args[0]).id == g.nodes[2].outputs[0]);
+}
+
+TEST_CASE("addmm stays whole in half precision, with beta != 1, and on CPU") {
+  Graph half = linear_gelu(ScalarType::Half);
+  CHECK_FALSE(kiln::passes::split_addmm_bias(half));
+  Graph scaled = linear_gelu(ScalarType::Float, 2);
+  CHECK_FALSE(kiln::passes::split_addmm_bias(scaled));
+  Graph cpu = linear_gelu(ScalarType::Float);
+  for (Value& v : cpu.values) v.meta.device = Device{};
+  CHECK_FALSE(kiln::passes::split_addmm_bias(cpu));
+  CHECK(names(cpu)[0] == "aten::addmm.default");
+}
+
+TEST_CASE("an RGB stem convolution runs channels-last only in front of wider convolutions") {
+  Graph alone = stem(false);
+  CHECK_FALSE(kiln::passes::relayout_convolutions_channels_last(alone));
+  Graph chain = stem(true);
+  REQUIRE(kiln::passes::relayout_convolutions_channels_last(chain));
+  CHECK_NOTHROW(chain.verify());
+  // input and both weights relaid, the chain's result restored for the graph output
+  int clones = 0;
+  for (const Node& n : chain.nodes) clones += n.qualified_name() == "aten::clone.default";
+  CHECK(clones == 4);
+  for (const Node& n : chain.nodes) {
+    if (n.qualified_name() != "aten::convolution.default") continue;
+    const Value& input = chain.values[std::get<TensorArg>(n.args[0]).id];
+    CHECK(input.meta.strides[1] == 1);  // channels-last: C innermost
+  }
+  CHECK(chain.values[chain.outputs[0]].meta.strides == contiguous_strides({2, 32, 8, 8}));
+}
