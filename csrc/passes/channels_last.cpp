@@ -37,7 +37,7 @@ const std::unordered_set<std::string>& layout_following_ops() {
       "aten::relu.default", "aten::relu_.default", "aten::gelu.default", "aten::silu.default",
       "aten::sigmoid.default", "aten::tanh.default", "aten::hardtanh.default", "aten::hardswish.default",
       "aten::leaky_relu.default", "aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor",
-      "aten::div.Tensor", "aten::clamp.default", "aten::clamp_min.default", "aten::max_pool2d_with_indices.default",
+      "aten::div.Tensor", "aten::clamp.default", "aten::clamp_min.default",
       "aten::rsqrt.default", "aten::sqrt.default", "aten::exp.default", "aten::neg.default", "aten::abs.default",
       "aten::reciprocal.default", "aten::pow.Tensor_Scalar", "aten::add.Scalar", "aten::mul.Scalar", "aten::sub.Scalar"};
   return ops;
@@ -46,6 +46,13 @@ const std::unordered_set<std::string>& layout_following_ops() {
 // Batch norm: output 0 follows the input's layout; the others are per-channel vectors.
 bool is_batch_norm(const std::string& name) {
   return name == "aten::native_batch_norm.default" || name == "aten::_native_batch_norm_legit_no_training.default";
+}
+
+// Ops whose 4-d outputs (pooled values, max-pool indices) take the layout of their first operand, whatever
+// its shape: ATen's CUDA pooling kernels have channels-last variants.
+bool is_pooling(const std::string& name) {
+  return name == "aten::max_pool2d_with_indices.default" || name == "aten::avg_pool2d.default" ||
+         name == "aten::_adaptive_avg_pool2d.default";
 }
 
 // True when some dim of size > 1 has stride 0 (an expanded operand).
@@ -136,6 +143,13 @@ class Relayout {
 
   // True when every 4-d tensor operand is relaid and at least one is (so the op keeps the layout).
   bool follows(const Node& node, const std::string& name) const {
+    if (is_pooling(name)) {
+      const auto* input = std::get_if<TensorArg>(&node.args[0]);
+      if (!input || !relaid_[input->id]) return false;
+      for (ValueId out : node.outputs)
+        if (g_.values[out].meta.sizes.size() != 4) return false;
+      return true;
+    }
     if (!layout_following_ops().count(name) && !is_batch_norm(name)) return false;
     bool any = false, all = true;
     for (size_t a = 0; a < node.args.size(); ++a) {

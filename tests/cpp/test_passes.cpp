@@ -5,6 +5,7 @@
 
 #include "graph/graph.h"
 #include "passes/channels_last.h"
+#include "passes/lower_batch_norm.h"
 #include "passes/split_addmm.h"
 
 using namespace kiln::graph;
@@ -117,4 +118,39 @@ TEST_CASE("an RGB stem convolution runs channels-last only in front of wider con
     CHECK(input.meta.strides[1] == 1);  // channels-last: C innermost
   }
   CHECK(chain.values[chain.outputs[0]].meta.strides == contiguous_strides({2, 32, 8, 8}));
+}
+
+TEST_CASE("a ResNet stem (conv, batch norm, ReLU, max pool) stays channels-last into the next convolution") {
+  Graph g;
+  ValueId x = g.add_input(cuda({2, 3, 16, 16}));
+  ValueId w1 = g.add_input(cuda({32, 3, 3, 3}));
+  std::vector<ValueId> stats;
+  for (int i = 0; i < 4; ++i) stats.push_back(g.add_input(cuda({32})));
+  ValueId y = g.add_node(conv(x, w1), {cuda({2, 32, 16, 16})})[0];
+  std::vector<ValueId> bn = g.add_node(
+      op("aten::_native_batch_norm_legit_no_training", "default",
+         {TensorArg{y}, TensorArg{stats[0]}, TensorArg{stats[1]}, TensorArg{stats[2]}, TensorArg{stats[3]}, 0.1, 1e-5},
+         {"input", "weight", "bias", "running_mean", "running_var", "momentum", "eps"}, 7),
+      {cuda({2, 32, 16, 16}), cuda({0}), cuda({0})});
+  ValueId r = g.add_node(op("aten::relu", "default", {TensorArg{bn[0]}}, {"self"}, 1), {cuda({2, 32, 16, 16})})[0];
+  std::vector<ValueId> pooled = g.add_node(
+      op("aten::max_pool2d_with_indices", "default",
+         {TensorArg{r}, std::vector<int64_t>{3, 3}, std::vector<int64_t>{2, 2}, std::vector<int64_t>{1, 1},
+          std::vector<int64_t>{1, 1}, false},
+         {"self", "kernel_size", "stride", "padding", "dilation", "ceil_mode"}, 6),
+      {cuda({2, 32, 8, 8}), cuda({2, 32, 8, 8}, ScalarType::Long)});
+  ValueId w2 = g.add_input(cuda({32, 32, 3, 3}));
+  ValueId z = g.add_node(conv(pooled[0], w2), {cuda({2, 32, 8, 8})})[0];
+  g.set_outputs({z});
+  REQUIRE(kiln::passes::lower_inference_batch_norm(g));
+  REQUIRE(kiln::passes::relayout_convolutions_channels_last(g));
+  CHECK_NOTHROW(g.verify());
+  for (const Node& n : g.nodes) {
+    const std::string name = n.qualified_name();
+    if (name == "aten::relu.default" || name == "aten::max_pool2d_with_indices.default" ||
+        name == "aten::convolution.default") {
+      INFO(name);
+      CHECK(g.values[n.outputs[0]].meta.strides[1] == 1);
+    }
+  }
 }

@@ -58,9 +58,10 @@ def assert_matches(actual, expected, kind):
         torch.testing.assert_close(a, e, rtol=rtol, atol=atol, equal_nan=True)
 
 
-def check(fn, *inputs, kind="general", expect_kernels=None, expect_strategies=None):
+def check(fn, *inputs, kind="general", expect_kernels=None, expect_strategies=None, fresh=None):
     """Compiles fn's CUDA graph with the kiln backend, checks the summary and the outputs against eager, then
-    runs fn through kiln.compile on fresh inputs of the same kind."""
+    runs fn through kiln.compile on fresh inputs of the same kind (`fresh(*shape, dtype=...)`, default rand)."""
+    fresh_input = fresh or rand
     graph, example_inputs = capture(fn, *inputs)
     compiled = kiln._C.compile_graph(graph, "kiln", example_inputs)
     summary = kiln._C.compiled_graph_summary(compiled)
@@ -72,9 +73,9 @@ def check(fn, *inputs, kind="general", expect_kernels=None, expect_strategies=No
         assert summary["strategies"] == expect_strategies, summary
     with torch.no_grad():
         assert_matches(compiled(example_inputs), fn(*inputs), kind)
-        fresh = [t.clone().copy_(rand(*t.shape, dtype=t.dtype)) if t.is_contiguous() else t for t in inputs]
+        new = [t.clone().copy_(fresh_input(*t.shape, dtype=t.dtype)) if t.is_contiguous() else t for t in inputs]
         kiln.reset()
-        assert_matches(kiln.compile(fn)(*fresh), fn(*fresh), kind)
+        assert_matches(kiln.compile(fn)(*new), fn(*new), kind)
     kiln.reset()
     return summary
 
@@ -159,14 +160,20 @@ def test_sums_means_and_extrema_over_any_dims():
     check(lambda x: x.sum(), rand(100_000))
 
 
+def integral(*shape, dtype=torch.float32):
+    """float32 values that are small integers: sums of them are exact in any order, so reductions of any
+    length compare with eager's exactly, whatever the summation order."""
+    return torch.randint(-9, 10, shape, device="cuda").to(dtype)
+
+
 @pytest.mark.parametrize("shape", [(4096, 2048), (300, 70), (7, 33, 65), (2, 1000)])
 def test_reductions_over_outer_dims_use_the_column_strategy(shape):
     # a bias gradient's shape: neighbouring outputs read neighbouring elements
-    bias = rand(shape[-1])
-    fn = lambda g: ((g * 2).sum(0), (g - bias).pow(2).mean(0), g.amax(0))  # noqa: E731
-    summary = check(fn, rand(*shape))
+    bias = integral(shape[-1])
+    fn = lambda g: ((g * 2).sum(0), (g - bias).pow(2).sum(0), g.amax(0), g.mean(0))  # noqa: E731
+    summary = check(fn, integral(*shape), fresh=integral)
     assert summary["strategies"] == ["column"], summary
-    check(lambda g: g.sum((0, 1)), rand(*shape) if len(shape) == 3 else rand(3, *shape))
+    check(lambda g: g.sum((0, 1)), integral(*shape) if len(shape) == 3 else integral(3, *shape), fresh=integral)
 
 
 def test_column_nan_and_integer_reductions():
