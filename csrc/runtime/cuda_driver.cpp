@@ -127,6 +127,15 @@ ComputeCapability compute_capability(int ordinal) {
   return cc;
 }
 
+int multiprocessor_count(int ordinal) {
+  const DriverApi& a = driver();
+  CudaDevice device = 0;
+  check(a.cuDeviceGet(&device, ordinal), "cuDeviceGet");
+  int count = 0;
+  check(a.cuDeviceGetAttribute(&count, kDeviceAttributeMultiprocessorCount, device), "cuDeviceGetAttribute");
+  return count;
+}
+
 namespace {
 
 // Primary contexts retained by kiln, one per device, never released: torch keeps them alive anyway,

@@ -65,6 +65,8 @@ struct ComputeCapability {
 };
 /// The compute capability of device `ordinal` (9.0 on H100/H200).
 ComputeCapability compute_capability(int ordinal);
+/// The number of streaming multiprocessors of device `ordinal`.
+int multiprocessor_count(int ordinal);
 int device_count();
 
 /// Makes the primary context of device `ordinal` current on the calling thread for the guard's lifetime,

@@ -33,6 +33,7 @@
 #include "passes/functionalize.h"
 #include "passes/lower_batch_norm.h"
 #include "passes/split_addmm.h"
+#include "runtime/cuda_driver.h"
 #include "passes/pipeline.h"
 #include "runtime/autograd_graph.h"
 #include "runtime/cuda_launch.h"
@@ -294,7 +295,8 @@ std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> o
   std::string why;
   const graph::Device device = *graph_device(*optimised, why);  // checked by unsupported_reason
   passes::lower_inference_batch_norm(*optimised);
-  if (device.type == graph::DeviceType::CUDA && passes::split_addmm_bias(*optimised))
+  if (device.type == graph::DeviceType::CUDA &&
+      passes::split_addmm_bias(*optimised, cuda::multiprocessor_count(std::max<int>(device.index, 0))))
     KILN_LOG(perf) << "kiln backend: addmm bias adds fused after plain matmuls";
   if (device.type == graph::DeviceType::CUDA && passes::relayout_convolutions_channels_last(*optimised)) {
     KILN_LOG(perf) << "kiln backend: convolutions run channels-last";

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "decomp/decompositions.h"
 #include "graph/graph.h"
 #include "passes/channels_last.h"
 #include "passes/lower_batch_norm.h"
@@ -76,10 +77,12 @@ Graph stem(bool with_wide_conv) {
 }
 }  // namespace
 
+constexpr int64_t kSMs = 132;
+
 TEST_CASE("addmm with a bias vector on CUDA float32 becomes mm + a fusable bias add") {
   Graph g = linear_gelu(ScalarType::Float);
   const ValueId out = g.outputs[0];
-  REQUIRE(kiln::passes::split_addmm_bias(g));
+  REQUIRE(kiln::passes::split_addmm_bias(g, kSMs));
   CHECK_NOTHROW(g.verify());
   CHECK(names(g) == std::vector<std::string>{"aten::mm.default", "aten::expand.default", "aten::add.Tensor",
                                              "aten::gelu.default"});
@@ -93,13 +96,52 @@ TEST_CASE("addmm with a bias vector on CUDA float32 becomes mm + a fusable bias 
 
 TEST_CASE("addmm stays whole in half precision, with beta != 1, and on CPU") {
   Graph half = linear_gelu(ScalarType::Half);
-  CHECK_FALSE(kiln::passes::split_addmm_bias(half));
+  CHECK_FALSE(kiln::passes::split_addmm_bias(half, kSMs));
   Graph scaled = linear_gelu(ScalarType::Float, 2);
-  CHECK_FALSE(kiln::passes::split_addmm_bias(scaled));
+  CHECK_FALSE(kiln::passes::split_addmm_bias(scaled, kSMs));
   Graph cpu = linear_gelu(ScalarType::Float);
   for (Value& v : cpu.values) v.meta.device = Device{};
-  CHECK_FALSE(kiln::passes::split_addmm_bias(cpu));
+  CHECK_FALSE(kiln::passes::split_addmm_bias(cpu, kSMs));
   CHECK(names(cpu)[0] == "aten::addmm.default");
+}
+
+// F.linear on [8, 512, 256] then `consumer`: addmm on the flattened rows, a view back to 3-d, the consumer.
+Graph linear_3d(const std::string& consumer) {
+  Graph g;
+  ValueId x = g.add_input(cuda({4096, 256}));
+  ValueId w = g.add_input(cuda({256, 1024}));
+  ValueId b = g.add_input(cuda({1024}));
+  ValueId y = g.add_node(op("aten::addmm", "default", {TensorArg{b}, TensorArg{x}, TensorArg{w}, int64_t{1}, int64_t{1}},
+                            {"self", "mat1", "mat2", "beta", "alpha"}, 3),
+                         {cuda({4096, 1024})})[0];
+  Node view = op("aten::view", "default", {TensorArg{y}, std::vector<int64_t>{8, 512, 1024}}, {"self", "size"}, 2);
+  view.is_view = true;
+  ValueId v = g.add_node(view, {cuda({8, 512, 1024})})[0];
+  Node last = op(consumer, "default", {TensorArg{v}, int64_t{0}, int64_t{1}}, {"self", "dim0", "dim1"}, 3);
+  if (consumer == "aten::relu") {
+    last.args.resize(1);
+    last.arg_names.resize(1);
+    last.num_positional = 1;
+  }
+  last.is_view = consumer == "aten::transpose";
+  TensorMeta out = cuda({8, 512, 1024});
+  if (last.is_view) {
+    out.sizes = {512, 8, 1024};
+    out.strides = {1024, 512 * 1024, 1};
+  }
+  g.set_outputs({g.add_node(last, {out})[0]});
+  return g;
+}
+
+TEST_CASE("a large 3-d linear splits only when its consumer fuses the add, in the consumer's shape") {
+  Graph fused = linear_3d("aten::relu");
+  REQUIRE(kiln::passes::split_addmm_bias(fused, kSMs));
+  CHECK_NOTHROW(fused.verify());
+  CHECK(names(fused) == std::vector<std::string>{"aten::mm.default", "aten::view.default", "aten::expand.default",
+                                                 "aten::add.Tensor", "aten::relu.default"});
+  CHECK(fused.values[fused.nodes[3].outputs[0]].meta.sizes == std::vector<int64_t>{8, 512, 1024});
+  Graph viewed = linear_3d("aten::transpose");  // nothing generated reads it: the bias stays in cuBLASLt
+  CHECK_FALSE(kiln::passes::split_addmm_bias(viewed, kSMs));
 }
 
 TEST_CASE("an RGB stem convolution runs channels-last only in front of wider convolutions") {
