@@ -8,6 +8,7 @@
 // step either a kernel (a function and the value ids whose data pointers it takes) or a prepared extern call.
 #include "runtime/kernel_graph.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include <Python.h>
@@ -28,14 +29,15 @@
 #include "codegen/cuda/nvrtc_compiler.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "fusion/launch_groups.h"
 #include "fusion/schedule_kernels.h"
 #include "passes/channels_last.h"
 #include "passes/functionalize.h"
 #include "passes/lower_batch_norm.h"
-#include "passes/split_addmm.h"
-#include "runtime/cuda_driver.h"
 #include "passes/pipeline.h"
+#include "passes/split_addmm.h"
 #include "runtime/autograd_graph.h"
+#include "runtime/cuda_driver.h"
 #include "runtime/cuda_launch.h"
 #include "runtime/eager_interpreter.h"
 #include "runtime/node_call.h"
@@ -47,6 +49,9 @@ namespace {
 
 using graph::ValueId;
 using KernelFn = void (*)(void* const*);
+
+// Parameters of one launch group: 8 bytes each, well inside the 4 KiB every CUDA architecture accepts.
+constexpr size_t kMaxGroupBuffers = 256;
 
 struct KernelCall {
   KernelFn fn = nullptr;               // CPU
@@ -150,6 +155,8 @@ class KilnGraph final : public CompiledGraph {
   int cuda_device_ = -1;  // the CUDA device of a CUDA graph, -1 for CPU
   codegen::cuda::CudaProgram cuda_program_;
   std::vector<codegen::cuda::CudaKernelLaunch> cuda_launches_;  // per schedule kernel
+  codegen::cuda::CudaKernelLaunch cuda_group_;  // the launch group (fusion/launch_groups.h), if any
+  std::vector<int32_t> cuda_group_members_;
 };
 
 // True when the graph must record autograd history: grad mode on and some value requires grad.
@@ -220,7 +227,9 @@ void check_cuda_ptx(const fusion::Schedule& schedule, const graph::Graph& g) {
   CudaPtxCheck& state = ptx_check_state();
   std::string source;
   try {
-    source = codegen::cuda::emit_cuda_source(schedule, g).source;
+    fusion::Schedule grouped = schedule;  // the launch group's code is checked too
+    const std::vector<int32_t> group = fusion::hoist_input_kernels(grouped, g, kMaxGroupBuffers);
+    source = codegen::cuda::emit_cuda_source(grouped, g, group).source;
     KILN_LOG(output_code) << "kiln backend, PTX check of the same schedule as CUDA C:\n" << source;
     codegen::cuda::NvrtcOptions options;
     options.arch = "compute_90";
@@ -239,11 +248,14 @@ void build_plan(KilnGraph& kg, const fusion::Schedule& schedule) {
     PlanStep plan_step;
     const auto position = static_cast<int32_t>(kg.plan_.size());
     if (step.kind == fusion::Step::Kind::Kernel) {
+      const bool grouped = std::find(kg.cuda_group_members_.begin(), kg.cuda_group_members_.end(), step.index) !=
+                           kg.cuda_group_members_.end();
+      if (grouped && step.index != kg.cuda_group_members_.front()) continue;  // launched with the first member
       const fusion::Kernel& k = schedule.kernels[step.index];
       KernelCall call;
-      call.name = k.name;
+      call.name = grouped ? kg.cuda_group_.name : k.name;
       if (kg.cuda_device_ >= 0) {
-        const auto& launch = kg.cuda_launches_[step.index];
+        const auto& launch = grouped ? kg.cuda_group_ : kg.cuda_launches_[step.index];
         call.cuda_fn = kg.cuda_program_.loaded->function(launch.name);  // may be a twin's (emit_cuda_source)
         call.launch.grid.x = launch.grid;
         call.launch.block.x = launch.block_x;
@@ -253,18 +265,22 @@ void build_plan(KilnGraph& kg, const fusion::Schedule& schedule) {
       }
       const at::Device device = kg.cuda_device_ >= 0 ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(kg.cuda_device_))
                                                       : at::Device(at::kCPU);
-      for (const auto& buf : k.buffers) {
-        call.buffers.push_back(buf.value);
-        call.is_output.push_back(buf.is_output);
-        if (buf.is_output) {
-          call.options.push_back(at::TensorOptions().dtype(static_cast<at::ScalarType>(buf.dtype)).device(device));
-        } else {
-          last_use[buf.value] = position;
+      // a launch group passes its members' buffers one after the other (emit_cuda_source)
+      const std::vector<int32_t> members = grouped ? kg.cuda_group_members_ : std::vector<int32_t>{step.index};
+      for (int32_t member : members) {
+        for (const auto& buf : schedule.kernels[member].buffers) {
+          call.buffers.push_back(buf.value);
+          call.is_output.push_back(buf.is_output);
+          if (buf.is_output) {
+            call.options.push_back(at::TensorOptions().dtype(static_cast<at::ScalarType>(buf.dtype)).device(device));
+          } else {
+            last_use[buf.value] = position;
+          }
         }
+        kg.summary.kernels.push_back(schedule.kernels[member].name);
       }
       plan_step.kernel = static_cast<int32_t>(kg.kernels_.size());
       kg.kernels_.push_back(std::move(call));
-      kg.summary.kernels.push_back(k.name);
     } else {
       const graph::Node& node = g.nodes[step.index];
       for (const graph::ArgValue& arg : node.args) graph::for_each_tensor(arg, [&](ValueId id) { last_use[id] = position; });
@@ -315,7 +331,8 @@ std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> o
   for (const auto& step : schedule.steps) has_kernels = has_kernels || step.kind == fusion::Step::Kind::Kernel;
   kg->summary.device = device.type == graph::DeviceType::CUDA ? "cuda:" + std::to_string(device.index) : "cpu";
   if (has_kernels && device.type == graph::DeviceType::CUDA) {
-    codegen::cuda::CudaSource cuda = codegen::cuda::emit_cuda_source(schedule, *optimised);
+    const std::vector<int32_t> group = fusion::hoist_input_kernels(schedule, *optimised, kMaxGroupBuffers);
+    codegen::cuda::CudaSource cuda = codegen::cuda::emit_cuda_source(schedule, *optimised, group);
     kg->summary.source = cuda.source;
     for (const auto& launch : cuda.kernels) kg->summary.strategies.push_back(launch.strategy);
     KILN_LOG(output_code) << "kiln backend (CUDA): " << schedule.summary() << "\n" << kg->summary.source;
@@ -326,6 +343,8 @@ std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> o
     kg->cuda_device_ = device.index;
     kg->cuda_program_ = codegen::cuda::cuda_program_for_device(device.index, cuda.source, "kiln_graph");
     kg->cuda_launches_ = std::move(cuda.kernels);
+    kg->cuda_group_ = std::move(cuda.group);
+    kg->cuda_group_members_ = std::move(cuda.group_members);
   } else if (has_kernels) {
     kg->summary.source = codegen::cpp::emit_cpp_source(schedule, *optimised);
     KILN_LOG(output_code) << "kiln backend: " << schedule.summary() << "\n" << kg->summary.source;

@@ -231,6 +231,15 @@ def test_linear_bias_is_added_in_the_kernel_after_a_plain_matmul():
     assert "aten::addmm.default" in summary["externs"], summary
 
 
+def test_kernels_reading_only_inputs_run_first_as_one_launch():
+    # fusion/launch_groups: the transposing copy, the scaled vector and the permuted copy depend on nothing the
+    # graph computes; they run as one grouped kernel before the matmul
+    fn = lambda x, y, w: (x.t().contiguous(), y * 2 + 1, w.permute(0, 2, 3, 1).contiguous() - 1, (x @ x).relu())  # noqa: E731
+    summary = check(fn, rand(64, 64), rand(1000), rand(8, 4, 3, 3))
+    assert len(summary["kernels"]) == 4, summary
+    assert "kernel_group_inputs(" in summary["source"], summary["source"][-2000:]
+
+
 def test_runs_on_a_side_stream_after_its_work():
     fn = kiln.compile(lambda x: torch.relu(x * 2 - 1).sum(-1))
     x = rand(256, 4096)

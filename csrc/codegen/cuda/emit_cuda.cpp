@@ -150,9 +150,23 @@ std::string covers_comment(const Kernel& k, const graph::Graph& g) {
   return out.str();
 }
 
+// A kernel's parameter list: one pointer per buffer, `buf<i>`, or `<prefix><i>` (const for inputs).
+std::string parameters(const Kernel& k, const std::string& prefix = "buf", size_t first = 0) {
+  std::string text;
+  for (size_t b = 0; b < k.buffers.size(); ++b) {
+    const auto& buf = k.buffers[b];
+    text += std::string(b ? ", " : "") + (buf.is_output ? "" : "const ") + storage_type(buf.dtype) + "* __restrict__ " +
+            prefix + std::to_string(first + b);
+  }
+  return text;
+}
+
 class KernelEmitter {
  public:
-  KernelEmitter(const Kernel& k, const graph::Graph& g) : k_(k), g_(g), nest_(fusion::build_loop_nest(k)) {
+  // device_function: a pointwise kernel emitted as a __device__ function of a launch group, taking its block
+  // index and block count within the group as its last two parameters (kiln_block, kiln_blocks).
+  KernelEmitter(const Kernel& k, const graph::Graph& g, bool device_function = false)
+      : k_(k), g_(g), nest_(fusion::build_loop_nest(k)), device_function_(device_function) {
     depends_.resize(k.exprs.size(), false);
     for (size_t i = 0; i < k.exprs.size(); ++i) {
       const Expr& e = k.exprs[i];
@@ -199,12 +213,15 @@ class KernelEmitter {
     index_type_ = needs_64bit_index(launch) ? "long long" : "int";
 
     std::ostringstream out;
-    out << covers_comment(k_, g_) << "// strategy: " << launch.strategy << "\nextern \"C\" __global__ void __launch_bounds__(" << (rows_ && !block_reduce_ && !column_ ? 32 * kRowsPerBlock : threads)
-        << ") " << k_.name << "(";
-    for (size_t b = 0; b < k_.buffers.size(); ++b) {
-      const auto& buf = k_.buffers[b];
-      out << (b ? ", " : "") << (buf.is_output ? "" : "const ") << storage_type(buf.dtype) << "* __restrict__ buf" << b;
-    }
+    KILN_ASSERT(!device_function_ || !rows_) << "kernel " << k_.name << ": only pointwise kernels join a launch group";
+    out << covers_comment(k_, g_) << "// strategy: " << launch.strategy << "\n";
+    if (device_function_)
+      out << "__device__ __forceinline__ void ";
+    else
+      out << "extern \"C\" __global__ void __launch_bounds__(" << (rows_ && !block_reduce_ && !column_ ? 32 * kRowsPerBlock : threads)
+          << ") ";
+    out << k_.name << "(" << parameters(k_);
+    if (device_function_) out << ", unsigned kiln_block, unsigned kiln_blocks";
     out << ") {\n";
     out << "  typedef " << index_type_ << " index_t;\n";
     body_ = &out;
@@ -408,8 +425,10 @@ class KernelEmitter {
   void emit_pointwise(int64_t n) {
     std::ostream& out = *body_;
     out << "  const index_t n = " << n << ";\n";
-    out << "  const index_t first = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;\n";
-    out << "  const index_t step = static_cast<index_t>(gridDim.x) * blockDim.x;\n";
+    const char* block = device_function_ ? "kiln_block" : "blockIdx.x";
+    const char* blocks = device_function_ ? "kiln_blocks" : "gridDim.x";
+    out << "  const index_t first = static_cast<index_t>(" << block << ") * blockDim.x + threadIdx.x;\n";
+    out << "  const index_t step = static_cast<index_t>(" << blocks << ") * blockDim.x;\n";
     const int outer = nest_.outer_count;
     auto scalar_loop = [&](const std::string& start, const std::string& indent) {
       out << indent << "for (index_t flat = " << start << "; flat < n; flat += step) {\n";
@@ -644,6 +663,7 @@ class KernelEmitter {
   const Kernel& k_;
   const graph::Graph& g_;
   fusion::LoopNest nest_;
+  const bool device_function_;
   std::vector<bool> depends_;
   std::vector<std::string> names_;
   std::vector<int32_t> scope_;
@@ -657,22 +677,54 @@ class KernelEmitter {
   int row_width_ = 1;  // elements per lane and step in the row passes being emitted
 };
 
+// The launch group's kernel: block ranges, one per member in order, each running its member's code with the
+// block index and count it would have had alone. All members are pointwise (kPointwiseBlock threads).
+void emit_group(const fusion::Schedule& schedule, const std::vector<int32_t>& group, CudaSource& result,
+                std::ostringstream& out) {
+  CudaKernelLaunch& launch = result.group;
+  launch.name = "kernel_group_inputs";
+  launch.strategy = "group";
+  launch.block_x = kPointwiseBlock;
+  std::string params, body;
+  size_t first = 0;
+  int64_t blocks = 0;
+  for (int32_t i : group) {
+    const Kernel& k = schedule.kernels[i];
+    params += (params.empty() ? "" : ", ") + parameters(k, "a", first);
+    const unsigned grid = result.kernels[i].grid;
+    if (grid > 0) {
+      body += "  if (block < " + std::to_string(grid) + "u) {\n    " + result.kernels[i].name + "(";
+      for (size_t b = 0; b < k.buffers.size(); ++b) body += "a" + std::to_string(first + b) + ", ";
+      body += "block, " + std::to_string(grid) + "u);\n    return;\n  }\n  block -= " + std::to_string(grid) + "u;\n";
+    }
+    blocks += grid;
+    first += k.buffers.size();
+  }
+  launch.grid = static_cast<unsigned>(blocks);
+  result.group_members = group;
+  out << "\n// launch group: " << group.size() << " pointwise kernels that read only graph inputs, run first\n"
+      << "extern \"C\" __global__ void __launch_bounds__(" << kPointwiseBlock << ") " << launch.name << "(" << params
+      << ") {\n  unsigned block = blockIdx.x;\n" << body << "}\n";
+}
+
 }  // namespace
 
-CudaSource emit_cuda_source(const fusion::Schedule& schedule, const graph::Graph& g) {
+CudaSource emit_cuda_source(const fusion::Schedule& schedule, const graph::Graph& g, const std::vector<int32_t>& group) {
   CudaSource result;
   std::ostringstream out;
   out << "// generated by kiln: " << schedule.summary() << "\n";
   out << "#include \"kiln_scalar.cuh\"\n#include \"kiln_reduce.cuh\"\n";
   result.kernels.resize(schedule.kernels.size());
+  std::vector<bool> grouped(schedule.kernels.size(), false);
+  for (int32_t i : group) grouped[i] = true;
   // Kernels whose code is the same but for their name (each block of a layer stack makes the same ones) are
   // emitted once and launched under that one name: NVRTC's time grows with the source, and a 6-block
   // transformer has 55 kernels but 9 distinct ones.
   std::unordered_map<std::string, std::string> name_of_body;
   for (size_t i = 0; i < schedule.kernels.size(); ++i) {
     CudaKernelLaunch& launch = result.kernels[i];
-    const std::string text = KernelEmitter(schedule.kernels[i], g).emit(launch);
-    const size_t signature = text.find("\nextern \"C\"");
+    const std::string text = KernelEmitter(schedule.kernels[i], g, grouped[i]).emit(launch);
+    const size_t signature = text.find(grouped[i] ? "\n__device__" : "\nextern \"C\"");
     const std::string body = substitute(text.substr(signature), launch.name + "(", "kernel(");
     auto [it, fresh] = name_of_body.emplace(body, launch.name);
     if (fresh) {
@@ -682,6 +734,7 @@ CudaSource emit_cuda_source(const fusion::Schedule& schedule, const graph::Graph
       launch.name = it->second;
     }
   }
+  if (!group.empty()) emit_group(schedule, group, result, out);
   result.source = out.str();
   return result;
 }

@@ -24,9 +24,15 @@ struct CudaKernelLaunch {
 struct CudaSource {
   std::string source;
   std::vector<CudaKernelLaunch> kernels;  ///< one per Schedule::kernels entry, same order
+  /// With a launch group: its kernel (`group.grid` blocks in all) and its members (indices into kernels, whose
+  /// own entries then name __device__ functions, not launchable kernels; their grids are their block ranges).
+  CudaKernelLaunch group;
+  std::vector<int32_t> group_members;
 };
 
-/// Throws kiln::Error for a construct it has no CUDA code for (the caller falls back).
-CudaSource emit_cuda_source(const fusion::Schedule& schedule, const graph::Graph& g);
+/// Throws kiln::Error for a construct it has no CUDA code for (the caller falls back). `group`: pointwise
+/// kernels to emit as one launch (fusion::hoist_input_kernels), or empty.
+CudaSource emit_cuda_source(const fusion::Schedule& schedule, const graph::Graph& g,
+                            const std::vector<int32_t>& group = {});
 
 }  // namespace kiln::codegen::cuda
