@@ -67,6 +67,16 @@ std::vector<int64_t> channels_last_strides(const std::vector<int64_t>& sizes) {
   return {c * h * w, 1, w * c, c};
 }
 
+// True when `m` is laid out channels-last already, strides of size-1 dims aside (ATen's contiguity test
+// ignores them too): a 1x1 convolution's [K, C, 1, 1] weight in the default layout is one, and ATen's
+// convolution takes it as it is, so copying it would only cost (36 of ResNet-50's 53 weights).
+bool already_channels_last(const graph::TensorMeta& m) {
+  const std::vector<int64_t> wanted = channels_last_strides(m.sizes);
+  for (size_t d = 0; d < 4; ++d)
+    if (m.sizes[d] > 1 && m.strides[d] != wanted[d]) return false;
+  return true;
+}
+
 bool floating_cuda_4d(const graph::TensorMeta& m) {
   return m.sizes.size() == 4 && m.device.type == graph::DeviceType::CUDA &&
          (m.dtype == ScalarType::Float || m.dtype == ScalarType::Half || m.dtype == ScalarType::BFloat16);
@@ -104,7 +114,7 @@ class Relayout {
       if (qualifies(g_, node, stems_)) {
         for (int a : {0, 1}) {
           ValueId& id = std::get<TensorArg>(node.args[a]).id;
-          if (!relaid_[id]) id = clone(id, kChannelsLastFormat);
+          if (!relaid_[id] && !already_channels_last(g_.values[id].meta)) id = clone(id, kChannelsLastFormat);
         }
         set_relaid(node.outputs[0]);
       } else if (follows(node, name)) {

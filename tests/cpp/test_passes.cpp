@@ -1,6 +1,7 @@
 // passes/: the CUDA lowering passes on hand-built graphs (torch-free: CUDA metas need no GPU).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <string>
 
 #include "decomp/decompositions.h"
@@ -195,4 +196,23 @@ TEST_CASE("a ResNet stem (conv, batch norm, ReLU, max pool) stays channels-last 
       CHECK(g.values[n.outputs[0]].meta.strides[1] == 1);
     }
   }
+}
+
+TEST_CASE("a 1x1 convolution's weight is channels-last already and is not copied") {
+  Graph g;
+  ValueId x = g.add_input(cuda({2, 32, 8, 8}));
+  ValueId w1 = g.add_input(cuda({64, 32, 1, 1}));
+  ValueId w2 = g.add_input(cuda({64, 64, 3, 3}));
+  ValueId y = g.add_node(conv(x, w1), {cuda({2, 64, 8, 8})})[0];
+  ValueId z = g.add_node(conv(y, w2), {cuda({2, 64, 8, 8})})[0];
+  g.set_outputs({z});
+  REQUIRE(kiln::passes::relayout_convolutions_channels_last(g));
+  CHECK_NOTHROW(g.verify());
+  std::vector<ValueId> cloned;
+  for (const Node& n : g.nodes)
+    if (n.qualified_name() == "aten::clone.default") cloned.push_back(std::get<TensorArg>(n.args[0]).id);
+  // the input, the 3x3 weight, and the result restored for the graph output; not the 1x1 weight
+  CHECK(cloned.size() == 3);
+  CHECK(std::find(cloned.begin(), cloned.end(), w1) == cloned.end());
+  CHECK(std::find(cloned.begin(), cloned.end(), w2) != cloned.end());
 }
