@@ -153,7 +153,7 @@ class KilnGraph final : public CompiledGraph {
   std::vector<PlanStep> plan_;
   std::shared_ptr<codegen::cpp::SharedLibrary> library_;
   int cuda_device_ = -1;  // the CUDA device of a CUDA graph, -1 for CPU
-  codegen::cuda::CudaProgram cuda_program_;
+  std::vector<codegen::cuda::CudaProgram> cuda_programs_;  // per part of the CUDA source
   std::vector<codegen::cuda::CudaKernelLaunch> cuda_launches_;  // per schedule kernel
   codegen::cuda::CudaKernelLaunch cuda_group_;  // the launch group (fusion/launch_groups.h), if any
   std::vector<int32_t> cuda_group_members_;
@@ -229,12 +229,13 @@ void check_cuda_ptx(const fusion::Schedule& schedule, const graph::Graph& g) {
   try {
     fusion::Schedule grouped = schedule;  // the launch group's code is checked too
     const std::vector<int32_t> group = fusion::hoist_input_kernels(grouped, g, kMaxGroupBuffers);
-    source = codegen::cuda::emit_cuda_source(grouped, g, group).source;
+    const codegen::cuda::CudaSource cuda = codegen::cuda::emit_cuda_source(grouped, g, group);
+    source = cuda.source;
     KILN_LOG(output_code) << "kiln backend, PTX check of the same schedule as CUDA C:\n" << source;
     codegen::cuda::NvrtcOptions options;
     options.arch = "compute_90";
     options.headers = codegen::cuda::cuda_device_headers();
-    codegen::cuda::compile_cuda(source, "kiln_ptx_check", options);
+    for (const std::string& part : cuda.parts) codegen::cuda::compile_cuda(part, "kiln_ptx_check", options);
     state.compiled++;
   } catch (const std::exception& e) {
     state.failures.push_back(std::string(e.what()) + "\n--- source ---\n" + source);
@@ -256,7 +257,8 @@ void build_plan(KilnGraph& kg, const fusion::Schedule& schedule) {
       call.name = grouped ? kg.cuda_group_.name : k.name;
       if (kg.cuda_device_ >= 0) {
         const auto& launch = grouped ? kg.cuda_group_ : kg.cuda_launches_[step.index];
-        call.cuda_fn = kg.cuda_program_.loaded->function(launch.name);  // may be a twin's (emit_cuda_source)
+        // may be a twin's (emit_cuda_source), in the part that defines it
+        call.cuda_fn = kg.cuda_programs_[launch.part].loaded->function(launch.name);
         call.launch.grid.x = launch.grid;
         call.launch.block.x = launch.block_x;
         call.launch.block.y = launch.block_y;
@@ -341,7 +343,7 @@ std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> o
     codegen::cuda::cuda_device_headers();
     WithoutGil no_gil;
     kg->cuda_device_ = device.index;
-    kg->cuda_program_ = codegen::cuda::cuda_program_for_device(device.index, cuda.source, "kiln_graph");
+    kg->cuda_programs_ = codegen::cuda::cuda_programs_for_device(device.index, cuda.parts, "kiln_graph");
     kg->cuda_launches_ = std::move(cuda.kernels);
     kg->cuda_group_ = std::move(cuda.group);
     kg->cuda_group_members_ = std::move(cuda.group_members);

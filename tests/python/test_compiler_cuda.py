@@ -240,6 +240,18 @@ def test_kernels_reading_only_inputs_run_first_as_one_launch():
     assert "kernel_group_inputs(" in summary["source"], summary["source"][-2000:]
 
 
+def test_many_distinct_kernels_compile_as_parallel_parts():
+    # more than 4 distinct kernels: several NVRTC programs, compiled side by side, each kernel launched from
+    # the part that defines it
+    def fn(x):
+        return (x.sum(0), x.sum(1), x.amax(0), (x * 2).amin(1), torch.softmax(x, 0), torch.softmax(x, 1),
+                (x + 1).mean(0), torch.log_softmax(x * 3, 1), x.relu() - 1)
+
+    summary = check(fn, rand(96, 160))
+    assert len(summary["kernels"]) >= 5, summary
+    assert "part 2 of" in summary["source"], summary["source"][:300]
+
+
 def test_runs_on_a_side_stream_after_its_work():
     fn = kiln.compile(lambda x: torch.relu(x * 2 - 1).sum(-1))
     x = rand(256, 4096)

@@ -4,10 +4,15 @@
 // device helpers, NVRTC's version, the flags and the architecture: a new process loads them without NVRTC.
 #include "codegen/cuda/cuda_program_cache.h"
 
+#include <algorithm>
+#include <atomic>
+#include <exception>
 #include <fstream>
 #include <iterator>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "cache/kernel_cache.h"
 #include "codegen/cuda/cuda_device_lib.h"
@@ -83,34 +88,84 @@ CompiledCuda compile_or_load(const std::string& source, const std::string& progr
 
 }  // namespace
 
-CudaProgram cuda_program_for_device(int ordinal, const std::string& source, const std::string& program_name,
-                                    bool line_info) {
+std::vector<CudaProgram> cuda_programs_for_device(int ordinal, const std::vector<std::string>& sources,
+                                                  const std::string& program_name, bool line_info) {
   ProgramCache& c = cache();
-  std::string key = cache_key(ordinal, line_info, source);
-  std::lock_guard<std::mutex> lock(c.mutex);
-  auto found = c.programs.find(key);
-  if (found != c.programs.end()) {
-    ++c.stats.memory_hits;
-    return found->second;
-  }
-  auto arch = c.arch_of_device.find(ordinal);
-  if (arch == c.arch_of_device.end()) {
-    runtime::cuda::ComputeCapability cc = runtime::cuda::compute_capability(ordinal);
-    arch = c.arch_of_device.emplace(ordinal, target_arch_for(cc.major, cc.minor)).first;
-  }
+  std::vector<CudaProgram> programs(sources.size());
+  std::vector<size_t> missing;
   NvrtcOptions options;
-  options.arch = arch->second;
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    for (size_t i = 0; i < sources.size(); ++i) {
+      auto found = c.programs.find(cache_key(ordinal, line_info, sources[i]));
+      if (found != c.programs.end()) {
+        ++c.stats.memory_hits;
+        programs[i] = found->second;
+      } else {
+        missing.push_back(i);
+      }
+    }
+    if (missing.empty()) return programs;
+    auto arch = c.arch_of_device.find(ordinal);
+    if (arch == c.arch_of_device.end()) {
+      runtime::cuda::ComputeCapability cc = runtime::cuda::compute_capability(ordinal);
+      arch = c.arch_of_device.emplace(ordinal, target_arch_for(cc.major, cc.minor)).first;
+    }
+    options.arch = arch->second;
+  }
   options.line_info = line_info;
   options.headers = cuda_device_headers();
-  CompiledCuda compiled = compile_or_load(source, program_name, options, c.stats);
-  CudaProgram program;
-  program.loaded = std::make_shared<runtime::cuda::LoadedProgram>(ordinal, compiled.image);
-  program.arch = compiled.arch;
-  program.nvrtc_version = compiled.version;
-  program.compile_ms = compiled.compile_ms;
-  KILN_LOG(perf) << "CUDA program '" << program_name << "' loaded on device " << ordinal << " (" << program.arch
-                 << ", NVRTC " << compiled.compile_ms << " ms)";
-  return c.programs.emplace(std::move(key), std::move(program)).first->second;
+  // NVRTC compiles separate programs concurrently; the lock is not held meanwhile (two threads asking for
+  // the same source may both compile it: the first to finish is kept).
+  std::vector<CompiledCuda> compiled(missing.size());
+  std::vector<CudaProgramCacheStats> stats(missing.size());
+  std::vector<std::exception_ptr> errors(missing.size());
+  auto compile_one = [&](size_t m) {
+    try {
+      compiled[m] = compile_or_load(sources[missing[m]], program_name, options, stats[m]);
+    } catch (...) {
+      errors[m] = std::current_exception();
+    }
+  };
+  const size_t workers = std::min<size_t>(missing.size(), std::max(1u, std::thread::hardware_concurrency()));
+  if (workers <= 1) {
+    for (size_t m = 0; m < missing.size(); ++m) compile_one(m);
+  } else {
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> threads;
+    for (size_t w = 0; w < workers; ++w)
+      threads.emplace_back([&] {
+        for (size_t m = next++; m < missing.size(); m = next++) compile_one(m);
+      });
+    for (auto& t : threads) t.join();
+  }
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  std::lock_guard<std::mutex> lock(c.mutex);
+  for (size_t m = 0; m < missing.size(); ++m) {
+    c.stats.compiled += stats[m].compiled;
+    c.stats.disk_hits += stats[m].disk_hits;
+    std::string key = cache_key(ordinal, line_info, sources[missing[m]]);
+    auto found = c.programs.find(key);
+    if (found == c.programs.end()) {
+      CudaProgram program;
+      program.loaded = std::make_shared<runtime::cuda::LoadedProgram>(ordinal, compiled[m].image);
+      program.arch = compiled[m].arch;
+      program.nvrtc_version = compiled[m].version;
+      program.compile_ms = compiled[m].compile_ms;
+      KILN_LOG(perf) << "CUDA program '" << program_name << "' (" << m + 1 << " of " << missing.size()
+                     << " compiled) loaded on device " << ordinal << " (" << program.arch << ", NVRTC "
+                     << compiled[m].compile_ms << " ms)";
+      found = c.programs.emplace(std::move(key), std::move(program)).first;
+    }
+    programs[missing[m]] = found->second;
+  }
+  return programs;
+}
+
+CudaProgram cuda_program_for_device(int ordinal, const std::string& source, const std::string& program_name,
+                                    bool line_info) {
+  return cuda_programs_for_device(ordinal, {source}, program_name, line_info)[0];
 }
 
 CudaProgramCacheStats cuda_program_cache_stats() {

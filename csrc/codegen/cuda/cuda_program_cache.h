@@ -5,6 +5,7 @@
 // version, the flags and the architecture, so a new process skips NVRTC.
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "codegen/cuda/nvrtc_compiler.h"
 #include "runtime/cuda_launch.h"
@@ -24,6 +25,11 @@ struct CudaProgram {
 /// kiln::Error quoting the failing line (nvrtc_compiler.h); nothing is cached for them.
 CudaProgram cuda_program_for_device(int ordinal, const std::string& source, const std::string& program_name,
                                     bool line_info = false);
+
+/// Several programs for one device at once: the ones neither cache holds are compiled by NVRTC on parallel
+/// threads (one per program, up to the machine's cores), then loaded. Same guarantees and errors as above.
+std::vector<CudaProgram> cuda_programs_for_device(int ordinal, const std::vector<std::string>& sources,
+                                                  const std::string& program_name, bool line_info = false);
 
 /// How many programs were compiled and how many requests the memory cache answered.
 struct CudaProgramCacheStats {

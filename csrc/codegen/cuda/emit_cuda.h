@@ -19,14 +19,16 @@ struct CudaKernelLaunch {
   unsigned block_x = 1;  ///< threads per row group (pointwise: per block)
   unsigned block_y = 1;  ///< rows per block (warp-per-row reductions)
   std::string strategy;  ///< "pointwise", "pointwise_vec4", "warp_per_row", "block_per_row" (logs, tests)
+  int part = 0;          ///< which of CudaSource::parts defines it
 };
 
 struct CudaSource {
-  std::string source;
+  std::vector<std::string> parts;  ///< NVRTC programs, each complete (includes, kernels); compile them all
+  std::string source;              ///< the parts one after the other (logs, debug dumps, tests)
   std::vector<CudaKernelLaunch> kernels;  ///< one per Schedule::kernels entry, same order
   /// With a launch group: its kernel (`group.grid` blocks in all) and its members (indices into kernels, whose
   /// own entries then name __device__ functions, not launchable kernels; their grids are their block ranges).
-  CudaKernelLaunch group;
+  CudaKernelLaunch group;  ///< in part 0
   std::vector<int32_t> group_members;
 };
 
