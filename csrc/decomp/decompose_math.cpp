@@ -14,15 +14,6 @@ namespace kiln::decomp::detail {
 
 namespace {
 
-constexpr double kPi = 3.14159265358979323846;
-
-ScalarType opmath(ScalarType t) { return t == ScalarType::Half || t == ScalarType::BFloat16 ? ScalarType::Float : t; }
-
-// The output dtype's opmath: the type arithmetic of this node happens in.
-ScalarType compute_dtype(const Graph& g, const Node& n) { return opmath(out_meta(g, n).dtype); }
-
-Prim number(PrimBuilder& b, const Node& n, int i, ScalarType t) { return b.constant(number_arg(n, i), t); }
-
 bool floating_input(const Graph& g, const Node& n) {
   const auto* m = tensor_arg_meta(g, n, 0);
   return m && graph::is_floating_or_complex(m->dtype);
@@ -49,22 +40,6 @@ double largest_finite(ScalarType t) {
   }
 }
 
-// f(x) with x in the compute dtype; the result is stored in the output dtype.
-Builder pointwise1(std::function<Prim(PrimBuilder&, const Node&, Prim, ScalarType)> f) {
-  return [f](PrimBuilder& b, const Graph& g, const Node& n) {
-    const ScalarType t = compute_dtype(g, n);
-    b.set_output(0, f(b, n, arg_as(b, 0, t), t));
-  };
-}
-
-// f(x, y) with both operands in the compute dtype.
-Builder pointwise2(std::function<Prim(PrimBuilder&, const Node&, Prim, Prim, ScalarType)> f) {
-  return [f](PrimBuilder& b, const Graph& g, const Node& n) {
-    const ScalarType t = compute_dtype(g, n);
-    b.set_output(0, f(b, n, arg_as(b, 0, t), arg_as(b, 1, t), t));
-  };
-}
-
 // The predicate `f(x)` on the input in its own dtype (isnan, signbit...): bool output.
 Builder predicate(std::function<Prim(PrimBuilder&, Prim)> f) {
   return [f](PrimBuilder& b, const Graph& g, const Node& n) {
@@ -72,8 +47,6 @@ Builder predicate(std::function<Prim(PrimBuilder&, Prim)> f) {
     b.set_output(0, f(b, arg_as(b, 0, opmath(m->dtype))));
   };
 }
-
-Prim select(PrimBuilder& b, Prim condition, Prim if_true, Prim if_false) { return b.where(condition, if_true, if_false); }
 
 Prim sign_of(PrimBuilder& b, Prim x, ScalarType t) {  // 1, -1 or 0 (also for NaN), as ATen's sign
   Prim zero = b.constant(0, t);
@@ -141,7 +114,7 @@ void add_math_decompositions(std::map<std::string, Decomposition>& t) {
       {"asinh", PrimOp::Asinh}, {"acosh", PrimOp::Acosh}, {"atanh", PrimOp::Atanh},   {"log1p", PrimOp::Log1p},
       {"expm1", PrimOp::Expm1}, {"log2", PrimOp::Log2},   {"log10", PrimOp::Log10},   {"exp2", PrimOp::Exp2},
       {"erfc", PrimOp::Erfc},   {"ceil", PrimOp::Ceil},   {"floor", PrimOp::Floor},   {"round", PrimOp::Round},
-      {"trunc", PrimOp::Trunc}};
+      {"trunc", PrimOp::Trunc}, {"lgamma", PrimOp::Lgamma}, {"digamma", PrimOp::Digamma}, {"erfinv", PrimOp::Erfinv}};
   for (const auto& [name, op] : float_unary)
     pointwise(std::string("aten::") + name + ".default", pointwise1([op = op](PrimBuilder& b, const Node&, Prim x, ScalarType) {
                 return b.unary(op, x);

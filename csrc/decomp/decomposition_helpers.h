@@ -142,7 +142,37 @@ inline Builder clamp_builder(int lo_arg, int hi_arg) {
   };
 }
 
+// ---- compute dtypes and pointwise builders (ATen's "opmath": half and bfloat16 compute in float) ----------
+constexpr double kPi = 3.14159265358979323846;
+
+inline ScalarType opmath(ScalarType t) { return t == ScalarType::Half || t == ScalarType::BFloat16 ? ScalarType::Float : t; }
+
+// The output dtype's opmath: the type arithmetic of this node happens in.
+inline ScalarType compute_dtype(const Graph& g, const Node& n) { return opmath(out_meta(g, n).dtype); }
+
+inline Prim number(PrimBuilder& b, const Node& n, int i, ScalarType t) { return b.constant(number_arg(n, i), t); }
+
+inline Prim select(PrimBuilder& b, Prim condition, Prim if_true, Prim if_false) { return b.where(condition, if_true, if_false); }
+
+// f(x) with x in the compute dtype; the result is stored in the output dtype.
+inline Builder pointwise1(std::function<Prim(PrimBuilder&, const Node&, Prim, ScalarType)> f) {
+  return [f](PrimBuilder& b, const Graph& g, const Node& n) {
+    const ScalarType t = compute_dtype(g, n);
+    b.set_output(0, f(b, n, arg_as(b, 0, t), t));
+  };
+}
+
+// f(x, y) with both operands in the compute dtype.
+inline Builder pointwise2(std::function<Prim(PrimBuilder&, const Node&, Prim, Prim, ScalarType)> f) {
+  return [f](PrimBuilder& b, const Graph& g, const Node& n) {
+    const ScalarType t = compute_dtype(g, n);
+    b.set_output(0, f(b, n, arg_as(b, 0, t), arg_as(b, 1, t), t));
+  };
+}
+
 /// Adds the math entries (trigonometric, rounding, bitwise, activations, var/std, any/all...).
 void add_math_decompositions(std::map<std::string, Decomposition>& table);
+/// Adds the composite entries (logaddexp, rounding divisions, norms, losses, fills...).
+void add_composite_decompositions(std::map<std::string, Decomposition>& table);
 
 }  // namespace kiln::decomp::detail

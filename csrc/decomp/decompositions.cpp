@@ -25,7 +25,7 @@ const char* prim_name(PrimOp op) {
       "ne",    "and",   "or",    "where", "sin",   "cos",   "tan",      "asin",     "acos",  "atan",  "sinh",
       "cosh",  "asinh", "acosh", "atanh", "log1p", "expm1", "log2",     "log10",    "exp2",  "erfc",  "ceil",
       "floor", "round", "trunc", "signbit", "bitnot", "atan2", "fmod",  "hypot",    "copysign", "fmax", "fmin",
-      "bitand", "bitor", "bitxor"};
+      "bitand", "bitor", "bitxor", "lgamma", "digamma", "erfinv", "nextafter"};
   static_assert(sizeof(names) / sizeof(names[0]) == kPrimOpCount, "one name per PrimOp");
   return names[static_cast<int>(op)];
 }
@@ -268,6 +268,7 @@ std::map<std::string, Decomposition> make_table() {
     reducing(o, softmax(true), dims_arg(1, false), softmax_supported);
   reducing("aten::native_layer_norm.default", build_layer_norm, layer_norm_dims, layer_norm_supported, 3);
   add_math_decompositions(t);
+  add_composite_decompositions(t);
   return t;
 }
 

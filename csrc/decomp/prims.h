@@ -30,11 +30,13 @@ enum class PrimOp : int8_t {
   // binary math
   Atan2, Fmod, Hypot, Copysign, Fmax, Fmin,
   BitwiseAnd, BitwiseOr, BitwiseXor,  // integers and bool
+  // special functions (float compute types)
+  Lgamma, Digamma, Erfinv, Nextafter,
   // casts are PrimBuilder::cast; reductions are PrimBuilder::reduce
 };
 
 /// Number of PrimOp values (for tables indexed by op).
-constexpr int kPrimOpCount = static_cast<int>(PrimOp::BitwiseXor) + 1;
+constexpr int kPrimOpCount = static_cast<int>(PrimOp::Nextafter) + 1;
 
 enum class ReduceOp : int8_t { Sum, Max, Min };
 

@@ -115,6 +115,40 @@ template <typename T> static inline T kiln_rsqrt(T a) { return T(1) / std::sqrt(
 // ~ on integers; on bool it is logical not (~true is -2, which would store as true).
 template <typename T> static inline T kiln_bitwise_not(T a) { return static_cast<T>(~a); }
 static inline bool kiln_bitwise_not(bool a) { return !a; }
+// digamma as ATen defines it at the poles (+-0 -> -+inf, negative integers -> NaN): negative arguments reflect
+// (psi(x) = psi(1 - x) - pi / tan(pi frac(x))), the recurrence psi(x) = psi(x + 1) - 1/x lifts x to 10 or more,
+// where the asymptotic series ln x - 1/(2x) - sum B_2k / (2k x^2k) (7 terms) is exact to double precision.
+// Computed in double and rounded once.
+static inline double kiln_digamma(double x) {
+  if (x == 0) return std::copysign(std::numeric_limits<double>::infinity(), -x);
+  double result = 0;
+  if (x < 0) {
+    if (x == std::trunc(x)) return std::numeric_limits<double>::quiet_NaN();
+    const double pi = 3.14159265358979323846;
+    result = -pi / std::tan(pi * (x - std::trunc(x)));
+    x = 1 - x;
+  }
+  for (; x < 10; x += 1) result -= 1 / x;
+  const double z = 1 / (x * x);
+  const double series =
+      z * (1.0 / 12 - z * (1.0 / 120 - z * (1.0 / 252 - z * (1.0 / 240 - z * (1.0 / 132 - z * (691.0 / 32760 - z / 12))))));
+  return result + std::log(x) - 0.5 / x - series;
+}
+static inline float kiln_digamma(float x) { return static_cast<float>(kiln_digamma(static_cast<double>(x))); }
+// erfinv: Winitzki's closed form (relative error ~2e-3) as the start, then three Newton steps on erf(x) = y,
+// each squaring the error. |y| > 1 -> NaN, +-1 -> +-inf, as ATen. Computed in double and rounded once.
+static inline double kiln_erfinv(double y) {
+  const double magnitude = std::fabs(y);
+  if (magnitude > 1) return std::numeric_limits<double>::quiet_NaN();
+  if (magnitude == 1) return std::copysign(std::numeric_limits<double>::infinity(), y);
+  const double a = 0.147, two_over_pi_a = 2 / (3.14159265358979323846 * a);
+  const double l = std::log((1 - y) * (1 + y));
+  const double t = two_over_pi_a + l / 2;
+  double x = std::copysign(std::sqrt(std::sqrt(t * t - l / a) - t), y);
+  for (int step = 0; step < 3; ++step) x -= (std::erf(x) - y) / (1.1283791670955126 * std::exp(-x * x));
+  return x;
+}
+static inline float kiln_erfinv(float y) { return static_cast<float>(kiln_erfinv(static_cast<double>(y))); }
 // ---- end of prelude ----
 )KILN";
 }

@@ -429,3 +429,59 @@ def test_training_batch_norm_is_not_lowered():
     bn = torch.nn.BatchNorm2d(4).train().requires_grad_(False)
     summary = check(lambda x: bn(x.clone()) * 1, rand(3, 4, 5, 5), expect_backend="eager")
     assert "in-place" in summary["fallback_reason"]  # the running statistics are updated in place
+
+
+# ---- composite ops written in prims (decomp/decompose_composite.cpp) at their edge values -------------------
+COMPOSITE_EDGES = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 0.5, -0.5, 1.5, -2.5, 3.0, -7.0, 1e-30,
+                   2.0, -3.0, 7.25, -0.75]
+
+
+def composite_ops(x, y):
+    return (torch.logaddexp(x, y), torch.logaddexp2(x, y), torch.logaddexp(x, x), torch.logaddexp2(x, x),
+            torch.sinc(x), torch.special.entr(x), torch.special.xlog1py(x, y), torch.angle(x), torch.pow(x.abs(), y),
+            torch.ldexp(x, y.clamp(-4, 4).round()), torch.round(x, decimals=2), torch.round(x * 1000, decimals=-2),
+            torch.div(x, y, rounding_mode="floor"), torch.div(x, y, rounding_mode="trunc"), torch.floor_divide(x, y),
+            F.celu(x, 0.7), F.prelu(x.view(1, -1), y[:1]), torch.count_nonzero(x), torch.nansum(x), torch.aminmax(y),
+            torch.linalg.vector_norm(y, 3), torch.linalg.vector_norm(x, float("inf")), torch.dist(x, y, 1),
+            F.mse_loss(x, y, reduction="none"), F.huber_loss(x, y, delta=2.0),
+            F.smooth_l1_loss(x, y, beta=0.5, reduction="sum"), F.soft_margin_loss(x, y),
+            torch.full_like(x, -2.5), torch.zeros_like(x) + y, F.logsigmoid(x), x.max(), y.min(),
+            F.binary_cross_entropy_with_logits(x, y.sigmoid()),
+            F.binary_cross_entropy_with_logits(x, y.sigmoid(), reduction="none"), torch.lgamma(x), torch.digamma(x),
+            torch.polygamma(0, y), torch.erfinv(torch.tanh(x)), torch.erfinv(x / 8), torch.nextafter(x, y))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_composite_ops_match_eager_at_edge_values(dtype):
+    x = torch.tensor(COMPOSITE_EDGES, dtype=dtype)
+    y = torch.tensor(COMPOSITE_EDGES[::-1], dtype=dtype)
+    y[y == 0] = 4.0  # the finite-only ops below get one of each sign; zero divisors are checked apart
+    compiled, summary, inputs = compile_kiln(composite_ops, x, y)
+    assert summary["backend"] == "kiln", summary["fallback_reason"]
+    written_in_prims = ("logaddexp", "sinc", "entr", "xlog1py", "angle", "pow", "ldexp", "round", "div", "floor_divide",
+                        "celu", "prelu", "count_nonzero", "nansum", "aminmax", "vector_norm", "dist", "loss", "full",
+                        "sigmoid", "max", "min", "gamma", "erfinv", "nextafter")
+    assert not [e for e in summary["externs"] if any(name in e for name in written_in_prims)], summary["externs"]
+    actual = compiled(inputs)
+    expected = [t for r in composite_ops(x, y) for t in (r if isinstance(r, tuple) else (r,))]
+    assert len(actual) == len(expected)
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        rtol, atol = tolerance(e.dtype, "general")
+        assert a.dtype == e.dtype and a.shape == e.shape, i
+        torch.testing.assert_close(a, e, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"result {i}: {m}")
+
+
+def test_floor_division_by_zero_and_signed_zeros():
+    def divisions(a, b):
+        return torch.floor_divide(a, b), torch.div(a, b, rounding_mode="trunc"), torch.div(-a, b, rounding_mode="floor")
+
+    x = torch.tensor([1.0, -1.0, 0.0, -0.0, 5.0, -5.0, float("nan"), float("inf"), -0.0, 0.0, 1.0])
+    y = torch.tensor([0.0, 0.0, 0.0, -0.0, -0.0, 3.0, 2.0, -2.0, 3.0, -3.0, -4.0])
+    check(divisions, x, y, expect_kernels=1)
+    kiln.reset()
+    with torch.no_grad():
+        actual, expected = kiln.compile(divisions)(x, y), divisions(x, y)
+    kiln.reset()
+    for a, e in zip(actual, expected):  # assert_close does not tell -0.0 from 0.0 (a NaN's sign means nothing)
+        numbers = ~e.isnan()
+        assert torch.equal(a.signbit()[numbers], e.signbit()[numbers]), (a, e)

@@ -11,7 +11,10 @@ dtypes, shapes, NaN positions, values within kiln.testing's "general" tolerance.
 
 Skipped, and counted as such: ops whose eager call raises, in-place variants, ops whose outputs are not
 all tensors (item, allclose, ...). Random ops and ops returning uninitialised memory (empty*) are compared
-by structure, dtype and shape only.
+by structure, dtype and shape only. op_db wraps its random ops in torch.testing's wrapper_set_seed (a
+contextlib context manager that reseeds and restores the RNG for PyTorch's own tests); the sweep replaces it
+by a plain call, so that it measures the op rather than that harness, and decides determinism by running the
+op under several seeds (dropout with p=0 and attention without dropout are still compared by value).
 
 Cost: every generated graph is one run of the C++ compiler (~1 s here), so ops are compiled in *batches*:
 one generated function calls the ops of up to BATCH_SIZE cases, each on its own input tensors, and returns
@@ -19,7 +22,8 @@ all their results. One compile covers the batch; results are compared per op. Cl
 the batch graph is captured, compiled with kiln._C.compile_graph under a fresh KILN_DEBUG_DIR (which keeps
 the optimised graph), and every node named by a kernel's "covers graph nodes" comment is attributed to the
 ops whose input tensors it depends on. A batch that falls back or raises is bisected down to the op
-responsible. Ops that break the graph (or take no tensor) are compiled alone.
+responsible; when the fallback reason names an op, the cases whose graphs hold it are taken out at once.
+Ops that break the graph (or take no tensor) are compiled alone.
 
 The test fails on any mismatch or kiln error, and asserts a floor on generated+extern coverage.
 `pytest -s` prints the report (counts and the class of every op).
@@ -53,18 +57,28 @@ from kiln.testing import capture_graphs, tolerance
 
 SWEEP_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool)
 BATCH_SIZE = 48
-# generated+extern as a fraction of the ops eager supports, per dtype: the floors measured today (the target
-# is 0.90; the gap is graph breaks and graphs with in-place ops, see the report's fallback lines).
-# Generated+extern share of the ops eager supports, as measured (2026-11-22; issue 4 aims at 0.90). CUDA has
-# more fallbacks than CPU (float32: 101 vs 86 ops); which ops and why is not sorted out yet.
+# Generated+extern share of the ops eager supports, per dtype, as measured (issue 4 aims at 0.90). CPU,
+# 2026-11-22: float32 597/654, float64 597/654, bfloat16 483/530, int64 417/446, bool 317/331; the rest are graph
+# breaks and graphs with in-place ops (see the report's fallback lines). CUDA had more fallbacks than CPU
+# (float32: 101 vs 86 ops) before the seeded ops were unwrapped; its floors are not measured again yet.
 COVERAGE_FLOOR = {
-    "cpu": {torch.float32: 0.86, torch.float64: 0.86, torch.bfloat16: 0.85, torch.int64: 0.91, torch.bool: 0.94},
+    "cpu": {torch.float32: 0.91, torch.float64: 0.91, torch.bfloat16: 0.91, torch.int64: 0.93, torch.bool: 0.95},
     "cuda": {torch.float32: 0.84, torch.float64: 0.84, torch.bfloat16: 0.84, torch.int64: 0.87, torch.bool: 0.91},
 }
 
 # Mismatches whose cause lies outside the compiler (the tracer and runtime own them), each a predicate over
 # (case, message). They are listed in the report; any other mismatch fails the test.
 KNOWN_ISSUES = {}
+
+# Ops op_db marks as seeded (their function calls wrapper_set_seed) are run under this many more seeds before
+# their values count as deterministic: a small sample of bernoulli or multinomial can repeat under two seeds.
+SEEDED_RERUNS = 4
+
+
+def seeded_by_op_db(op):
+    code = getattr(op.op, "__code__", None)
+    return code is not None and "wrapper_set_seed" in code.co_names
+
 
 UNINITIALISED = ("empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided", "empty_permuted")
 
@@ -76,6 +90,19 @@ def kiln_cache_dir(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KILN_CACHE_DIR", str(cache))
         yield str(cache)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ops_without_seed_wrapper():
+    # op_db wraps its random ops (dropout, normal, bernoulli, rrelu, ...) in torch.testing's wrapper_set_seed,
+    # which reseeds and restores the RNG state through a contextlib context manager so that PyTorch's own tests
+    # get reproducible numbers. The sweep measures the ops, not that harness: random results are compared by
+    # dtype and shape (their values differ between two eager calls), deterministic ones by value. The lambdas
+    # of op_db read the name from their module's globals at call time, so replacing it there unwraps them all.
+    from torch.testing._internal import common_methods_invocations as op_db_module
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(op_db_module, "wrapper_set_seed", lambda op, *args, **kwargs: op(*args, **kwargs))
+        yield
 
 
 # ---- one case: an op, a dtype, one sample ------------------------------------------------------------------
@@ -145,16 +172,21 @@ def collect_cases(dtype, skipped, device="cpu"):
             with torch.no_grad():
                 torch.manual_seed(1)
                 expected = case.call()
-                torch.manual_seed(2)
-                again = case.call()
+                if not tensors_only(expected):
+                    skipped[key] = "non-tensor (or sparse) output"
+                    continue
+                # A copy: ops such as cauchy_ return their input, which later calls overwrite.
+                expected = pytree.tree_map(torch.clone, expected)
+                reruns = 1 + (SEEDED_RERUNS if seeded_by_op_db(op) else 0)
+                deterministic = True
+                for seed in range(2, 2 + reruns):
+                    torch.manual_seed(seed)
+                    deterministic = deterministic and same_result(expected, case.call())
         except Exception as e:
             skipped[key] = f"eager raises {type(e).__name__}"
             continue
-        if not tensors_only(expected):
-            skipped[key] = "non-tensor (or sparse) output"
-            continue
         case.expected = expected
-        case.values_comparable = op.name.split(".")[-1] not in UNINITIALISED and same_result(expected, again)
+        case.values_comparable = op.name.split(".")[-1] not in UNINITIALISED and deterministic
         cases.append(case)
     return cases
 
@@ -317,7 +349,7 @@ class Sweep:
                 cases[0].kind, cases[0].reason = "fallback", summary["fallback_reason"]
                 self.check_end_to_end(cases)
                 return
-            return self.split(cases, depth)
+            return self.split(cases, depth, summary["fallback_reason"])
         if len(cases) == 1:  # nodes that read no input (factory ops) are the single case's too
             covered = {0} if summary["kernels"] else set()
         else:
@@ -330,7 +362,15 @@ class Sweep:
         for i, case in enumerate(cases):
             case.kind = "generated" if i in covered else "extern"
 
-    def split(self, cases, depth):
+    def split(self, cases, depth, reason=""):
+        # A fallback reason that names an op ("in-place op aten::cauchy_.default"): the cases whose own graphs
+        # hold it go alone and the rest stay one batch, which saves the bisection's compiles.
+        named = re.findall(r"aten::[\w.]+", reason)
+        culprits = [c for c in cases if any(op in named for ops in c.graph_ops for op in ops)]
+        if culprits and len(culprits) < len(cases):
+            for case in culprits:
+                self.run_batch([case], depth + 1)
+            return self.run_batch([c for c in cases if c not in culprits], depth + 1)
         half = len(cases) // 2
         self.run_batch(cases[:half], depth + 1)
         self.run_batch(cases[half:], depth + 1)

@@ -82,7 +82,8 @@ const char* prim_format(PrimOp op) {
       "std::signbit($a)", "kiln_bitwise_not($a)",                                                    // ..BitwiseNot
       "std::atan2($a, $b)", "std::fmod($a, $b)", "std::hypot($a, $b)", "std::copysign($a, $b)",
       "std::fmax($a, $b)", "std::fmin($a, $b)",                                                      // ..Fmin
-      "static_cast<$T>($a & $b)", "static_cast<$T>($a | $b)", "static_cast<$T>($a ^ $b)"};          // ..BitwiseXor
+      "static_cast<$T>($a & $b)", "static_cast<$T>($a | $b)", "static_cast<$T>($a ^ $b)",           // ..BitwiseXor
+      "std::lgamma($a)", "kiln_digamma($a)", "kiln_erfinv($a)", "std::nextafter($a, $b)"};          // ..Nextafter
   static_assert(sizeof(formats) / sizeof(formats[0]) == decomp::kPrimOpCount, "one format per PrimOp");
   return formats[static_cast<int>(op)];
 }

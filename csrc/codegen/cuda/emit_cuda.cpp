@@ -114,7 +114,9 @@ const char* prim_format(PrimOp op) {
       "kiln::atan2_(static_cast<$T>($a), static_cast<$T>($b))", "kiln::fmod_(static_cast<$T>($a), static_cast<$T>($b))",
       "kiln::hypot_(static_cast<$T>($a), static_cast<$T>($b))", "kiln::copysign_(static_cast<$T>($a), static_cast<$T>($b))",
       "kiln::fmax_(static_cast<$T>($a), static_cast<$T>($b))", "kiln::fmin_(static_cast<$T>($a), static_cast<$T>($b))",
-      "static_cast<$T>($a & $b)", "static_cast<$T>($a | $b)", "static_cast<$T>($a ^ $b)"};                 // ..BitwiseXor
+      "static_cast<$T>($a & $b)", "static_cast<$T>($a | $b)", "static_cast<$T>($a ^ $b)",                  // ..BitwiseXor
+      "kiln::lgamma_($a)", "kiln::digamma_($a)", "kiln::erfinv_($a)",
+      "kiln::nextafter_(static_cast<$T>($a), static_cast<$T>($b))"};                                        // ..Nextafter
   static_assert(sizeof(formats) / sizeof(formats[0]) == decomp::kPrimOpCount, "one format per PrimOp");
   const int index = static_cast<int>(op);
   KILN_CHECK(index >= 0 && index < decomp::kPrimOpCount) << "the CUDA code generator has no code for prim " << index;

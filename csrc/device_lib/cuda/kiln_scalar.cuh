@@ -96,7 +96,10 @@ KILN_FLOAT_FUNCTION(expm1_, expm1f, expm1)
 KILN_FLOAT_FUNCTION(log2_, log2f, log2)
 KILN_FLOAT_FUNCTION(log10_, log10f, log10)
 KILN_FLOAT_FUNCTION(exp2_, exp2f, exp2)
+KILN_FLOAT_FUNCTION(lgamma_, lgammaf, lgamma)
+KILN_FLOAT_FUNCTION(erfinv_, erfinvf, erfinv)
 #undef KILN_FLOAT_FUNCTION
+
 
 // Rounding keeps the dtype; integers are already whole. round_ rounds half to even, like torch.round.
 #define KILN_ROUNDING(name, float_fn, double_fn)                                \
@@ -116,6 +119,7 @@ KILN_ROUNDING(trunc_, truncf, trunc)
 KILN_FLOAT_FUNCTION2(atan2_, atan2f, atan2)
 KILN_FLOAT_FUNCTION2(hypot_, hypotf, hypot)
 KILN_FLOAT_FUNCTION2(copysign_, copysignf, copysign)
+KILN_FLOAT_FUNCTION2(nextafter_, nextafterf, nextafter)
 #undef KILN_FLOAT_FUNCTION2
 
 // fmod truncates like C (torch.fmod); fmax/fmin ignore NaN (torch.fmax/fmin).
@@ -171,5 +175,27 @@ template <>
 __device__ __forceinline__ float infinity<float>() { return __int_as_float(0x7f800000); }
 template <>
 __device__ __forceinline__ double infinity<double>() { return __longlong_as_double(0x7ff0000000000000ll); }
+
+// digamma as ATen defines it at the poles (+-0 -> -+inf, negative integers -> NaN): reflection for negative
+// arguments, the recurrence psi(x) = psi(x + 1) - 1/x up to x >= 10, then the asymptotic series
+// ln x - 1/(2x) - sum B_2k / (2k x^2k) (7 terms). In the compute type, as ATen's CUDA kernel.
+template <typename T>
+__device__ __forceinline__ T digamma_impl(T x) {
+  if (x == T(0)) return copysign_(infinity<T>(), -x);
+  T result = 0;
+  if (x < T(0)) {
+    if (x == trunc_(x)) return quiet_nan<T>();
+    const double pi = 3.14159265358979323846;
+    result = static_cast<T>(-pi / tan(pi * static_cast<double>(x - trunc_(x))));
+    x = T(1) - x;
+  }
+  for (; x < T(10); x += T(1)) result -= T(1) / x;
+  const T z = T(1) / (x * x);
+  const T series = z * (T(1.0 / 12) - z * (T(1.0 / 120) - z * (T(1.0 / 252) - z * (T(1.0 / 240) - z * (T(1.0 / 132) -
+                                                                                z * (T(691.0 / 32760) - z / T(12)))))));
+  return result + log_(x) - T(0.5) / x - series;
+}
+__device__ __forceinline__ float digamma_(float a) { return digamma_impl(a); }
+__device__ __forceinline__ double digamma_(double a) { return digamma_impl(a); }
 
 }  // namespace kiln
