@@ -1,6 +1,7 @@
 #include "guards/guard_tree.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "common/error.h"
 
@@ -135,8 +136,28 @@ void GuardTree::set_instance(const SourcePtr& s, PyObject* module) {
   instance_source_ = s;
 }
 
-GuardTree::Node* GuardTree::node_for(const SourcePtr& s) {
+namespace {
+// The key of a source path: its description, made unique for paths from a fixed object (two closures' cells
+// both read as `<cell __class__>` are different cells).
+std::string path_key(const SourcePtr& s) {
+  const Source* root = s.get();
+  while (root->base()) root = root->base().get();
   std::string path = s->describe();
+  if (root->kind() != SourceKind::kObject) return path;
+  PyObject* object = root->resolve(SourceRoots{});
+  if (!object) {
+    PyErr_Clear();
+    return path;
+  }
+  char address[32];
+  std::snprintf(address, sizeof(address), "@%p:", (void*)object);
+  Py_DECREF(object);
+  return address + path;
+}
+}  // namespace
+
+GuardTree::Node* GuardTree::node_for(const SourcePtr& s) {
+  std::string path = path_key(s);
   auto it = by_path_.find(path);
   if (it != by_path_.end()) return it->second;
   Node* parent = s->base() ? node_for(s->base()) : nullptr;
@@ -292,7 +313,7 @@ std::vector<std::string> GuardTree::describe() const {
   std::vector<std::string> lines;
   lines.push_back(state_.describe());
   for (const auto& entry : by_path_)
-    for (const Check& c : entry.second->checks) lines.push_back(describe_check(entry.first, c));
+    for (const Check& c : entry.second->checks) lines.push_back(describe_check(entry.second->source->describe(), c));
   return lines;
 }
 

@@ -51,9 +51,13 @@ struct GlobalState {
   bool grad_enabled = true;
   bool inference_mode = false;
   int default_dtype = 6;  // c10::ScalarType::Float
+  /// Devices whose autocast is on (bit 0 CPU, bit 1 CUDA). The recorder's meta tensors see no autocast, so
+  /// the tracer refuses to trace while it is on (Tracer::trace_root): entries of either kind never mix.
+  int autocast = 0;
   static GlobalState current();
   bool operator==(const GlobalState& o) const {
-    return grad_enabled == o.grad_enabled && inference_mode == o.inference_mode && default_dtype == o.default_dtype;
+    return grad_enabled == o.grad_enabled && inference_mode == o.inference_mode && default_dtype == o.default_dtype &&
+           autocast == o.autocast;
   }
   std::string describe() const;
 };

@@ -1,4 +1,5 @@
 // Tensor guards and global state: the only guards/ file that includes LibTorch headers.
+#include <ATen/autocast_mode.h>
 #include <ATen/core/TensorBase.h>
 #include <c10/core/DefaultDtype.h>
 #include <c10/core/GradMode.h>
@@ -87,13 +88,16 @@ GlobalState GlobalState::current() {
   s.grad_enabled = c10::GradMode::is_enabled();
   s.inference_mode = c10::InferenceMode::is_enabled();
   s.default_dtype = static_cast<int>(c10::typeMetaToScalarType(c10::get_default_dtype()));
+  s.autocast = (at::autocast::is_autocast_enabled(c10::DeviceType::CPU) ? 1 : 0) |
+               (at::autocast::is_autocast_enabled(c10::DeviceType::CUDA) ? 2 : 0);
   return s;
 }
 
 std::string GlobalState::describe() const {
   return std::string("grad_mode ") + (grad_enabled ? "enabled" : "disabled") + ", inference_mode " +
          (inference_mode ? "on" : "off") + ", default dtype " +
-         c10::toString(static_cast<c10::ScalarType>(default_dtype));
+         c10::toString(static_cast<c10::ScalarType>(default_dtype)) +
+         (autocast ? std::string(", autocast on") + (autocast & 1 ? " cpu" : "") + (autocast & 2 ? " cuda" : "") : "");
 }
 
 }  // namespace kiln::guards

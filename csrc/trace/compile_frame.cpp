@@ -129,6 +129,12 @@ struct EntryCount {
 EntryCount count_entries(const frame::FrameView& frame, const std::vector<const frame::CacheEntry*>& own,
                          int recompile_limit) {
   EntryCount count{(int)own.size(), recompile_limit, "recompile limit"};
+  // A loop's resume function is traced once per iteration (the items differ): those are not recompiles.
+  if (is_loop_resume_code((PyObject*)frame.code)) {
+    count.limit = module_instance_limit();
+    count.what = "limit of a loop's resume function, one entry per iteration (kiln.config.module_instance_limit)";
+    return count;
+  }
   std::vector<PyObject*> instances;
   for (const frame::CacheEntry* e : own) {
     const guards::GuardTree& tree = static_cast<const FrameGuard*>(e->guard.get())->tree();
@@ -203,6 +209,8 @@ BreakKind break_kind(const std::string& instruction) {
       {"JUMP_IF", {"data-dependent branch", "a branch on a tensor's value runs eagerly; use torch.where"}},
       {"TO_BOOL", {"data-dependent branch", "bool(tensor) runs eagerly; use torch.where"}},
       {"RAISE", {"raise", "raising from compiled code runs eagerly"}},
+      {"BEFORE_WITH", {"with", "__enter__ of this context manager runs eagerly; the block resumes compiled, and "
+                               "__exit__ is called as the original calls it"}},
   };
   for (const auto& [prefix, kind] : table)
     if (instruction.rfind(prefix, 0) == 0) return kind;
@@ -241,11 +249,18 @@ void KilnCompiler::record_break(PyCodeObject* code, const bytecode::CodeInstruct
   const auto& at = decoded.instructions[plan.pc].pos;
   std::string file = PyUnicode_AsUTF8(code->co_filename);
   BreakKind kind = break_kind(plan.instruction);
+  std::string explanation = reason;
+  if (plan.in_loop)
+    explanation += " (inside a loop: the resume function breaks here again on every iteration, one cache entry "
+                   "per iteration, counted against kiln.config.module_instance_limit; the limit reached or the "
+                   "stack too deep, the loop goes on eagerly)";
+  if (plan.handler_entry >= 0)
+    explanation += " (inside a try body or a with block: an exception from it goes to the original handler)";
   KILN_LOG(graph_breaks) << "graph break (" << kind.type << ") in " << where(code) << " at " << file << ":" << at.line
-                         << ": " << reason << "\n  hint: " << kind.hint;
+                         << ": " << explanation << "\n  hint: " << kind.hint;
   explain("break", break_record(kind.type, file + ":" + std::to_string(at.line) + " in " +
                                                PyUnicode_AsUTF8(code->co_qualname),
-                                reason, file, at.line, kind.hint));
+                                explanation, file, at.line, kind.hint));
 }
 
 KilnCompiler::KilnCompiler(CompileOptions options) : options_(std::move(options)) {}

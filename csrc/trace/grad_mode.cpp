@@ -112,8 +112,8 @@ VarPtr Tracer::call_grad_mode(PyObject* fn, const VarPtr& self, const std::vecto
 }
 
 // BEFORE_WITH: [manager] -> [manager.__exit__, manager.__enter__()]. Only grad-mode managers made inside
-// the traced code are entered; any other `with` is a graph break at this instruction (plan_break refuses
-// it, so such frames keep running eagerly).
+// the traced code are entered; any other `with` is a graph break at this instruction (BEFORE_WITH runs in
+// Python and the resume function starts inside the block: graph_break.h).
 void InstructionTranslator::op_before_with(const bytecode::Instruction&) {
   VarPtr manager = peek();
   bool grad_mode = false;

@@ -1,10 +1,8 @@
-// Graph breaks in the root frame: the plan (can we split here, what is live), the transformed code that
-// runs the break instruction eagerly, and the resume functions that continue after it.
+// Graph breaks in the root frame: the plan (can we split here, what is live) and the live values. The code
+// that runs the break instruction eagerly and the resume functions that continue after it: break_code.cpp.
 #include "trace/graph_break.h"
 
 #include <algorithm>
-#include <map>
-#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -15,9 +13,6 @@ namespace kiln::trace {
 using bytecode::Instruction;
 
 namespace {
-
-constexpr bool kCallableAfterNull = PY_VERSION_HEX < 0x030D0000;  // 3.11/3.12: [NULL, callable, args]
-constexpr bool kHasPrecall = PY_VERSION_HEX < 0x030C0000;
 
 // Stack slots a break instruction consumes, by opcode name: what runs in plain Python at a break. What
 // it pushes follows from the interpreter's stack effect. Instructions missing here do not break (the
@@ -35,6 +30,10 @@ int consumed_by(const std::string& name, int arg) {
       {"POP_JUMP_FORWARD_IF_FALSE", [](int) { return 1; }},
       {"POP_JUMP_FORWARD_IF_NONE", [](int) { return 1; }},
       {"POP_JUMP_FORWARD_IF_NOT_NONE", [](int) { return 1; }},
+      {"POP_JUMP_BACKWARD_IF_TRUE", [](int) { return 1; }},  // 3.11's loop conditions (breaks inside a loop)
+      {"POP_JUMP_BACKWARD_IF_FALSE", [](int) { return 1; }},
+      {"POP_JUMP_BACKWARD_IF_NONE", [](int) { return 1; }},
+      {"POP_JUMP_BACKWARD_IF_NOT_NONE", [](int) { return 1; }},
       {"JUMP_IF_TRUE_OR_POP", [](int) { return 1; }},
       {"JUMP_IF_FALSE_OR_POP", [](int) { return 1; }},
       {"TO_BOOL", [](int) { return 1; }},
@@ -92,10 +91,37 @@ std::string unrebuildable(const VarPtr& v, std::unordered_set<const Var*>& seen)
         if (!why.empty()) return why;
       }
       return "";
-    case VarKind::kIterator: return "an iterator (the break is inside a for loop)";
+    case VarKind::kIterator: return "an iterator outside a for loop's own stack slot";
     case VarKind::kNull: return "a NULL inside a value";
+    case VarKind::kSuper:  // trace-only helpers (super(), closure cells, functions and partials made in the
+    case VarKind::kCell:   // trace, ContextVar tokens): not rebuilt in Python; a break with one live is refused
+    case VarKind::kFunction:
+    case VarKind::kPartial:
+    case VarKind::kToken: break;
   }
   return "a " + v->describe();
+}
+
+// Items a loop iterator may have left at a break: each iteration is one more resume call (and cache entry).
+constexpr size_t kMaxIterationsLeft = 64;
+
+// Why a for loop's iterator on the stack cannot travel to the resume function ("" when it can): it must be
+// the loop's own (held nowhere else, or the rebuilt copy and the other holder would part ways), with few
+// enough items left, each rebuildable.
+std::string loop_iterator_unrebuildable(const VarPtr& it, const BreakState& state, std::unordered_set<const Var*>& seen) {
+  int holders = 0;
+  for (const VarPtr& v : state.stack) holders += v == it;
+  for (const VarPtr& v : state.locals) holders += v == it;
+  if (holders != 1) return "an iterator also held elsewhere (a local or another stack slot)";
+  size_t left = it->items.size() - it->position;
+  if (left > kMaxIterationsLeft)
+    return "a loop iterator with " + std::to_string(left) + " items left (more than " +
+           std::to_string(kMaxIterationsLeft) + " resumed iterations)";
+  for (size_t i = it->position; i < it->items.size(); ++i) {
+    std::string why = unrebuildable(it->items[i], seen);
+    if (!why.empty()) return why + " (an item of a loop's iterator)";
+  }
+  return "";
 }
 
 // Instructions reached from the entry by falling through and jumping, without exception edges.
@@ -140,10 +166,11 @@ bool is_grad_mode_exit(const VarPtr& v) {
   return yes;
 }
 
-// Follows the path an exception raised at the break instruction takes through the exception table. It may
-// only leave through grad-mode `with` blocks (their __exit__ restores the mode and re-raises): anything
-// else (a try block, another context manager) is refused. Returns the mode eager leaves the frame in after
-// such an exception (the mode before the outermost block), or -1 when the break is in no block.
+// Follows the path an exception raised at the break instruction takes through the exception table. When it
+// only leaves through grad-mode `with` blocks (their __exit__ restores the mode and re-raises), returns the
+// mode eager leaves the frame in after such an exception (the mode before the outermost block), or -1 when
+// the break is in no block. Anything else (a try block, another context manager) sets `why_not`: the break
+// code then sends the exception to the original handler instead (plan_break).
 int enclosing_grad_mode_blocks(const bytecode::CodeInstructions& ci, const BreakState& state, std::string* why_not) {
   const auto& ops = bytecode::opcodes();
   auto name_at = [&](int i) -> std::string {
@@ -161,8 +188,7 @@ int enclosing_grad_mode_blocks(const bytecode::CodeInstructions& ci, const Break
       return -1;
     }
     if (entry->depth < 1 || entry->depth > (int)state.stack.size() || !is_grad_mode_exit(state.stack[entry->depth - 1])) {
-      *why_not = "the construct is inside a with block whose context manager is not a grad-mode one "
-                 "(user context managers are not resumed: the frame runs eagerly)";
+      *why_not = "the construct is inside a with block whose context manager is not a grad-mode one";
       return -1;
     }
     PyObject* prev = PyObject_GetAttrString(state.stack[entry->depth - 1]->items[0]->value, "prev");
@@ -207,24 +233,23 @@ BreakPlan plan_break(PyCodeObject* code, const bytecode::CodeInstructions& ci, c
       return plan;
     }
   }
-  if (plan.instruction == "BEFORE_WITH") {
-    // Only grad-mode blocks are traced (grad_mode.cpp); other context managers keep the frame eager.
-    plan.why_not = "a with statement on a context manager other than torch.no_grad/enable_grad/set_grad_enabled "
-                   "(user context managers are not resumed: the frame runs eagerly)";
-    return plan;
+  // Inside grad-mode blocks only: the break code restores the mode on an exception. Inside any other block:
+  // the exception goes to the original handler, in a copy of the body the break code carries.
+  std::string not_grad_mode_only;
+  plan.restore_grad_mode = enclosing_grad_mode_blocks(ci, state, &not_grad_mode_only);
+  if (!not_grad_mode_only.empty()) {
+    plan.restore_grad_mode = -1;
+    const bytecode::ExceptionEntry* entry = covering(ci, state.pc);
+    KILN_ASSERT(entry) << "a break inside a block without an exception entry";
+    plan.handler_entry = (int)(entry - ci.exception_table.data());
   }
-  plan.restore_grad_mode = enclosing_grad_mode_blocks(ci, state, &plan.why_not);
-  if (!plan.why_not.empty()) return plan;
   // Exception handlers are not part of a loop even when they jump backward (3.12 puts a with statement's
   // handler after the function body and jumps back from it).
   std::vector<bool> normal_flow = reachable_without_exceptions(ci);
-  for (size_t j = 0; j < ci.instructions.size(); ++j) {
+  for (size_t j = 0; j < ci.instructions.size() && !plan.in_loop; ++j) {
     const Instruction& jump = ci.instructions[j];
-    if (!normal_flow[j]) continue;
-    if (ops.is_jump(jump.opcode) && jump.target >= 0 && jump.target <= state.pc && (int)j >= state.pc) {
-      plan.why_not = "the construct is inside a loop";
-      return plan;
-    }
+    if (normal_flow[j] && ops.is_jump(jump.opcode) && jump.target >= 0 && jump.target <= state.pc && (int)j >= state.pc)
+      plan.in_loop = true;
   }
   plan.consumed = consumed_by(plan.instruction, ins.arg);
   if (plan.consumed < 0) {
@@ -239,19 +264,29 @@ BreakPlan plan_break(PyCodeObject* code, const bytecode::CodeInstructions& ci, c
     plan.successors.push_back(
         {state.pc + 1, call ? 1 : plan.consumed + ops.stack_effect(ins.opcode, ins.arg, false)});
   if (ops.is_jump(ins.opcode)) {
-    KILN_ASSERT(ins.target > state.pc) << "a break at a backward jump outside a loop";
+    KILN_ASSERT(ins.target > state.pc || plan.in_loop) << "a break at a backward jump outside a loop";
     plan.successors.push_back({ins.target, plan.consumed + ops.stack_effect(ins.opcode, ins.arg, true)});
   }
   std::unordered_set<const Var*> seen;
-  for (const VarPtr& v : state.stack) {
+  for (int i = 0; i < depth; ++i) {
+    const VarPtr& v = state.stack[i];
     plan.stack_null.push_back(v->is(VarKind::kNull));
+    plan.stack_iterator.push_back(v->is(VarKind::kIterator));
     if (v->is(VarKind::kNull)) continue;
-    std::string why = unrebuildable(v, seen);
+    std::string why = v->is(VarKind::kIterator) ? loop_iterator_unrebuildable(v, state, seen) : unrebuildable(v, seen);
     if (!why.empty()) {
       plan.why_not = "the stack holds " + why;
       return plan;
     }
   }
+  // The handler copy and the eager continuation need the stack exactly as the original has it, and a NULL
+  // below the consumed slots is not rebuilt by the break code (only a resume function's prologue re-pushes it).
+  if (plan.in_loop || plan.handler_entry >= 0)
+    for (int i = 0; i < depth - plan.consumed; ++i)
+      if (state.stack[i]->is(VarKind::kNull)) {
+        plan.why_not = "a call in progress below the break inside a loop or block (its NULL slot cannot be rebuilt)";
+        return plan;
+      }
   // Free variables (the last slots) are not locals: the resume function gets the same closure cells.
   size_t first_free = state.locals.size() - code->co_nfreevars;
   for (size_t i = 0; i < first_free; ++i) {
@@ -263,6 +298,10 @@ BreakPlan plan_break(PyCodeObject* code, const bytecode::CodeInstructions& ci, c
     }
     plan.live_locals.push_back((int)i);
   }
+  // In the original's order, so that a resume function's break passes its locals in the order the first
+  // break did and both resume in one code object (resume_code's cache key).
+  std::stable_sort(plan.live_locals.begin(), plan.live_locals.end(),
+                   [&](int a, int b) { return original_local(code, a) < original_local(code, b); });
   if (state.kwnames) {
     for (int k = state.pc - 1; k >= 0 && k >= state.pc - 2; --k)
       if (ci.instructions[k].opcode == ops.op("KW_NAMES")) plan.kwnames_const = ci.instructions[k].arg;
@@ -274,333 +313,15 @@ BreakPlan plan_break(PyCodeObject* code, const bytecode::CodeInstructions& ci, c
 VarPtr break_values(const BreakPlan& plan, const BreakState& state) {
   std::vector<VarPtr> items;
   for (int i : plan.live_locals) items.push_back(state.locals[i]);
-  for (auto it = state.stack.rbegin(); it != state.stack.rend(); ++it)
-    if (!(*it)->is(VarKind::kNull)) items.push_back(*it);
-  return make_sequence(VarKind::kTuple, std::move(items));
-}
-
-namespace {
-
-// Appends instructions, all at one source position.
-struct Emitter {
-  bytecode::CodeInstructions& out;
-  bytecode::Positions pos;
-  int emit(const char* name, int arg = 0) {
-    int op = bytecode::opcodes().op(name);
-    KILN_ASSERT(op >= 0) << "opcode " << name << " missing in this Python";
-    Instruction ins;
-    ins.opcode = op;
-    ins.arg = arg;
-    ins.pos = pos;
-    out.instructions.push_back(ins);
-    return (int)out.instructions.size() - 1;
-  }
-  /// Moves the top of the stack down to `depth` (1 = top), keeping the order of the others.
-  void sink_top(int depth) {
-    for (int d = depth; d >= 2; --d) emit("SWAP", d);
-  }
-  void call(int nargs) {
-    if (kHasPrecall) emit("PRECALL", nargs);
-    emit("CALL", nargs);
-  }
-  /// Puts `callable` (a constant index) and its NULL under the top `nitems` stack values.
-  void callable_under(int callable_const, int nitems) {
-    for (int step = 0; step < 2; ++step) {
-      bool push_null = (step == 0) == kCallableAfterNull;
-      if (push_null)
-        emit("PUSH_NULL");
-      else
-        emit("LOAD_CONST", callable_const);
-      sink_top(nitems + 1);
-    }
-  }
-};
-
-// Copies the original prologue (COPY_FREE_VARS, MAKE_CELL..., RESUME) and returns the RESUME index.
-int prologue_end(const bytecode::CodeInstructions& ci) {
-  const auto& ops = bytecode::opcodes();
-  for (size_t i = 0; i < ci.instructions.size(); ++i)
-    if (ci.instructions[i].opcode == ops.op("RESUME")) return (int)i;
-  KILN_ASSERT(false) << "no RESUME in the prologue";
-  return -1;
-}
-
-PyObject* tuple_plus(PyObject* tuple, const std::vector<PyObject*>& extra) {
-  Py_ssize_t n = PyTuple_GET_SIZE(tuple);
-  PyObject* out = PyTuple_New(n + extra.size());
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    Py_INCREF(PyTuple_GET_ITEM(tuple, i));
-    PyTuple_SET_ITEM(out, i, PyTuple_GET_ITEM(tuple, i));
-  }
-  for (size_t i = 0; i < extra.size(); ++i) {
-    Py_INCREF(extra[i]);
-    PyTuple_SET_ITEM(out, n + i, extra[i]);
-  }
-  return out;
-}
-
-}  // namespace
-
-PyObject* make_break_code(PyCodeObject* original, const bytecode::CodeInstructions& ci, const BreakPlan& plan,
-                          PyObject* program, const std::vector<PyObject*>& resume_functions) {
-  const auto& ops = bytecode::opcodes();
-  KILN_ASSERT(resume_functions.size() == plan.successors.size()) << "one resume function per successor";
-  bytecode::CodeInstructions out;
-  out.firstlineno = original->co_firstlineno;
-  int resume_at = prologue_end(ci);
-  for (int i = 0; i <= resume_at; ++i) {
-    out.instructions.push_back(ci.instructions[i]);
-    out.instructions.back().target = -1;
-  }
-  const Instruction& broken = ci.instructions[plan.pc];
-  Emitter e{out, broken.pos};
-  int program_const = (int)PyTuple_GET_SIZE(original->co_consts);
-  std::optional<bytecode::ExceptionEntry> grad_restore_entry;
-
-  // values = program(arguments..., free variables...)
-  int nargs = original->co_argcount + original->co_kwonlyargcount + ((original->co_flags & CO_VARARGS) ? 1 : 0) +
-              ((original->co_flags & CO_VARKEYWORDS) ? 1 : 0);
-  if (kCallableAfterNull) e.emit("PUSH_NULL");
-  e.emit("LOAD_CONST", program_const);
-  if (!kCallableAfterNull) e.emit("PUSH_NULL");
-  int nlocalsplus = (int)PyTuple_GET_SIZE(original->co_localsplusnames);
-  int nfree = original->co_nfreevars;
-  for (int i = 0; i < nargs; ++i) e.emit("LOAD_FAST", i);
-  for (int j = 0; j < nfree; ++j) e.emit("LOAD_DEREF", nlocalsplus - nfree + j);
-  e.call(nargs + nfree);
-  // Arguments the original had already unbound (a resume function's stack arguments, a `del`) must not
-  // stay bound here: eager would have let them go, and a frame kept by a traceback would keep them.
-  for (int i = 0; i < nargs; ++i)
-    if (std::find(plan.live_locals.begin(), plan.live_locals.end(), i) == plan.live_locals.end())
-      e.emit("DELETE_FAST", i);
-
-  // Unpack: locals on top (stored first), then the non-NULL stack slots, bottom one deepest.
-  int below = (int)plan.stack_null.size() - plan.consumed;
-  int nonnull_total = 0, nonnull_below = 0;
-  for (int i = 0; i < (int)plan.stack_null.size(); ++i)
-    if (!plan.stack_null[i]) {
-      ++nonnull_total;
-      if (i < below) ++nonnull_below;
-    }
-  int nvalues = (int)plan.live_locals.size() + nonnull_total;
-  if (nvalues == 0)
-    e.emit("POP_TOP");
-  else
-    e.emit("UNPACK_SEQUENCE", nvalues);
-  for (int local : plan.live_locals) e.emit("STORE_FAST", local);
-  // The consumed slots' NULLs go back in place (the NULLs below them are re-pushed by the resume code).
-  int height = nonnull_total;
-  for (int k = 0; k < plan.consumed; ++k) {
-    if (!plan.stack_null[below + k]) continue;
-    int position = nonnull_below + k;  // final index from the bottom of the rebuilt part
-    e.emit("PUSH_NULL");
-    ++height;
-    e.sink_top(height - position);
-  }
-
-  // The original instruction, as CPython runs it.
-  if (plan.kwnames_const >= 0) e.emit("KW_NAMES", plan.kwnames_const);
-  if (kHasPrecall && ops.name(broken.opcode) == std::string("CALL")) e.emit("PRECALL", broken.arg);
-  Instruction copy = broken;
-  copy.offset = -1;
-  copy.target = -1;
-  out.instructions.push_back(copy);
-  int jump_index = (int)out.instructions.size() - 1;
-  const int extra_consts = 1 + (int)resume_functions.size();  // program, resume functions, then these
-  if (plan.restore_grad_mode >= 0) {
-    // The break runs inside grad-mode blocks that this code no longer has: an exception from it leaves
-    // the frame with the mode eager's __exit__ calls would have restored (graph_break.h).
-    bytecode::ExceptionEntry restore;
-    restore.start = jump_index;
-    restore.end = jump_index + 1;
-    restore.depth = 0;
-    restore.lasti = false;
-    grad_restore_entry = restore;
-  }
-
-  // One tail per successor: return resume(stack..., locals...).
-  for (size_t s = 0; s < plan.successors.size(); ++s) {
-    if (s == 1) out.instructions[jump_index].target = (int)out.instructions.size();
-    int nitems = nonnull_below + plan.successors[s].pushed;
-    if (nfree == 0) {
-      e.callable_under(program_const + 1 + (int)s, nitems);
-    } else {
-      // A closure needs the frame's own cells: the function is made here, from the resume code.
-      if (!kCallableAfterNull) KILN_UNSUPPORTED() << "graph breaks in closures on this Python";
-      e.emit("PUSH_NULL");
-      e.sink_top(nitems + 1);
-      for (int j = 0; j < nfree; ++j) e.emit("LOAD_CLOSURE", nlocalsplus - nfree + j);
-      e.emit("BUILD_TUPLE", nfree);
-      e.emit("LOAD_CONST", program_const + 1 + (int)s);
-      e.emit("MAKE_FUNCTION", 0x08);
-      e.sink_top(nitems + 1);
-    }
-    for (int local : plan.live_locals) e.emit("LOAD_FAST", local);
-    e.call(nitems + (int)plan.live_locals.size());
-    e.emit("RETURN_VALUE");
-  }
-  if (grad_restore_entry) {
-    // handler: [exc] -> torch._C._set_grad_enabled(mode) -> re-raise exc
-    grad_restore_entry->target = (int)out.instructions.size();
-    out.exception_table.push_back(*grad_restore_entry);
-    e.callable_under(program_const + extra_consts, 0);
-    e.emit("LOAD_CONST", program_const + extra_consts + 1);
-    e.call(1);
-    e.emit("POP_TOP");
-    e.emit("RERAISE", 0);
-  }
-
-  std::vector<PyObject*> extra = {program};
-  extra.insert(extra.end(), resume_functions.begin(), resume_functions.end());
-  PyObject* setter = nullptr;
-  if (grad_restore_entry) {
-    PyObject* tracing = PyImport_ImportModule("kiln._tracing");
-    setter = tracing ? PyObject_GetAttrString(tracing, "set_grad_enabled") : nullptr;
-    Py_XDECREF(tracing);
-    if (!setter) {
-      PyErr_Clear();
-      KILN_UNSUPPORTED() << "kiln._tracing.set_grad_enabled is missing";
-    }
-    extra.push_back(setter);
-    extra.push_back(plan.restore_grad_mode ? Py_True : Py_False);
-  }
-  struct ReleaseSetter {
-    PyObject* setter;
-    ~ReleaseSetter() { Py_XDECREF(setter); }
-  } release_setter{setter};
-  PyObject* consts = tuple_plus(original->co_consts, extra);
-  PyObject* kwargs = Py_BuildValue("{s:N}", "co_consts", consts);
-  PyObject* result = nullptr;
-  try {
-    result = bytecode::make_code(original, out, kwargs);
-  } catch (...) {
-    Py_DECREF(kwargs);
-    throw;
-  }
-  Py_DECREF(kwargs);
-  return result;
-}
-
-PyObject* resume_code(PyCodeObject* original, const bytecode::CodeInstructions& ci, const BreakPlan& plan,
-                      const BreakSuccessor& successor) {
-  const auto& ops = bytecode::opcodes();
-  // The layout: which slots of the resume stack are NULL, and which locals arrive as arguments.
-  int below = (int)plan.stack_null.size() - plan.consumed;
-  std::vector<bool> stack_null(plan.stack_null.begin(), plan.stack_null.begin() + below);
-  stack_null.insert(stack_null.end(), successor.pushed, false);
-  std::string key = std::to_string((uintptr_t)original) + "@" + std::to_string(successor.target) + ":";
-  for (bool null : stack_null) key += null ? 'N' : 'v';
-  for (int local : plan.live_locals) key += "," + std::to_string(local);
-  struct Cached {
-    PyObject* original;
-    PyObject* code;
-  };
-  static std::map<std::string, Cached> cache;  // entries live for the process, like the code they copy
-  auto hit = cache.find(key);
-  if (hit != cache.end()) return hit->second.code;
-
-  // Arguments: the non-NULL stack slots, then the live locals; the other locals follow as plain locals.
-  PyObject* varnames = PyCode_GetVarnames(original);
-  KILN_ASSERT(varnames) << "co_varnames";
-  int nvarnames = (int)PyTuple_GET_SIZE(varnames);
-  std::vector<PyObject*> names;
-  std::vector<int> new_index(nvarnames, -1);
-  std::vector<int> stack_args;  // argument index for each resume stack slot (-1 = NULL)
-  for (bool null : stack_null) {
-    if (null) {
-      stack_args.push_back(-1);
-      continue;
-    }
-    stack_args.push_back((int)names.size());
-    names.push_back(PyUnicode_FromFormat("___stack%d", (int)names.size()));
-  }
-  for (int local : plan.live_locals) {
-    new_index[local] = (int)names.size();
-    names.push_back(Py_NewRef(PyTuple_GET_ITEM(varnames, local)));
-  }
-  int nargs = (int)names.size();
-  for (int i = 0; i < nvarnames; ++i)
-    if (new_index[i] < 0) {
-      new_index[i] = (int)names.size();
-      names.push_back(Py_NewRef(PyTuple_GET_ITEM(varnames, i)));
-    }
-  Py_DECREF(varnames);
-  // Free variables follow the locals in both layouts (no cells: plan_break refuses them).
-  int nfree = original->co_nfreevars;
-  int extra = (int)names.size() - nvarnames;
-  PyObject* new_varnames = PyTuple_New(names.size());
-  for (size_t i = 0; i < names.size(); ++i) PyTuple_SET_ITEM(new_varnames, i, names[i]);
-
-  bytecode::CodeInstructions out;
-  out.firstlineno = original->co_firstlineno;
-  const Instruction& target = ci.instructions.at(successor.target);
-  Emitter e{out, target.pos};
-  if (nfree > 0) e.emit("COPY_FREE_VARS", nfree);
-  e.emit("RESUME", 0);
-  for (int arg : stack_args) {
-    if (arg < 0)
-      e.emit("PUSH_NULL");
+  for (auto it = state.stack.rbegin(); it != state.stack.rend(); ++it) {
+    const VarPtr& v = *it;
+    if (v->is(VarKind::kNull)) continue;
+    if (v->is(VarKind::kIterator))  // the break code makes it an iterator again (make_break_code)
+      items.push_back(make_sequence(VarKind::kList, std::vector<VarPtr>(v->items.begin() + v->position, v->items.end())));
     else
-      e.emit("LOAD_FAST", arg);
+      items.push_back(v);
   }
-  // Eager holds these values only on the stack: a local copy would outlive them (an exception raised
-  // from the stack would reach itself through its traceback's frame, a cycle that eager never makes).
-  for (int arg : stack_args)
-    if (arg >= 0) e.emit("DELETE_FAST", arg);
-  int jump = e.emit("JUMP_FORWARD", 0);
-  // A copy of the original body after its prologue, shifted by `shift` instructions.
-  int first = prologue_end(ci) + 1;
-  int shift = (int)out.instructions.size() - first;
-  out.instructions[jump].target = successor.target + shift;
-  auto remap = [&](int index) {
-    KILN_ASSERT(index >= 0 && index < nvarnames) << "local index " << index << " out of range";
-    return new_index[index];
-  };
-  const int load_pair[] = {ops.op("LOAD_FAST_LOAD_FAST"), ops.op("STORE_FAST_LOAD_FAST"),
-                           ops.op("STORE_FAST_STORE_FAST")};
-  for (size_t i = first; i < ci.instructions.size(); ++i) {
-    Instruction ins = ci.instructions[i];
-    ins.offset = -1;
-    if (ins.target >= 0) ins.target += shift;
-    bool pair = false;
-    for (int op : load_pair) pair = pair || (op >= 0 && ins.opcode == op);
-    if (pair) {
-      int hi = remap(ins.arg >> 4), lo = remap(ins.arg & 15);
-      if (hi > 15 || lo > 15) KILN_UNSUPPORTED() << "a resume function whose locals do not fit a paired load";
-      ins.arg = (hi << 4) | lo;
-    } else if (ops.has_local(ins.opcode)) {
-      ins.arg = remap(ins.arg);
-    } else if (ops.has_free(ins.opcode)) {
-      KILN_ASSERT(ins.arg >= nvarnames) << "a free-variable instruction on a plain local";
-      ins.arg += extra;  // free variables moved up by the added stack arguments
-    }
-    out.instructions.push_back(ins);
-  }
-  for (const bytecode::ExceptionEntry& entry : ci.exception_table) {
-    if (entry.end <= first) continue;
-    bytecode::ExceptionEntry moved = entry;
-    moved.start = std::max(entry.start, first) + shift;
-    moved.end = entry.end + shift;
-    moved.target = entry.target + shift;
-    out.exception_table.push_back(moved);
-  }
-
-  std::string qualname = std::string(PyUnicode_AsUTF8(original->co_qualname)) + ".<resume at line " +
-                         std::to_string(target.pos.line) + ">";
-  int flags = original->co_flags & ~(CO_VARARGS | CO_VARKEYWORDS);
-  PyObject* kwargs = Py_BuildValue("{s:N,s:i,s:i,s:i,s:i,s:i,s:s}", "co_varnames", new_varnames, "co_argcount", nargs,
-                                   "co_posonlyargcount", 0, "co_kwonlyargcount", 0, "co_nlocals",
-                                   (int)names.size(), "co_flags", flags, "co_qualname", qualname.c_str());
-  PyObject* code = nullptr;
-  try {
-    code = bytecode::make_code(original, out, kwargs);
-  } catch (...) {
-    Py_DECREF(kwargs);
-    throw;
-  }
-  Py_DECREF(kwargs);
-  cache[key] = Cached{Py_NewRef((PyObject*)original), code};
-  return code;
+  return make_sequence(VarKind::kTuple, std::move(items));
 }
 
 }  // namespace kiln::trace

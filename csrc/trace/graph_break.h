@@ -9,11 +9,27 @@
 //
 // A resume function is a generated code object that pushes its stack arguments back and jumps into a
 // copy of the original bytecode right after the break; the frame hook intercepts and traces it like any
-// other frame. Inside grad-mode `with` blocks the break instruction is covered by a handler that restores
-// the mode eager would leave after the exception and re-raises. Breaks are refused (the frame then runs
-// eagerly) where this rewrite could change what the program does: inside a try block or the with block of
-// any other context manager, inside a loop, in frames with cells (variables captured by nested
-// functions), or with values that cannot be rebuilt (iterators).
+// other frame. The copy carries the original exception table, so the `with` blocks and `try` bodies the
+// break is inside go on in the resume function exactly as in the original.
+//
+// Breaks inside blocks and loops:
+//  - inside grad-mode `with` blocks only, the break instruction is covered by a handler that restores the
+//    mode eager would leave after an exception and re-raises;
+//  - inside any other block (a `try` body, a user context manager's `with` block), the break code carries a
+//    copy of the original body too, and an exception entry that sends an exception from the break
+//    instruction to the original handler in that copy (run by CPython: __exit__ called as the original
+//    calls it, the except clause, the finally clause), with the stack exactly as the original has it;
+//  - a `with` statement on a context manager the tracer cannot enter is itself the break: BEFORE_WITH runs
+//    in Python and the resume function starts inside the block, with __exit__ on its stack;
+//  - inside a loop, the loop's iterator travels as a list of the items it has left (the resume function's
+//    prologue makes it an iterator again), so the rest of this iteration and the next ones are traced by the
+//    resume function, which breaks again once per iteration. Past a nesting depth (each iteration is one
+//    more nested call) the loop goes on eagerly in the copy of the body instead.
+// A resume function made for a resume function's frame is made from the first original code, so a loop
+// has one resume code object per break site, whose cache entries later iterations and calls reuse.
+// Breaks are refused (the frame then runs eagerly) in frames with cells (variables captured by nested
+// functions), with values that cannot be rebuilt, or where the stack holds a call in progress below the
+// break inside a block or loop (its NULL slot cannot be restored exactly).
 #include <Python.h>
 
 #include <string>
@@ -43,6 +59,12 @@ struct BreakPlan {
   /// The resume functions need nothing extra: the graph leaves the block's mode set, and the pending
   /// __exit__ methods travel on the stack into a copy of the original code with its exception table.
   int restore_grad_mode = -1;
+  /// Index in the exception table of the entry covering the break instruction when the break is inside a
+  /// block other than grad-mode ones (a try body, a user context manager): the break code sends an exception
+  /// to that handler in its copy of the original body. -1 otherwise.
+  int handler_entry = -1;
+  bool in_loop = false;                     ///< the break instruction is inside a for/while loop
+  std::vector<bool> stack_iterator;         ///< per stack slot: a loop iterator (travels as a list of its items)
   std::string why_not;                      ///< non-empty: no break possible here (the frame runs eagerly)
   std::string instruction;                  ///< opcode name of the break instruction
 };
@@ -51,7 +73,8 @@ struct BreakPlan {
 BreakPlan plan_break(PyCodeObject* code, const bytecode::CodeInstructions& ci, const BreakState& state);
 
 /// The tuple of live values the program returns at a break, in the order the break code consumes them:
-/// the live locals (live_locals order), then the non-NULL stack slots from the top down.
+/// the live locals (live_locals order), then the non-NULL stack slots from the top down (a loop iterator
+/// as the list of the items it has left).
 VarPtr break_values(const BreakPlan& plan, const BreakState& state);
 
 /// The transformed code for a break (see the file comment); `resume_functions[i]` continues successor i:
@@ -63,8 +86,18 @@ PyObject* make_break_code(PyCodeObject* original, const bytecode::CodeInstructio
 
 /// The resume code for `successor`: arguments are the non-NULL stack slots (bottom first) then the live
 /// locals. Cached per original code, target and layout, so repeated compiles reuse one code object (and
-/// its cache entries). Borrowed reference, kept alive by the cache; throws kiln::Error.
+/// its cache entries). When `original` is itself a resume code, the new one is made from the code it was
+/// made from (same break site, same code object on every iteration of a loop). Borrowed reference, kept
+/// alive by the cache; throws kiln::Error.
 PyObject* resume_code(PyCodeObject* original, const bytecode::CodeInstructions& ci, const BreakPlan& plan,
                       const BreakSuccessor& successor);
+
+/// True when `code` is a resume code whose break site is inside a loop: its cache entries are one per
+/// iteration rather than recompiles (compile_frame.cpp counts them against module_instance_limit).
+bool is_loop_resume_code(PyObject* code);
+
+/// For a resume code: the index its local `local` has in the code it was made from (-1 for a stack
+/// argument); for any other code, `local` itself.
+int original_local(PyCodeObject* code, int local);
 
 }  // namespace kiln::trace

@@ -98,6 +98,13 @@ struct HandlerTable {
         {"FOR_ITER", &T::op_for_iter},
         {"END_FOR", &T::op_end_for},
         {"BEFORE_WITH", &T::op_before_with},
+        {"IMPORT_NAME", &T::op_import_name},
+        {"IMPORT_FROM", &T::op_import_from},
+        {"LOAD_CLOSURE", &T::op_load_closure},
+        {"MAKE_FUNCTION", &T::op_make_function},
+        {"LOAD_SUPER_ATTR", &T::op_load_super_attr},
+        {"STORE_SUBSCR", &T::op_store_subscr},
+        {"DELETE_SUBSCR", &T::op_delete_subscr},
     };
     const auto& ops = bytecode::opcodes();
     for (const auto& [name, handler] : entries) {

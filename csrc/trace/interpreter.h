@@ -54,6 +54,13 @@ class InstructionTranslator {
   void op_store_deref(const bytecode::Instruction&);
   void op_return_value(const bytecode::Instruction&);
   void op_return_const(const bytecode::Instruction&);
+  // imports, closures and super() (interpreter_loads.cpp)
+  void op_import_name(const bytecode::Instruction&);
+  void op_import_from(const bytecode::Instruction&);
+  void op_load_closure(const bytecode::Instruction&);
+  void op_make_function(const bytecode::Instruction&);
+  void op_load_super_attr(const bytecode::Instruction&);
+  VarPtr zero_arg_super(VarPtr plain_super);  ///< `super` read in a method with a __class__ cell
 
   // operators and containers (interpreter_ops.cpp)
   void op_binary_op(const bytecode::Instruction&);
@@ -78,6 +85,8 @@ class InstructionTranslator {
   void op_call_intrinsic_1(const bytecode::Instruction&);
   void op_unpack_sequence(const bytecode::Instruction&);
   void op_unpack_ex(const bytecode::Instruction&);
+  void op_store_subscr(const bytecode::Instruction&);
+  void op_delete_subscr(const bytecode::Instruction&);
 
   // calls and control flow (interpreter_flow.cpp)
   void op_kw_names(const bytecode::Instruction&);

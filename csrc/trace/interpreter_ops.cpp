@@ -32,9 +32,32 @@ void InstructionTranslator::op_binary_op(const Instruction& ins) {
   push(tracer_.binary(table_entry(tracer_, "BINARY_OPS", ins.arg), a, b));
 }
 
+namespace {
+// The Python-level special method `name` of a plain object's class (a Mapping's __getitem__), bound to the
+// object's Var so that its body is traced (its reads then carry guards of their own); nullptr when the
+// class has none written in Python.
+VarPtr python_special_method(const VarPtr& obj, const char* name) {
+  // dict, list and tuple subclasses (a ModelOutput from the frame) are read off their items by the tracer.
+  if (!obj->is(VarKind::kConst) || PyType_Check(obj->value) || PyModule_Check(obj->value) || PyDict_Check(obj->value) ||
+      PyList_Check(obj->value) || PyTuple_Check(obj->value))
+    return nullptr;
+  PyObject* key = PyUnicode_InternFromString(name);
+  PyObject* descr = _PyType_Lookup(Py_TYPE(obj->value), key);
+  Py_DECREF(key);
+  if (!descr || !PyFunction_Check(descr)) return nullptr;
+  return make_method(descr, obj);
+}
+}  // namespace
+
 void InstructionTranslator::op_binary_subscr(const Instruction&) {
   VarPtr index = pop();
   VarPtr obj = pop();
+  if (obj->by_type) {
+    if (VarPtr getitem = python_special_method(obj, "__getitem__")) {
+      push(tracer_.call(getitem, {index}, {}));
+      return;
+    }
+  }
   push(tracer_.subscript(obj, index));
 }
 
@@ -118,6 +141,17 @@ void InstructionTranslator::op_is_op(const Instruction& ins) {
 void InstructionTranslator::op_contains_op(const Instruction& ins) {
   VarPtr container = pop();
   VarPtr item = pop();
+  if (container->by_type) {
+    if (VarPtr contains = python_special_method(container, "__contains__")) {
+      bool found = tracer_.truthy(tracer_.call(contains, {item}, {}));
+      push(make_const((ins.arg ? !found : found) ? Py_True : Py_False));
+      return;
+    }
+    // A dict subclass from the frame: its keys, guarded.
+    if (!PyDict_Check(container->value) || !container->source)
+      KILN_UNSUPPORTED() << "'in' on a " << Py_TYPE(container->value)->tp_name << " object (its items are not guarded)";
+    container = tracer_.snapshot_dict(container);
+  }
   bool found = false;
   if (container->is(VarKind::kDict) && item->is(VarKind::kConst)) {
     for (PyObject* k : container->keys) found = found || PyObject_RichCompareBool(k, item->value, Py_EQ) == 1;
@@ -294,6 +328,80 @@ void InstructionTranslator::op_unpack_ex(const Instruction& ins) {
   for (int i = 0; i < after; ++i) push(items[items.size() - 1 - i]);
   push(make_sequence(VarKind::kList, std::move(middle)));
   for (int i = before - 1; i >= 0; --i) push(items[i]);
+}
+
+}  // namespace kiln::trace
+
+namespace kiln::trace {
+
+namespace {
+// Position of constant `key` among a dict Var's keys, or -1.
+long dict_key_index(const VarPtr& dict, const VarPtr& key) {
+  if (!key->is(VarKind::kConst) || key->by_type) KILN_UNSUPPORTED() << "dict key that is a " << key->describe();
+  if (PyObject_Hash(key->value) == -1) {
+    PyErr_Clear();
+    KILN_UNSUPPORTED() << "unhashable dict key " << key->describe();
+  }
+  for (size_t i = 0; i < dict->keys.size(); ++i) {
+    int eq = PyObject_RichCompareBool(dict->keys[i], key->value, Py_EQ);
+    if (eq < 0) PyErr_Clear();
+    if (eq == 1) return (long)i;
+  }
+  return -1;
+}
+
+long list_index(const VarPtr& list, const VarPtr& index) {
+  if (!index->is(VarKind::kConst) || !PyLong_Check(index->value)) KILN_UNSUPPORTED() << "list index that is a " << index->describe();
+  long long n = (long long)list->items.size(), k = PyLong_AsLongLong(index->value);
+  if (k < 0) k += n;
+  if (k < 0 || k >= n) KILN_UNSUPPORTED() << "list index out of range (IndexError in eager)";
+  return (long)k;
+}
+}  // namespace
+
+void InstructionTranslator::op_store_subscr(const Instruction&) {
+  VarPtr key = pop();
+  VarPtr container = pop();
+  VarPtr value = pop();
+  if ((container->is(VarKind::kDict) || container->is(VarKind::kList)) && !tracer_.claim_container(container))
+    KILN_UNSUPPORTED() << "item assignment to a " << container->describe()
+                       << " from outside the trace (the mutation would have to be replayed)";
+  if (container->is(VarKind::kDict)) {
+    long i = dict_key_index(container, key);
+    if (i >= 0) {
+      container->items[i] = value;
+    } else {
+      Py_INCREF(key->value);
+      container->keys.push_back(key->value);
+      container->items.push_back(value);
+    }
+    return;
+  }
+  if (container->is(VarKind::kList)) {
+    container->items[list_index(container, key)] = value;
+    return;
+  }
+  KILN_UNSUPPORTED() << "item assignment to a " << container->describe();
+}
+
+void InstructionTranslator::op_delete_subscr(const Instruction&) {
+  VarPtr key = pop();
+  VarPtr container = pop();
+  if ((container->is(VarKind::kDict) || container->is(VarKind::kList)) && !tracer_.claim_container(container))
+    KILN_UNSUPPORTED() << "del of an item of a " << container->describe() << " from outside the trace";
+  if (container->is(VarKind::kDict)) {
+    long i = dict_key_index(container, key);
+    if (i < 0) KILN_UNSUPPORTED() << "del of a missing key (KeyError in eager)";
+    Py_DECREF(container->keys[i]);
+    container->keys.erase(container->keys.begin() + i);
+    container->items.erase(container->items.begin() + i);
+    return;
+  }
+  if (container->is(VarKind::kList)) {
+    container->items.erase(container->items.begin() + list_index(container, key));
+    return;
+  }
+  KILN_UNSUPPORTED() << "del of an item of a " << container->describe();
 }
 
 }  // namespace kiln::trace

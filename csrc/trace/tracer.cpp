@@ -475,6 +475,10 @@ VarPtr Tracer::subscript(const VarPtr& obj, const VarPtr& index) {
   if (obj->is(VarKind::kConst) && obj->by_type && obj->source && index->is(VarKind::kConst)) {
     if (VarPtr item = frame_record_item(obj, index->value)) return item;
   }
+  // An object from the frame pinned by its type only: its items are not guarded, and an item read here
+  // would be a trace-time copy (a list stored into later would not be the frame's).
+  if (obj->is(VarKind::kConst) && obj->by_type)
+    KILN_UNSUPPORTED() << "subscript of a " << Py_TYPE(obj->value)->tp_name << " object (its items are not guarded)";
   if (is_constant(obj) && is_constant(index)) {
     PyObject* o = to_python(obj);
     PyObject* i = to_python(index);
@@ -545,6 +549,9 @@ std::vector<VarPtr> Tracer::iterate(const VarPtr& v) {
     case VarKind::kConst: {
       // Iterating a live iterator (a generator, a file) at trace time would consume it: eager must.
       if (PyIter_Check(v->value)) KILN_UNSUPPORTED() << "iterating a " << Py_TYPE(v->value)->tp_name << " (an iterator)";
+      // An object from the frame pinned by its type only: what it yields is neither known nor guarded.
+      if (v->by_type)
+        KILN_UNSUPPORTED() << "iterating a " << Py_TYPE(v->value)->tp_name << " object (its items are not guarded)";
       PyObject* seq = PySequence_List(v->value);
       check(seq, "iterating a constant");
       std::vector<VarPtr> out;
@@ -578,6 +585,12 @@ VarPtr Tracer::trace_root() {
   // Grad-mode blocks switch the real mode while tracing (grad_mode.cpp); the frame then runs from the
   // mode it was called in, however the trace ended.
   GradModeRestore restore_grad_mode(*this);
+  // The recorder runs ops on meta tensors, which autocast's dispatch keys skip: a trace would record eager's
+  // ops without their casts (a silently wrong dtype). The frame runs eagerly instead, under a guard on the
+  // autocast state (GlobalState), so entries traced without autocast never serve inside an autocast block.
+  if (guards::GlobalState::current().autocast)
+    KILN_UNSUPPORTED() << "torch.autocast is active: kiln does not record autocast's casts yet (the frame runs "
+                          "eagerly, with autocast)";
   PyCodeObject* code = root_.code;
   std::vector<VarPtr> locals(root_.nlocalsplus);
   PyObject* names = PyCode_GetVarnames(code);

@@ -137,6 +137,31 @@ class Tracer {
   /// is not stored under a string key.
   VarPtr frame_record_item(const VarPtr& obj, PyObject* index);
   runtime::OutputSpec output_spec(const VarPtr& v, std::vector<PyObject*>& graph_outputs, bool break_output);
+ public:
+  // Python constructs of real models: super() and imports (interpreter_loads.cpp); str and dict methods,
+  // type(), functools.partial, ContextVars (calls.cpp).
+  VarPtr super_attr(const VarPtr& super, PyObject* name);
+  VarPtr import_module(PyObject* name, PyObject* fromlist, int level, PyObject* globals);
+  VarPtr import_from(const VarPtr& module, PyObject* name);
+  VarPtr call_python_construct(const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs, bool* handled);
+  /// True when traced code may mutate the list or dict `v` in place: it was made in the trace, or it is the
+  /// root frame's **kwargs (a fresh dict per call, which then is rebuilt from its items like one made here).
+  bool claim_container(const VarPtr& v);
+  VarPtr inline_with_cells(PyObject* function, std::vector<VarPtr> args, KwArgs kwargs, const std::vector<VarPtr>* cells);
+  void bind_arguments(PyObject* function, std::vector<VarPtr> args, const KwArgs& kwargs, std::vector<VarPtr>& locals);
+  /// dict.pop/setdefault/update/clear/__setitem__ on a dict Var the trace owns; nullptr for other names.
+  VarPtr mutate_dict(const VarPtr& dict, const std::string& name, const std::vector<VarPtr>& args);
+  /// The items of a dict (subclass) instance from the frame as a dict Var, its keys guarded.
+  VarPtr snapshot_dict(const VarPtr& obj);
+  /// A ContextVar read from the frame by type only becomes pinned by identity (its state is per object);
+  /// false for other values.
+  bool pin_context_var(const VarPtr& v);
+  /// inspect.signature(f) of a function pinned by identity or a method of one: a constant.
+  VarPtr fold_signature(const VarPtr& target, const KwArgs& kwargs);
+
+ private:
+  /// ContextVar.set calls traced and not yet reset (their tokens, innermost last); see calls.cpp.
+  std::vector<VarPtr> context_var_sets_;
 
   /// A grad-mode context manager read from the frame: guards the mode its __exit__ restores.
   void guard_grad_mode_context(PyObject* value, const SourcePtr& source);

@@ -2,6 +2,7 @@
 
 #include "bytecode/bytecode.h"
 #include "common/error.h"
+#include "trace/bytecode_emitter.h"
 
 namespace kiln::trace {
 
@@ -25,17 +26,9 @@ CallCode make_call_code(PyCodeObject* original, PyObject* program) {
   KILN_ASSERT(!out.instructions.empty() && out.instructions.back().opcode == ops.op("RESUME"))
       << "no RESUME in the prologue of " << PyUnicode_AsUTF8(original->co_qualname);
 
-  bytecode::Positions pos;
-  pos.line = pos.end_line = original->co_firstlineno;
-  auto emit = [&](const char* name, int arg) {
-    int op = ops.op(name);
-    KILN_ASSERT(op >= 0) << "opcode " << name << " missing in this Python";
-    Instruction ins;
-    ins.opcode = op;
-    ins.arg = arg;
-    ins.pos = pos;
-    out.instructions.push_back(ins);
-  };
+  Emitter emitter{out, {}};
+  emitter.pos.line = emitter.pos.end_line = original->co_firstlineno;
+  auto emit = [&](const char* name, int arg) { emitter.emit(name, arg); };
 
   PyObject* consts = original->co_consts;
   Py_ssize_t program_index = PyTuple_GET_SIZE(consts);

@@ -39,6 +39,11 @@ std::string Var::describe() const {
     case VarKind::kIterator: return "iterator";
     case VarKind::kSlice: return "slice";
     case VarKind::kObject: return std::string(real_type->tp_name) + " instance";
+    case VarKind::kSuper: return "super(" + items[0]->describe() + ")";
+    case VarKind::kCell: return "cell";
+    case VarKind::kFunction: return "function " + short_repr(value) + " (made in the trace)";
+    case VarKind::kPartial: return "functools.partial of " + items[0]->describe();
+    case VarKind::kToken: return "ContextVar token";
   }
   return "?";
 }
@@ -130,6 +135,23 @@ VarPtr make_object(PyObject* instance, std::vector<VarPtr> args, std::vector<PyO
   return v;
 }
 
+VarPtr make_super_factory(VarPtr cls, VarPtr obj) {
+  VarPtr v = make_method((PyObject*)&PySuper_Type, std::move(cls));
+  v->items.push_back(std::move(obj));
+  return v;
+}
+
+bool is_super_factory(const VarPtr& v) {
+  return v->is(VarKind::kMethod) && v->value == (PyObject*)&PySuper_Type && v->items.size() == 2;
+}
+
+VarPtr make_super(VarPtr cls, VarPtr obj) {
+  VarPtr v = make_sequence(VarKind::kSuper, {std::move(cls), std::move(obj)});
+  return v;
+}
+
+VarPtr make_cell(VarPtr contents) { return make_sequence(VarKind::kCell, {std::move(contents)}); }
+
 bool is_constant(const VarPtr& v) {
   switch (v->kind) {
     case VarKind::kConst: return true;
@@ -192,7 +214,15 @@ PyObject* to_python(const VarPtr& v) {
       Py_XDECREF(c);
       return s;
     }
+    case VarKind::kFunction:
+      // Without a closure the function is its value; with one, its cells hold trace-time Vars.
+      if (v->items.empty()) {
+        Py_INCREF(v->value);
+        return v->value;
+      }
+      break;
     case VarKind::kMethod: {
+      if (is_super_factory(v)) break;
       PyObject* self = to_python(v->items[0]);
       if (!self) return nullptr;
       PyObject* m = PyMethod_New(v->value, self);

@@ -31,6 +31,23 @@ enum class VarKind : unsigned char {
   /// `keys`), value = the same instance built on the fakes at trace time (what attribute reads consult),
   /// built_from = tuple of the Python objects the items were converted to (maps its attributes back to Vars).
   kObject,
+  /// super(cls, obj) made in traced code: items = {cls (a kConst class), obj}. Attribute reads look the name
+  /// up along type(obj).__mro__ after cls and bind what they find to obj.
+  kSuper,
+  /// A cell of the traced frame captured by a closure made in the trace (LOAD_CLOSURE): items[0] = its
+  /// contents (nullptr while empty). Shared by the frame and the closures, so later stores are seen by both.
+  kCell,
+  /// A closure made by MAKE_FUNCTION in traced code: value = a real function with the same code, globals,
+  /// name and constant defaults (for argument binding; its own cells stay empty); items = its closure's kCell
+  /// Vars, co_freevars order. (A function made without a closure is a plain kConst.)
+  kFunction,
+  /// functools.partial(fn, *args, **kwargs) made in traced code: items = {fn, args..., keyword values...};
+  /// keys = the keyword names (the last keys.size() items).
+  kPartial,
+  /// The Token of a ContextVar.set traced in this frame: value = the ContextVar, items[0] = the value set.
+  /// No graph output or graph break can rebuild it, so a frame that returns or breaks between a set and its
+  /// reset runs eagerly: set/reset pairs inside one trace leave the process state as they found it.
+  kToken,
 };
 
 struct Var;
@@ -74,6 +91,12 @@ VarPtr make_typed_tuple(PyTypeObject* type, std::vector<VarPtr> items);
 /// A kObject (see VarKind): steals nothing.
 VarPtr make_object(PyObject* instance, std::vector<VarPtr> args, std::vector<PyObject*> kwnames_new_refs,
                    PyObject* built_from);
+
+/// The factory a zero-argument `super` call in a method resolves to: calling it gives make_super(cls, obj).
+VarPtr make_super_factory(VarPtr cls, VarPtr obj);
+bool is_super_factory(const VarPtr& v);
+VarPtr make_super(VarPtr cls, VarPtr obj);
+VarPtr make_cell(VarPtr contents);
 
 /// True when the whole Var (recursively) is known at trace time.
 bool is_constant(const VarPtr& v);

@@ -247,9 +247,16 @@ def tuple_fields(cls):
         names = getattr(cls, "__match_args__", None)
         return tuple(names) if names is not None else None
     names = getattr(cls, "_fields", None)
-    if isinstance(names, tuple) and all(isinstance(n, str) for n in names) and callable(getattr(cls, "_make", None)):
-        return names
-    return None
+    if not (isinstance(names, tuple) and all(isinstance(n, str) for n in names) and callable(getattr(cls, "_make", None))):
+        return None
+    # A subclass with its own __new__ or __init__ (inspect.Traceback sets an attribute there) is not made
+    # from its fields alone.
+    for klass in cls.__mro__:
+        if "_fields" in klass.__dict__:
+            return names
+        if "__new__" in klass.__dict__ or "__init__" in klass.__dict__:
+            return None
+    return names
 
 
 def record_class_kind(cls):
@@ -284,4 +291,26 @@ def holds_meta_tensor(obj, _depth=0):
         return any(holds_meta_tensor(v, _depth + 1) for v in obj)
     if _dataclasses.is_dataclass(obj):
         return any(holds_meta_tensor(getattr(obj, f.name, None), _depth + 1) for f in _dataclasses.fields(obj))
+    return False
+
+
+import sys as _sys  # noqa: E402
+
+# Python frames below which a graph break inside a loop still resumes in a (nested) resume function; deeper,
+# the loop goes on eagerly in the frame's own copy of its body (csrc/trace/break_code.cpp). Each iteration
+# with a break nests one resume call, and every nested frame also costs C stack under the frame hook; the
+# margin keeps room below the recursion limit for what eager itself would have called.
+RESUME_NESTING_DEPTH = 200
+RECURSION_MARGIN = 100
+
+
+def resume_nesting_ok():
+    """True while the Python stack is shallower than the resume nesting depth."""
+    depth = min(RESUME_NESTING_DEPTH, _sys.getrecursionlimit() - RECURSION_MARGIN)
+    if depth <= 0:
+        return False
+    try:
+        _sys._getframe(depth)
+    except ValueError:
+        return True
     return False

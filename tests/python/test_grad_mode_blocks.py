@@ -428,7 +428,7 @@ def test_a_graph_that_raises_inside_a_block_restores_the_mode(fresh_kiln):
     assert kiln.stats()["frames_compiled"] == 1 and kiln.stats()["fallbacks"] == 0
 
 
-# --- other context managers keep the frame eager ----------------------------------------------------
+# --- other context managers: a graph break, resumed inside the block (test_breaks_in_blocks.py) ----------
 
 class UserContext:
     """A user context manager; its methods are kept out of kiln so that only the frame under test counts."""
@@ -453,10 +453,11 @@ def user_context_manager(x, ctx):
     return z
 
 
-def test_user_context_manager_runs_the_frame_eagerly(fresh_kiln):
+def test_user_context_manager_resumes_inside_its_block(fresh_kiln):
     ctx = UserContext()
-    result = check(user_context_manager, random_tensor(3), ctx, graphs=0, breaks=0, fallbacks=1)
-    assert "user context managers are not resumed" in result.break_reasons[0], result.break_reasons
+    # Entering the block and calling __exit__ are breaks (both kiln.disable): three graphs.
+    result = check(user_context_manager, random_tensor(3), ctx, graphs=3, breaks=2)
+    assert result.breaks[0]["type"] == "with", result.breaks
     assert ctx.entered == 2 * 3 + 1  # check's three runs per call (two eager, one kiln), then explain's run
 
 
@@ -467,5 +468,5 @@ def break_inside_user_context(x, ctx):
     return y
 
 
-def test_break_inside_a_user_context_manager_runs_the_frame_eagerly(fresh_kiln):
-    check(break_inside_user_context, random_tensor(3), UserContext(), graphs=0, breaks=0, fallbacks=1)
+def test_break_inside_a_user_context_manager_resumes_inside_its_block(fresh_kiln):
+    check(break_inside_user_context, random_tensor(3), UserContext(), graphs=4, breaks=3)

@@ -322,7 +322,7 @@ def test_break_in_a_method_of_a_plain_object(fresh_kiln):
     check(method_with_print, runner, random_tensor(3), graphs=4, breaks=2)
 
 
-# --- with blocks, loops, try: correct, possibly eager -------------------------------------------
+# --- with blocks, loops, try (tests/python/test_breaks_in_blocks.py has the full set) ----------------
 
 def no_grad_block(x):
     y = x * 2
@@ -348,9 +348,10 @@ def break_in_loop(x):
     return x + 1
 
 
-def test_break_inside_a_loop_runs_the_frame_eagerly(fresh_kiln):
+def test_break_inside_a_loop_resumes_in_the_loop(fresh_kiln):
     PRINTED.clear()
-    check(break_in_loop, random_tensor(3), graphs=0, breaks=0, fallbacks=1)
+    # The frame's graph, then one resume function per iteration (one code object, three entries).
+    check(break_in_loop, random_tensor(3), graphs=4, breaks=3)
     assert [p for p in PRINTED if p[0] == "loop"][:3] == [("loop", 0), ("loop", 1), ("loop", 2)]
 
 
@@ -364,8 +365,8 @@ def break_in_try(x):
     return y
 
 
-def test_break_inside_try_runs_the_frame_eagerly(fresh_kiln):
-    check(break_in_try, random_tensor(3), graphs=0, breaks=0, fallbacks=1)
+def test_break_inside_try_resumes_in_the_try_body(fresh_kiln):
+    check(break_in_try, random_tensor(3), graphs=2, breaks=1)
 
 
 def test_fullgraph_raises_at_the_first_break(fresh_kiln):

@@ -81,6 +81,10 @@ def seeded_by_op_db(op):
 
 
 UNINITIALISED = ("empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided", "empty_permuted")
+# Results whose values eager leaves unspecified: the fused attention kernels' philox seed and offset outputs are
+# not written without dropout (an H200 returned different garbage for eager and kiln); compared by dtype and
+# shape only.
+UNSPECIFIED_RESULTS = {"_flash_attention_forward": (2, 3), "_efficient_attention_forward": (2, 3)}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -277,7 +281,7 @@ def compare(case, actual):
             return f"result {i} is a {type(a).__name__}, eager gives a tensor"
         if a.dtype != e.dtype or a.shape != e.shape:
             return f"result {i}: {a.dtype}{list(a.shape)}, eager {e.dtype}{list(e.shape)}"
-        if not case.values_comparable:
+        if not case.values_comparable or i in UNSPECIFIED_RESULTS.get(case.op.name.split(".")[-1], ()):
             continue
         rtol, atol = tolerance(e.dtype, "general")
         try:

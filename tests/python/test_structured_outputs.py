@@ -335,8 +335,9 @@ def named_methods(x):
 
 
 def test_namedtuple_methods_run_as_eager(fresh_kiln):
-    """_asdict and _replace are not traced (graph breaks): the namedtuple handed to them is the real one."""
-    check(named_methods, random_tensor(5, requires_grad=True), graphs=3, breaks=2)
+    """_asdict is traced (dict(zip(...))); _replace is not (a graph break): the namedtuple handed to it is the
+    real one."""
+    check(named_methods, random_tensor(5, requires_grad=True), graphs=2, breaks=1)
 
 
 # ---- per-instance entries ------------------------------------------------------------------------------------
@@ -387,7 +388,9 @@ def test_identical_layers_compile_per_instance(fresh_kiln, capsys, block):
     # Each forward is compiled twice (before its break and its resume function after it).
     assert stats["frames_compiled"] >= 24, stats
     if block is Block:  # print's own callees (pytest's capture, in Python) add breaks of their own
-        assert stats["graph_breaks"] == 12, stats
+        # 12 in the blocks, and 12 in Stack.forward's loop (each `layer(x)` call runs in Python and the loop
+        # resumes compiled).
+        assert stats["graph_breaks"] == 24, stats
 
 
 def test_module_instance_limit_still_caps(fresh_kiln, monkeypatch):
@@ -400,7 +403,8 @@ def test_module_instance_limit_still_caps(fresh_kiln, monkeypatch):
         out = compiled(x)
     torch.testing.assert_close(out, model(x))  # the last two blocks ran eagerly, with eager's answer
     assert len(kiln._C.cache_entries(Block.forward.__code__)) == 4
-    assert kiln.stats()["graph_breaks"] == 4, kiln.stats()
+    # 4 in the blocks; the root and 4 resume entries of Stack.forward's loop (the same limit caps those).
+    assert kiln.stats()["graph_breaks"] == 9, kiln.stats()
 
 
 def test_one_instance_still_has_the_recompile_limit(fresh_kiln, monkeypatch):

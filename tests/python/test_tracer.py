@@ -440,3 +440,303 @@ def test_is_between_a_local_list_and_a_global_list():
     x = torch.ones(2)
     for items in [SENTINEL, [], SENTINEL, []]:
         torch.testing.assert_close(compiled(x, items), f(x, items))
+
+
+# ---- Python constructs of real models (HuggingFace, timm): each traced without a break, guarded ----------
+
+
+def graphs_and_breaks(fn, *args):
+    e = kiln.explain(fn)(*args)
+    kiln.reset()  # explain's entries and counts stay out of the test's own
+    return e.graph_count, e.graph_break_count
+
+
+def test_import_inside_a_function_is_traced():
+    def f(x):
+        import math
+        import os.path
+        from torch.nn import functional as nnf
+        return nnf.relu(x) * math.pi + len(os.path.sep)
+
+    x = torch.randn(4)
+    assert graphs_and_breaks(f, x) == (1, 0)
+    assert_same_as_eager(f, x)
+
+
+def test_import_of_a_module_not_imported_yet_runs_eagerly(tmp_path, monkeypatch):
+    # Importing runs the module's code: it must happen, once, as in eager, never at trace time.
+    (tmp_path / "kiln_probe_fresh_module.py").write_text("LOADS = []\nLOADS.append(1)\nFACTOR = 3.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(__import__("sys").modules, "kiln_probe_fresh_module", raising=False)
+
+    def f(x):
+        import kiln_probe_fresh_module as probe
+        return x * probe.FACTOR
+
+    x = torch.randn(3)
+    compiled = kiln.compile(f)
+    torch.testing.assert_close(compiled(x), x * 3.0)
+    import kiln_probe_fresh_module as probe
+    assert probe.LOADS == [1]
+    torch.testing.assert_close(compiled(x), x * 3.0)
+    assert probe.LOADS == [1]
+
+
+def test_str_methods_of_a_guarded_string_fold_and_recompile_on_change():
+    def f(x, mode):
+        if mode.startswith("paged|") and mode.removeprefix("paged|").upper() == "SDPA":
+            return x * 2
+        return x + 1
+
+    compiled = kiln.compile(f)
+    x = torch.randn(3)
+    for mode in ["paged|sdpa", "eager", "paged|sdpa", "paged|flash"]:
+        torch.testing.assert_close(compiled(x, mode), f(x, mode))
+    s = stats()
+    assert (s["frames_compiled"], s["cache_hits"], s["graph_breaks"], s["fallbacks"]) == (3, 1, 0, 0), s
+
+
+def test_type_of_traced_values():
+    class Layer(nn.Module):
+        def forward(self, x):
+            assert type(x) is torch.Tensor
+            if type(self).forward is Layer.forward and type((x, 1)) is tuple and type({}) is dict:
+                return x * 2
+            return x
+
+    m = Layer()
+    x = torch.randn(3)
+    assert graphs_and_breaks(m, x) == (1, 0)
+    assert_same_as_eager(m, x)
+
+
+class _Registry(dict):
+    def get(self, key):
+        return super().get(key) or {}
+
+
+_REGISTRY = _Registry(alpha={"scale": 2.0})
+
+
+def test_zero_and_two_argument_super_are_traced():
+    class Base(nn.Module):
+        def scale(self):
+            return 2.0
+
+    class Child(Base):
+        def scale(self):
+            return super().scale() + super(Child, self).scale()
+
+        def forward(self, x):
+            return x * self.scale() * _REGISTRY.get("alpha").get("scale", 1.0) + len(_REGISTRY.get("beta"))
+
+    m = Child()
+    x = torch.randn(3)
+    assert graphs_and_breaks(m, x) == (1, 0)
+    compiled = kiln.compile(m)
+    torch.testing.assert_close(compiled(x), m(x))
+    # The registry's items are guarded: a new registration recompiles instead of replaying the old answer.
+    _REGISTRY["beta"] = {"a": 1, "b": 2}
+    try:
+        torch.testing.assert_close(compiled(x), m(x))
+    finally:
+        del _REGISTRY["beta"]
+    s = stats()
+    assert (s["frames_compiled"], s["recompiles"], s["graph_breaks"], s["fallbacks"]) == (2, 1, 0, 0), s
+
+
+def test_functools_partial_made_in_traced_code():
+    def scaled(t, scale, shift=0.0):
+        return t * scale + shift
+
+    def f(x):
+        double = functools.partial(scaled, scale=2.0)
+        shifted = functools.partial(scaled, x, shift=1.0)
+        return double(x) + shifted(3.0) + double(x, scale=5.0)
+
+    x = torch.randn(3)
+    assert graphs_and_breaks(f, x) == (1, 0)
+    assert_same_as_eager(f, x)
+
+
+def test_dicts_made_in_traced_code_are_mutated_in_the_trace():
+    def consume(a=None, b=None, c=None):
+        return a * 2 + b
+
+    def f(x, **kwargs):
+        kwargs["b"] = x + 1  # the root frame's **kwargs: a fresh dict per call
+        kwargs.pop("unused", None)
+        d = dict(a=x, z=1)
+        d["w"] = x * 3
+        del d["z"]
+        d.setdefault("a", None)
+        d.update({"q": 2})
+        total = d.pop("q")
+        copied = dict(d.items())
+        out = {k: v * 2 for k, v in copied.items()}
+        return consume(a=out["a"], **kwargs) + out["w"] + total
+
+    x = torch.randn(3)
+    assert graphs_and_breaks(f, x) == (1, 0)
+    assert_same_as_eager(f, x, unused=1)
+    assert_same_as_eager(f, x)
+
+
+def test_mutating_a_dict_from_outside_the_trace_runs_eagerly():
+    def f(x, d):
+        d["seen"] = d.get("seen", 0) + 1
+        return x + 1
+
+    compiled = kiln.compile(f)
+    d = {}
+    for i in range(3):
+        torch.testing.assert_close(compiled(torch.ones(2), d), torch.full((2,), 2.0))
+        assert d == {"seen": i + 1}
+    assert stats()["graph_breaks"] + stats()["fallbacks"] >= 1, stats()
+
+
+def test_closures_made_in_traced_code():
+    def f(x):
+        scale = 2.0
+
+        def times(t):
+            return t * scale
+
+        scale = 3.0  # the closure sees the later store
+        add = lambda t, k=1.0: t + k  # noqa: E731
+        return sum([times(t) for t in (x, x + 1)]) + add(x) + times(x)
+
+    x = torch.randn(3)
+    assert graphs_and_breaks(f, x) == (1, 0)
+    assert_same_as_eager(f, x)
+
+
+def test_context_var_set_and_reset_in_one_trace():
+    import contextvars
+    collector = contextvars.ContextVar("kiln_test_collector", default=None)
+
+    def f(x):
+        token = collector.set([x])
+        try:
+            y = x * len(collector.get())
+        finally:
+            collector.reset(token)
+        return y
+
+    x = torch.randn(3)
+    assert graphs_and_breaks(f, x) == (1, 0)
+    compiled = kiln.compile(f)
+    torch.testing.assert_close(compiled(x), f(x))
+    assert collector.get() is None
+
+
+def test_context_var_set_without_reset_keeps_eager_state():
+    import contextvars
+    level = contextvars.ContextVar("kiln_test_level", default=0)
+
+    def f(x, n):
+        level.set(n)
+        return x + 1
+
+    compiled = kiln.compile(f)
+    for n in [1, 2]:
+        torch.testing.assert_close(compiled(torch.ones(2), n), torch.full((2,), 2.0))
+        assert level.get() == n
+    level.set(0)
+
+
+class _Interface:
+    """A Mapping written in Python (HuggingFace's AttentionInterface): subscripts are traced, so guarded."""
+    _global_mapping = {"double": lambda t: t * 2}
+
+    def __init__(self):
+        self._local_mapping = {}
+
+    def __getitem__(self, key):
+        if key in self._local_mapping:
+            return self._local_mapping[key]
+        return self._global_mapping[key]
+
+    def __contains__(self, key):
+        return key in self._local_mapping or key in self._global_mapping
+
+
+_INTERFACE = _Interface()
+
+
+def test_python_mapping_subscript_is_traced_and_guarded():
+    def f(x):
+        fn = _INTERFACE["double"] if "double" in _INTERFACE else None
+        return fn(x)
+
+    compiled = kiln.compile(f)
+    x = torch.randn(3)
+    assert graphs_and_breaks(f, x) == (1, 0)
+    torch.testing.assert_close(compiled(x), x * 2)
+    _INTERFACE._local_mapping["double"] = lambda t: t * 4  # a local override must recompile
+    try:
+        torch.testing.assert_close(compiled(x), x * 4)
+    finally:
+        _INTERFACE._local_mapping.clear()
+    torch.testing.assert_close(compiled(x), x * 2)
+
+
+def test_inspect_signature_of_a_method_is_folded():
+    import inspect
+
+    class Block(nn.Module):
+        def chunk(self, a, b=1):
+            return a * b
+
+        def forward(self, x):
+            return x * len(inspect.signature(self.chunk).parameters)
+
+    m = Block()
+    x = torch.randn(3)
+    assert graphs_and_breaks(m, x) == (1, 0)
+    assert_same_as_eager(m, x)
+
+
+def test_two_closures_whose_cells_share_a_name_do_not_recompile():
+    # Guards of two different `__class__` cells must stay two checks (they once shared one guard path).
+    class Base(nn.Module):
+        def scale(self):
+            return 3.0
+
+    class B(Base):
+        def scale(self):
+            return super().scale()
+
+    class C(Base):
+        def scale(self):
+            return super().scale() * 2
+
+    b, c = B(), C()
+
+    def f(x):
+        return x * b.scale() + x * c.scale()
+
+    compiled = kiln.compile(f)
+    x = torch.randn(3)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), f(x))
+    s = stats()
+    assert (s["frames_compiled"], s["cache_hits"], s["graph_breaks"]) == (1, 2, 0), s
+
+
+def appends_to_its_default(x, acc=[]):  # noqa: B006 (the shared default is the point)
+    acc.append(1)
+    return x * len(acc)
+
+
+def test_a_mutable_default_is_mutated_as_in_eager():
+    # the default list is one object shared by all calls: kiln must change it as eager does, every call
+    eager_default = appends_to_its_default.__defaults__[0]
+    x = torch.randn(3)
+    expected = [appends_to_its_default(x).clone() for _ in range(3)]
+    eager_default.clear()
+    compiled = kiln.compile(appends_to_its_default)
+    got = [compiled(x).clone() for _ in range(3)]
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+    assert eager_default == [1, 1, 1]
