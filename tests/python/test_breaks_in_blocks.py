@@ -17,6 +17,10 @@ import torch.nn as nn
 import kiln
 from kiln.testing import assert_same_as_eager, random_tensor
 
+# Resuming inside loops, try bodies and user context managers is verified on Python 3.11 only; on 3.12+ such a
+# frame runs eagerly as a whole (test_graph_breaks.py checks that it still gives eager's answers there).
+pytestmark = pytest.mark.skipif(sys.version_info >= (3, 12), reason="breaks inside blocks resume on Python 3.11 only")
+
 EVENTS = []
 
 
