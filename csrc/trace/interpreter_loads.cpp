@@ -283,6 +283,11 @@ VarPtr Tracer::super_attr(const VarPtr& super, PyObject* name) {
   if (!cls->is(VarKind::kConst) || !PyType_Check(cls->value)) KILN_UNSUPPORTED() << "super() of a " << cls->describe();
   // super(cls, obj) with obj a class (in a classmethod) searches obj's own MRO.
   bool of_class = obj->is(VarKind::kConst) && PyType_Check(obj->value) && !obj->by_type;
+  // super().__new__ makes an object: it runs in Python (a frame using super() is never split, so that frame runs
+  // eagerly). A GPU-machine run on Python 3.12 crashed under importlib's `_KeyedRef.__new__` (super().__new__ of
+  // weakref.ref) while such frames were traced.
+  const char* attr = PyUnicode_AsUTF8(name);
+  if (attr && std::string(attr) == "__new__") KILN_UNSUPPORTED() << "super().__new__ (object creation runs in Python)";
   PyTypeObject* type = nullptr;
   switch (obj->kind) {
     case VarKind::kModule:

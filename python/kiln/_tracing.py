@@ -23,8 +23,8 @@ def skip_reason(filename):
         return "torch internals"
     if filename.startswith(_KILN_DIR):
         return "kiln itself"
-    if filename.startswith(_STDLIB_SKIP):
-        return "standard library"
+    if filename.startswith(_STDLIB_SKIP) or filename.startswith("<frozen "):
+        return "standard library"  # frozen modules (importlib's bootstrap, codecs, ...) are the standard library too
     return None
 
 

@@ -382,7 +382,8 @@ def write_shape(x, path):
 
 def test_open_file_write_inside_a_compiled_function(fresh_kiln, tmp_path):
     path = str(tmp_path / "shapes.txt")
-    check(write_shape, random_tensor(2, 3, requires_grad=True), path, graphs=9, breaks=6)
+    # open, entering the block, f.write, __exit__ (the io and codecs frames run untraced: standard library)
+    check(write_shape, random_tensor(2, 3, requires_grad=True), path, graphs=5, breaks=4)
     with open(path) as f:
         assert f.read() == "(2, 3)\n" * 5  # two eager and two compiled calls, then explain's run
 
