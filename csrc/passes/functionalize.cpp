@@ -6,9 +6,12 @@
 // the mutation did, because nothing else could observe x's storage. Only ops whose in-place and functional
 // schemas match argument for argument are converted (the table below, checked against torch), and only
 // when every other tensor operand has x's dtype or is bool (a mask), so the functional op's type promotion
-// gives x's dtype as the in-place op does. Random in-place ops (uniform_, bernoulli_, ...) are left alone.
+// gives x's dtype as the in-place op does. Random fills of a fresh tensor (uniform_, normal_, ...) become their
+// functional ops, which fill a new tensor from the same generator (the same numbers under the same seed).
+// In-place views (squeeze_, t_, transpose_) become views.
 #include "passes/functionalize.h"
 
+#include <unordered_map>
 #include <unordered_set>
 
 namespace kiln::passes {
@@ -42,8 +45,29 @@ const std::unordered_set<std::string>& convertible() {
       "aten::atan2_.default", "aten::hypot_.default", "aten::logical_not_.default", "aten::bitwise_not_.default",
       "aten::index_put_.default", "aten::scatter_.src", "aten::scatter_.value", "aten::scatter_add_.default",
       "aten::index_fill_.int_Tensor", "aten::index_fill_.int_Scalar", "aten::index_copy_.default",
-      "aten::masked_scatter_.default"};
+      "aten::masked_scatter_.default", "aten::bitwise_and_.Tensor", "aten::bitwise_and_.Scalar",
+      "aten::bitwise_or_.Tensor", "aten::bitwise_or_.Scalar", "aten::bitwise_xor_.Tensor", "aten::bitwise_xor_.Scalar",
+      // random fills of a fresh tensor: the functional op draws the same numbers from the same generator
+      "aten::cauchy_.default", "aten::exponential_.default", "aten::geometric_.default", "aten::log_normal_.default",
+      "aten::uniform_.default", "aten::normal_.default", "aten::bernoulli_.float",
+      // in-place views: the functional op returns a view of self with the same sizes and strides
+      "aten::squeeze_.default", "aten::squeeze_.dim", "aten::squeeze_.dims", "aten::unsqueeze_.default",
+      "aten::t_.default", "aten::transpose_.default"};
   return ops;
+}
+
+// Functional twins whose name is not the in-place name without its underscore.
+const std::unordered_map<std::string, std::pair<std::string, std::string>>& renamed() {
+  static const std::unordered_map<std::string, std::pair<std::string, std::string>> ops = {
+      {"aten::transpose_.default", {"aten::transpose", "int"}},
+      {"aten::normal_.default", {"aten::normal_functional", "default"}},
+      {"aten::bernoulli_.float", {"aten::bernoulli", "p"}}};
+  return ops;
+}
+
+bool is_inplace_view(const std::string& name) {
+  return name.rfind("aten::squeeze_.", 0) == 0 || name == "aten::unsqueeze_.default" || name == "aten::t_.default" ||
+         name == "aten::transpose_.default";
 }
 
 // Ops that read but do not constrain dtypes of their other tensors (indices, masks, sources cast on store).
@@ -104,7 +128,13 @@ class Functionalize {
         if (!same) return false;
       }
     }
-    node.op.pop_back();  // "aten::relu_" -> "aten::relu"
+    if (auto it = renamed().find(name); it != renamed().end()) {
+      node.op = it->second.first;
+      node.overload = it->second.second;
+    } else {
+      node.op.pop_back();  // "aten::relu_" -> "aten::relu"
+    }
+    if (is_inplace_view(name)) node.is_view = true;  // y = squeeze(x) aliases x like any view
     node.mutates_args = false;
     current_[self->id] = node.outputs[0];
     changed_ = true;

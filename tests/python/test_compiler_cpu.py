@@ -226,6 +226,28 @@ def test_inplace_ops_on_intermediates_become_functional_and_fuse():
     assert summary["externs"] == []
 
 
+def test_inplace_bitwise_views_and_random_fills_on_intermediates_become_functional():
+    def f(a, b, x):
+        m = a > 0
+        m &= b > 0  # bitwise_and_
+        y = x * 2
+        y.t_()  # an in-place view of a fresh tensor
+        z = (x + 1).uniform_(-1, 1)  # a random fill of a fresh tensor
+        return m, y + 1, z
+
+    a, b, x = torch.randn(6), torch.randn(6), torch.randn(3, 4)
+    graph, example_inputs = capture(f, a, b, x)
+    summary = kiln._C.compiled_graph_summary(kiln._C.compile_graph(graph, "kiln", example_inputs))
+    assert summary["backend"] == "kiln", summary["fallback_reason"]
+    torch.manual_seed(7)
+    expected = f(a, b, x)
+    torch.manual_seed(7)
+    actual = kiln.compile(f)(a, b, x)
+    for got, want in zip(actual, expected):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        torch.testing.assert_close(got, want)  # the fill draws the same numbers under the same seed
+
+
 def test_inplace_relu_module_compiles():
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(inplace=True), torch.nn.Linear(16, 4))
     model.requires_grad_(False)
