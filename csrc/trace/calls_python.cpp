@@ -1,0 +1,329 @@
+// Calls while tracing, continued: the Python constructs real models use (dict mutation and construction,
+// functools.partial, ContextVar pairs, inspect.signature of pinned functions, Python-written mappings).
+#include <algorithm>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "trace/call_helpers.h"
+#include "trace/interpreter.h"
+#include "trace/tracer.h"
+
+namespace kiln::trace {
+
+using namespace calls;
+
+// ---- Python constructs of real models ------------------------------------------------------------------
+
+namespace {
+
+long find_key(const VarPtr& dict, PyObject* key) {
+  for (size_t i = 0; i < dict->keys.size(); ++i) {
+    int eq = PyObject_RichCompareBool(dict->keys[i], key, Py_EQ);
+    if (eq < 0) PyErr_Clear();
+    if (eq == 1) return (long)i;
+  }
+  return -1;
+}
+
+void store_key(const VarPtr& dict, const VarPtr& key, const VarPtr& value) {
+  if (!key->is(VarKind::kConst) || key->by_type) KILN_UNSUPPORTED() << "dict key that is a " << key->describe();
+  if (PyObject_Hash(key->value) == -1) {
+    PyErr_Clear();
+    KILN_UNSUPPORTED() << "unhashable dict key " << key->describe();
+  }
+  long i = find_key(dict, key->value);
+  if (i >= 0) {
+    dict->items[i] = value;
+    return;
+  }
+  dict->keys.push_back(Py_NewRef(key->value));
+  dict->items.push_back(value);
+}
+
+bool all_constant(const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  for (const VarPtr& a : args)
+    if (!is_constant(a) || holds_object_pinned_by_type(a)) return false;
+  for (const auto& kv : kwargs)
+    if (!is_constant(kv.second) || holds_object_pinned_by_type(kv.second)) return false;
+  return true;
+}
+
+// The Python type a Var's value has at run time, known from what the trace guarded.
+PyTypeObject* type_of(const VarPtr& v) {
+  switch (v->kind) {
+    case VarKind::kTensor:  // the tensor guard checks the exact type
+    case VarKind::kObject: return v->real_type;
+    case VarKind::kConst:   // pinned by identity, by value, or (by_type) by its type
+    case VarKind::kModule:  // pinned by identity; its class is guarded in call_python_construct
+    case VarKind::kFunction: return Py_TYPE(v->value);
+    case VarKind::kTuple: return v->real_type ? v->real_type : &PyTuple_Type;
+    case VarKind::kList: return &PyList_Type;
+    case VarKind::kDict: return &PyDict_Type;
+    case VarKind::kSuper: return &PySuper_Type;
+    default: KILN_UNSUPPORTED() << "type() of a " << v->describe();
+  }
+}
+
+PyObject* lookup(const char* module, const char* name) {
+  PyObject* m = PyImport_ImportModule(module);
+  PyObject* f = m ? PyObject_GetAttrString(m, name) : nullptr;
+  Py_XDECREF(m);
+  if (!f) PyErr_Clear();
+  return f;  // new reference, kept for the process
+}
+
+// Questions whose eager answer is False whenever kiln runs the code: nothing else compiles or exports it.
+bool answers_false(PyObject* f) {
+  static const std::vector<PyObject*> predicates = {
+      lookup("torch.compiler", "is_compiling"), lookup("torch.compiler", "is_dynamo_compiling"),
+      lookup("torch.compiler", "is_exporting"), lookup("torch.jit", "is_scripting")};
+  for (PyObject* p : predicates)
+    if (p && p == f) return true;
+  return false;
+}
+
+PyObject* partial_type() {
+  static PyObject* type = lookup("functools", "partial");
+  return type;
+}
+
+PyObject* inspect_signature() {
+  static PyObject* fn = lookup("inspect", "signature");
+  return fn;
+}
+
+PyObject* context_var_type() {
+  static PyObject* type = lookup("contextvars", "ContextVar");
+  return type;
+}
+
+}  // namespace
+
+bool Tracer::claim_container(const VarPtr& v) {
+  if (!v->source) return true;
+  PyCodeObject* code = root_.code;
+  if (!v->is(VarKind::kDict) || !(code->co_flags & CO_VARKEYWORDS) || v->source->kind() != SourceKind::kLocal) return false;
+  int varkeywords = code->co_argcount + code->co_kwonlyargcount + ((code->co_flags & CO_VARARGS) ? 1 : 0);
+  if (v->source->index() != varkeywords) return false;
+  // The root frame's **kwargs: made by the call for this frame alone. Once the trace changes it, outputs and
+  // graph breaks rebuild it from its items (each re-read through its own source) instead of re-reading it.
+  v->source = nullptr;
+  return true;
+}
+
+VarPtr Tracer::mutate_dict(const VarPtr& self, const std::string& name, const std::vector<VarPtr>& args) {
+  static const std::vector<std::string> mutations = {"pop", "setdefault", "update", "clear", "__setitem__", "__delitem__"};
+  if (std::find(mutations.begin(), mutations.end(), name) == mutations.end()) return nullptr;
+  if (!claim_container(self))
+    KILN_UNSUPPORTED() << "dict." << name << " of a dict from outside the trace (the mutation would have to be replayed)";
+  size_t n = args.size();
+  auto key_of = [&](const VarPtr& key) {
+    if (!key->is(VarKind::kConst)) KILN_UNSUPPORTED() << "dict key that is a " << key->describe();
+    return find_key(self, key->value);
+  };
+  if ((name == "pop" && (n == 1 || n == 2)) || (name == "__delitem__" && n == 1)) {
+    long i = key_of(args[0]);
+    if (i < 0) {
+      if (n == 2) return args[1];
+      KILN_UNSUPPORTED() << "dict." << name << " of a missing key (KeyError in eager)";
+    }
+    VarPtr value = self->items[i];
+    Py_DECREF(self->keys[i]);
+    self->keys.erase(self->keys.begin() + i);
+    self->items.erase(self->items.begin() + i);
+    return name == "pop" ? value : make_const(Py_None);
+  }
+  if (name == "setdefault" && (n == 1 || n == 2)) {
+    long i = key_of(args[0]);
+    if (i >= 0) return self->items[i];
+    store_key(self, args[0], n == 2 ? args[1] : make_const(Py_None));
+    return self->items.back();
+  }
+  if (name == "__setitem__" && n == 2) {
+    store_key(self, args[0], args[1]);
+    return make_const(Py_None);
+  }
+  if (name == "update" && n == 1 && args[0]->is(VarKind::kDict)) {
+    VarPtr other = args[0];
+    std::vector<VarPtr> keys;  // copied first: `d.update(d)` reads what it writes
+    for (PyObject* k : other->keys) keys.push_back(make_const(k));
+    std::vector<VarPtr> values = other->items;
+    for (size_t i = 0; i < keys.size(); ++i) store_key(self, keys[i], values[i]);
+    return make_const(Py_None);
+  }
+  if (name == "clear" && n == 0) {
+    for (PyObject* k : self->keys) Py_DECREF(k);
+    self->keys.clear();
+    self->items.clear();
+    return make_const(Py_None);
+  }
+  KILN_UNSUPPORTED() << "dict." << name << " with " << n << " arguments";
+}
+
+VarPtr Tracer::call_python_construct(const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs, bool* handled) {
+  *handled = true;
+  size_t n = args.size();
+  if (is_super_factory(fn) && n == 0 && kwargs.empty()) return make_super(fn->items[0], fn->items[1]);
+  if (is_super_factory(fn) && n == 2 && kwargs.empty() && args[0]->is(VarKind::kConst) && PyType_Check(args[0]->value))
+    return make_super(args[0], args[1]);
+  if (fn->is(VarKind::kFunction)) return inline_with_cells(fn->value, std::move(args), std::move(kwargs), &fn->items);
+  if (fn->is(VarKind::kPartial)) {
+    // partial(f, *a, **k)(*b, **j) is f(*a, *b, **{**k, **j}).
+    size_t nkw = fn->keys.size(), nbound = fn->items.size() - 1 - nkw;
+    std::vector<VarPtr> all(fn->items.begin() + 1, fn->items.begin() + 1 + nbound);
+    all.insert(all.end(), args.begin(), args.end());
+    KwArgs merged;
+    for (size_t i = 0; i < nkw; ++i) {
+      bool overridden = false;
+      for (const auto& kv : kwargs) overridden = overridden || PyUnicode_Compare(kv.first, fn->keys[i]) == 0;
+      if (!overridden) merged.emplace_back(fn->keys[i], fn->items[1 + nbound + i]);
+    }
+    merged.insert(merged.end(), kwargs.begin(), kwargs.end());
+    return call(fn->items[0], std::move(all), std::move(merged));
+  }
+  if (fn->is(VarKind::kMethod) && Py_TYPE(fn->value) == &PyMethodDescr_Type && fn->items[0]->is(VarKind::kConst)) {
+    const VarPtr& self = fn->items[0];
+    PyObject* descr = fn->value;
+    std::string name = PyUnicode_AsUTF8(PyDescr_NAME(descr));
+    if (context_var_type() && PyObject_TypeCheck(self->value, (PyTypeObject*)context_var_type()) && !self->by_type) {
+      // ContextVar state is the process's: a set is kept as a pending token that its reset cancels, and
+      // get() inside the pair sees the value set. A token cannot leave the trace (kToken), so an unmatched
+      // set makes the frame run eagerly.
+      if (name == "set" && n == 1 && kwargs.empty()) {
+        VarPtr token = make_const(self->value);
+        token->kind = VarKind::kToken;
+        token->items.push_back(args[0]);
+        context_var_sets_.push_back(token);
+        return token;
+      }
+      if (name == "reset" && n == 1 && kwargs.empty()) {
+        if (context_var_sets_.empty() || context_var_sets_.back() != args[0] || args[0]->value != self->value)
+          KILN_UNSUPPORTED() << "ContextVar.reset of a token not made by the innermost ContextVar.set of this trace";
+        context_var_sets_.pop_back();
+        return make_const(Py_None);
+      }
+      if (name == "get") {
+        for (auto it = context_var_sets_.rbegin(); it != context_var_sets_.rend(); ++it)
+          if ((*it)->value == self->value) return (*it)->items[0];
+        KILN_UNSUPPORTED() << "ContextVar.get outside a set/reset pair of the trace (its value is not guarded)";
+      }
+    }
+    if (!self->by_type && all_constant(args, kwargs) && (PyUnicode_CheckExact(self->value) ||
+        PyBytes_CheckExact(self->value) || PyLong_CheckExact(self->value) || PyFloat_CheckExact(self->value) ||
+        PyTuple_CheckExact(self->value) || PyFrozenSet_CheckExact(self->value))) {
+      // A method of an immutable value whose value is guarded (or a trace-time constant): folded.
+      std::vector<VarPtr> all = {self};
+      all.insert(all.end(), args.begin(), args.end());
+      PyObject* r = call_on_values(descr, all, kwargs);
+      if (!r) rethrow_python(name + "() of a " + Py_TYPE(self->value)->tp_name);
+      VarPtr out = wrap_result(r);
+      Py_DECREF(r);
+      return out;
+    }
+    if (self->by_type && self->source && PyDict_Check(self->value) &&
+        PyDescr_TYPE(descr) == &PyDict_Type && contains(helper("RECORD_READ_METHODS"), PyDescr_NAME(descr))) {
+      // dict's own read methods on a dict subclass from the frame (super().get(...) of a registry): read
+      // off its items, with its keys guarded.
+      VarPtr snapshot = snapshot_dict(self);
+      if (!kwargs.empty()) KILN_UNSUPPORTED() << "keyword arguments to dict." << name;
+      return call_container_method(snapshot, name, std::move(args));
+    }
+  }
+  if (fn->is(VarKind::kConst) && !fn->by_type) {
+    PyObject* f = fn->value;
+    if (f == (PyObject*)&PySuper_Type && n == 2 && kwargs.empty() && args[0]->is(VarKind::kConst) &&
+        PyType_Check(args[0]->value))
+      return make_super(args[0], args[1]);
+    if (f == (PyObject*)&PyType_Type && n == 1 && kwargs.empty() && !is_constant(args[0])) {
+      if (args[0]->is(VarKind::kModule) && args[0]->source) guards_->add_type(args[0]->source, Py_TYPE(args[0]->value));
+      return make_const((PyObject*)type_of(args[0]));
+    }
+    if (f == (PyObject*)&PyDict_Type && n <= 1) {
+      // dict(), dict(mapping_or_pairs, **kw): a new dict the trace owns.
+      VarPtr out = make_dict({}, {});
+      if (n == 1) {
+        if (args[0]->is(VarKind::kDict)) {
+          for (size_t i = 0; i < args[0]->keys.size(); ++i) store_key(out, make_const(args[0]->keys[i]), args[0]->items[i]);
+        } else {
+          for (const VarPtr& pair : iterate(args[0])) {
+            std::vector<VarPtr> kv = iterate(pair);
+            if (kv.size() != 2) KILN_UNSUPPORTED() << "dict() of an item that is not a pair";
+            store_key(out, kv[0], kv[1]);
+          }
+        }
+      }
+      for (const auto& [k, v] : kwargs) store_key(out, make_const(k), v);
+      return out;
+    }
+    if (f == partial_type() && n >= 1) {
+      VarPtr p = make_sequence(VarKind::kPartial, args);
+      for (const auto& [k, v] : kwargs) {
+        p->keys.push_back(Py_NewRef(k));
+        p->items.push_back(v);
+      }
+      return p;
+    }
+    if (answers_false(f) && n == 0 && kwargs.empty()) return make_const(Py_False);
+    if (f == builtin("sum") && (n == 1 || n == 2) && kwargs.empty() && !is_constant(args[0])) {
+      // sum(items, start) is start + items[0] + items[1] ..., left to right, as Python adds them.
+      static PyObject* add = lookup("operator", "add");
+      VarPtr total = n == 2 ? args[1] : make_const_steal(PyLong_FromLong(0));
+      for (const VarPtr& item : iterate(args[0])) total = binary(add, total, item);
+      return total;
+    }
+    if (f == inspect_signature() && n == 1 && all_constant({}, kwargs)) return fold_signature(args[0], kwargs);
+  }
+  *handled = false;
+  return nullptr;
+}
+
+VarPtr Tracer::fold_signature(const VarPtr& target, const KwArgs& kwargs) {
+  // A function pinned by identity is taken to keep its code and defaults (as inlining it does), so its
+  // signature is fixed; a method's signature does not depend on the instance it is bound to.
+  PyObject* callable = nullptr;
+  if (target->is(VarKind::kMethod) && PyFunction_Check(target->value))
+    callable = PyMethod_New(target->value, Py_None);
+  else if (target->is(VarKind::kConst) && !target->by_type && PyFunction_Check(target->value))
+    callable = Py_NewRef(target->value);
+  else
+    KILN_UNSUPPORTED() << "inspect.signature of a " << target->describe();
+  PyObject* py_args = PyTuple_Pack(1, callable);
+  Py_DECREF(callable);
+  PyObject* py_kwargs = PyDict_New();
+  for (const auto& [k, v] : kwargs) PyDict_SetItem(py_kwargs, k, v->value);
+  PyObject* r = PyObject_Call(inspect_signature(), py_args, py_kwargs);
+  Py_DECREF(py_args);
+  Py_DECREF(py_kwargs);
+  if (!r) rethrow_python("inspect.signature");
+  return make_const_steal(r);
+}
+
+bool Tracer::pin_context_var(const VarPtr& v) {
+  if (!context_var_type() || !PyObject_TypeCheck(v->value, (PyTypeObject*)context_var_type())) return false;
+  guards_->add_id(v->source, v->value);
+  v->by_type = false;
+  return true;
+}
+
+VarPtr Tracer::snapshot_dict(const VarPtr& obj) {
+  PyObject* dict = obj->value;
+  Py_ssize_t pos = 0;
+  PyObject *k, *v;
+  while (PyDict_Next(dict, &pos, &k, &v))
+    if (!PyUnicode_CheckExact(k)) KILN_UNSUPPORTED() << "reading a " << Py_TYPE(dict)->tp_name << " with non-string keys";
+  PyObject* keys = PyTuple_New(PyDict_GET_SIZE(dict));
+  std::vector<PyObject*> key_refs;
+  std::vector<VarPtr> items;
+  pos = 0;
+  Py_ssize_t i = 0;
+  while (PyDict_Next(dict, &pos, &k, &v)) {
+    PyTuple_SET_ITEM(keys, i++, Py_NewRef(k));
+    key_refs.push_back(Py_NewRef(k));
+    items.push_back(wrap(v, Source::dict_key(obj->source, PyUnicode_AsUTF8(k))));
+  }
+  guards_->add_dict_keys(obj->source, keys);
+  Py_DECREF(keys);
+  return make_dict(std::move(key_refs), std::move(items), obj->source);
+}
+
+}  // namespace kiln::trace
