@@ -65,9 +65,12 @@ const std::unordered_map<std::string, std::pair<std::string, std::string>>& rena
   return ops;
 }
 
+// In-place views: their functional form returns a view of self (is_view).
 bool is_inplace_view(const std::string& name) {
-  return name.rfind("aten::squeeze_.", 0) == 0 || name == "aten::unsqueeze_.default" || name == "aten::t_.default" ||
-         name == "aten::transpose_.default";
+  static const std::unordered_set<std::string> ops = {"aten::squeeze_.default", "aten::squeeze_.dim",
+                                                      "aten::squeeze_.dims",    "aten::unsqueeze_.default",
+                                                      "aten::t_.default",       "aten::transpose_.default"};
+  return ops.count(name) > 0;
 }
 
 // Ops that read but do not constrain dtypes of their other tensors (indices, masks, sources cast on store).

@@ -9,6 +9,7 @@
 #include "passes/split_addmm.h"
 
 #include <unordered_map>
+#include <unordered_set>
 
 #include "decomp/decompositions.h"
 #include "passes/graph_rewriter.h"
@@ -62,7 +63,7 @@ class Splitter {
   Splitter(Graph& g, int64_t multiprocessors) : g_(g), multiprocessors_(multiprocessors), uses_(g.values.size()) {
     for (NodeIndex i = 0; i < static_cast<NodeIndex>(g.nodes.size()); ++i)
       for (const graph::ArgValue& arg : g.nodes[i].args) graph::for_each_tensor(arg, [&](ValueId v) { uses_[v].push_back(i); });
-    for (ValueId out : g.outputs) outputs_[out] = true;
+    outputs_.insert(g.outputs.begin(), g.outputs.end());
   }
 
   bool run() {
@@ -70,9 +71,9 @@ class Splitter {
       if (qualifies(g_, g_.nodes[i]))
         if (auto split = plan(i)) splits_[i] = *split;
     if (splits_.empty()) return false;
-    std::unordered_map<NodeIndex, bool> tails;
+    std::unordered_set<NodeIndex> tails;
     for (const auto& [i, split] : splits_)
-      if (split.tail >= 0) tails[split.tail] = true;
+      if (split.tail >= 0) tails.insert(split.tail);
     GraphRewriter rewriter(g_);
     std::vector<Node> nodes = rewriter.take_nodes();
     for (NodeIndex i = 0; i < static_cast<NodeIndex>(nodes.size()); ++i) {
@@ -127,7 +128,7 @@ class Splitter {
   Graph& g_;
   const int64_t multiprocessors_;
   std::vector<std::vector<NodeIndex>> uses_;
-  std::unordered_map<ValueId, bool> outputs_;
+  std::unordered_set<ValueId> outputs_;
   std::unordered_map<NodeIndex, Split> splits_;
 };
 
