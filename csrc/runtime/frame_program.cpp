@@ -283,7 +283,9 @@ PyTypeObject* program_type() {
 
 PyObject* make_structured_tuple(PyTypeObject* type, PyObject* items) {
   static PyObject* sequence_fields = PyUnicode_InternFromString("n_sequence_fields");
-  PyObject* marker = PyDict_GetItemWithError(type->tp_dict, sequence_fields);
+  PyObject* dict = frame::type_dict(type);
+  PyObject* marker = dict ? PyDict_GetItemWithError(dict, sequence_fields) : nullptr;
+  Py_XDECREF(dict);
   if (marker) return PyObject_CallOneArg((PyObject*)type, items);  // a structseq: type(sequence)
   if (PyErr_Occurred()) return nullptr;
   PyObject* args = PyTuple_Pack(1, items);
