@@ -54,7 +54,10 @@ bool run_check(const Check& c, PyObject* value, std::string* why) {
   switch (c.kind) {
     case CheckKind::kType:
       if (Py_TYPE(value) == c.type) return true;
-      if (why) *why = std::string("expected type ") + c.type->tp_name + ", got " + Py_TYPE(value)->tp_name;
+      if (why) {
+        *why = std::string("expected type ") + c.type->tp_name + ", got " + Py_TYPE(value)->tp_name;
+        if (std::string(c.type->tp_name) == Py_TYPE(value)->tp_name) *why += " (another class of that name)";
+      }
       return false;
     case CheckKind::kId:
       if (value == c.object) return true;
@@ -183,6 +186,11 @@ void add(GuardTree::Node* n, Check c) {
 void GuardTree::add_type(const SourcePtr& s, PyTypeObject* type) {
   Check c{CheckKind::kType};
   c.type = type;
+  // Held: a class that dies (one defined inside a function, per call) could have its address reused by a
+  // new class, and a borrowed pointer would then pass the check for the wrong type (and its tp_name would
+  // be read from freed memory by explain_failure).
+  Py_INCREF(type);
+  c.object = (PyObject*)type;
   add(node_for(s), std::move(c));
 }
 

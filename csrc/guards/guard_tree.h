@@ -39,7 +39,7 @@ enum class CheckKind : unsigned char {
 
 struct Check {
   CheckKind kind;
-  PyObject* object = nullptr;  ///< owned: the expected identity/value/keys
+  PyObject* object = nullptr;  ///< owned: the expected identity/value/keys (kType: the type, held)
   PyTypeObject* type = nullptr;
   long long length = 0;
   std::string name;

@@ -251,16 +251,6 @@ BreakPlan plan_break(PyCodeObject* code, const bytecode::CodeInstructions& ci, c
     if (normal_flow[j] && ops.is_jump(jump.opcode) && jump.target >= 0 && jump.target <= state.pc && (int)j >= state.pc)
       plan.in_loop = true;
   }
-  // Resuming inside a loop, a try body or a user context manager's block is verified on 3.11 only: on 3.12 the
-  // first GPU-machine run crashed in importlib's lock code (a with block in a loop) and failed a while-loop
-  // test. There such frames keep running eagerly as a whole (calls they make are still compiled).
-  if (PY_VERSION_HEX >= 0x030C0000 && (plan.in_loop || plan.handler_entry >= 0 || plan.instruction == "BEFORE_WITH")) {
-    plan.why_not = std::string("a break ") +
-                   (plan.in_loop ? "inside a loop" : plan.handler_entry >= 0 ? "inside a try body or with block"
-                                                                              : "entering a user context manager") +
-                   " (resumed on Python 3.11 only so far)";
-    return plan;
-  }
   plan.consumed = consumed_by(plan.instruction, ins.arg);
   if (plan.consumed < 0) {
     plan.why_not = "no graph break at " + plan.instruction + " yet";

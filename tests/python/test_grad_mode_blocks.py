@@ -8,7 +8,6 @@ and that grad mode after the call equals eager's.
 """
 import contextlib
 
-import sys
 
 import pytest
 import torch
@@ -432,8 +431,6 @@ def test_a_graph_that_raises_inside_a_block_restores_the_mode(fresh_kiln):
 
 # --- other context managers: a graph break, resumed inside the block (test_breaks_in_blocks.py) ----------
 
-# Breaks inside user context managers' blocks resume in traced code on Python 3.11 only (graph_break.cpp).
-RESUMES_IN_BLOCKS = sys.version_info < (3, 12)
 
 
 class UserContext:
@@ -461,12 +458,9 @@ def user_context_manager(x, ctx):
 
 def test_user_context_manager_resumes_inside_its_block(fresh_kiln):
     ctx = UserContext()
-    if RESUMES_IN_BLOCKS:
-        # Entering the block and calling __exit__ are breaks (both kiln.disable): three graphs.
-        result = check(user_context_manager, random_tensor(3), ctx, graphs=3, breaks=2)
-        assert result.breaks[0]["type"] == "with", result.breaks
-    else:  # 3.12+: the frame runs eagerly (graph_break.cpp)
-        check(user_context_manager, random_tensor(3), ctx, graphs=0, breaks=0, fallbacks=1)
+    # Entering the block and calling __exit__ are breaks (both kiln.disable): three graphs.
+    result = check(user_context_manager, random_tensor(3), ctx, graphs=3, breaks=2)
+    assert result.breaks[0]["type"] == "with", result.breaks
     assert ctx.entered == 2 * 3 + 1  # check's three runs per call (two eager, one kiln), then explain's run
 
 
@@ -478,7 +472,4 @@ def break_inside_user_context(x, ctx):
 
 
 def test_break_inside_a_user_context_manager_resumes_inside_its_block(fresh_kiln):
-    if RESUMES_IN_BLOCKS:
-        check(break_inside_user_context, random_tensor(3), UserContext(), graphs=4, breaks=3)
-    else:
-        check(break_inside_user_context, random_tensor(3), UserContext(), graphs=0, breaks=0, fallbacks=1)
+    check(break_inside_user_context, random_tensor(3), UserContext(), graphs=4, breaks=3)

@@ -352,11 +352,8 @@ def break_in_loop(x):
 
 def test_break_inside_a_loop_resumes_in_the_loop(fresh_kiln):
     PRINTED.clear()
-    if sys.version_info < (3, 12):
-        # The frame's graph, then one resume function per iteration (one code object, three entries).
-        check(break_in_loop, random_tensor(3), graphs=4, breaks=3)
-    else:  # resumed on 3.11 only so far (graph_break.cpp): the frame runs eagerly, with eager's answers
-        check(break_in_loop, random_tensor(3), graphs=0, breaks=0, fallbacks=1)
+    # The frame's graph, then one resume function per iteration (one code object, three entries).
+    check(break_in_loop, random_tensor(3), graphs=4, breaks=3)
     assert [p for p in PRINTED if p[0] == "loop"][:3] == [("loop", 0), ("loop", 1), ("loop", 2)]
 
 
@@ -371,10 +368,7 @@ def break_in_try(x):
 
 
 def test_break_inside_try_resumes_in_the_try_body(fresh_kiln):
-    if sys.version_info < (3, 12):
-        check(break_in_try, random_tensor(3), graphs=2, breaks=1)
-    else:
-        check(break_in_try, random_tensor(3), graphs=0, breaks=0, fallbacks=1)
+    check(break_in_try, random_tensor(3), graphs=2, breaks=1)
 
 
 def test_fullgraph_raises_at_the_first_break(fresh_kiln):

@@ -9,7 +9,6 @@ answer.
 """
 import collections
 import dataclasses
-import sys
 import warnings
 from typing import Optional
 
@@ -391,7 +390,7 @@ def test_identical_layers_compile_per_instance(fresh_kiln, capsys, block):
     if block is Block:  # print's own callees (pytest's capture, in Python) add breaks of their own
         # 12 in the blocks, and 12 in Stack.forward's loop (each `layer(x)` call runs in Python and the loop
         # resumes compiled).
-        assert stats["graph_breaks"] == (24 if sys.version_info < (3, 12) else 12), stats
+        assert stats["graph_breaks"] == 24, stats
 
 
 def test_module_instance_limit_still_caps(fresh_kiln, monkeypatch):
@@ -405,7 +404,7 @@ def test_module_instance_limit_still_caps(fresh_kiln, monkeypatch):
     torch.testing.assert_close(out, model(x))  # the last two blocks ran eagerly, with eager's answer
     assert len(kiln._C.cache_entries(Block.forward.__code__)) == 4
     # 4 in the blocks; the root and 4 resume entries of Stack.forward's loop (the same limit caps those).
-    assert kiln.stats()["graph_breaks"] == (9 if sys.version_info < (3, 12) else 4), kiln.stats()
+    assert kiln.stats()["graph_breaks"] == 9, kiln.stats()
 
 
 def test_one_instance_still_has_the_recompile_limit(fresh_kiln, monkeypatch):

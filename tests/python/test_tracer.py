@@ -4,6 +4,7 @@ Every test compares with eager on fresh random inputs and asserts how many frame
 hit, recompiled or fell back.
 """
 import functools
+import gc
 
 import pytest
 import torch
@@ -740,3 +741,26 @@ def test_a_mutable_default_is_mutated_as_in_eager():
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e)
     assert eager_default == [1, 1, 1]
+
+
+def _scale_method(value):
+    def scale(self):
+        return value
+
+    return scale
+
+
+def test_type_guards_hold_their_class_so_a_new_class_at_a_reused_address_is_not_taken_for_it():
+    # Methods found on an object's type are taken as fixed behind a type guard. A class made per call dies
+    # after it; CPython then often allocates the next class at the same address, which a borrowed pointer
+    # would take for the traced class (this returned the first class's scale for 38 of 40 classes).
+    def f(x, obj):
+        return x * obj.scale()
+
+    compiled = kiln.compile(f)
+    x = torch.randn(3)
+    for i in range(12):  # past the recompile limit (8): later classes run eagerly
+        cls = type("PerCall", (), {"scale": _scale_method(float(i))})
+        torch.testing.assert_close(compiled(x, cls()), x * float(i))
+        del cls
+        gc.collect()
