@@ -4,8 +4,18 @@
 
 namespace kiln {
 
+namespace {
+// Paths longer than this are refused where they are made. Describing, resolving and freeing a source walk its
+// chain recursively, and a loop like `o = o.__dir__` unrolled by the tracer would otherwise build a chain
+// tens of thousands deep and overflow the C stack (CPython's test_trashcan_recursion did).
+constexpr int kMaxSourceDepth = 256;
+}  // namespace
+
 Source::Source(SourceKind kind, SourcePtr base, std::string name, long long index, std::string slot)
-    : kind_(kind), base_(std::move(base)), name_(std::move(name)), slot_(std::move(slot)), index_(index) {
+    : kind_(kind), base_(std::move(base)), name_(std::move(name)), slot_(std::move(slot)), index_(index),
+      depth_(base_ ? base_->depth_ + 1 : 0) {
+  if (depth_ > kMaxSourceDepth)
+    KILN_UNSUPPORTED() << "a value reached through more than " << kMaxSourceDepth << " attribute or item steps";
   if (!name_.empty()) py_name_ = PyUnicode_InternFromString(name_.c_str());
   if (!slot_.empty()) py_slot_ = PyUnicode_InternFromString(slot_.c_str());
 }

@@ -80,6 +80,7 @@ class Source {
   std::string name_;
   std::string slot_;
   long long index_ = 0;
+  int depth_ = 0;  ///< steps from the root
   PyObject* py_name_ = nullptr;
   PyObject* py_slot_ = nullptr;
   PyObject* object_ = nullptr;

@@ -764,3 +764,18 @@ def test_type_guards_hold_their_class_so_a_new_class_at_a_reused_address_is_not_
         torch.testing.assert_close(compiled(x, cls()), x * float(i))
         del cls
         gc.collect()
+
+
+def test_a_loop_building_a_long_attribute_chain_runs_eagerly():
+    # `o = o.__dir__` in a loop makes each value one attribute step deeper. Past 256 steps the tracer stops
+    # (describing, guarding and freeing such a chain recurse once per step: CPython's test_trashcan_recursion
+    # overflowed the C stack with a million).
+    def f(x):
+        o = object()
+        for _ in range(2000):
+            o = o.__dir__
+        return x + 1
+
+    x = torch.randn(3)
+    torch.testing.assert_close(kiln.compile(f)(x), x + 1)
+    assert stats()["fallbacks"] == 1, stats()
