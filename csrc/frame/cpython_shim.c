@@ -202,6 +202,74 @@ static void clear_and_pop_frame(PyThreadState* tstate, _PyInterpreterFrame* fram
 }
 #endif
 
+// --- tracebacks through resume functions ------------------------------------------------------
+
+static const char kResumeMarker[] = ".<resume at line ";
+
+/// Length of `qualname` up to its first resume marker (the whole length when it has none).
+static Py_ssize_t base_qualname_length(const char* qualname, int* has_marker) {
+  const char* at = strstr(qualname, kResumeMarker);
+  *has_marker = at != NULL;
+  return at ? at - qualname : (Py_ssize_t)strlen(qualname);
+}
+
+/// True when `inner` is a resume function kiln made for the same Python function as `outer`.
+static int is_resume_of_same_function(PyCodeObject* outer, PyCodeObject* inner) {
+  if (outer->co_firstlineno != inner->co_firstlineno) return 0;
+  if (PyUnicode_Compare(outer->co_filename, inner->co_filename) != 0) return 0;
+  const char* outer_name = PyUnicode_AsUTF8(outer->co_qualname);
+  const char* inner_name = PyUnicode_AsUTF8(inner->co_qualname);
+  if (outer_name == NULL || inner_name == NULL) {
+    PyErr_Clear();
+    return 0;
+  }
+  int outer_marked, inner_marked;
+  Py_ssize_t outer_len = base_qualname_length(outer_name, &outer_marked);
+  Py_ssize_t inner_len = base_qualname_length(inner_name, &inner_marked);
+  return inner_marked && outer_len == inner_len && strncmp(outer_name, inner_name, (size_t)outer_len) == 0;
+}
+
+/// The traceback with its head dropped when the head is `code`'s frame calling a resume function of the same
+/// Python function: in eager there is one frame where kiln has the transformed frame and the resume frame
+/// (tracebacks and PEP 626 line numbers then read as eager's). New reference; `tb` is borrowed.
+static PyObject* without_resume_caller(PyObject* tb, PyCodeObject* code) {
+  if (tb == NULL || !PyTraceBack_Check(tb)) return Py_XNewRef(tb);
+  PyTracebackObject* head = (PyTracebackObject*)tb;
+  if (head->tb_next == NULL) return Py_NewRef(tb);
+  PyCodeObject* head_code = PyFrame_GetCode(head->tb_frame);
+  PyCodeObject* next_code = PyFrame_GetCode(head->tb_next->tb_frame);
+  int hide = head_code == code && is_resume_of_same_function(code, next_code);
+  Py_DECREF(head_code);
+  Py_DECREF(next_code);
+  if (!hide) return Py_NewRef(tb);
+  // The resume frame (finished: its frame object owns its data) points back at the hidden frame; it takes that
+  // frame's caller instead, so `tb_frame.f_back` also reads as eager's.
+  PyFrameObject* resume_frame = head->tb_next->tb_frame;
+  Py_XSETREF(resume_frame->f_back, PyFrame_GetBack(head->tb_frame));
+  return Py_NewRef((PyObject*)head->tb_next);
+}
+
+/// With an exception raised out of a shadow frame running `code`: see without_resume_caller.
+static void hide_resume_caller(PyCodeObject* code) {
+#ifdef KILN_PY312_OR_LATER
+  PyObject* exc = PyErr_GetRaisedException();
+  if (exc == NULL) return;
+  PyObject* tb = PyException_GetTraceback(exc);
+  PyObject* kept = without_resume_caller(tb, code);
+  if (kept != tb) PyException_SetTraceback(exc, kept);
+  Py_XDECREF(kept);
+  Py_XDECREF(tb);
+  PyErr_SetRaisedException(exc);
+#else
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyObject* kept = without_resume_caller(tb, code);
+  if (kept != tb && value != NULL && PyExceptionInstance_Check(value)) PyException_SetTraceback(value, kept);
+  Py_XDECREF(tb);
+  PyErr_Restore(type, value, kept);
+#endif
+}
+
 // --- running a shadow frame --------------------------------------------------------------------
 
 /// Fills the specials of a freshly pushed frame; takes a new reference to `function` and its code.
@@ -257,6 +325,7 @@ PyObject* kiln_shim_run_shadow_frame(PyThreadState* tstate, struct _PyInterprete
     shadow->localsplus[locals - k] = Py_XNewRef(original->localsplus[original_code->co_nlocalsplus - k]);
 
   PyObject* result = _PyEval_EvalFrameDefault(tstate, shadow, 0);
+  if (result == NULL) hide_resume_caller(code);
 #ifdef KILN_PY312_OR_LATER
   // The evaluator cleared and popped the shadow frame; the original is now on top of the stack.
   kiln_shim_release_unrun_frame(tstate, original);

@@ -371,6 +371,53 @@ def test_break_inside_try_resumes_in_the_try_body(fresh_kiln):
     check(break_in_try, random_tensor(3), graphs=2, breaks=1)
 
 
+class _Noted:
+    """A user context manager: entering it is a graph break, the block resumes in a resume function."""
+
+    def __enter__(self):
+        record("enter")
+        return self
+
+    def __exit__(self, *exc):
+        record("exit")
+
+
+def raises_after_breaks(x):
+    y = x * 2
+    record("before")
+    with _Noted():
+        y = y + 1
+        record("inside")
+        y = y / 0 if y.sum() > 1e9 else y.new_tensor([1.0]).item() / 0
+    return y
+
+
+def _frames_of(fn, x):
+    """(function name, line relative to its first line) of each traceback frame of this file's `fn`."""
+    with pytest.raises(ZeroDivisionError) as info:
+        fn(x)
+    frames = []
+    tb = info.value.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename == __file__ and code.co_name == raises_after_breaks.__name__:
+            frames.append((code.co_name, tb.tb_lineno - code.co_firstlineno))
+        tb = tb.tb_next
+    return frames
+
+
+def test_tracebacks_through_resume_functions_read_as_eager(fresh_kiln):
+    # Each break runs the rest of the function in a resume function called from the compiled frame; the
+    # traceback keeps one frame for the function, with the line eager reports.
+    x = random_tensor(3)
+    eager = _frames_of(raises_after_breaks, x)
+    assert eager == [("raises_after_breaks", 6)], eager
+    compiled = kiln.compile(raises_after_breaks)
+    for _ in range(2):  # the first call compiles, the second runs the cached entries
+        assert _frames_of(compiled, x) == eager
+    assert kiln.stats()["graph_breaks"] >= 2, kiln.stats()
+
+
 def test_fullgraph_raises_at_the_first_break(fresh_kiln):
     compiled = kiln.compile(print_between, fullgraph=True)
     with pytest.raises(kiln.errors.GraphBreakError) as info:
