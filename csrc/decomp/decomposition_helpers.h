@@ -174,5 +174,7 @@ inline Builder pointwise2(std::function<Prim(PrimBuilder&, const Node&, Prim, Pr
 void add_math_decompositions(std::map<std::string, Decomposition>& table);
 /// Adds the composite entries (logaddexp, rounding divisions, norms, losses, fills...).
 void add_composite_decompositions(std::map<std::string, Decomposition>& table);
+/// Adds the entries that read padded or windowed operands (constant_pad_nd, max and average pooling).
+void add_window_decompositions(std::map<std::string, Decomposition>& table);
 
 }  // namespace kiln::decomp::detail

@@ -269,6 +269,7 @@ std::map<std::string, Decomposition> make_table() {
   reducing("aten::native_layer_norm.default", build_layer_norm, layer_norm_dims, layer_norm_supported, 3);
   add_math_decompositions(t);
   add_composite_decompositions(t);
+  add_window_decompositions(t);
   return t;
 }
 

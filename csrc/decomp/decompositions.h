@@ -24,6 +24,12 @@ struct Decomposition {
   std::function<void(PrimBuilder&, const graph::Graph&, const graph::Node&)> build;
   /// How many of the node's outputs the builder defines (native_layer_norm: all 3).
   int outputs_built = 1;
+  /// True when the builder reads its tensor arguments through padded_arg only (pooling, padding): each output
+  /// element reads other elements of them than its own, so they cannot be values of the same loop.
+  bool padded_reads = false;
+  /// Windowed ops only (pooling): the sizes of the window dims, appended to the output's shape to make the
+  /// node's index space; reduce() combines over them. Unset for every other op.
+  std::function<std::vector<int64_t>(const graph::Graph&, const graph::Node&)> window_sizes;
 };
 
 /// The decomposition of `node`, or nullptr when it must stay an extern call (no entry, `supports` says

@@ -10,6 +10,7 @@
 //
 // Torch-free.
 #include <cstdint>
+#include <vector>
 
 #include "graph/graph.h"
 
@@ -50,6 +51,17 @@ bool has_bool_result(PrimOp op);
 /// A scalar value inside a decomposition (an index into the implementer's value table).
 using Prim = int32_t;
 
+/// How a padded or windowed read (PrimBuilder::padded_arg) reaches one dim of its operand: the source index
+/// is out_index * stride + window_index * dilation + offset, with out_index the node's output index in that
+/// dim and window_index the index in window dim `window_dim` (-1: no window term). Padding is a negative
+/// offset; a pooling window is (stride, dilation) over the window dim; a negative pad is a positive offset.
+struct DimAccess {
+  int64_t stride = 1;
+  int64_t offset = 0;
+  int window_dim = -1;
+  int64_t dilation = 1;
+};
+
 class PrimBuilder {
  public:
   virtual ~PrimBuilder() = default;
@@ -57,13 +69,20 @@ class PrimBuilder {
   /// to the op's index space, or a Python number (Tensor-position or Scalar argument) as a constant of
   /// its natural dtype (bool, int64, double).
   virtual Prim arg(int arg_index) = 0;
+  /// The node's tensor argument `arg_index` (of the output's rank; Decomposition::padded_reads) read at the
+  /// source index `dims` names per dim: its value where every source index lies inside the operand, else
+  /// `fill` (converted to the operand's dtype). Nothing outside the operand is ever read.
+  virtual Prim padded_arg(int arg_index, const std::vector<DimAccess>& dims, double fill) = 0;
+  /// Bool: true where every source index of `dims` lies in [0, extents[d]) (counting a window's elements).
+  virtual Prim in_bounds(const std::vector<DimAccess>& dims, const std::vector<int64_t>& extents) = 0;
   virtual Prim constant(double value, graph::ScalarType dtype) = 0;
   virtual Prim unary(PrimOp op, Prim a) = 0;
   virtual Prim binary(PrimOp op, Prim a, Prim b) = 0;
   virtual Prim where(Prim condition, Prim if_true, Prim if_false) = 0;
   /// Conversion with the rounding of the target dtype (a no-op when `a` already has it).
   virtual Prim cast(Prim a, graph::ScalarType dtype) = 0;
-  /// Reduces `a` over the node's reduction dims (Decomposition::reduction_dims).
+  /// Reduces `a` over the node's reduction dims (Decomposition::reduction_dims), or over its window dims
+  /// (Decomposition::window_sizes).
   virtual Prim reduce(ReduceOp op, Prim a) = 0;
   virtual graph::ScalarType dtype(Prim a) const = 0;
   /// Number of elements one reduce() combines (the product of the reduced sizes).

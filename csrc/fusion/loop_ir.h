@@ -7,7 +7,11 @@
 // The body is a list of scalar expressions in SSA order (loads, constants, prims, casts, reductions);
 // stores write chosen expressions to output buffers. An expression that does not depend on a reduced
 // loop variable is computed once per outer index; a Reduce expression accumulates its operand over the
-// reduced dims. codegen/cpp (and later codegen/cuda) lower the same Kernel.
+// reduced dims. codegen/cpp and codegen/cuda lower the same Kernel.
+//
+// Padding and pooling windows add one thing: a *bounds predicate* (InBounds: 0 <= index < extent for a few
+// affine indices) and loads guarded by it (`mask ? buf[index] : fill`), so a read at a shifted or windowed
+// index never touches memory outside its buffer. A pooling window is a set of reduced dims of the domain.
 //
 // Torch-free.
 #include <cstdint>
@@ -32,7 +36,13 @@ struct KernelBuffer {
   bool is_output = false;
 };
 
-enum class ExprKind : int8_t { Load, Constant, Unary, Binary, Where, Cast, Reduce };
+/// One condition of a bounds predicate: 0 <= index < extent.
+struct Bound {
+  IndexExpr index;
+  int64_t extent = 0;
+};
+
+enum class ExprKind : int8_t { Load, Constant, Unary, Binary, Where, Cast, Reduce, InBounds };
 
 struct Expr {
   ExprKind kind;
@@ -40,9 +50,10 @@ struct Expr {
   decomp::PrimOp op = decomp::PrimOp::Add;          // Unary, Binary
   decomp::ReduceOp reduce_op = decomp::ReduceOp::Sum;  // Reduce
   int32_t operands[3] = {-1, -1, -1};
-  double constant = 0;  // Constant
-  int32_t buffer = -1;  // Load
+  double constant = 0;  // Constant; a guarded Load's value where its guard is false
+  int32_t buffer = -1;  // Load; operands[0] is its guard (a bool expression), -1 when unguarded
   IndexExpr index;      // Load
+  std::vector<Bound> bounds;  // InBounds: true when every bound holds
 };
 
 struct Store {
@@ -59,10 +70,17 @@ struct Kernel {
   std::vector<KernelBuffer> buffers;
   std::vector<Expr> exprs;
   std::vector<Store> stores;
+  /// The reduced dims are a pooling window: a few elements per output, read at neighbouring indices.
+  bool window_reduction = false;
 
   bool has_reduction() const {
     for (bool r : reduced)
       if (r) return true;
+    return false;
+  }
+  bool has_bounds_checks() const {
+    for (const Expr& e : exprs)
+      if (e.kind == ExprKind::InBounds) return true;
     return false;
   }
 };

@@ -18,9 +18,12 @@ LoopNest build_loop_nest(const Kernel& k) {
     const auto outer_end = std::find_if(order.begin(), order.end(), [&](int d) { return k.reduced[d]; });
     std::stable_sort(order.begin(), outer_end, [&](int a, int b) { return std::llabs(strides[a]) > std::llabs(strides[b]); });
   }
+  // Bounds predicates count as accesses: a loop merged across a bounded dim would lose the dim's own index.
   std::vector<const std::vector<int64_t>*> accesses;
-  for (const Expr& e : k.exprs)
+  for (const Expr& e : k.exprs) {
     if (e.kind == ExprKind::Load) accesses.push_back(&e.index.strides);
+    for (const Bound& b : e.bounds) accesses.push_back(&b.index.strides);
+  }
   for (const auto& s : k.stores) accesses.push_back(&s.index.strides);
 
   // groups of domain dims merged into one loop (outermost first within a group)
@@ -50,10 +53,25 @@ LoopNest build_loop_nest(const Kernel& k) {
     if (!k.reduced[g[0]]) nest.outer_count++;
   }
   nest.load_strides.resize(k.exprs.size());
-  for (size_t i = 0; i < k.exprs.size(); ++i)
+  nest.bound_strides.resize(k.exprs.size());
+  for (size_t i = 0; i < k.exprs.size(); ++i) {
     if (k.exprs[i].kind == ExprKind::Load) nest.load_strides[i] = merged(k.exprs[i].index.strides);
+    for (const Bound& b : k.exprs[i].bounds) nest.bound_strides[i].push_back(merged(b.index.strides));
+  }
   for (const auto& s : k.stores) nest.store_strides.push_back(merged(s.index.strides));
   return nest;
+}
+
+std::vector<bool> depends_on_reduced_loops(const Kernel& k, const LoopNest& nest) {
+  std::vector<bool> depends(k.exprs.size(), false);
+  for (size_t i = 0; i < k.exprs.size(); ++i) {
+    const Expr& e = k.exprs[i];
+    if (e.kind == ExprKind::Reduce) continue;
+    if (e.kind == ExprKind::Load) depends[i] = nest.runs_reduced(nest.load_strides[i]);
+    for (const auto& strides : nest.bound_strides[i]) depends[i] = depends[i] || nest.runs_reduced(strides);
+    for (int32_t op : e.operands) depends[i] = depends[i] || (op >= 0 && depends[op]);
+  }
+  return depends;
 }
 
 bool LoopNest::runs_reduced(const std::vector<int64_t>& strides) const {

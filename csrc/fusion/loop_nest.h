@@ -21,6 +21,7 @@ struct LoopNest {
   std::vector<Loop> loops;                           // outer loops first, then reduced ones
   std::vector<std::vector<int64_t>> load_strides;   // per expr (loads only; empty for the others)
   std::vector<std::vector<int64_t>> store_strides;  // per store
+  std::vector<std::vector<std::vector<int64_t>>> bound_strides;  // per expr (InBounds only): per bound
   int outer_count = 0;
 
   /// True when an access with these (merged) strides moves along a reduced loop.
@@ -31,5 +32,10 @@ struct LoopNest {
 };
 
 LoopNest build_loop_nest(const Kernel& k);
+
+/// Per expression: true when its value changes along the reduced loops (a load or bounds predicate that moves
+/// along them, or anything computed from one), so code generators compute it inside the reduced loops.
+/// Reductions themselves are false: their value is per outer index.
+std::vector<bool> depends_on_reduced_loops(const Kernel& k, const LoopNest& nest);
 
 }  // namespace kiln::fusion

@@ -15,6 +15,13 @@
 // Views are not kernel nodes: an affine view is an index expression on its root's storage, so only the root
 // has to exist as a tensor. A view that must exist as a tensor itself (a graph output, an extern argument)
 // is run as an extern call, which gives exactly eager's aliasing.
+//
+// Padding and pooling read their operand at shifted or windowed indices (fusion/window_reads.h). A pooling
+// node opens a kernel whose domain is its output's shape followed by the window's dims (reduced). Its operand,
+// when a small pointwise producer computes it and nobody materialised it yet (BatchNorm + ReLU before a
+// max pool), is recomputed per window element from the producer's own loads, guarded by the bounds
+// predicate, as torch.compile does: the producer's result is never written to memory. Otherwise the operand is
+// materialised and loaded through the guard.
 #include "fusion/schedule_kernels.h"
 
 #include <algorithm>
@@ -27,6 +34,7 @@
 
 #include "common/error.h"
 #include "decomp/decompositions.h"
+#include "fusion/window_reads.h"
 
 namespace kiln::fusion {
 
@@ -44,6 +52,8 @@ namespace {
 using DimMap = std::vector<int>;
 
 constexpr int32_t kNotAvailable = 1 << 30;
+// A producer is recomputed per window element only when it is this small (BatchNorm + ReLU: about 15).
+constexpr int kMaxRecomputedExprs = 48;
 
 struct KernelHome {
   int32_t kernel = -1;
@@ -96,6 +106,8 @@ class KernelPrimBuilder final : public decomp::PrimBuilder {
         node_shape_(std::move(node_shape)), output_maps_(std::move(output_maps)) {}
 
   Prim arg(int arg_index) override;
+  Prim padded_arg(int arg_index, const std::vector<decomp::DimAccess>& dims, double fill) override;
+  Prim in_bounds(const std::vector<decomp::DimAccess>& dims, const std::vector<int64_t>& extents) override;
   Prim constant(double value, ScalarType dtype) override {
     Expr e{ExprKind::Constant, dtype};
     e.constant = value;
@@ -129,6 +141,7 @@ class KernelPrimBuilder final : public decomp::PrimBuilder {
 
  private:
   Prim add(Expr e);
+  WindowMap window_map(const std::vector<decomp::DimAccess>& dims) const;
 
   Scheduler& s_;
   int32_t kernel_;
@@ -182,6 +195,54 @@ class Scheduler {
     return add_expr(k, std::move(e));
   }
 
+  // Padded or windowed read of tensor `v` into kernel k (decomp::PrimBuilder::padded_arg): its pointwise
+  // producer recomputed through `map` (recompute_instead), or the tensor loaded through the bounds guard.
+  Prim padded_load(int32_t k, ValueId v, const WindowMap& map, double fill) {
+    const auto& vm = g_.value(v).meta;
+    if (const auto& c = constants_[v]) {
+      KILN_ASSERT(map.dims.empty()) << "a padded read of the 0-d constant %" << v << " at a rank-" << map.dims.size() << " index";
+      Expr e{ExprKind::Constant, c->second};
+      e.constant = c->first;
+      return add_expr(k, std::move(e));
+    }
+    KILN_ASSERT_EQ(vm.sizes.size(), map.dims.size()) << "padded read of %" << v << ": one access per dim";
+    std::vector<Bound> bounds = map.bounds(vm.sizes);
+    Prim guard = -1;
+    if (!bounds.empty()) {
+      Expr e{ExprKind::InBounds, ScalarType::Bool};
+      e.bounds = std::move(bounds);
+      guard = add_expr(k, std::move(e));
+    }
+    const double fill_value = convert_constant(fill, vm.dtype);
+    if (recompute_instead(v, k)) {
+      const KernelHome& h = home_[v];
+      const Prim value = recompute_through(
+          kernel(h.kernel), h.expr, map, map.bounded_dims(vm.sizes), guard, [&](Expr e) { return add_expr(k, std::move(e)); },
+          [&](ValueId buffer) { return buffer_for(k, buffer, false); });
+      if (guard < 0) return value;
+      Expr fill_expr{ExprKind::Constant, vm.dtype};
+      fill_expr.constant = fill_value;
+      Expr select{ExprKind::Where, vm.dtype};
+      select.operands[0] = guard;
+      select.operands[1] = value;
+      select.operands[2] = add_expr(k, std::move(fill_expr));
+      return add_expr(k, std::move(select));
+    }
+    const ValueId root = view_root_[v] >= 0 ? view_root_[v] : v;
+    need_tensor(root);
+    IndexExpr source;
+    source.offset = vm.storage_offset - g_.value(root).meta.storage_offset;
+    source.strides = vm.strides;
+    Expr e{ExprKind::Load, vm.dtype};
+    e.buffer = buffer_for(k, root, false);
+    e.index = map.compose(source);
+    if (guard >= 0) {
+      e.operands[0] = guard;
+      e.constant = fill_value;
+    }
+    return add_expr(k, std::move(e));
+  }
+
   Prim add_expr(int32_t k, Expr e) {
     // Structural CSE inside the kernel: one load per (buffer, index), one value per identical prim.
     Kernel& kern = kernel(k);
@@ -192,6 +253,10 @@ class Scheduler {
     key.precision(17);
     key << ',' << e.constant;
     for (int64_t s : e.index.strides) key << ',' << s;
+    for (const Bound& b : e.bounds) {
+      key << ";" << b.extent << ',' << b.index.offset;
+      for (int64_t s : b.index.strides) key << ',' << s;
+    }
     // Reductions are never merged: two equal sums are rare and keeping them apart keeps codegen simple.
     if (e.kind != ExprKind::Reduce) {
       auto [it, inserted] = expr_keys_[k].emplace(key.str(), static_cast<int32_t>(kern.exprs.size()));
@@ -236,6 +301,23 @@ class Scheduler {
     kern.stores.push_back(std::move(store));
     available_[v] = kernel_step_[h.kernel];
     return available_[v];
+  }
+
+  // True when a padded read of `v` into kernel k should recompute it there rather than load it: a value of a
+  // pointwise kernel (over exactly its shape) that is not a tensor yet, computed from at most
+  // kMaxRecomputedExprs expressions whose loads kernel k can make too.
+  bool recompute_instead(ValueId v, int32_t k) const {
+    if (available_[v] != kNotAvailable || view_root_[v] >= 0 || constants_[v] || home_[v].kernel < 0) return false;
+    const KernelHome& h = home_[v];
+    const Kernel& from = schedule_.kernels[h.kernel];
+    if (from.has_reduction() || from.domain != g_.value(v).meta.sizes) return false;
+    for (size_t j = 0; j < h.dims.size(); ++j)
+      if (h.dims[j] != static_cast<int>(j)) return false;
+    const int size = recompute_size(from, h.expr);
+    if (size < 0 || size > kMaxRecomputedExprs) return false;
+    for (const KernelBuffer& b : from.buffers)
+      if (!b.is_output && load_step(b.value, k) >= kernel_step_[k]) return false;
+    return true;
   }
 
   // The step after which `v` can be loaded, without side effects (kNotAvailable if never).
@@ -288,6 +370,13 @@ class Scheduler {
       fresh.domain = g_.value(node.outputs[0]).meta.sizes;
     }
     fresh.reduced.assign(fresh.domain.size(), false);
+    if (d->window_sizes) {  // the output's dims, then the window's (reduced)
+      for (int64_t size : d->window_sizes(g_, node)) {
+        fresh.domain.push_back(size);
+        fresh.reduced.push_back(true);
+      }
+      fresh.window_reduction = true;
+    }
     schedule_.kernels.push_back(std::move(fresh));
     expr_keys_.emplace_back();
     kernel_step_.push_back(append_step(Step::Kind::Kernel, static_cast<int32_t>(schedule_.kernels.size()) - 1));
@@ -309,7 +398,14 @@ class Scheduler {
     std::vector<bool> reduced = kern.reduced;
     DimMap node_space;
     std::vector<int64_t> node_shape;
-    if (d.reduction_dims) {
+    if (d.window_sizes) {
+      // Only a window kernel over the same output and window (a second pooling of the same shape) takes it.
+      node_shape = g_.value(node.outputs[0]).meta.sizes;
+      for (int64_t size : d.window_sizes(g_, node)) node_shape.push_back(size);
+      if (!kern.window_reduction || node_shape != kern.domain) return false;
+      for (size_t i = 0; i < node_shape.size(); ++i) node_space.push_back(static_cast<int>(i));
+    } else if (d.reduction_dims) {
+      if (kern.window_reduction) return false;
       node_shape = g_.value(std::get<graph::TensorArg>(node.args[0]).id).meta.sizes;
       if (node_shape != kern.domain) return false;
       std::vector<bool> wanted(kern.domain.size(), false);
@@ -340,13 +436,17 @@ class Scheduler {
         if (map[j] >= 0 && reduced[map[j]] && kern.domain[map[j]] != 1 && sizes[j + shift] != 1) return true;
       return false;
     };
-    const bool node_is_full = d.reduction_dims || runs_along_reduced(node_space, node_shape, 0);
+    const bool node_is_full = d.reduction_dims || d.window_sizes || runs_along_reduced(node_space, node_shape, 0);
     // Operands.
     const int32_t step = kernel_step_[k];
     bool ok = true;
     for (const graph::ArgValue& arg : node.args) {
       graph::for_each_tensor(arg, [&](ValueId v) {
         if (!ok || constants_[v]) return;
+        if (d.padded_reads) {  // read at other elements than the node's own: never a value of this loop
+          ok = recompute_instead(v, k) || (home_[v].kernel != k && load_step(v, k) < step);
+          return;
+        }
         const auto& vm = g_.value(v).meta;
         if (vm.sizes.size() > node_shape.size()) {
           ok = false;
@@ -421,6 +521,35 @@ Prim KernelPrimBuilder::arg(int arg_index) {
   return s_.load(kernel_, t->id, node_space_, node_shape_);
 }
 
+WindowMap KernelPrimBuilder::window_map(const std::vector<decomp::DimAccess>& dims) const {
+  WindowMap map;
+  map.dims = dims;
+  map.domain = s_.kernel(kernel_).domain;
+  const size_t rank = dims.size();
+  KILN_ASSERT(node_space_.size() >= rank) << "decomposition of " << node_.qualified_name() << ": a padded read of rank "
+                                          << rank << " in an index space of rank " << node_space_.size();
+  map.out_dims.assign(node_space_.begin(), node_space_.begin() + rank);
+  map.window_dims.assign(node_space_.begin() + rank, node_space_.end());
+  for (const decomp::DimAccess& a : dims)
+    KILN_ASSERT(a.window_dim < static_cast<int>(map.window_dims.size()))
+        << "decomposition of " << node_.qualified_name() << " reads window dim " << a.window_dim << " it does not have";
+  return map;
+}
+
+Prim KernelPrimBuilder::padded_arg(int arg_index, const std::vector<decomp::DimAccess>& dims, double fill) {
+  auto* t = std::get_if<graph::TensorArg>(&node_.args[arg_index]);
+  KILN_ASSERT(t) << "decomposition of " << node_.qualified_name() << " pads argument " << arg_index << ", not a tensor";
+  return s_.padded_load(kernel_, t->id, window_map(dims), fill);
+}
+
+Prim KernelPrimBuilder::in_bounds(const std::vector<decomp::DimAccess>& dims, const std::vector<int64_t>& extents) {
+  std::vector<Bound> bounds = window_map(dims).bounds(extents);
+  if (bounds.empty()) return constant(1, ScalarType::Bool);
+  Expr e{ExprKind::InBounds, ScalarType::Bool};
+  e.bounds = std::move(bounds);
+  return add(std::move(e));
+}
+
 Prim KernelPrimBuilder::cast(Prim a, ScalarType t) {
   if (dtype(a) == t) return a;
   const Expr& source = s_.kernel(kernel_).exprs[a];
@@ -459,32 +588,5 @@ Prim KernelPrimBuilder::add(Expr e) { return s_.add_expr(kernel_, std::move(e));
 }  // namespace
 
 Schedule schedule_kernels(const Graph& g) { return Scheduler(g).run(); }
-
-std::string Schedule::summary() const {
-  std::ostringstream out;
-  int kernel_count = 0, extern_count = 0;
-  for (const Step& s : steps) (s.kind == Step::Kind::Kernel ? kernel_count : extern_count)++;
-  out << kernel_count << " kernels, " << extern_count << " extern calls";
-  return out.str();
-}
-
-void verify_kernel(const Kernel& k) {
-  KILN_ASSERT_EQ(k.reduced.size(), k.domain.size()) << "kernel " << k.name << ": reduced mask rank";
-  for (size_t i = 0; i < k.exprs.size(); ++i) {
-    const Expr& e = k.exprs[i];
-    for (int32_t op : e.operands)
-      KILN_ASSERT(op < static_cast<int32_t>(i)) << "kernel " << k.name << ": expression " << i
-                                                 << " uses a later expression " << op;
-    if (e.kind == ExprKind::Load) {
-      KILN_ASSERT(e.buffer >= 0 && e.buffer < static_cast<int32_t>(k.buffers.size()))
-          << "kernel " << k.name << ": expression " << i << " loads an unknown buffer";
-      KILN_ASSERT_EQ(e.index.strides.size(), k.domain.size()) << "kernel " << k.name << ": index rank of load " << i;
-    }
-  }
-  for (const Store& s : k.stores) {
-    KILN_ASSERT(s.expr >= 0 && s.expr < static_cast<int32_t>(k.exprs.size())) << "kernel " << k.name << ": store of an unknown expression";
-    KILN_ASSERT(k.buffers[s.buffer].is_output) << "kernel " << k.name << ": store into an input buffer";
-  }
-}
 
 }  // namespace kiln::fusion

@@ -48,11 +48,15 @@ bool is_batch_norm(const std::string& name) {
   return name == "aten::native_batch_norm.default" || name == "aten::_native_batch_norm_legit_no_training.default";
 }
 
-// Ops whose 4-d outputs (pooled values, max-pool indices) take the layout of their first operand, whatever
-// its shape: ATen's CUDA pooling kernels have channels-last variants.
+// Ops whose 4-d outputs (pooled values, max-pool indices, padded values) take the layout of their first
+// operand, whatever its shape: ATen's CUDA pooling kernels have channels-last variants, constant_pad_nd
+// allocates its output in its input's suggested layout, and kiln's generated pooling and padding kernels
+// index any layout.
 bool is_pooling(const std::string& name) {
-  return name == "aten::max_pool2d_with_indices.default" || name == "aten::avg_pool2d.default" ||
-         name == "aten::_adaptive_avg_pool2d.default";
+  static const std::unordered_set<std::string> ops = {
+      "aten::max_pool2d_with_indices.default", "aten::max_pool2d.default", "aten::avg_pool2d.default",
+      "aten::_adaptive_avg_pool2d.default", "aten::constant_pad_nd.default"};
+  return ops.count(name) > 0;
 }
 
 // True when some dim of size > 1 has stride 0 (an expanded operand).

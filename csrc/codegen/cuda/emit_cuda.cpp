@@ -8,6 +8,9 @@
 // - warp_per_row: reductions over at most kWarpRowLimit elements; a warp owns a row (8 rows per block), each
 //   lane strides over the row, the lanes combine with register shuffles.
 // - block_per_row: longer rows; a block owns a row and combines through shared memory (kiln_reduce.cuh).
+// - thread_per_row: pooling windows (fusion's window reductions of at most kThreadRowLimit elements): one
+//   thread per output, like a pointwise kernel, walking its window serially; neighbouring threads take
+//   neighbouring outputs, so channels-last reads are coalesced. A warp per 9-element window idled 23 lanes.
 // - column: reductions whose inputs are contiguous along the outputs rather than along the reduced dims (a
 //   bias gradient, a sum over the batch dim): 32 neighbouring outputs per block, one per threadIdx.x, so each
 //   warp reads 32 consecutive elements; threadIdx.y splits the reduced range, combined in shared memory.
@@ -19,12 +22,11 @@
 #include "codegen/cuda/emit_cuda.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
-#include <iomanip>
 #include <sstream>
 #include <unordered_map>
 
+#include "codegen/cuda/cuda_text.h"
 #include "codegen/prim_text.h"
 #include "common/error.h"
 #include "fusion/loop_nest.h"
@@ -43,6 +45,7 @@ namespace {
 constexpr unsigned kPointwiseBlock = 256;
 constexpr unsigned kRowsPerBlock = 8;       // warp_per_row: one warp per row, 8 warps per block
 constexpr int64_t kWarpRowLimit = 512;      // rows up to this long reduce within one warp
+constexpr int64_t kThreadRowLimit = 64;     // pooling windows up to this size are walked by one thread
 constexpr int64_t kMaxGrid = int64_t{1} << 20;  // grid-stride loops cover the rest
 constexpr int64_t kIndex32Limit = (int64_t{1} << 31) - 1;
 // A graph's kernels are split into up to kMaxParts NVRTC programs of about kKernelsPerPart distinct kernels,
@@ -50,95 +53,6 @@ constexpr int64_t kIndex32Limit = (int64_t{1} << 31) - 1;
 constexpr int kKernelsPerPart = 4;
 constexpr int kMaxParts = 8;
 
-struct TypeInfo {
-  ScalarType dtype;
-  const char* storage;
-  const char* compute;
-  int bytes;
-  const char* lowest;   // identity of max for integer types
-  const char* highest;  // identity of min for integer types
-};
-
-constexpr TypeInfo kTypes[] = {
-    {ScalarType::Bool, "bool", "bool", 1, "false", "true"},
-    {ScalarType::Byte, "unsigned char", "unsigned char", 1, "0", "255"},
-    {ScalarType::Char, "signed char", "signed char", 1, "(-128)", "127"},
-    {ScalarType::Short, "short", "short", 2, "(-32768)", "32767"},
-    {ScalarType::Int, "int", "int", 4, "(-2147483647 - 1)", "2147483647"},
-    {ScalarType::Long, "long long", "long long", 8, "(-9223372036854775807LL - 1)", "9223372036854775807LL"},
-    {ScalarType::Half, "kiln::half_t", "float", 2, nullptr, nullptr},
-    {ScalarType::BFloat16, "kiln::bf16_t", "float", 2, nullptr, nullptr},
-    {ScalarType::Float, "float", "float", 4, nullptr, nullptr},
-    {ScalarType::Double, "double", "double", 8, nullptr, nullptr},
-};
-
-const TypeInfo& type_info(ScalarType t) {
-  for (const TypeInfo& info : kTypes)
-    if (info.dtype == t) return info;
-  KILN_CHECK(false) << "the CUDA code generator has no type for dtype " << graph::scalar_type_name(t);
-  return kTypes[0];
-}
-
-const char* storage_type(ScalarType t) { return type_info(t).storage; }
-const char* compute_type(ScalarType t) { return type_info(t).compute; }
-
-std::string literal(double v, ScalarType t) {
-  const std::string ct = compute_type(t);
-  if (t == ScalarType::Bool) return v != 0 ? "true" : "false";
-  std::ostringstream out;
-  if (!graph::is_floating_or_complex(t)) {
-    out << "static_cast<" << ct << ">(" << static_cast<long long>(v) << "LL)";
-    return out.str();
-  }
-  if (std::isnan(v)) return "kiln::quiet_nan<" + ct + ">()";
-  if (std::isinf(v)) return std::string(v < 0 ? "-" : "") + "kiln::infinity<" + ct + ">()";
-  out << "static_cast<" << ct << ">(" << std::setprecision(17) << v << ")";
-  return out.str();
-}
-
-// Format strings of the prims: $a $b $c are operand names, $T the operands' compute type. A table indexed
-// by PrimOp, checked to have one entry per op, so that a new prim cannot be forgotten here.
-const char* prim_format(PrimOp op) {
-  static const char* const formats[] = {
-      "(-$a)", "kiln::abs_($a)", "kiln::exp_($a)", "kiln::log_($a)", "kiln::sqrt_($a)", "kiln::rsqrt_($a)",  // Neg..Rsqrt
-      "kiln::tanh_($a)", "kiln::sigmoid_($a)", "kiln::erf_($a)", "(!$a)",                                  // ..LogicalNot
-      "($a + $b)", "($a - $b)", "($a * $b)", "($a / $b)", "kiln::max_<$T>($a, $b)", "kiln::min_<$T>($a, $b)",
-      "kiln::pow_(static_cast<$T>($a), static_cast<$T>($b))", "($a < $b)", "($a <= $b)", "($a > $b)", "($a >= $b)",
-      "($a == $b)", "($a != $b)", "($a && $b)", "($a || $b)", "($a ? $b : $c)",                             // ..Where
-      "kiln::sin_($a)", "kiln::cos_($a)", "kiln::tan_($a)", "kiln::asin_($a)", "kiln::acos_($a)", "kiln::atan_($a)",
-      "kiln::sinh_($a)", "kiln::cosh_($a)", "kiln::asinh_($a)", "kiln::acosh_($a)", "kiln::atanh_($a)",
-      "kiln::log1p_($a)", "kiln::expm1_($a)", "kiln::log2_($a)", "kiln::log10_($a)", "kiln::exp2_($a)",
-      "kiln::erfc_($a)",                                                                                   // ..Erfc
-      "kiln::ceil_($a)", "kiln::floor_($a)", "kiln::round_($a)", "kiln::trunc_($a)",                         // ..Trunc
-      "kiln::signbit_($a)", "kiln::bitwise_not_($a)",                                                      // ..BitwiseNot
-      "kiln::atan2_(static_cast<$T>($a), static_cast<$T>($b))", "kiln::fmod_(static_cast<$T>($a), static_cast<$T>($b))",
-      "kiln::hypot_(static_cast<$T>($a), static_cast<$T>($b))", "kiln::copysign_(static_cast<$T>($a), static_cast<$T>($b))",
-      "kiln::fmax_(static_cast<$T>($a), static_cast<$T>($b))", "kiln::fmin_(static_cast<$T>($a), static_cast<$T>($b))",
-      "static_cast<$T>($a & $b)", "static_cast<$T>($a | $b)", "static_cast<$T>($a ^ $b)",                  // ..BitwiseXor
-      "kiln::lgamma_($a)", "kiln::digamma_($a)", "kiln::erfinv_($a)",
-      "kiln::nextafter_(static_cast<$T>($a), static_cast<$T>($b))"};                                        // ..Nextafter
-  static_assert(sizeof(formats) / sizeof(formats[0]) == decomp::kPrimOpCount, "one format per PrimOp");
-  const int index = static_cast<int>(op);
-  KILN_CHECK(index >= 0 && index < decomp::kPrimOpCount) << "the CUDA code generator has no code for prim " << index;
-  return formats[index];
-}
-
-const char* combiner(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum: return "kiln::SumCombine";
-    case ReduceOp::Max: return "kiln::MaxCombine";
-    case ReduceOp::Min: return "kiln::MinCombine";
-  }
-  return "";
-}
-
-std::string identity(ReduceOp op, ScalarType t) {
-  if (op == ReduceOp::Sum) return literal(0, t);
-  const bool max = op == ReduceOp::Max;
-  if (graph::is_floating_or_complex(t)) return std::string(max ? "-" : "") + "kiln::infinity<" + compute_type(t) + ">()";
-  const TypeInfo& info = type_info(t);
-  return std::string("static_cast<") + info.compute + ">(" + (max ? info.lowest : info.highest) + ")";
-}
 
 int64_t pow2_ceil(int64_t v) {
   int64_t p = 1;
@@ -173,16 +87,11 @@ class KernelEmitter {
   // index and block count within the group as its last two parameters (kiln_block, kiln_blocks).
   KernelEmitter(const Kernel& k, const graph::Graph& g, bool device_function = false)
       : k_(k), g_(g), nest_(fusion::build_loop_nest(k)), device_function_(device_function) {
-    depends_.resize(k.exprs.size(), false);
-    for (size_t i = 0; i < k.exprs.size(); ++i) {
-      const Expr& e = k.exprs[i];
-      if (e.kind == ExprKind::Load) depends_[i] = nest_.runs_reduced(nest_.load_strides[i]);
-      else if (e.kind != ExprKind::Reduce)
-        for (int32_t op : e.operands) depends_[i] = depends_[i] || (op >= 0 && depends_[op]);
-      rows_ = rows_ || e.kind == ExprKind::Reduce;
-    }
+    depends_ = fusion::depends_on_reduced_loops(k, nest_);
+    for (const Expr& e : k.exprs) rows_ = rows_ || e.kind == ExprKind::Reduce;
     rows_ = rows_ || nest_.outer_count < static_cast<int>(nest_.loops.size());
-    column_ = rows_ && column_shaped();
+    thread_row_ = rows_ && k.window_reduction && nest_.reduced_numel() <= kThreadRowLimit;
+    column_ = rows_ && !thread_row_ && column_shaped();
     names_.resize(k.exprs.size());
   }
 
@@ -197,6 +106,10 @@ class KernelEmitter {
       const int64_t work = (outer + std::max(vector_width_, 1) - 1) / std::max(vector_width_, 1);
       launch.block_x = kPointwiseBlock;
       launch.grid = static_cast<unsigned>(std::min<int64_t>((work + kPointwiseBlock - 1) / kPointwiseBlock, kMaxGrid));
+    } else if (thread_row_) {
+      launch.strategy = "thread_per_row";
+      launch.block_x = kPointwiseBlock;
+      launch.grid = static_cast<unsigned>(std::min<int64_t>((outer + kPointwiseBlock - 1) / kPointwiseBlock, kMaxGrid));
     } else if (column_) {
       launch.strategy = "column";
       launch.block_x = 32;
@@ -224,7 +137,7 @@ class KernelEmitter {
     if (device_function_)
       out << "__device__ __forceinline__ void ";
     else
-      out << "extern \"C\" __global__ void __launch_bounds__(" << (rows_ && !block_reduce_ && !column_ ? 32 * kRowsPerBlock : threads)
+      out << "extern \"C\" __global__ void __launch_bounds__(" << (rows_ && !block_reduce_ && !column_ && !thread_row_ ? 32 * kRowsPerBlock : threads)
           << ") ";
     out << k_.name << "(" << parameters(k_);
     if (device_function_) out << ", unsigned kiln_block, unsigned kiln_blocks";
@@ -254,6 +167,9 @@ class KernelEmitter {
       if (k_.exprs[i].kind == ExprKind::Load) largest = std::max(largest, extent(nest_.load_strides[i], k_.exprs[i].index.offset));
     for (size_t s = 0; s < k_.stores.size(); ++s)
       largest = std::max(largest, extent(nest_.store_strides[s], k_.stores[s].index.offset));
+    for (size_t i = 0; i < k_.exprs.size(); ++i)
+      for (size_t b = 0; b < k_.exprs[i].bounds.size(); ++b)
+        largest = std::max(largest, extent(nest_.bound_strides[i][b], k_.exprs[i].bounds[b].index.offset));
     return largest >= kIndex32Limit;
   }
 
@@ -284,7 +200,7 @@ class KernelEmitter {
   // multiples of the width, so that a vector never straddles two rows and stays aligned.
   int vector_width() const {
     const size_t loops = nest_.loops.size();
-    if (loops == 0) return 1;
+    if (loops == 0 || k_.has_bounds_checks()) return 1;  // guarded loads are scalar
     const size_t inner = loops - 1;
     int width = 8;
     bool any = false;
@@ -318,13 +234,7 @@ class KernelEmitter {
     return 1;
   }
 
-  std::string index(const std::vector<int64_t>& strides, int64_t offset) const {
-    std::ostringstream out;
-    out << offset;
-    for (size_t l = 0; l < strides.size(); ++l)
-      if (strides[l] != 0) out << " + " << strides[l] << " * i" << l;
-    return out.str();
-  }
+  std::string index(const std::vector<int64_t>& strides, int64_t offset) const { return index_text(strides, offset); }
 
   // `const index_t i<first> .. i<last-1>` from the flat index `flat` (the last loop varies fastest).
   void decompose(const std::string& flat, int first, int last, const std::string& indent) {
@@ -350,8 +260,11 @@ class KernelEmitter {
       case ExprKind::Load: {
         const std::string buffer = "buf" + std::to_string(x.buffer);
         if (lane_ >= 0 && nest_.load_strides[e].back() == 1) return "kiln::load(lv" + std::to_string(e) + ".v[" + std::to_string(lane_) + "])";
-        return "kiln::load(" + buffer + "[" + index(nest_.load_strides[e], x.index.offset) + "])";
+        const std::string load = "kiln::load(" + buffer + "[" + index(nest_.load_strides[e], x.index.offset) + "])";
+        return x.operands[0] < 0 ? load : guarded_load_text(name(0), load, x.constant, x.dtype);
       }
+      case ExprKind::InBounds:
+        return in_bounds_text(x, nest_.bound_strides[e]);
       case ExprKind::Constant:
         return literal(x.constant, x.dtype);
       case ExprKind::Cast: {
@@ -484,7 +397,7 @@ class KernelEmitter {
   // runs along it is contiguous there, the row length and every outer stride and offset of those accesses are
   // multiples of the width (so vectors stay inside a row and aligned once the base pointers are).
   int row_vector_width() const {
-    if (static_cast<int>(nest_.loops.size()) != nest_.outer_count + 1) return 1;
+    if (static_cast<int>(nest_.loops.size()) != nest_.outer_count + 1 || k_.has_bounds_checks()) return 1;
     const size_t red = nest_.loops.size() - 1;
     int width = 8;
     std::vector<std::pair<const std::vector<int64_t>*, int64_t>> contiguous;
@@ -578,9 +491,13 @@ class KernelEmitter {
   void emit_rows(int64_t rows) {
     std::ostream& out = *body_;
     // `lane` and `group`: a thread's place among those sharing one output, and their number
-    out << "  const index_t lane = threadIdx." << (column_ ? "y" : "x") << ";\n";
-    out << "  const index_t group = blockDim." << (column_ ? "y" : "x") << ";\n";
-    const int width = column_ ? 1 : row_vector_width();
+    if (thread_row_) {
+      out << "  const index_t lane = 0;\n  const index_t group = 1;\n";
+    } else {
+      out << "  const index_t lane = threadIdx." << (column_ ? "y" : "x") << ";\n";
+      out << "  const index_t group = blockDim." << (column_ ? "y" : "x") << ";\n";
+    }
+    const int width = column_ || thread_row_ ? 1 : row_vector_width();
     if (width <= 1) {
       emit_row_loop(rows, "  ");
       return;
@@ -606,6 +523,9 @@ class KernelEmitter {
           << "; first_row += static_cast<index_t>(gridDim.x) * 32) {\n";
       out << indent << "const bool active = first_row + threadIdx.x < " << rows << ";\n";
       out << indent << "const index_t row = active ? first_row + threadIdx.x : " << rows - 1 << ";\n";
+    } else if (thread_row_) {
+      out << base_indent << "for (index_t row = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x; row < " << rows
+          << "; row += static_cast<index_t>(gridDim.x) * blockDim.x) {\n";
     } else {
       const unsigned rows_per_block = block_reduce_ ? 1 : kRowsPerBlock;
       out << base_indent << "for (index_t row = static_cast<index_t>(blockIdx.x) * " << rows_per_block
@@ -625,9 +545,10 @@ class KernelEmitter {
         out << inner << acc << " = " << combiner(x.reduce_op) << "::combine(" << acc << ", "
             << "static_cast<" << compute_type(x.dtype) << ">(" << names_[operand] << "));\n";
       });
+      // (thread_per_row: the thread's own serial walk was the whole reduction)
       if (column_) out << indent << acc << " = kiln::column_reduce<" << combiner(x.reduce_op) << ">(" << acc << ", " << init << ");\n";
       else if (block_reduce_) out << indent << acc << " = kiln::block_reduce<" << combiner(x.reduce_op) << ">(" << acc << ", " << init << ");\n";
-      else out << indent << acc << " = kiln::warp_reduce<" << combiner(x.reduce_op) << ">(" << acc << ");\n";
+      else if (!thread_row_) out << indent << acc << " = kiln::warp_reduce<" << combiner(x.reduce_op) << ">(" << acc << ");\n";
       names_[r] = acc;
     }
     std::vector<size_t> along;  // stores that run along the reduced loops
@@ -678,6 +599,7 @@ class KernelEmitter {
   bool rows_ = false;
   bool block_reduce_ = false;
   bool column_ = false;  // the column strategy (column_shaped)
+  bool thread_row_ = false;  // the thread_per_row strategy (small pooling windows)
   int vector_width_ = 1;
   int lane_ = -1;  // the vector lane being emitted, or -1 for scalar code
   int row_width_ = 1;  // elements per lane and step in the row passes being emitted

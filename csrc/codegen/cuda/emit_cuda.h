@@ -18,7 +18,8 @@ struct CudaKernelLaunch {
   unsigned grid = 0;     ///< 0: nothing to compute (empty domain), skip the launch
   unsigned block_x = 1;  ///< threads per row group (pointwise: per block)
   unsigned block_y = 1;  ///< rows per block (warp-per-row reductions)
-  std::string strategy;  ///< "pointwise", "pointwise_vec4", "warp_per_row", "block_per_row" (logs, tests)
+  std::string strategy;  ///< "pointwise", "pointwise_vec4", "warp_per_row", "block_per_row", "column",
+                         ///< "thread_per_row" (logs, tests)
   int part = 0;          ///< which of CudaSource::parts defines it
 };
 

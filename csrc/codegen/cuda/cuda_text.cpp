@@ -1,0 +1,121 @@
+#include "codegen/cuda/cuda_text.h"
+
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+
+#include "common/error.h"
+
+namespace kiln::codegen::cuda {
+
+using decomp::PrimOp;
+using decomp::ReduceOp;
+using graph::ScalarType;
+
+namespace {
+
+constexpr TypeInfo kTypes[] = {
+    {ScalarType::Bool, "bool", "bool", 1, "false", "true"},
+    {ScalarType::Byte, "unsigned char", "unsigned char", 1, "0", "255"},
+    {ScalarType::Char, "signed char", "signed char", 1, "(-128)", "127"},
+    {ScalarType::Short, "short", "short", 2, "(-32768)", "32767"},
+    {ScalarType::Int, "int", "int", 4, "(-2147483647 - 1)", "2147483647"},
+    {ScalarType::Long, "long long", "long long", 8, "(-9223372036854775807LL - 1)", "9223372036854775807LL"},
+    {ScalarType::Half, "kiln::half_t", "float", 2, nullptr, nullptr},
+    {ScalarType::BFloat16, "kiln::bf16_t", "float", 2, nullptr, nullptr},
+    {ScalarType::Float, "float", "float", 4, nullptr, nullptr},
+    {ScalarType::Double, "double", "double", 8, nullptr, nullptr},
+};
+
+}  // namespace
+
+const TypeInfo& type_info(ScalarType t) {
+  for (const TypeInfo& info : kTypes)
+    if (info.dtype == t) return info;
+  KILN_CHECK(false) << "the CUDA code generator has no type for dtype " << graph::scalar_type_name(t);
+  return kTypes[0];
+}
+
+std::string literal(double v, ScalarType t) {
+  const std::string ct = compute_type(t);
+  if (t == ScalarType::Bool) return v != 0 ? "true" : "false";
+  std::ostringstream out;
+  if (!graph::is_floating_or_complex(t)) {
+    // -2^63 has no literal (9223372036854775808 overflows before the minus applies)
+    if (v <= -9223372036854775808.0) return "static_cast<" + ct + ">(" + type_info(ScalarType::Long).lowest + ")";
+    out << "static_cast<" << ct << ">(" << static_cast<long long>(v) << "LL)";
+    return out.str();
+  }
+  if (std::isnan(v)) return "kiln::quiet_nan<" + ct + ">()";
+  if (std::isinf(v)) return std::string(v < 0 ? "-" : "") + "kiln::infinity<" + ct + ">()";
+  out << "static_cast<" << ct << ">(" << std::setprecision(17) << v << ")";
+  return out.str();
+}
+
+// Format strings of the prims: $a $b $c are operand names, $T the operands' compute type. A table indexed
+// by PrimOp, checked to have one entry per op, so that a new prim cannot be forgotten here.
+const char* prim_format(PrimOp op) {
+  static const char* const formats[] = {
+      "(-$a)", "kiln::abs_($a)", "kiln::exp_($a)", "kiln::log_($a)", "kiln::sqrt_($a)", "kiln::rsqrt_($a)",  // Neg..Rsqrt
+      "kiln::tanh_($a)", "kiln::sigmoid_($a)", "kiln::erf_($a)", "(!$a)",                                  // ..LogicalNot
+      "($a + $b)", "($a - $b)", "($a * $b)", "($a / $b)", "kiln::max_<$T>($a, $b)", "kiln::min_<$T>($a, $b)",
+      "kiln::pow_(static_cast<$T>($a), static_cast<$T>($b))", "($a < $b)", "($a <= $b)", "($a > $b)", "($a >= $b)",
+      "($a == $b)", "($a != $b)", "($a && $b)", "($a || $b)", "($a ? $b : $c)",                             // ..Where
+      "kiln::sin_($a)", "kiln::cos_($a)", "kiln::tan_($a)", "kiln::asin_($a)", "kiln::acos_($a)", "kiln::atan_($a)",
+      "kiln::sinh_($a)", "kiln::cosh_($a)", "kiln::asinh_($a)", "kiln::acosh_($a)", "kiln::atanh_($a)",
+      "kiln::log1p_($a)", "kiln::expm1_($a)", "kiln::log2_($a)", "kiln::log10_($a)", "kiln::exp2_($a)",
+      "kiln::erfc_($a)",                                                                                   // ..Erfc
+      "kiln::ceil_($a)", "kiln::floor_($a)", "kiln::round_($a)", "kiln::trunc_($a)",                         // ..Trunc
+      "kiln::signbit_($a)", "kiln::bitwise_not_($a)",                                                      // ..BitwiseNot
+      "kiln::atan2_(static_cast<$T>($a), static_cast<$T>($b))", "kiln::fmod_(static_cast<$T>($a), static_cast<$T>($b))",
+      "kiln::hypot_(static_cast<$T>($a), static_cast<$T>($b))", "kiln::copysign_(static_cast<$T>($a), static_cast<$T>($b))",
+      "kiln::fmax_(static_cast<$T>($a), static_cast<$T>($b))", "kiln::fmin_(static_cast<$T>($a), static_cast<$T>($b))",
+      "static_cast<$T>($a & $b)", "static_cast<$T>($a | $b)", "static_cast<$T>($a ^ $b)",                  // ..BitwiseXor
+      "kiln::lgamma_($a)", "kiln::digamma_($a)", "kiln::erfinv_($a)",
+      "kiln::nextafter_(static_cast<$T>($a), static_cast<$T>($b))"};                                        // ..Nextafter
+  static_assert(sizeof(formats) / sizeof(formats[0]) == decomp::kPrimOpCount, "one format per PrimOp");
+  const int index = static_cast<int>(op);
+  KILN_CHECK(index >= 0 && index < decomp::kPrimOpCount) << "the CUDA code generator has no code for prim " << index;
+  return formats[index];
+}
+
+const char* combiner(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "kiln::SumCombine";
+    case ReduceOp::Max: return "kiln::MaxCombine";
+    case ReduceOp::Min: return "kiln::MinCombine";
+  }
+  return "";
+}
+
+std::string identity(ReduceOp op, ScalarType t) {
+  if (op == ReduceOp::Sum) return literal(0, t);
+  const bool max = op == ReduceOp::Max;
+  if (graph::is_floating_or_complex(t)) return std::string(max ? "-" : "") + "kiln::infinity<" + compute_type(t) + ">()";
+  const TypeInfo& info = type_info(t);
+  return std::string("static_cast<") + info.compute + ">(" + (max ? info.lowest : info.highest) + ")";
+}
+
+
+std::string index_text(const std::vector<int64_t>& strides, int64_t offset) {
+  std::ostringstream out;
+  out << offset;
+  for (size_t l = 0; l < strides.size(); ++l)
+    if (strides[l] != 0) out << " + " << strides[l] << " * i" << l;
+  return out.str();
+}
+
+std::string in_bounds_text(const fusion::Expr& x, const std::vector<std::vector<int64_t>>& strides) {
+  std::string test;
+  for (size_t b = 0; b < x.bounds.size(); ++b) {
+    const std::string i = "(" + index_text(strides[b], x.bounds[b].index.offset) + ")";
+    test += (b ? " && " : "") + i + " >= 0 && " + i + " < " + std::to_string(x.bounds[b].extent);
+  }
+  return "(" + test + ")";
+}
+
+std::string guarded_load_text(const std::string& guard, const std::string& load, double fill, ScalarType t) {
+  return "(" + guard + " ? " + load + " : " + literal(fill, t) + ")";
+}
+
+}  // namespace kiln::codegen::cuda

@@ -1,0 +1,158 @@
+// Decompositions that read their input at other elements than the output's own: padding and 2-d pooling.
+// They go through PrimBuilder::padded_arg, which reads an operand at out_index * stride + window_index *
+// dilation + offset per dim and gives a fill value outside the operand, so the padding is never materialised
+// and nothing outside the input is read. Pooling windows are extra reduced dims of the node's index space
+// (Decomposition::window_sizes), combined by reduce().
+//
+// Window geometry follows ATen's CPU kernels (aten/src/ATen/native/cpu/{Max,Avg}PoolKernel.cpp): window
+// (oh, kh) reads input row oh * stride - pad + kh * dilation; rows outside [0, H) are skipped. The output's
+// size (ceil_mode included) comes from the node's meta, so ceil_mode needs nothing here.
+#include <cmath>
+#include <limits>
+
+#include "decomp/decomposition_helpers.h"
+
+namespace kiln::decomp::detail {
+
+namespace {
+
+// A pooling parameter given as one or two ints (`kernel_size=3`, `stride=[2, 1]`), or empty for `fallback`.
+std::vector<int64_t> pair_arg(const Node& n, int i, const std::vector<int64_t>& fallback) {
+  std::vector<int64_t> v = i < static_cast<int>(n.args.size()) ? int_list_arg(n, i) : std::vector<int64_t>{};
+  if (v.empty()) return fallback;
+  if (v.size() == 1) v.push_back(v[0]);
+  return v;
+}
+
+struct PoolGeometry {
+  std::vector<int64_t> kernel, stride, padding, dilation;
+};
+
+// max_pool2d(_with_indices)(self, kernel_size, stride, padding, dilation, ceil_mode) and
+// avg_pool2d(self, kernel_size, stride, padding, ...) share their first four arguments; avg has no dilation.
+PoolGeometry pool_geometry(const Node& n, bool has_dilation) {
+  PoolGeometry p;
+  p.kernel = pair_arg(n, 1, {});
+  p.stride = pair_arg(n, 2, p.kernel);
+  p.padding = pair_arg(n, 3, {0, 0});
+  p.dilation = has_dilation ? pair_arg(n, 4, {1, 1}) : std::vector<int64_t>{1, 1};
+  return p;
+}
+
+// Per input dim: the batch/channel dims read at the output's own index, the last two through the window.
+std::vector<DimAccess> window_access(const PoolGeometry& p, size_t rank) {
+  std::vector<DimAccess> dims(rank);
+  for (int w = 0; w < 2; ++w) {
+    DimAccess& d = dims[rank - 2 + w];
+    d.stride = p.stride[w];
+    d.offset = -p.padding[w];
+    d.window_dim = w;
+    d.dilation = p.dilation[w];
+  }
+  return dims;
+}
+
+bool pool_shape_ok(const Graph& g, const Node& n, const PoolGeometry& p) {
+  const auto* in = tensor_arg_meta(g, n, 0);
+  if (!in || (in->sizes.size() != 3 && in->sizes.size() != 4) || out_meta(g, n).sizes.size() != in->sizes.size())
+    return false;
+  for (const auto* v : {&p.kernel, &p.stride, &p.padding, &p.dilation})
+    if (v->size() != 2) return false;
+  return p.kernel[0] > 0 && p.kernel[1] > 0 && p.stride[0] > 0 && p.stride[1] > 0 && p.dilation[0] > 0 && p.dilation[1] > 0;
+}
+
+// The identity of max for `t`: -inf, or the lowest integer (what ATen's kernels start their max from).
+double max_identity(ScalarType t) {
+  switch (t) {
+    case ScalarType::Byte: return 0;
+    case ScalarType::Char: return std::numeric_limits<int8_t>::lowest();
+    case ScalarType::Short: return std::numeric_limits<int16_t>::lowest();
+    case ScalarType::Int: return std::numeric_limits<int32_t>::lowest();
+    case ScalarType::Long: return static_cast<double>(std::numeric_limits<int64_t>::lowest());
+    default: return -std::numeric_limits<double>::infinity();
+  }
+}
+
+// max over the window; NaN propagates (reduce(Max) does, like ATen's `val > max || isnan(val)`).
+void build_max_pool(PrimBuilder& b, const Graph& g, const Node& n) {
+  const ScalarType t = out_meta(g, n).dtype;
+  const PoolGeometry p = pool_geometry(n, true);
+  const Prim x = b.padded_arg(0, window_access(p, out_meta(g, n).sizes.size()), max_identity(t));
+  b.set_output(0, b.reduce(ReduceOp::Max, b.cast(x, t)));
+}
+
+// Training (the indices are read, by the backward) keeps ATen's kernel, which computes them.
+bool max_pool_supported(const Graph& g, const Node& n) {
+  if (!pool_shape_ok(g, n, pool_geometry(n, true)) || out_meta(g, n).dtype == ScalarType::Bool) return false;
+  return n.outputs.size() < 2 || !graph::is_read(g, n.outputs[1]);
+}
+
+// sum / divisor, the divisor as ATen's avg_pool2d: divisor_override, else the window's elements inside the
+// input padded by `padding` on both sides (count_include_pad: padding counts, the part past it does not), else
+// those inside the input.
+void build_avg_pool(PrimBuilder& b, const Graph& g, const Node& n) {
+  const auto& out = out_meta(g, n);
+  const ScalarType compute = compute_dtype(g, n);
+  const PoolGeometry p = pool_geometry(n, false);
+  const std::vector<DimAccess> dims = window_access(p, out.sizes.size());
+  const Prim sum = b.reduce(ReduceOp::Sum, b.cast(b.padded_arg(0, dims, 0.0), compute));
+  const bool count_include_pad = !(n.args.size() > 5 && std::holds_alternative<bool>(n.args[5]) && !std::get<bool>(n.args[5]));
+  Prim divisor;
+  if (n.args.size() > 6 && is_number(n, 6)) {
+    divisor = b.constant(number_arg(n, 6), compute);
+  } else {
+    std::vector<int64_t> extents = tensor_arg_meta(g, n, 0)->sizes;
+    std::vector<DimAccess> counted = dims;
+    if (count_include_pad)
+      for (int w = 0; w < 2; ++w) {
+        counted[counted.size() - 2 + w].offset += p.padding[w];
+        extents[extents.size() - 2 + w] += 2 * p.padding[w];
+      }
+    divisor = b.reduce(ReduceOp::Sum, b.cast(b.in_bounds(counted, extents), compute));
+  }
+  b.set_output(0, b.cast(b.binary(PrimOp::Div, sum, divisor), out.dtype));
+}
+
+bool avg_pool_supported(const Graph& g, const Node& n) {
+  if (!pool_shape_ok(g, n, pool_geometry(n, false)) || !is_floating_output(g, n)) return false;
+  return !(n.args.size() > 6 && is_number(n, 6) && number_arg(n, 6) == 0);  // ATen raises on a zero divisor
+}
+
+std::vector<int64_t> pool_window(const Graph&, const Node& n) { return pool_geometry(n, false).kernel; }
+
+// constant_pad_nd(self, pad, value): pad holds (before, after) pairs from the last dim backwards; a negative
+// pad crops, which the same offset expresses (the source index starts inside the input).
+void build_constant_pad(PrimBuilder& b, const Graph& g, const Node& n) {
+  const std::vector<int64_t> pad = int_list_arg(n, 1);
+  const size_t rank = out_meta(g, n).sizes.size();
+  std::vector<DimAccess> dims(rank);
+  for (size_t i = 0; 2 * i < pad.size(); ++i) dims[rank - 1 - i].offset = -pad[2 * i];
+  const double value = n.args.size() > 2 && is_number(n, 2) ? number_arg(n, 2) : 0.0;
+  b.set_output(0, b.padded_arg(0, dims, value));
+}
+
+bool constant_pad_supported(const Graph& g, const Node& n) {
+  const auto* in = tensor_arg_meta(g, n, 0);
+  const std::vector<int64_t> pad = int_list_arg(n, 1);
+  if (!in || pad.size() % 2 != 0 || pad.size() / 2 > in->sizes.size()) return false;
+  return in->sizes.size() == out_meta(g, n).sizes.size() && in->dtype == out_meta(g, n).dtype;
+}
+
+}  // namespace
+
+void add_window_decompositions(std::map<std::string, Decomposition>& table) {
+  auto windowed = [&](const std::string& name, Builder build, decltype(Decomposition::supports) ok) {
+    Decomposition d{std::move(ok), nullptr, std::move(build), 1};
+    d.padded_reads = true;
+    d.window_sizes = pool_window;
+    table[name] = std::move(d);
+  };
+  windowed("aten::max_pool2d_with_indices.default", build_max_pool, max_pool_supported);
+  windowed("aten::max_pool2d.default", build_max_pool, max_pool_supported);
+  windowed("aten::avg_pool2d.default", build_avg_pool, avg_pool_supported);
+  Decomposition pad{constant_pad_supported, nullptr, build_constant_pad, 1};
+  pad.padded_reads = true;
+  table["aten::constant_pad_nd.default"] = std::move(pad);
+}
+
+}  // namespace kiln::decomp::detail
