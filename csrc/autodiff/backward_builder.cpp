@@ -10,18 +10,6 @@ namespace kiln::autodiff {
 
 namespace {
 
-// Views whose single tensor argument is their base: the backward redoes them on the saved base rather
-// than having the forward return (and keep alive) one more aliasing tensor.
-const std::set<std::string>& recomputed_views() {
-  static const std::set<std::string> ops = {
-      "aten::t.default",         "aten::transpose.int",   "aten::permute.default", "aten::view.default",
-      "aten::_unsafe_view.default", "aten::expand.default", "aten::unsqueeze.default", "aten::squeeze.dim",
-      "aten::squeeze.dims",      "aten::squeeze.default", "aten::select.int",      "aten::slice.Tensor",
-      "aten::reshape.default",   "aten::alias.default",
-  };
-  return ops;
-}
-
 bool is_contiguous(const graph::TensorMeta& meta) {
   int64_t expected = 1;
   for (size_t i = meta.sizes.size(); i-- > 0;) {
@@ -33,6 +21,28 @@ bool is_contiguous(const graph::TensorMeta& meta) {
 
 }  // namespace
 
+// Views whose single tensor argument is their base: the backward redoes them on the saved base rather
+// than having the forward return (and keep alive) one more aliasing tensor.
+bool is_recomputed_view(const std::string& qualified_name) {
+  static const std::set<std::string> ops = {
+      "aten::t.default",         "aten::transpose.int",   "aten::permute.default", "aten::view.default",
+      "aten::_unsafe_view.default", "aten::expand.default", "aten::unsqueeze.default", "aten::squeeze.dim",
+      "aten::squeeze.dims",      "aten::squeeze.default", "aten::select.int",      "aten::slice.Tensor",
+      "aten::reshape.default",   "aten::alias.default",
+  };
+  return ops.count(qualified_name) > 0;
+}
+
+ValueId copy_constant(const graph::Value& constant, graph::Graph& into) {
+  KILN_ASSERT(constant.is_constant) << "value %" << constant.id << " is not a constant";
+  graph::Value copy = constant;  // shares the PyObjectRef: no new reference needed
+  copy.id = static_cast<ValueId>(into.values.size());
+  copy.producer = -1;
+  copy.meta.requires_grad = false;
+  into.values.push_back(std::move(copy));
+  return into.values.back().id;
+}
+
 BackwardBuilder::BackwardBuilder(const graph::Graph& forward, graph::Graph& backward, OpOracle& oracle)
     : forward_(forward), backward_(backward), oracle_(oracle) {}
 
@@ -42,13 +52,8 @@ ValueId BackwardBuilder::forward_value(ValueId forward_id) {
   const graph::Value& v = forward_.value(forward_id);
   ValueId result = -1;
   if (v.is_constant) {
-    graph::Value copy = v;  // shares the PyObjectRef: no new reference needed
-    copy.id = static_cast<ValueId>(backward_.values.size());
-    copy.producer = -1;
-    copy.meta.requires_grad = false;
-    backward_.values.push_back(std::move(copy));
-    result = backward_.values.back().id;
-  } else if (v.producer >= 0 && recomputed_views().count(forward_.nodes[v.producer].qualified_name()) &&
+    result = copy_constant(v, backward_);
+  } else if (v.producer >= 0 && is_recomputed_view(forward_.nodes[v.producer].qualified_name()) &&
              forward_.nodes[v.producer].outputs.size() == 1) {
     graph::Node node = forward_.nodes[v.producer];
     for (graph::ArgValue& arg : node.args)

@@ -3,7 +3,8 @@
 //
 // Derivative rules (derivative_rules.cpp) call this builder; it owns the two things a rule must not
 // care about: where forward values come from in the backward graph (saved by the forward, or
-// recomputed there when they are views: a view costs nothing to redo and saves no bytes), and the
+// recomputed there when they are views: a view costs nothing to redo and saves no bytes; which other
+// values are recomputed instead of saved is decided after the walk, by partition.h), and the
 // meta of every emitted node, which comes from PyTorch's own meta kernels through an OpOracle that the
 // runtime supplies (DESIGN.md: shapes are never computed again by hand).
 #include <cstdint>
@@ -17,6 +18,13 @@
 namespace kiln::autodiff {
 
 using graph::ValueId;
+
+/// True for the view ops (one tensor argument, their base) that the backward recomputes from the base
+/// instead of reading a saved aliasing tensor.
+bool is_recomputed_view(const std::string& qualified_name);
+
+/// Adds a copy of forward constant `constant` (sharing its tensor reference, requires_grad off) to `into`.
+ValueId copy_constant(const graph::Value& constant, graph::Graph& into);
 
 /// What building a backward graph needs from the layer that knows ATen's schemas (runtime/).
 class OpOracle {

@@ -3,14 +3,15 @@
 // Design: gradients live in a map from forward value to backward value; a node runs its rule only when
 // one of its results has a gradient, and a rule's contributions are reduced/cast to the argument's meta
 // and summed into the map. Forward values the backward reads are resolved by BackwardBuilder (saved, or
-// recomputed when they are views), so the partition falls out of the walk: whatever the backward
-// graph's inputs are after the walk is what the forward must keep.
+// recomputed when they are views); after the walk, the min-cut partitioner (partition.h) decides which
+// of them the forward saves and which the backward recomputes from cheaper saved values.
 #include "autodiff/build_joint_graphs.h"
 
 #include <map>
 #include <set>
 
 #include "autodiff/derivative_rules.h"
+#include "autodiff/partition.h"
 #include "common/error.h"
 
 namespace kiln::autodiff {
@@ -68,6 +69,7 @@ JointGraphs build_joint_graphs(const graph::Graph& captured, OpOracle& oracle) {
     joint.output_differentiable.push_back(differentiable(v));
     if (differentiable(v)) accumulate(id, joint.backward->add_input(gradient_meta(v.meta)));
   }
+  const size_t num_gradients = joint.backward->inputs.size();
 
   for (size_t n = captured.nodes.size(); n-- > 0;) {
     const graph::Node& node = captured.nodes[n];
@@ -104,11 +106,18 @@ JointGraphs build_joint_graphs(const graph::Graph& captured, OpOracle& oracle) {
   }
   joint.backward->set_outputs(backward_outputs);
 
+  // What the forward saves: the rules' reads, or cheaper values the backward recomputes them from.
+  const Partition partition = partition_saved_values(captured, b.saved_forward_values(), num_gradients, *joint.backward);
+  joint.saved_bytes = partition.saved_bytes;
+  joint.saved_tensors = partition.saved_tensors;
+  joint.saved_bytes_before_partition = partition.saved_bytes_before;
+  joint.recomputed_nodes = partition.recomputed_nodes;
+
   // The forward: the captured graph run with grad off, returning the saved intermediates too.
   joint.forward = std::make_shared<graph::Graph>(captured);
   for (graph::Value& v : joint.forward->values) v.meta.requires_grad = false;
   std::vector<graph::ValueId> forward_outputs = captured.outputs;
-  for (graph::ValueId saved : b.saved_forward_values()) {
+  for (graph::ValueId saved : partition.saved) {
     const graph::Value& v = captured.value(saved);
     joint.saved_from_input.push_back(v.is_input ? v.input_index : -1);
     if (!v.is_input) forward_outputs.push_back(saved);

@@ -1,5 +1,6 @@
 #pragma once
 // Ahead-of-time autodiff: one captured graph -> a forward graph and a backward graph.
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,11 +23,18 @@ struct JointGraphs {
   /// it is a forward intermediate (taken from the forward's outputs in order).
   std::vector<int32_t> saved_from_input;
   std::vector<int32_t> grad_inputs;  // backward output i is the gradient of captured input grad_inputs[i]
+  /// The partition (partition.h): bytes and count of the saved forward intermediates (graph inputs and
+  /// returned outputs excluded), the bytes saving every value the rules read would have kept, and the
+  /// forward nodes the backward recomputes.
+  int64_t saved_bytes = 0;
+  int64_t saved_tensors = 0;
+  int64_t saved_bytes_before_partition = 0;
+  int64_t recomputed_nodes = 0;
 };
 
-/// Builds the joint graphs. Partition policy (first slice): the backward reads forward values as
-/// saved tensors, except views, which it recomputes from their saved base; inputs are saved by
-/// reference (no forward output needed). Throws kiln::Error of kind Unsupported (naming the op) when
+/// Builds the joint graphs. The backward reads forward values as saved tensors or recomputes them
+/// (views from their base; cheap pointwise chains from cheaper saved values, chosen by a min cut:
+/// partition.h); inputs are saved by reference (no forward output needed). Throws kiln::Error of kind Unsupported (naming the op) when
 /// a node on a gradient path has no derivative rule, a non-differentiable result receives a gradient,
 /// or the graph mutates something it must not; callers then keep the eager interpreter.
 JointGraphs build_joint_graphs(const graph::Graph& captured, OpOracle& oracle);

@@ -30,12 +30,15 @@ void register_compiler(py::module_& m) {
         d["graphs_compiled"] = b.graphs_compiled;
         d["graphs_fallback"] = b.graphs_fallback;
         d["graphs_autograd"] = b.graphs_autograd;
+        d["autograd_saved_bytes"] = b.autograd_saved_bytes;
+        d["autograd_recomputed_nodes"] = b.autograd_recomputed_nodes;
         d["last_fallback_reason"] = b.last_fallback_reason;
         return d;
       },
       "counters of the kiln backend: kernels_compiled (C++ compiler runs), cache_hits (libraries loaded from "
       "KILN_CACHE_DIR), memory_hits, corrupt_entries, compile_failures, graphs_compiled, graphs_fallback, "
-      "last_fallback_reason");
+      "last_fallback_reason, autograd_saved_bytes (saved forward intermediates of compiled autograd graphs, graph "
+      "inputs excluded), autograd_recomputed_nodes (forward nodes their backward graphs recompute)");
   m.def(
       "reset_compiler_stats",
       [] {

@@ -16,6 +16,7 @@
 #include "autodiff/build_joint_graphs.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "runtime/kernel_graph.h"
 #include "runtime/node_call.h"
 
 namespace kiln::runtime {
@@ -203,10 +204,15 @@ std::shared_ptr<AutogradGraph> compile_autograd_graph(std::shared_ptr<const grap
     at::NoGradGuard no_grad;
     program->joint = autodiff::build_joint_graphs(*g, oracle);
   }
-  KILN_LOG(graph) << "kiln autograd: forward\n" << program->joint.forward->to_string() << "backward\n"
-                  << program->joint.backward->to_string();
-  program->forward = compile_part(program->joint.forward);
-  program->backward = compile_part(program->joint.backward);
+  const autodiff::JointGraphs& joint = program->joint;
+  KILN_LOG(graph) << "kiln autograd partition: saves " << joint.saved_tensors << " tensors (" << joint.saved_bytes
+                  << " bytes), recomputes " << joint.recomputed_nodes << " nodes; was "
+                  << joint.saved_bytes_before_partition << " bytes";
+  KILN_LOG(graph) << "kiln autograd: forward\n" << joint.forward->to_string() << "backward\n" << joint.backward->to_string();
+  program->forward = compile_part(joint.forward);
+  program->backward = compile_part(joint.backward);
+  kiln_backend_stats().autograd_saved_bytes += joint.saved_bytes;
+  kiln_backend_stats().autograd_recomputed_nodes += joint.recomputed_nodes;
   return std::make_shared<JointGraph>(std::move(program));
 }
 

@@ -38,6 +38,8 @@ struct KilnBackendStats {
   int64_t graphs_compiled = 0;
   int64_t graphs_fallback = 0;
   int64_t graphs_autograd = 0;  // graphs compiled as forward + backward behind one autograd node
+  int64_t autograd_saved_bytes = 0;       // summed over those graphs: bytes of saved forward intermediates
+  int64_t autograd_recomputed_nodes = 0;  // summed over those graphs: forward nodes the backward recomputes
   std::string last_fallback_reason;
 };
 KilnBackendStats& kiln_backend_stats();
