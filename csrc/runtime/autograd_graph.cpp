@@ -12,6 +12,7 @@
 #include <c10/core/GradMode.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include "autodiff/build_joint_graphs.h"
 #include "common/error.h"
@@ -137,10 +138,29 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
     const autodiff::JointGraphs& joint = program->joint;
     std::vector<at::Tensor> results = program->forward->run(inputs);
     variable_list outputs(results.begin(), results.begin() + static_cast<std::ptrdiff_t>(joint.num_outputs));
-    variable_list saved;
+    // Saved values that alias an input or an output go through SavedVariables (version checks; an output held
+    // by its own node would be a reference cycle). Intermediates only the backward can see are held privately,
+    // so the backward can free each one after its last use, as eager frees each op's saved tensors after
+    // that op's backward: holding all of them to the end costs the whole model's activations at once.
+    variable_list by_reference;
+    c10::List<at::Tensor> private_values;
+    c10::List<int64_t> is_private;
     size_t next = joint.num_outputs;
-    for (int32_t from_input : joint.saved_from_input) saved.push_back(from_input >= 0 ? inputs[from_input] : results.at(next++));
-    ctx->save_for_backward(saved);
+    for (int32_t from_input : joint.saved_from_input) {
+      at::Tensor value = from_input >= 0 ? inputs[from_input] : results.at(next++);
+      bool aliases = from_input >= 0;
+      for (const at::Tensor& out : outputs) aliases = aliases || out.unsafeGetTensorImpl() == value.unsafeGetTensorImpl();
+      is_private.push_back(aliases ? 0 : 1);
+      if (aliases) {
+        by_reference.push_back(std::move(value));
+      } else {
+        private_values.push_back(std::move(value));
+      }
+    }
+    results.clear();
+    ctx->save_for_backward(by_reference);
+    ctx->saved_data["private"] = private_values;
+    ctx->saved_data["is_private"] = is_private;
     ctx->saved_data["program"] = c10::IValue::make_capsule(program);
     variable_list non_differentiable;
     for (size_t i = 0; i < outputs.size(); ++i)
@@ -154,7 +174,12 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
     auto program = c10::static_intrusive_pointer_cast<JointProgram>(ctx->saved_data["program"].toCapsule());
     const autodiff::JointGraphs& joint = program->joint;
     const graph::Graph& bg = *joint.backward;
-    variable_list saved = ctx->get_saved_variables();
+    variable_list by_reference = ctx->get_saved_variables();  // raises on a second backward without retain_graph
+    std::vector<at::Tensor> private_values = ctx->saved_data["private"].toTensorVector();
+    const std::vector<int64_t> is_private = ctx->saved_data["is_private"].toIntVector();
+    // Without retain_graph nothing runs this node again: the private values are then ours alone to free.
+    const bool consume = !torch::autograd::get_current_graph_task_keep_graph();
+    if (consume) ctx->saved_data["private"] = c10::List<at::Tensor>();
     std::vector<at::Tensor> inputs;
     inputs.reserve(bg.inputs.size());
     for (size_t i = 0; i < joint.num_outputs; ++i) {
@@ -163,8 +188,14 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
       KILN_ASSERT(grad_outputs[i].defined()) << "the autograd engine passed no gradient for output " << i;
       inputs.push_back(conform(grad_outputs[i], meta));
     }
-    for (const at::Tensor& s : saved) inputs.push_back(conform(s, bg.values[bg.inputs[inputs.size()]].meta));
-    std::vector<at::Tensor> grads = program->backward->run(inputs);
+    grad_outputs.clear();
+    size_t next_reference = 0, next_private = 0;
+    for (int64_t kind : is_private) {
+      at::Tensor& s = kind ? private_values.at(next_private++) : by_reference.at(next_reference++);
+      inputs.push_back(conform(s, bg.values[bg.inputs[inputs.size()]].meta));
+      if (consume) s.reset();
+    }
+    std::vector<at::Tensor> grads = consume ? program->backward->run_consuming(std::move(inputs)) : program->backward->run(inputs);
     // One gradient per forward argument: the inputs (undefined where none flows), then the program.
     const size_t num_inputs = joint.forward->inputs.size();
     variable_list result(num_inputs + 1);

@@ -14,6 +14,9 @@ class CompiledGraph {
   /// Runs the graph on real tensors; returns the graph outputs in order. With grad mode on and inputs
   /// that require grad, the outputs carry autograd history exactly as eager would build it.
   virtual std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) = 0;
+  /// Like run(), for a caller that hands over its only references to the inputs: a backend may then free
+  /// each input after its last use (a backward graph's saved activations, released as the backward goes).
+  virtual std::vector<at::Tensor> run_consuming(std::vector<at::Tensor>&& inputs) { return run(inputs); }
   /// True when run() calls back into Python (user backends): the caller then runs it with the frame
   /// hook's compiler suspended, so the backend's own Python is never traced.
   virtual bool reenters_python() const { return false; }

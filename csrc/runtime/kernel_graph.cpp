@@ -67,6 +67,7 @@ struct PlanStep {
   int32_t kernel = -1;  // index into kernels_, or -1 for an extern call
   int32_t external = -1;  // index into externs_
   std::vector<ValueId> release_after;
+  std::vector<ValueId> release_inputs_after;  // graph inputs last read here (freed under run_consuming)
   // Extern outputs that generated kernels read with the recorded strides baked in. ATen may lay a result
   // out differently from its meta kernel (an op recorded whole, like scaled_dot_product_attention, whose
   // fused CUDA kernels return another layout than the math path meta tensors take): such a result is copied
@@ -99,11 +100,20 @@ class KilnGraph final : public CompiledGraph {
  public:
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) override {
     if (fallback_) return fallback_->run(inputs);
+    return execute(std::vector<at::Tensor>(inputs), /*release_inputs=*/false);
+  }
+
+  std::vector<at::Tensor> run_consuming(std::vector<at::Tensor>&& inputs) override {
+    if (fallback_) return fallback_->run_consuming(std::move(inputs));
+    return execute(std::move(inputs), /*release_inputs=*/true);
+  }
+
+  std::vector<at::Tensor> execute(std::vector<at::Tensor> inputs, bool release_inputs) {
     const graph::Graph& g = *graph_;
     KILN_CHECK(inputs.size() == g.inputs.size())
         << "compiled graph expects " << g.inputs.size() << " input tensors, got " << inputs.size();
     std::vector<at::Tensor> env = constants_;
-    for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i]] = inputs[i];
+    for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i]] = std::move(inputs[i]);
     std::vector<void*> pointers;
     std::vector<void*> arguments;
     cuda::CudaStream stream = cuda_device_ >= 0 ? cuda::torch_current_stream(cuda_device_) : nullptr;
@@ -137,6 +147,8 @@ class KilnGraph final : public CompiledGraph {
         }
       }
       for (ValueId id : step.release_after) env[id].reset();
+      if (release_inputs)
+        for (ValueId id : step.release_inputs_after) env[id].reset();
     }
     std::vector<at::Tensor> outputs;
     outputs.reserve(g.outputs.size());
@@ -305,7 +317,10 @@ void build_plan(KilnGraph& kg, const fusion::Schedule& schedule) {
   }
   std::unordered_set<ValueId> kept(g.outputs.begin(), g.outputs.end());
   for (const graph::Value& v : g.values)
-    if (v.producer >= 0 && !kept.count(v.id) && last_use[v.id] >= 0) kg.plan_[last_use[v.id]].release_after.push_back(v.id);
+    if (!kept.count(v.id) && last_use[v.id] >= 0) {
+      if (v.producer >= 0) kg.plan_[last_use[v.id]].release_after.push_back(v.id);
+      if (v.is_input) kg.plan_[last_use[v.id]].release_inputs_after.push_back(v.id);
+    }
 }
 
 std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> original, const ConstantsOf& constants_of) {
