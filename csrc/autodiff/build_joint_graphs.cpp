@@ -11,6 +11,7 @@
 #include <set>
 
 #include "autodiff/derivative_rules.h"
+#include "autodiff/functionalize_buffer_updates.h"
 #include "autodiff/partition.h"
 #include "common/error.h"
 
@@ -22,7 +23,7 @@ bool differentiable(const graph::Value& v) { return v.meta.requires_grad && grap
 
 // Captured graphs whose outputs alias inputs (views or the inputs themselves) keep eager's view
 // semantics only under the eager interpreter; an in-place op other than BatchNorm's statistics update
-// could write a value the backward reads.
+// could write a value the backward reads (buffer updates of inputs were made functional before this).
 void check_supported(const graph::Graph& g) {
   std::set<graph::ValueId> seen;
   for (graph::ValueId id : g.outputs) {
@@ -50,7 +51,10 @@ graph::TensorMeta gradient_meta(const graph::TensorMeta& output) {
 
 }  // namespace
 
-JointGraphs build_joint_graphs(const graph::Graph& captured, OpOracle& oracle) {
+JointGraphs build_joint_graphs(const graph::Graph& graph_with_updates, OpOracle& oracle) {
+  // Buffer updates (num_batches_tracked.add_(1)) become functional; the runtime writes them back.
+  graph::Graph captured = graph_with_updates;
+  const std::vector<BufferUpdate> updates = functionalize_buffer_updates(captured);
   check_supported(captured);
   JointGraphs joint;
   joint.backward = std::make_shared<graph::Graph>();
@@ -112,11 +116,21 @@ JointGraphs build_joint_graphs(const graph::Graph& captured, OpOracle& oracle) {
   joint.saved_tensors = partition.saved_tensors;
   joint.saved_bytes_before_partition = partition.saved_bytes_before;
   joint.recomputed_nodes = partition.recomputed_nodes;
+  for (graph::ValueId saved : partition.saved) {
+    const graph::Value& v = captured.value(saved);
+    for (const BufferUpdate& update : updates)
+      if (v.is_input && v.input_index == update.input_index)
+        KILN_UNSUPPORTED() << "the backward reads input " << v.input_index << ", which the graph updates in place";
+  }
 
   // The forward: the captured graph run with grad off, returning the saved intermediates too.
   joint.forward = std::make_shared<graph::Graph>(captured);
   for (graph::Value& v : joint.forward->values) v.meta.requires_grad = false;
   std::vector<graph::ValueId> forward_outputs = captured.outputs;
+  for (const BufferUpdate& update : updates) {
+    joint.updated_inputs.push_back(update.input_index);
+    forward_outputs.push_back(update.final_value);
+  }
   for (graph::ValueId saved : partition.saved) {
     const graph::Value& v = captured.value(saved);
     joint.saved_from_input.push_back(v.is_input ? v.input_index : -1);

@@ -11,13 +11,17 @@
 namespace kiln::autodiff {
 
 struct JointGraphs {
-  /// The captured graph with no requires_grad flags (it runs with grad off); its outputs are the
-  /// captured outputs followed by the saved intermediates (backward_saved[i] with from_input < 0).
+  /// The captured graph with no requires_grad flags (it runs with grad off) and its buffer updates made
+  /// functional (functionalize_buffer_updates.h); its outputs are the captured outputs, then the new
+  /// value of each updated input, then the saved intermediates (saved_from_input[i] < 0).
   std::shared_ptr<graph::Graph> forward;
   /// Inputs: one gradient per differentiable captured output (in output order), then the saved values.
   /// Outputs: one gradient per captured input that requires grad (in input order).
   std::shared_ptr<graph::Graph> backward;
   size_t num_outputs = 0;                 // captured outputs (the forward graph's first outputs)
+  /// Captured inputs the forward updates in place (BatchNorm's num_batches_tracked): after the forward
+  /// runs, input updated_inputs[i] receives forward output num_outputs + i (the runtime copies it in).
+  std::vector<int32_t> updated_inputs;
   std::vector<bool> output_differentiable;  // per captured output: floating and requires grad
   /// Per saved value (backward inputs after the gradients): the captured input index it is, or -1 when
   /// it is a forward intermediate (taken from the forward's outputs in order).
@@ -36,7 +40,9 @@ struct JointGraphs {
 /// (views from their base; cheap pointwise chains from cheaper saved values, chosen by a min cut:
 /// partition.h); inputs are saved by reference (no forward output needed). Throws kiln::Error of kind Unsupported (naming the op) when
 /// a node on a gradient path has no derivative rule, a non-differentiable result receives a gradient,
-/// or the graph mutates something it must not; callers then keep the eager interpreter.
+/// or the graph mutates something it must not (anything but BatchNorm's statistics and in-place updates
+/// of inputs that do not require grad and that the backward does not read); callers then keep the eager
+/// interpreter.
 JointGraphs build_joint_graphs(const graph::Graph& captured, OpOracle& oracle);
 
 }  // namespace kiln::autodiff

@@ -321,6 +321,28 @@ void rule_embedding(RuleCall& c) {  // embedding(weight, indices, padding_idx, s
                     {tensor(c.grad()), tensor(c.input(1)), c.input_meta(0).sizes.at(0), c.arg(2), c.arg(3)}));
 }
 
+// ---- pooling ------------------------------------------------------------------------------------------
+// max_pool2d_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode) -> (out, indices): the
+// gradient scatters through the indices the forward chose (saved, never recomputed: ties would resolve the
+// same way, but the partitioner treats multi-result ops as not recomputable anyway).
+void rule_max_pool2d_with_indices(RuleCall& c) {
+  if (c.needs(0))
+    c.set(0, c.b.emit("aten::max_pool2d_with_indices_backward", "default",
+                      {tensor(c.grad()), tensor(c.input(0)), c.arg(1), c.arg(2), c.arg(3), c.arg(4), c.arg(5),
+                       tensor(c.result(1))}));
+}
+// avg_pool2d(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+void rule_avg_pool2d(RuleCall& c) {
+  if (c.needs(0))
+    c.set(0, c.b.emit("aten::avg_pool2d_backward", "default",
+                      {tensor(c.grad()), tensor(c.input(0)), c.arg(1), c.arg(2), c.arg(3), c.arg(4), c.arg(5), c.arg(6)}));
+}
+// _adaptive_avg_pool2d(self, output_size)
+void rule_adaptive_avg_pool2d(RuleCall& c) {
+  if (c.needs(0))
+    c.set(0, c.b.emit("aten::_adaptive_avg_pool2d_backward", "default", {tensor(c.grad()), tensor(c.input(0))}));
+}
+
 const std::map<std::string, DerivativeRule>& rule_table() {
   static const std::map<std::string, DerivativeRule> table = {
       {"aten::mm.default", {rule_mm}},
@@ -371,6 +393,9 @@ const std::map<std::string, DerivativeRule>& rule_table() {
       {"aten::_native_batch_norm_legit_no_training.default", {rule_batch_norm_no_training}},
       {"aten::native_dropout.default", {rule_native_dropout}},
       {"aten::embedding.default", {rule_embedding}},
+      {"aten::max_pool2d_with_indices.default", {rule_max_pool2d_with_indices}},
+      {"aten::avg_pool2d.default", {rule_avg_pool2d}},
+      {"aten::_adaptive_avg_pool2d.default", {rule_adaptive_avg_pool2d}},
   };
   return table;
 }

@@ -110,6 +110,15 @@ at::Tensor conform(const at::Tensor& t, const graph::TensorMeta& meta) {
   return copy;
 }
 
+// The forward's buffer updates (autodiff/functionalize_buffer_updates.h) land in the caller's tensors, as
+// eager's in-place ops would have written them (same storage, version counter bumped).
+void write_back_updated_inputs(const autodiff::JointGraphs& joint, const std::vector<at::Tensor>& inputs,
+                               const std::vector<at::Tensor>& results) {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < joint.updated_inputs.size(); ++i)
+    inputs.at(joint.updated_inputs[i]).copy_(results.at(joint.num_outputs + i));
+}
+
 [[noreturn]] void raise_double_backward() {
   const char* message =
       "double backward through a kiln-compiled graph is not supported; compile without kiln or use "
@@ -137,6 +146,7 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
     const std::vector<at::Tensor> inputs = input_list.vec();
     const autodiff::JointGraphs& joint = program->joint;
     std::vector<at::Tensor> results = program->forward->run(inputs);
+    write_back_updated_inputs(joint, inputs, results);
     variable_list outputs(results.begin(), results.begin() + static_cast<std::ptrdiff_t>(joint.num_outputs));
     // Saved values that alias an input or an output go through SavedVariables (version checks; an output held
     // by its own node would be a reference cycle). Intermediates only the backward can see are held privately,
@@ -145,7 +155,7 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
     variable_list by_reference;
     c10::List<at::Tensor> private_values;
     c10::List<int64_t> is_private;
-    size_t next = joint.num_outputs;
+    size_t next = joint.num_outputs + joint.updated_inputs.size();
     for (int32_t from_input : joint.saved_from_input) {
       at::Tensor value = from_input >= 0 ? inputs[from_input] : results.at(next++);
       bool aliases = from_input >= 0;
@@ -215,6 +225,7 @@ class JointGraph final : public AutogradGraph {
     // A TensorList (not a vector) so that Function::apply sees each input as a variable.
     if (needs_grad) return KilnFunction::apply(at::TensorList(inputs), program_);
     std::vector<at::Tensor> results = program_->forward->run(inputs);
+    write_back_updated_inputs(program_->joint, inputs, results);
     results.resize(program_->joint.num_outputs);
     return results;
   }

@@ -60,6 +60,11 @@ RULE_CASES = [
     ("select_slice", lambda a: a[1] * 2 + a[:, 1:3].sum(), [(4, 5)]),
     ("pow", lambda a: a.pow(2) + a.pow(3), [(4, 5)]),
     ("silu", lambda a: F.silu(a), [(4, 5)]),
+    ("max_pool2d", lambda a: F.max_pool2d(a, 3, 2, 1), [(2, 3, 9, 9)]),
+    ("max_pool2d_after_relu", lambda a: F.max_pool2d(torch.relu(a), 2), [(2, 3, 8, 8)]),
+    ("avg_pool2d", lambda a: F.avg_pool2d(a, 3, 2, 1), [(2, 3, 9, 9)]),
+    ("adaptive_avg_pool2d", lambda a: F.adaptive_avg_pool2d(a, (3, 2)), [(2, 3, 7, 6)]),
+    ("adaptive_avg_pool2d_1x1_flatten", lambda a: torch.flatten(F.adaptive_avg_pool2d(a, 1), 1) * 2, [(2, 3, 5, 5)]),
 ]
 
 
@@ -248,17 +253,25 @@ class SmallResNet(torch.nn.Module):
         return self.head(x.mean(dim=(2, 3)))
 
 
-def test_resnet_style_sgd_batchnorm_train_loss_curve():
-    torch.manual_seed(0)
-    model = SmallResNet().train()
+def assert_sgd_momentum_training_matches_eager(model, input_shape, buffer_rtol):
+    """20 SGD+momentum steps compiled and eager from the same weights: equal loss curves and BatchNorm
+    buffers (running statistics and num_batches_tracked), all on the compiled autograd path."""
     reference = copy.deepcopy(model)
-    inputs = [random_tensor(4, 3, 8, 8) for _ in range(4)]
+    inputs = [random_tensor(*input_shape) for _ in range(4)]
     sgd = lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9)
     kiln_losses = train(model, sgd, inputs)
     eager_losses = train(reference, sgd, inputs, compiled=False)
     torch.testing.assert_close(torch.tensor(kiln_losses), torch.tensor(eager_losses), rtol=1e-3, atol=1e-5)
-    for (name, a), b in zip(model.named_buffers(), reference.buffers()):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+    buffers = dict(model.named_buffers())
+    for name, b in reference.named_buffers():
+        torch.testing.assert_close(buffers[name], b, rtol=buffer_rtol, atol=1e-5, msg=name)
+    assert all(b.item() == 20 for name, b in buffers.items() if name.endswith("num_batches_tracked"))
+    assert_compiled_autograd()  # BatchNorm's num_batches_tracked.add_(1) must not send it to the fallback
+
+
+def test_resnet_style_sgd_batchnorm_train_loss_curve():
+    torch.manual_seed(0)
+    assert_sgd_momentum_training_matches_eager(SmallResNet().train(), (4, 3, 8, 8), buffer_rtol=1e-4)
 
 
 def test_dropout_reproducible_under_manual_seed():
@@ -274,3 +287,169 @@ def test_dropout_reproducible_under_manual_seed():
     torch.testing.assert_close(out, expected)
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad)
+
+
+# ---- buffer updates: in-place ops on graph inputs that never require grad --------------------------------
+def fallback_reason():
+    stats = kiln._C.compiler_stats()
+    assert stats["graphs_fallback"] >= 1, stats
+    return stats["last_fallback_reason"]
+
+
+def test_buffer_update_read_after_update_matches_eager():
+    def fn(x, counter, stat):
+        counter.add_(1)
+        stat.mul_(0.5).add_(x.detach().mean(0), alpha=0.5)
+        return torch.tanh(x) * stat + counter
+    x = r(4, 5)
+    buffers = (torch.tensor(3), random_tensor(5))
+    ref_x, ref_buffers = x.detach().clone().requires_grad_(), tuple(b.clone() for b in buffers)
+    out = kiln.compile(fn)(x, *buffers)
+    out.sum().backward()
+    expected = fn(ref_x, *ref_buffers)
+    expected.sum().backward()
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(x.grad, ref_x.grad)
+    for got, want in zip(buffers, ref_buffers):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert buffers[0].item() == 4
+    assert_compiled_autograd()
+
+
+def test_buffer_update_written_back_on_every_call():
+    fn = kiln.compile(lambda x, counter: torch.relu(x) * 2 + counter.add_(1) * 0)
+    counter = torch.tensor(0)
+    version = counter._version
+    for _ in range(3):
+        fn(r(3, 4), counter).sum().backward()
+    assert counter.item() == 3
+    assert counter._version > version  # written in place, as eager's add_ does
+    assert_compiled_autograd()
+    with torch.no_grad():  # a grad-free graph of its own (today on the eager interpreter): still updates
+        fn(r(3, 4), counter)
+    assert counter.item() == 4
+
+
+def test_buffer_read_by_the_backward_before_its_update_is_refused():
+    # eager saves `scale` for mul's backward, then add_ changes it: its backward raises; kiln must not hide that
+    def fn(x, scale):
+        y = x * scale
+        scale.add_(1)
+        return y
+    x, scale = r(4, 5), random_tensor(5)
+    out = kiln.compile(fn)(x, scale)
+    assert "updates in place" in fallback_reason()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+def test_buffer_update_returned_or_viewed_stays_refused():
+    returned = lambda x, counter: (torch.tanh(x), counter.add_(1))
+    counter = torch.tensor(5)
+    out, same = kiln.compile(returned)(r(2, 3), counter)
+    assert same is counter or same.data_ptr() == counter.data_ptr()
+    assert counter.item() == 6
+    assert "input updated in place" in fallback_reason()
+
+    def viewed(x, stat):
+        v = stat.view(1, 5)
+        stat.add_(1)
+        return x * v.sum()
+    x, stat = r(4, 5), random_tensor(5)
+    ref_x, ref_stat = x.detach().clone().requires_grad_(), stat.clone()
+    kiln._C.reset_compiler_stats()
+    kiln.compile(viewed)(x, stat).sum().backward()
+    viewed(ref_x, ref_stat).sum().backward()
+    assert "in-place op aten::add_" in fallback_reason()
+    torch.testing.assert_close(x.grad, ref_x.grad)
+    torch.testing.assert_close(stat, ref_stat)
+
+
+def test_update_of_input_that_requires_grad_stays_refused():
+    def fn(x, w):
+        y = x * 2
+        y.add_(w)  # an intermediate: functionalized
+        return y
+    x, w = r(3, 4), r(3, 4)
+    assert_same_as_eager(fn, x, w)
+    assert_compiled_autograd()
+    kiln._C.reset_compiler_stats()
+    kiln.compile(lambda a, b: a.add_(b) * 2)(random_tensor(3, 4), r(3, 4))
+    assert "in-place op aten::add_" in fallback_reason()
+
+
+# ---- a torchvision-style ResNet (torchvision is not installed here) ----------------------------------------
+class BasicBlock(torch.nn.Module):
+    def __init__(self, inplanes, planes, stride=1):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(planes)
+        self.relu = torch.nn.ReLU(inplace=True)
+        self.conv2 = torch.nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(planes)
+        self.downsample = None
+        if stride != 1 or inplanes != planes:
+            self.downsample = torch.nn.Sequential(torch.nn.Conv2d(inplanes, planes, 1, stride, bias=False),
+                                                  torch.nn.BatchNorm2d(planes))
+
+    def forward(self, x):
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        if self.downsample is not None:
+            identity = self.downsample(x)
+        out += identity
+        return self.relu(out)
+
+
+class ResNet(torch.nn.Module):
+    """torchvision's resnet18 layout: conv7x7/2 + BN + ReLU + maxpool 3x3/2, four stages of two BasicBlocks
+    (the first of stages 2-4 strided with a 1x1 downsample), adaptive average pool, fc."""
+
+    def __init__(self, widths=(64, 128, 256, 512), blocks=(2, 2, 2, 2), num_classes=1000):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, widths[0], 7, 2, 3, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(widths[0])
+        self.relu = torch.nn.ReLU(inplace=True)
+        self.maxpool = torch.nn.MaxPool2d(3, 2, 1)
+        inplanes, stages = widths[0], []
+        for i, (planes, count) in enumerate(zip(widths, blocks)):
+            layers = []
+            for j in range(count):
+                layers.append(BasicBlock(inplanes, planes, 2 if i > 0 and j == 0 else 1))
+                inplanes = planes
+            stages.append(torch.nn.Sequential(*layers))
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.avgpool = torch.nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = torch.nn.Linear(inplanes, num_classes)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def small_resnet18():
+    torch.manual_seed(0)
+    return ResNet(widths=(8, 16, 16, 32), num_classes=10).train()
+
+
+def test_resnet18_train_gradients_and_buffers_match_eager():
+    model = small_resnet18()
+    reference = copy.deepcopy(model)
+    x = random_tensor(4, 3, 32, 32)
+    kiln.compile(model)(x).pow(2).mean().backward()
+    reference(x).pow(2).mean().backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert p.grad is not None, name
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    buffers = dict(model.named_buffers())
+    for name, b in reference.named_buffers():
+        torch.testing.assert_close(buffers[name], b, rtol=1e-5, atol=1e-6, msg=name)
+    assert buffers["layer3.0.downsample.1.num_batches_tracked"].item() == 1
+    assert_compiled_autograd()
+    assert kiln._C.compiler_stats()["autograd_saved_bytes"] > 0
+
+
+def test_resnet18_sgd_momentum_loss_curve():
+    assert_sgd_momentum_training_matches_eager(small_resnet18(), (4, 3, 32, 32), buffer_rtol=1e-3)

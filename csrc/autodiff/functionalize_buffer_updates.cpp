@@ -1,0 +1,159 @@
+// Buffer updates as functional ops plus a write-back (functionalize_buffer_updates.h).
+//
+// Design: a train-mode BatchNorm records `num_batches_tracked.add_(1)`, an in-place op on a graph input.
+// The compiled forward cannot keep it (the kernel backend refuses in-place ops on inputs), and need not:
+// the forward performs the update once and the backward never sees it. So the op becomes its functional
+// twin, later readers read the twin's result, and the runtime copies the last version into the input
+// after the forward has run (as eager, the input's storage changes and its version counter moves).
+// This is exact only while nothing else shares the input's storage inside the graph, so an input that is
+// viewed, written by any other op, or handed to an op that updates its arguments itself (BatchNorm's
+// running statistics) is left alone: its in-place op stays and the joint builder refuses the graph.
+#include "autodiff/functionalize_buffer_updates.h"
+
+#include <map>
+#include <set>
+#include <string>
+
+#include "autodiff/derivative_rules.h"
+#include "common/error.h"
+
+namespace kiln::autodiff {
+
+namespace {
+
+using graph::Graph;
+using graph::Node;
+using graph::ValueId;
+
+struct FunctionalTwin {
+  const char* op;              // the functional op; the overload is the in-place op's own
+  bool floating_only = false;  // the functional op would promote an integer tensor (true division)
+};
+
+// In-place updates whose functional op takes the same arguments and, for operands of the written
+// tensor's dtype, returns that dtype.
+const std::map<std::string, FunctionalTwin>& functional_twins() {
+  static const std::map<std::string, FunctionalTwin> table = {
+      {"aten::add_.Tensor", {"aten::add"}},       {"aten::add_.Scalar", {"aten::add"}},
+      {"aten::sub_.Tensor", {"aten::sub"}},       {"aten::sub_.Scalar", {"aten::sub"}},
+      {"aten::mul_.Tensor", {"aten::mul"}},       {"aten::mul_.Scalar", {"aten::mul"}},
+      {"aten::div_.Tensor", {"aten::div", true}}, {"aten::div_.Scalar", {"aten::div", true}},
+      {"aten::copy_.default", {"aten::copy"}},    {"aten::fill_.Scalar", {"aten::fill"}},
+      {"aten::fill_.Tensor", {"aten::fill"}},     {"aten::zero_.default", {"aten::zero"}},
+      {"aten::lerp_.Scalar", {"aten::lerp", true}}, {"aten::lerp_.Tensor", {"aten::lerp", true}},
+  };
+  return table;
+}
+
+template <typename Fn>
+void for_each_tensor_arg(const Node& node, Fn&& fn) {
+  for (const graph::ArgValue& arg : node.args) graph::for_each_tensor(arg, fn);
+}
+
+bool is_dense_contiguous(const graph::TensorMeta& meta) {
+  const std::vector<int64_t> expected = graph::contiguous_strides(meta.sizes);
+  for (size_t i = 0; i < meta.sizes.size(); ++i)
+    if (meta.sizes[i] != 1 && meta.strides[i] != expected[i]) return false;
+  return meta.storage_offset == 0;
+}
+
+// True when functional twin `twin` of `node` gives exactly the in-place result: every tensor operand has
+// the written tensor's dtype, and no Python float would promote an integer tensor.
+bool keeps_dtype(const Graph& g, const Node& node, const FunctionalTwin& twin, const graph::TensorMeta& written) {
+  const bool floating = graph::is_floating_or_complex(written.dtype);
+  if (twin.floating_only && !floating) return false;
+  bool same = true;
+  for_each_tensor_arg(node, [&](ValueId id) { same = same && g.value(id).meta.dtype == written.dtype; });
+  for (size_t i = 1; i < node.args.size(); ++i) {
+    if (std::holds_alternative<std::complex<double>>(node.args[i])) return false;
+    if (!floating && std::holds_alternative<double>(node.args[i])) return false;
+  }
+  return same;
+}
+
+}  // namespace
+
+std::vector<BufferUpdate> functionalize_buffer_updates(Graph& g) {
+  // Pass 1: which graph input each value shares storage with (through in-place results and views), the
+  // candidate updates, and the inputs something else aliases or writes.
+  std::map<ValueId, ValueId> storage_of;  // value -> the graph input whose storage it is
+  std::map<ValueId, ValueId> version_of;  // input itself or an update's result -> the input (no views)
+  for (ValueId id : g.inputs) {
+    const graph::Value& v = g.value(id);
+    if (v.meta.requires_grad || !is_dense_contiguous(v.meta)) continue;
+    storage_of[id] = id;
+    version_of[id] = id;
+  }
+  std::set<size_t> updates;       // node indices to rewrite
+  std::set<ValueId> updated, aliased;  // by input
+  for (size_t n = 0; n < g.nodes.size(); ++n) {
+    const Node& node = g.nodes[n];
+    const std::string name = node.qualified_name();
+    auto twin = functional_twins().find(name);
+    const auto* first = node.args.empty() ? nullptr : std::get_if<graph::TensorArg>(&node.args[0]);
+    if (twin != functional_twins().end() && first && version_of.count(first->id) && node.outputs.size() == 1) {
+      const ValueId input = version_of.at(first->id);
+      const graph::Value& result = g.value(node.outputs[0]);
+      if (!result.meta.requires_grad && keeps_dtype(g, node, twin->second, g.value(input).meta)) {
+        updates.insert(n);
+        updated.insert(input);
+        storage_of[node.outputs[0]] = version_of[node.outputs[0]] = input;
+        continue;
+      }
+    }
+    const DerivativeRule* rule = find_derivative_rule(name);
+    const bool shares_or_writes = node.is_view || node.mutates_args || (rule && rule->mutates_only_buffers);
+    if (!shares_or_writes) continue;
+    for_each_tensor_arg(node, [&](ValueId id) {
+      auto it = storage_of.find(id);
+      if (it == storage_of.end()) return;
+      aliased.insert(it->second);
+      if (node.is_view)
+        for (ValueId out : node.outputs) storage_of[out] = it->second;
+    });
+  }
+
+  // Pass 2: rewrite the updates of inputs nothing else aliases; readers take the latest version.
+  std::map<ValueId, ValueId> latest;  // input -> its current value
+  for (ValueId input : updated)
+    if (!aliased.count(input)) latest[input] = input;
+  auto current = [&](ValueId id) {
+    auto version = version_of.find(id);
+    if (version == version_of.end()) return id;
+    auto it = latest.find(version->second);
+    return it == latest.end() ? id : it->second;
+  };
+  for (size_t n = 0; n < g.nodes.size(); ++n) {
+    Node& node = g.nodes[n];
+    for (graph::ArgValue& arg : node.args) {
+      if (auto* t = std::get_if<graph::TensorArg>(&arg)) {
+        t->id = current(t->id);
+      } else if (auto* list = std::get_if<graph::TensorListArg>(&arg)) {
+        for (auto& id : list->ids)
+          if (id) id = current(*id);
+      }
+    }
+    if (!updates.count(n)) continue;
+    const ValueId input = version_of.at(node.outputs[0]);
+    if (!latest.count(input)) continue;  // aliased: the in-place op stays (and is refused)
+    node.op = functional_twins().at(node.qualified_name()).op;
+    node.mutates_args = false;
+    graph::TensorMeta meta = g.value(input).meta;  // a fresh contiguous tensor like the input
+    meta.strides = graph::contiguous_strides(meta.sizes);
+    g.values[node.outputs[0]].meta = meta;
+    latest[input] = node.outputs[0];
+  }
+  for (ValueId id : g.outputs) {
+    auto version = version_of.find(id);
+    if (version != version_of.end() && latest.count(version->second) && id != version->second)
+      KILN_UNSUPPORTED() << "a graph output is an input updated in place (input " << g.value(version->second).input_index
+                         << ")";
+  }
+
+  std::vector<BufferUpdate> result;
+  for (ValueId input : g.inputs)
+    if (latest.count(input) && latest.at(input) != input) result.push_back({g.value(input).input_index, latest.at(input)});
+  return result;
+}
+
+}  // namespace kiln::autodiff
