@@ -20,6 +20,7 @@
 #include <optional>
 #include <unordered_set>
 
+#include "autodiff/functionalize_buffer_updates.h"
 #include "cache/kernel_cache.h"
 #include "codegen/cpp/compile_cpp.h"
 #include "codegen/cpp/emit_cpp.h"
@@ -391,6 +392,59 @@ void set_cuda_ptx_check(bool on) { g_cuda_ptx_check = on; }
 CudaPtxCheck& cuda_ptx_check() { return ptx_check_state(); }
 bool compiled_autograd() { return g_compiled_autograd; }
 
+namespace {
+
+// A graph that updates buffers in place (train-mode BatchNorm's num_batches_tracked.add_(1) run under no_grad):
+// compiled with the updates made functional, then the final values copied into the caller's tensors, as eager's
+// in-place ops would have left them (same storage, version counter bumped).
+class BufferUpdatingGraph final : public CompiledGraph {
+ public:
+  BufferUpdatingGraph(std::shared_ptr<CompiledGraph> inner, std::vector<autodiff::BufferUpdate> updates, size_t num_outputs)
+      : inner_(std::move(inner)), updates_(std::move(updates)), num_outputs_(num_outputs) {}
+
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) override {
+    std::vector<at::Tensor> results = inner_->run(inputs);
+    c10::NoGradGuard no_grad;
+    for (size_t i = 0; i < updates_.size(); ++i) inputs.at(updates_[i].input_index).copy_(results.at(num_outputs_ + i));
+    results.resize(num_outputs_);
+    return results;
+  }
+  const CompiledGraph& inner() const { return *inner_; }
+
+ private:
+  std::shared_ptr<CompiledGraph> inner_;
+  std::vector<autodiff::BufferUpdate> updates_;
+  size_t num_outputs_;
+};
+
+// Null when the graph's in-place ops are not all buffer updates (autodiff/functionalize_buffer_updates.h).
+std::shared_ptr<CompiledGraph> compile_with_buffer_updates(const std::shared_ptr<const graph::Graph>& g,
+                                                           const ConstantsOf& constants_of) {
+  auto functional = std::make_shared<graph::Graph>(*g);
+  std::vector<autodiff::BufferUpdate> updates;
+  try {
+    updates = autodiff::functionalize_buffer_updates(*functional);
+  } catch (const std::exception&) {
+    return nullptr;
+  }
+  if (updates.empty() || !unsupported_reason(*functional).empty()) return nullptr;
+  const size_t num_outputs = functional->outputs.size();
+  std::vector<graph::ValueId> outputs = functional->outputs;
+  for (const autodiff::BufferUpdate& update : updates) outputs.push_back(update.final_value);
+  functional->set_outputs(outputs);
+  if (passes::verify_enabled()) functional->verify();
+  try {
+    auto kg = compile_kernels(functional, constants_of);
+    kiln_backend_stats().graphs_compiled++;
+    return std::make_shared<BufferUpdatingGraph>(std::move(kg), std::move(updates), num_outputs);
+  } catch (const std::exception& e) {
+    KILN_LOG(fallbacks) << "kiln backend: a graph with buffer updates: " << e.what();
+    return nullptr;
+  }
+}
+
+}  // namespace
+
 std::shared_ptr<CompiledGraph> compile_kiln_graph(std::shared_ptr<const graph::Graph> g, const ConstantsOf& constants_of) {
   bool mutates = false;
   for (const graph::Node& node : g->nodes) mutates = mutates || node.mutates_args;
@@ -421,6 +475,9 @@ std::shared_ptr<CompiledGraph> compile_kiln_graph(std::shared_ptr<const graph::G
     }
   } else {
     reason = unsupported_reason(*g);
+    if (!reason.empty()) {
+      if (auto updating = compile_with_buffer_updates(g, constants_of)) return updating;
+    }
   }
   if (reason.empty()) {
     try {
@@ -443,6 +500,7 @@ std::shared_ptr<CompiledGraph> compile_kiln_graph(std::shared_ptr<const graph::G
 
 const KilnGraphSummary* kiln_graph_summary(const CompiledGraph& compiled) {
   if (const auto* kg = dynamic_cast<const KilnGraph*>(&compiled)) return &kg->summary;
+  if (const auto* updating = dynamic_cast<const BufferUpdatingGraph*>(&compiled)) return kiln_graph_summary(updating->inner());
   const auto* joint = dynamic_cast<const AutogradGraph*>(&compiled);
   if (!joint) return nullptr;
   // One summary for both halves, built on first request and kept with the compiled graph.
