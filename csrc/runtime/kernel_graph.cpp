@@ -399,10 +399,18 @@ namespace {
 // in-place ops would have left them (same storage, version counter bumped).
 class BufferUpdatingGraph final : public CompiledGraph {
  public:
-  BufferUpdatingGraph(std::shared_ptr<CompiledGraph> inner, std::vector<autodiff::BufferUpdate> updates, size_t num_outputs)
-      : inner_(std::move(inner)), updates_(std::move(updates)), num_outputs_(num_outputs) {}
+  BufferUpdatingGraph(std::shared_ptr<CompiledGraph> inner, std::shared_ptr<CompiledGraph> eager,
+                      std::vector<autodiff::BufferUpdate> updates, size_t num_outputs)
+      : inner_(std::move(inner)), eager_(std::move(eager)), updates_(std::move(updates)), num_outputs_(num_outputs) {}
 
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) override {
+    // Another input sharing memory with an updated one (a view of it passed alongside) must see the update
+    // where eager's in-place op would show it: only the eager interpreter, op by op, does that.
+    for (const autodiff::BufferUpdate& update : updates_)
+      for (size_t j = 0; j < inputs.size(); ++j)
+        if (j != static_cast<size_t>(update.input_index) && inputs[j].defined() &&
+            inputs[j].is_alias_of(inputs.at(update.input_index)))
+          return eager_->run(inputs);
     std::vector<at::Tensor> results = inner_->run(inputs);
     c10::NoGradGuard no_grad;
     for (size_t i = 0; i < updates_.size(); ++i) inputs.at(updates_[i].input_index).copy_(results.at(num_outputs_ + i));
@@ -413,6 +421,7 @@ class BufferUpdatingGraph final : public CompiledGraph {
 
  private:
   std::shared_ptr<CompiledGraph> inner_;
+  std::shared_ptr<CompiledGraph> eager_;  // the original graph, for inputs that alias an updated one
   std::vector<autodiff::BufferUpdate> updates_;
   size_t num_outputs_;
 };
@@ -436,7 +445,8 @@ std::shared_ptr<CompiledGraph> compile_with_buffer_updates(const std::shared_ptr
   try {
     auto kg = compile_kernels(functional, constants_of);
     kiln_backend_stats().graphs_compiled++;
-    return std::make_shared<BufferUpdatingGraph>(std::move(kg), std::move(updates), num_outputs);
+    return std::make_shared<BufferUpdatingGraph>(std::move(kg), make_eager_interpreter(g, constants_of(*g)),
+                                                 std::move(updates), num_outputs);
   } catch (const std::exception& e) {
     KILN_LOG(fallbacks) << "kiln backend: a graph with buffer updates: " << e.what();
     return nullptr;

@@ -532,3 +532,18 @@ def test_train_mode_batch_norm_under_no_grad_compiles_with_its_buffer_updates():
     for name, buffer in reference.named_buffers():
         torch.testing.assert_close(dict(model.named_buffers())[name], buffer, msg=name)
     assert int(model[1].num_batches_tracked) == 3
+
+
+def test_an_input_viewing_an_updated_input_sees_the_update():
+    # y is a view of x: eager's x.add_ shows through y. The compiled graph reads its inputs as separate
+    # buffers, so such a call runs on the eager interpreter instead (checked on every call).
+    def f(x, y):
+        x.add_(1)
+        return y * 2
+
+    compiled = kiln.compile(f)
+    for make_y in (lambda t: t[0], lambda t: t.clone()):  # aliasing, then not
+        base = random_tensor(4, 4)
+        mine, theirs = base.clone(), base.clone()
+        torch.testing.assert_close(compiled(mine, make_y(mine)), f(theirs, make_y(theirs)))
+        torch.testing.assert_close(mine, theirs)
