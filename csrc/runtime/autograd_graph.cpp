@@ -231,6 +231,7 @@ class JointGraph final : public AutogradGraph {
   }
   const CompiledGraph& forward() const override { return *program_->forward; }
   const CompiledGraph& backward() const override { return *program_->backward; }
+  std::vector<int32_t> updated_inputs() const override { return program_->joint.updated_inputs; }
 
  private:
   c10::intrusive_ptr<JointProgram> program_;

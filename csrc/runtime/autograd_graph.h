@@ -21,6 +21,8 @@ class AutogradGraph : public CompiledGraph {
  public:
   virtual const CompiledGraph& forward() const = 0;
   virtual const CompiledGraph& backward() const = 0;
+  /// Inputs the forward updates in place (buffer updates written back after it runs).
+  virtual std::vector<int32_t> updated_inputs() const { return {}; }
   /// Filled by kiln_graph_summary() on first use (both halves' kernels, prefixed forward:/backward:).
   mutable std::shared_ptr<KilnGraphSummary> summary_cache;
 };

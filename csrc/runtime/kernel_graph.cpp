@@ -399,18 +399,10 @@ namespace {
 // in-place ops would have left them (same storage, version counter bumped).
 class BufferUpdatingGraph final : public CompiledGraph {
  public:
-  BufferUpdatingGraph(std::shared_ptr<CompiledGraph> inner, std::shared_ptr<CompiledGraph> eager,
-                      std::vector<autodiff::BufferUpdate> updates, size_t num_outputs)
-      : inner_(std::move(inner)), eager_(std::move(eager)), updates_(std::move(updates)), num_outputs_(num_outputs) {}
+  BufferUpdatingGraph(std::shared_ptr<CompiledGraph> inner, std::vector<autodiff::BufferUpdate> updates, size_t num_outputs)
+      : inner_(std::move(inner)), updates_(std::move(updates)), num_outputs_(num_outputs) {}
 
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) override {
-    // Another input sharing memory with an updated one (a view of it passed alongside) must see the update
-    // where eager's in-place op would show it: only the eager interpreter, op by op, does that.
-    for (const autodiff::BufferUpdate& update : updates_)
-      for (size_t j = 0; j < inputs.size(); ++j)
-        if (j != static_cast<size_t>(update.input_index) && inputs[j].defined() &&
-            inputs[j].is_alias_of(inputs.at(update.input_index)))
-          return eager_->run(inputs);
     std::vector<at::Tensor> results = inner_->run(inputs);
     c10::NoGradGuard no_grad;
     for (size_t i = 0; i < updates_.size(); ++i) inputs.at(updates_[i].input_index).copy_(results.at(num_outputs_ + i));
@@ -421,9 +413,31 @@ class BufferUpdatingGraph final : public CompiledGraph {
 
  private:
   std::shared_ptr<CompiledGraph> inner_;
-  std::shared_ptr<CompiledGraph> eager_;  // the original graph, for inputs that alias an updated one
   std::vector<autodiff::BufferUpdate> updates_;
   size_t num_outputs_;
+};
+
+// A compiled graph that updates some inputs in place, run on the eager interpreter for a call where another
+// input shares memory with an updated one (a view of it passed alongside): eager's in-place op shows through
+// that view, while the compiled graph reads each input as its own buffer.
+class AliasCheckedGraph final : public CompiledGraph {
+ public:
+  AliasCheckedGraph(std::shared_ptr<CompiledGraph> inner, std::shared_ptr<CompiledGraph> eager, std::vector<int32_t> updated)
+      : inner_(std::move(inner)), eager_(std::move(eager)), updated_(std::move(updated)) {}
+
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) override {
+    for (int32_t u : updated_)
+      for (size_t j = 0; j < inputs.size(); ++j)
+        if (j != static_cast<size_t>(u) && inputs[j].defined() && inputs[j].is_alias_of(inputs.at(u)))
+          return eager_->run(inputs);
+    return inner_->run(inputs);
+  }
+  const CompiledGraph& inner() const { return *inner_; }
+
+ private:
+  std::shared_ptr<CompiledGraph> inner_;
+  std::shared_ptr<CompiledGraph> eager_;
+  std::vector<int32_t> updated_;
 };
 
 // Null when the graph's in-place ops are not all buffer updates (autodiff/functionalize_buffer_updates.h).
@@ -445,8 +459,11 @@ std::shared_ptr<CompiledGraph> compile_with_buffer_updates(const std::shared_ptr
   try {
     auto kg = compile_kernels(functional, constants_of);
     kiln_backend_stats().graphs_compiled++;
-    return std::make_shared<BufferUpdatingGraph>(std::move(kg), make_eager_interpreter(g, constants_of(*g)),
-                                                 std::move(updates), num_outputs);
+    std::vector<int32_t> updated;
+    for (const autodiff::BufferUpdate& update : updates) updated.push_back(update.input_index);
+    auto updating = std::make_shared<BufferUpdatingGraph>(std::move(kg), std::move(updates), num_outputs);
+    return std::make_shared<AliasCheckedGraph>(std::move(updating), make_eager_interpreter(g, constants_of(*g)),
+                                               std::move(updated));
   } catch (const std::exception& e) {
     KILN_LOG(fallbacks) << "kiln backend: a graph with buffer updates: " << e.what();
     return nullptr;
@@ -479,7 +496,10 @@ std::shared_ptr<CompiledGraph> compile_kiln_graph(std::shared_ptr<const graph::G
         return compile_kiln_graph(std::move(part), constants_of);
       });
       kiln_backend_stats().graphs_autograd++;
-      return joint;
+      std::vector<int32_t> updated = joint->updated_inputs();
+      if (updated.empty()) return joint;
+      return std::make_shared<AliasCheckedGraph>(std::move(joint), make_eager_interpreter(g, constants_of(*g)),
+                                                 std::move(updated));
     } catch (const std::exception& e) {
       reason = std::string("autodiff: ") + e.what();
     }
@@ -511,6 +531,7 @@ std::shared_ptr<CompiledGraph> compile_kiln_graph(std::shared_ptr<const graph::G
 const KilnGraphSummary* kiln_graph_summary(const CompiledGraph& compiled) {
   if (const auto* kg = dynamic_cast<const KilnGraph*>(&compiled)) return &kg->summary;
   if (const auto* updating = dynamic_cast<const BufferUpdatingGraph*>(&compiled)) return kiln_graph_summary(updating->inner());
+  if (const auto* checked = dynamic_cast<const AliasCheckedGraph*>(&compiled)) return kiln_graph_summary(checked->inner());
   const auto* joint = dynamic_cast<const AutogradGraph*>(&compiled);
   if (!joint) return nullptr;
   // One summary for both halves, built on first request and kept with the compiled graph.

@@ -453,3 +453,23 @@ def test_resnet18_train_gradients_and_buffers_match_eager():
 
 def test_resnet18_sgd_momentum_loss_curve():
     assert_sgd_momentum_training_matches_eager(small_resnet18(), (4, 3, 32, 32), buffer_rtol=1e-3)
+
+
+def test_a_view_of_an_updated_buffer_passed_alongside_sees_the_update():
+    # The forward updates b in place; v views b. Eager's update shows through v; the compiled graph reads v as
+    # its own buffer, so such a call runs on the eager interpreter (checked per call).
+    def f(w, b, v):
+        b.add_(1)
+        return (w * v.sum()).sum()
+
+    base = random_tensor(4)
+    w_eager = random_tensor(3, requires_grad=True)
+    w_kiln = w_eager.detach().clone().requires_grad_(True)
+    b_eager, b_kiln = base.clone(), base.clone()
+    expected = f(w_eager, b_eager, b_eager[:2])
+    actual = kiln.compile(f)(w_kiln, b_kiln, b_kiln[:2])
+    torch.testing.assert_close(actual, expected)
+    torch.testing.assert_close(b_kiln, b_eager)
+    actual.backward()
+    expected.backward()
+    torch.testing.assert_close(w_kiln.grad, w_eager.grad)
