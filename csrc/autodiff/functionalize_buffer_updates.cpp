@@ -125,14 +125,7 @@ std::vector<BufferUpdate> functionalize_buffer_updates(Graph& g) {
   };
   for (size_t n = 0; n < g.nodes.size(); ++n) {
     Node& node = g.nodes[n];
-    for (graph::ArgValue& arg : node.args) {
-      if (auto* t = std::get_if<graph::TensorArg>(&arg)) {
-        t->id = current(t->id);
-      } else if (auto* list = std::get_if<graph::TensorListArg>(&arg)) {
-        for (auto& id : list->ids)
-          if (id) id = current(*id);
-      }
-    }
+    for (graph::ArgValue& arg : node.args) graph::remap_tensors(arg, current);
     if (!updates.count(n)) continue;
     const ValueId input = version_of.at(node.outputs[0]);
     if (!latest.count(input)) continue;  // aliased: the in-place op stays (and is refused)

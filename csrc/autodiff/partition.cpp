@@ -201,14 +201,7 @@ class BackwardRebuilder {
  private:
   template <typename Fn>
   static void remap_args(Node& node, Fn&& fn) {
-    for (graph::ArgValue& arg : node.args) {
-      if (auto* t = std::get_if<graph::TensorArg>(&arg)) {
-        t->id = fn(t->id);
-      } else if (auto* list = std::get_if<graph::TensorListArg>(&arg)) {
-        for (auto& id : list->ids)
-          if (id) id = fn(*id);
-      }
-    }
+    for (graph::ArgValue& arg : node.args) graph::remap_tensors(arg, fn);
   }
 
   // The new value for old backward value `id`: defined earlier, a constant, or a saved placeholder.

@@ -204,11 +204,9 @@ static void clear_and_pop_frame(PyThreadState* tstate, _PyInterpreterFrame* fram
 
 // --- tracebacks through resume functions ------------------------------------------------------
 
-static const char kResumeMarker[] = ".<resume at line ";
-
 /// Length of `qualname` up to its first resume marker (the whole length when it has none).
 static Py_ssize_t base_qualname_length(const char* qualname, int* has_marker) {
-  const char* at = strstr(qualname, kResumeMarker);
+  const char* at = strstr(qualname, KILN_RESUME_QUALNAME_MARKER);
   *has_marker = at != NULL;
   return at ? at - qualname : (Py_ssize_t)strlen(qualname);
 }

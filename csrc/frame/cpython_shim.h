@@ -13,6 +13,10 @@ extern "C" {
 
 struct _PyInterpreterFrame;
 
+/// What a resume function's qualname adds to its function's ("f.<resume at line 12>", trace/break_code.cpp):
+/// tracebacks through resume functions are recognised by it.
+#define KILN_RESUME_QUALNAME_MARKER ".<resume at line "
+
 /// What the hook needs to know about a frame it receives (all pointers borrowed).
 typedef struct KilnFrameFacts {
   PyCodeObject* code;      // NULL when the frame does not run a code object (3.13 trampolines)

@@ -177,5 +177,15 @@ void for_each_tensor(const ArgValue& arg, Fn&& fn) {
       if (id) fn(*id);
   }
 }
+/// Replaces every tensor an argument refers to with `fn(ValueId) -> ValueId`.
+template <typename Fn>
+void remap_tensors(ArgValue& arg, Fn&& fn) {
+  if (auto* t = std::get_if<TensorArg>(&arg)) {
+    t->id = fn(t->id);
+  } else if (auto* list = std::get_if<TensorListArg>(&arg)) {
+    for (auto& id : list->ids)
+      if (id) id = fn(*id);
+  }
+}
 
 }  // namespace kiln::graph

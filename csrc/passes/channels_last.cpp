@@ -187,14 +187,8 @@ class Relayout {
   }
 
   void restore_args(Node& node) {
-    for (ArgValue& arg : node.args) {
-      if (auto* t = std::get_if<TensorArg>(&arg)) {
-        if (relaid_[t->id]) t->id = restored(t->id);
-      } else if (auto* list = std::get_if<graph::TensorListArg>(&arg)) {
-        for (auto& id : list->ids)
-          if (id && relaid_[*id]) id = restored(*id);
-      }
-    }
+    for (ArgValue& arg : node.args)
+      graph::remap_tensors(arg, [&](ValueId id) { return relaid_[id] ? restored(id) : id; });
   }
 
   void set_relaid(ValueId id) {

@@ -47,12 +47,7 @@ struct ArgPrinter {
 };
 
 void replace_ids(graph::ArgValue& arg, const std::vector<graph::ValueId>& replacement) {
-  if (auto* t = std::get_if<graph::TensorArg>(&arg)) {
-    t->id = replacement[t->id];
-  } else if (auto* list = std::get_if<graph::TensorListArg>(&arg)) {
-    for (auto& id : list->ids)
-      if (id) id = replacement[*id];
-  }
+  graph::remap_tensors(arg, [&](graph::ValueId id) { return replacement[id]; });
 }
 
 }  // namespace

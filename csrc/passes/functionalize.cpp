@@ -98,14 +98,7 @@ class Functionalize {
 
  private:
   void rename_args(Node& node) {
-    for (ArgValue& arg : node.args) {
-      if (auto* t = std::get_if<TensorArg>(&arg)) {
-        t->id = current_[t->id];
-      } else if (auto* list = std::get_if<graph::TensorListArg>(&arg)) {
-        for (auto& id : list->ids)
-          if (id) id = current_[*id];
-      }
-    }
+    for (ArgValue& arg : node.args) graph::remap_tensors(arg, [&](ValueId id) { return current_[id]; });
   }
 
   bool fresh(ValueId id) const {

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "frame/cpython_shim.h"
 #include "trace/bytecode_emitter.h"
 #include "trace/graph_break.h"
 
@@ -393,7 +394,7 @@ PyObject* resume_code(PyCodeObject* original, const bytecode::CodeInstructions& 
   });
   out.instructions[jump].target = successor.target + shift;
 
-  std::string qualname = std::string(PyUnicode_AsUTF8(original->co_qualname)) + ".<resume at line " +
+  std::string qualname = std::string(PyUnicode_AsUTF8(original->co_qualname)) + KILN_RESUME_QUALNAME_MARKER +
                          std::to_string(target.pos.line) + ">";
   int flags = original->co_flags & ~(CO_VARARGS | CO_VARKEYWORDS);
   PyObject* kwargs = Py_BuildValue("{s:N,s:i,s:i,s:i,s:i,s:i,s:s}", "co_varnames", new_varnames, "co_argcount", nargs,
