@@ -174,6 +174,9 @@ PyObject* handle_miss(PyThreadState* tstate, _PyInterpreterFrame* frame, int thr
                       const KilnFrameFacts& facts, const FrameView& view, ExtraState* state,
                       Compiler* compiler) {
   ++g_counters.misses;
+  // Entries whose guards can never pass again (their model or class was freed) go first: they would hold
+  // compiled graphs and count toward the recompile limit for nothing.
+  if (state != nullptr) state->take_expired_entries().clear();
   MissResult result;
   bool ok = without_cpp_exceptions("the compiler", [&] {
     std::vector<const CacheEntry*> existing;

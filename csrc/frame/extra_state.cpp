@@ -67,6 +67,21 @@ void ExtraState::add_front(std::unique_ptr<CacheEntry> entry) {
   ++version;
 }
 
+std::vector<std::shared_ptr<EntrySlot>> ExtraState::take_expired_entries() {
+  std::vector<std::shared_ptr<EntrySlot>> expired;
+  for (size_t i = 0; i < entries.size();) {
+    const GuardCheck* guard = entries[i]->entry->guard.get();
+    if (guard != nullptr && guard->expired()) {
+      expired.push_back(std::move(entries[i]));
+      entries.erase(entries.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  if (!expired.empty()) ++version;
+  return expired;
+}
+
 std::vector<std::shared_ptr<EntrySlot>> ExtraState::take_entries() {
   ++version;
   return std::exchange(entries, {});

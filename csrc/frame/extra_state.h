@@ -34,6 +34,8 @@ struct ExtraState {
 
   void move_to_front(size_t index);
   void add_front(std::unique_ptr<CacheEntry> entry);
+  /// Moves the entries whose guards expired out (callers drop them once they no longer iterate).
+  std::vector<std::shared_ptr<EntrySlot>> take_expired_entries();
   /// Moves every entry out (callers drop them once they no longer iterate over states).
   std::vector<std::shared_ptr<EntrySlot>> take_entries();
 };

@@ -63,6 +63,9 @@ class GuardCheck {
   /// Why the last failing check failed, for recompile logs ("x.size()[0] == 8, got 16").
   virtual std::string describe_failure(const FrameView& frame) const { return "guard failed"; }
   virtual std::string describe() const { return "<guards>"; }
+  /// True when the check can never pass again (an object it compares by identity was freed): the hook
+  /// drops such entries on the code's next miss, with whatever they keep alive.
+  virtual bool expired() const { return false; }
 };
 
 /// One compiled version of a code object.

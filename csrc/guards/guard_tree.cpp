@@ -25,6 +25,44 @@ std::string repr(PyObject* o) {
   return s;
 }
 
+// The object a weak check refers to (compared by address only, under the GIL), or nullptr once freed.
+PyObject* weak_target(PyObject* ref) {
+#if PY_VERSION_HEX >= 0x030D0000
+  PyObject* target = nullptr;
+  int alive = PyWeakref_GetRef(ref, &target);
+  if (alive < 0) PyErr_Clear();
+  if (alive <= 0) return nullptr;
+  Py_DECREF(target);  // the referent is alive elsewhere, or the weak reference would be dead
+  return target;
+#else
+  PyObject* target = PyWeakref_GET_OBJECT(ref);
+  return target == Py_None ? nullptr : target;
+#endif
+}
+
+// The object the check compares with, or nullptr when it was held weakly and has been freed.
+PyObject* expected_object(const Check& c) { return c.weak ? weak_target(c.weak) : c.object; }
+
+// Holds `object` for a check: weakly where its type allows, else by a strong reference.
+void hold(Check& c, PyObject* object) {
+  c.object = object;
+  if (PyType_SUPPORTS_WEAKREFS(Py_TYPE(object))) {
+    c.weak = PyWeakref_NewRef(object, nullptr);
+    if (c.weak) return;
+    PyErr_Clear();
+  }
+  Py_INCREF(object);
+}
+
+void release(Check& c) {
+  if (c.weak) {
+    Py_DECREF(c.weak);
+  } else {
+    Py_XDECREF(c.object);
+  }
+  c.weak = c.object = nullptr;
+}
+
 bool same_check(const Check& a, const Check& b) {
   if (a.kind != b.kind) return false;
   switch (a.kind) {
@@ -38,8 +76,8 @@ bool same_check(const Check& a, const Check& b) {
 
 std::string describe_check(const std::string& path, const Check& c) {
   switch (c.kind) {
-    case CheckKind::kType: return "type(" + path + ") is " + c.type->tp_name;
-    case CheckKind::kId: return path + " is <" + std::string(Py_TYPE(c.object)->tp_name) + " object>";
+    case CheckKind::kType: return "type(" + path + ") is " + c.name + (expected_object(c) ? "" : " (a freed class)");
+    case CheckKind::kId: return path + " is <" + c.name + " object>" + (expected_object(c) ? "" : " (freed)");
     case CheckKind::kConstant: return path + " == " + repr(c.object);
     case CheckKind::kTensor: return path + ": tensor " + describe_tensor_spec(c.tensor);
     case CheckKind::kLength: return "len(" + path + ") == " + std::to_string(c.length);
@@ -52,17 +90,21 @@ std::string describe_check(const std::string& path, const Check& c) {
 // Returns true when `value` passes; writes the reason on failure when `why` is set.
 bool run_check(const Check& c, PyObject* value, std::string* why) {
   switch (c.kind) {
-    case CheckKind::kType:
-      if (Py_TYPE(value) == c.type) return true;
+    case CheckKind::kType: {
+      PyObject* type = expected_object(c);
+      if (type && (PyObject*)Py_TYPE(value) == type) return true;
       if (why) {
-        *why = std::string("expected type ") + c.type->tp_name + ", got " + Py_TYPE(value)->tp_name;
-        if (std::string(c.type->tp_name) == Py_TYPE(value)->tp_name) *why += " (another class of that name)";
+        *why = "expected type " + c.name + (type ? "" : " (freed since)") + ", got " + Py_TYPE(value)->tp_name;
+        if (type && c.name == Py_TYPE(value)->tp_name) *why += " (another class of that name)";
       }
       return false;
-    case CheckKind::kId:
-      if (value == c.object) return true;
-      if (why) *why = "a different object than the one traced";
+    }
+    case CheckKind::kId: {
+      PyObject* object = expected_object(c);
+      if (object && value == object) return true;
+      if (why) *why = object ? "a different object than the one traced" : "the object traced has been freed";
       return false;
+    }
     case CheckKind::kConstant: {
       if (value == c.object) return true;
       if (Py_TYPE(value) != Py_TYPE(c.object)) {
@@ -117,9 +159,15 @@ GuardTree::GuardTree() = default;
 
 GuardTree::~GuardTree() {
   for (auto& node : nodes_)
-    for (Check& c : node->checks) Py_XDECREF(c.object);
+    for (Check& c : node->checks) release(c);
   Py_XDECREF(globals_);
-  Py_XDECREF(instance_);
+}
+
+bool GuardTree::expired() const {
+  for (const auto& node : nodes_)
+    for (const Check& c : node->checks)
+      if (c.weak && !weak_target(c.weak)) return true;
+  return false;
 }
 
 void GuardTree::set_instance(const SourcePtr& s, PyObject* module) {
@@ -134,8 +182,7 @@ void GuardTree::set_instance(const SourcePtr& s, PyObject* module) {
     }
   auto at = std::find(roots_.begin(), roots_.end(), node);
   if (at != roots_.end()) std::rotate(roots_.begin(), at, at + 1);
-  Py_INCREF(module);
-  Py_XSETREF(instance_, module);
+  instance_ = module;
   instance_source_ = s;
 }
 
@@ -176,7 +223,7 @@ namespace {
 void add(GuardTree::Node* n, Check c) {
   for (const Check& existing : n->checks)
     if (same_check(existing, c)) {
-      Py_XDECREF(c.object);
+      release(c);
       return;
     }
   n->checks.push_back(std::move(c));
@@ -186,18 +233,17 @@ void add(GuardTree::Node* n, Check c) {
 void GuardTree::add_type(const SourcePtr& s, PyTypeObject* type) {
   Check c{CheckKind::kType};
   c.type = type;
-  // Held: a class that dies (one defined inside a function, per call) could have its address reused by a
-  // new class, and a borrowed pointer would then pass the check for the wrong type (and its tp_name would
-  // be read from freed memory by explain_failure).
-  Py_INCREF(type);
-  c.object = (PyObject*)type;
+  c.name = type->tp_name;
+  // Held weakly: a class that dies (one defined inside a function, per call) can have its address taken by
+  // a new class, which a bare pointer would let pass; a freed class fails the check instead.
+  hold(c, (PyObject*)type);
   add(node_for(s), std::move(c));
 }
 
 void GuardTree::add_id(const SourcePtr& s, PyObject* object) {
   Check c{CheckKind::kId};
-  Py_INCREF(object);
-  c.object = object;
+  c.name = Py_TYPE(object)->tp_name;
+  hold(c, object);
   add(node_for(s), std::move(c));
 }
 

@@ -39,10 +39,15 @@ enum class CheckKind : unsigned char {
 
 struct Check {
   CheckKind kind;
-  PyObject* object = nullptr;  ///< owned: the expected identity/value/keys (kType: the type, held)
+  /// The expected identity/value/keys (kType: the type). Owned, except where `weak` is set: then only an
+  /// address, and `weak` says whether it is still alive.
+  PyObject* object = nullptr;
+  /// kId and kType on objects that take weak references: a cache entry must not keep a model, its
+  /// submodules or a class alive, and an object freed (whose address a new one may take) fails for good.
+  PyObject* weak = nullptr;
   PyTypeObject* type = nullptr;
   long long length = 0;
-  std::string name;
+  std::string name;  ///< kHasNoAttr: the attribute; kId/kType: the type's name, for messages
   TensorSpec tensor;
 };
 
@@ -51,13 +56,16 @@ struct GlobalState {
   bool grad_enabled = true;
   bool inference_mode = false;
   int default_dtype = 6;  // c10::ScalarType::Float
-  /// Devices whose autocast is on (bit 0 CPU, bit 1 CUDA). The recorder's meta tensors see no autocast, so
-  /// the tracer refuses to trace while it is on (Tracer::trace_root): entries of either kind never mix.
+  /// Devices whose autocast is on (bit 0 CPU, bit 1 CUDA), and the dtype each casts to (c10 codes, -1 when
+  /// off). A trace under autocast records its casts (kiln/_fake.py): the graph is only right for this state.
   int autocast = 0;
+  int autocast_dtype_cpu = -1;
+  int autocast_dtype_cuda = -1;
   static GlobalState current();
   bool operator==(const GlobalState& o) const {
     return grad_enabled == o.grad_enabled && inference_mode == o.inference_mode && default_dtype == o.default_dtype &&
-           autocast == o.autocast;
+           autocast == o.autocast && autocast_dtype_cpu == o.autocast_dtype_cpu &&
+           autocast_dtype_cuda == o.autocast_dtype_cuda;
   }
   std::string describe() const;
 };
@@ -86,7 +94,10 @@ class GuardTree {
   /// runs first, so another instance of the same module class fails after one pointer compare; and the
   /// compiler counts entries per instance (compile_frame.cpp: kiln.config.module_instance_limit).
   void set_instance(const SourcePtr& s, PyObject* module);
-  /// The module set by set_instance (borrowed), or nullptr; and where the frame holds it.
+  /// True when an object checked by identity (or a class) has been freed: the guards can never pass again.
+  bool expired() const;
+  /// The module set by set_instance (an address to compare; held weakly by its check), or nullptr; and
+  /// where the frame holds it.
   PyObject* instance() const { return instance_; }
   const SourcePtr& instance_source() const { return instance_source_; }
 
@@ -109,7 +120,7 @@ class GuardTree {
   std::map<std::string, Node*> by_path_;
   PyObject* globals_ = nullptr;
   GlobalState state_;
-  PyObject* instance_ = nullptr;  // owned
+  PyObject* instance_ = nullptr;  // not owned: its identity check holds it weakly
   SourcePtr instance_source_;
   std::vector<std::pair<SourcePtr, SourcePtr>> same_objects_;
   bool check_same_objects(const SourceRoots& roots, std::string* why) const;

@@ -90,6 +90,8 @@ GlobalState GlobalState::current() {
   s.default_dtype = static_cast<int>(c10::typeMetaToScalarType(c10::get_default_dtype()));
   s.autocast = (at::autocast::is_autocast_enabled(c10::DeviceType::CPU) ? 1 : 0) |
                (at::autocast::is_autocast_enabled(c10::DeviceType::CUDA) ? 2 : 0);
+  if (s.autocast & 1) s.autocast_dtype_cpu = static_cast<int>(at::autocast::get_autocast_dtype(c10::DeviceType::CPU));
+  if (s.autocast & 2) s.autocast_dtype_cuda = static_cast<int>(at::autocast::get_autocast_dtype(c10::DeviceType::CUDA));
   return s;
 }
 
@@ -97,7 +99,8 @@ std::string GlobalState::describe() const {
   return std::string("grad_mode ") + (grad_enabled ? "enabled" : "disabled") + ", inference_mode " +
          (inference_mode ? "on" : "off") + ", default dtype " +
          c10::toString(static_cast<c10::ScalarType>(default_dtype)) +
-         (autocast ? std::string(", autocast on") + (autocast & 1 ? " cpu" : "") + (autocast & 2 ? " cuda" : "") : "");
+         (autocast & 1 ? std::string(", autocast cpu ") + c10::toString(static_cast<c10::ScalarType>(autocast_dtype_cpu)) : "") +
+         (autocast & 2 ? std::string(", autocast cuda ") + c10::toString(static_cast<c10::ScalarType>(autocast_dtype_cuda)) : "");
 }
 
 }  // namespace kiln::guards

@@ -40,15 +40,16 @@ SourceRoots roots_of(const frame::FrameView& frame) {
 class FrameGuard : public frame::GuardCheck {
  public:
   FrameGuard(std::shared_ptr<guards::GuardTree> tree, const KilnCompiler* owner)
-      : tree_(std::move(tree)), owner_(owner) {}
+      : tree_(std::move(tree)), owner_(owner), serial_(owner->serial()) {}
   bool check(const frame::FrameView& frame) const override {
-    return owner_ == tls_active && tree_->check(roots_of(frame));
+    return owns(tls_active) && tree_->check(roots_of(frame));
   }
   std::string describe_failure(const frame::FrameView& frame) const override {
-    if (owner_ != tls_active) return "compiled by another kiln.compile call (other backend or options)";
+    if (!owns(tls_active)) return "compiled by another kiln.compile call (other backend or options)";
     return tree_->explain_failure(roots_of(frame));
   }
-  const KilnCompiler* owner() const { return owner_; }
+  bool owns(const KilnCompiler* compiler) const { return compiler == owner_ && compiler->serial() == serial_; }
+  bool expired() const override { return !KilnCompiler::alive(serial_) || tree_->expired(); }
   std::string describe() const override {
     std::string out;
     for (const std::string& line : tree_->describe()) out += line + "\n";
@@ -58,7 +59,8 @@ class FrameGuard : public frame::GuardCheck {
 
  private:
   std::shared_ptr<guards::GuardTree> tree_;
-  const KilnCompiler* owner_;
+  const KilnCompiler* owner_;  // compared by address, with its serial: it may have been freed
+  unsigned long long serial_;
 };
 
 // What a cache entry keeps alive besides its code: the program object (also in co_consts) and the graph.
@@ -263,9 +265,22 @@ void KilnCompiler::record_break(PyCodeObject* code, const bytecode::CodeInstruct
                                 explanation, file, at.line, kind.hint));
 }
 
-KilnCompiler::KilnCompiler(CompileOptions options) : options_(std::move(options)) {}
+namespace {
+unsigned long long g_compiler_serials = 0;
+std::unordered_set<unsigned long long>& live_compilers() {
+  static auto* live = new std::unordered_set<unsigned long long>();
+  return *live;
+}
+}  // namespace
+
+KilnCompiler::KilnCompiler(CompileOptions options) : options_(std::move(options)), serial_(++g_compiler_serials) {
+  live_compilers().insert(serial_);
+}
+
+bool KilnCompiler::alive(unsigned long long serial) { return live_compilers().count(serial) > 0; }
 
 KilnCompiler::~KilnCompiler() {
+  live_compilers().erase(serial_);
   Py_XDECREF(options_.user_backend);
   Py_XDECREF(options_.explain_sink);
   for (PyObject* c : options_.entry_codes) Py_DECREF(c);
@@ -337,7 +352,7 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
   std::vector<const frame::CacheEntry*> own;
   for (const frame::CacheEntry* e : entries) {
     auto* g = dynamic_cast<const FrameGuard*>(e->guard.get());
-    if (g && g->owner() == this) own.push_back(e);
+    if (g && g->owns(this)) own.push_back(e);
   }
   if (!own.empty()) {
     std::string reason = own.front()->guard->describe_failure(frame);

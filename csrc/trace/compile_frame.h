@@ -50,6 +50,10 @@ class KilnCompiler : public frame::Compiler {
   ~KilnCompiler() override;
   frame::MissResult on_miss(const frame::FrameView& frame, const std::vector<const frame::CacheEntry*>& entries) override;
   const CompileOptions& options() const { return options_; }
+  /// Unique per compiler of the process: entries tell their compiler from a later one at the same address.
+  unsigned long long serial() const { return serial_; }
+  /// True while the compiler with this serial exists.
+  static bool alive(unsigned long long serial);
 
  private:
   frame::MissResult fall_back(const frame::FrameView& frame, const std::string& reason,
@@ -61,6 +65,7 @@ class KilnCompiler : public frame::Compiler {
   void record_break(PyCodeObject* code, const bytecode::CodeInstructions& decoded, const BreakPlan& plan,
                     const std::string& reason);
   CompileOptions options_;
+  unsigned long long serial_;
   std::unordered_set<PyObject*> warned_limit_;  ///< codes whose recompile-limit warning was given
 };
 

@@ -56,16 +56,18 @@ def _compiled_module(module, compiler):
         "__call__": __call__,
         "__module__": cls.__module__,
         "_kiln_compiler": compiler,
-        # Pickling or deep-copying a compiled module gives (a copy of) the plain original.
-        "__reduce_ex__": lambda self, protocol: (_identity, (module,)),
+        # Pickling or deep-copying a compiled module gives (a copy of) the plain original. Through `self`,
+        # not a closure over `module`: guards hold this class, and must not keep the model alive.
+        "__reduce_ex__": lambda self, protocol: (_new_plain, (cls,), self.__dict__),
     })
     compiled = object.__new__(compiled_cls)
     object.__setattr__(compiled, "__dict__", module.__dict__)
     return compiled
 
 
-def _identity(module):
-    return module
+def _new_plain(cls):
+    """An empty instance of the original module class; pickle and deepcopy then set its state."""
+    return cls.__new__(cls)
 
 
 def compile(model=None, *, mode="default", dynamic=None, fullgraph=False, backend="kiln", options=None):

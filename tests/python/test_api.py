@@ -187,6 +187,56 @@ def test_thousand_calls_leak_nothing(fresh_kiln, kind):
     assert kiln.stats()["cache_hits"] >= 1000
 
 
+class TwoLayers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(16, 16)
+        self.out = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.inner(x)) * 2)
+
+
+@pytest.mark.parametrize("compiled_autograd", [False, True])
+def test_deleted_model_is_freed_and_its_entries_dropped(fresh_kiln, compiled_autograd):
+    """Cache entries live on the class's code object; they must not keep a deleted model (its submodules,
+    parameters, the compiled wrapper's class) alive, and a new model of the class must not find them."""
+    import weakref
+
+    kiln.config.set_compiled_autograd(compiled_autograd)
+    try:
+        model = TwoLayers()
+        compiled = kiln.compile(model)
+        x = random_tensor(8, 16)
+        compiled(x).sum().backward()
+        with torch.no_grad():
+            compiled(x)
+        alive = [weakref.ref(o) for o in (model, model.inner, model.inner.weight, type(compiled))]
+        assert len(kiln._C.cache_entries(TwoLayers.forward.__code__)) == 2  # with grad and without
+        del model, compiled
+        gc.collect()
+        assert [r() is None for r in alive] == [True] * 4
+        # A new instance compiles afresh; the freed model's entries are dropped on that miss.
+        fresh = TwoLayers()
+        assert_same_as_eager(fresh, random_tensor(8, 16, requires_grad=True))
+        assert len(kiln._C.cache_entries(TwoLayers.forward.__code__)) == 1
+    finally:
+        kiln.config.set_compiled_autograd(False)
+
+
+def test_compiled_module_deep_copies_and_pickles_as_the_plain_module(fresh_kiln):
+    import copy
+    import pickle
+
+    model = TwoLayers()
+    compiled = kiln.compile(model)
+    x = random_tensor(8, 16)
+    for twin in (copy.deepcopy(compiled), pickle.loads(pickle.dumps(compiled))):
+        assert type(twin) is TwoLayers
+        assert twin.inner.weight is not model.inner.weight
+        torch.testing.assert_close(twin(x), model(x))
+
+
 # --- stats, reset, explain, disable ------------------------------------------------------------
 
 def test_stats_counters_and_reset(fresh_kiln):
