@@ -4,6 +4,7 @@
 #include "runtime/frame_program.h"
 
 #include <ATen/core/grad_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <pybind11/pybind11.h>
 #include <structmember.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -216,6 +217,8 @@ PyObject* program_call(PyObject* self, PyObject* const* args, size_t nargsf, PyO
     }
     std::vector<at::Tensor> outputs;
     CompiledGraph& compiled = **p->compiled;
+    // A graph traced under autocast holds autocast's casts as nodes: its ops must not be cast again.
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     if (compiled.reenters_python()) {
       SuspendCompiler suspend;
       outputs = compiled.run(inputs);

@@ -585,12 +585,6 @@ VarPtr Tracer::trace_root() {
   // Grad-mode blocks switch the real mode while tracing (grad_mode.cpp); the frame then runs from the
   // mode it was called in, however the trace ended.
   GradModeRestore restore_grad_mode(*this);
-  // The recorder runs ops on meta tensors, which autocast's dispatch keys skip: a trace would record eager's
-  // ops without their casts (a silently wrong dtype). The frame runs eagerly instead, under a guard on the
-  // autocast state (GlobalState), so entries traced without autocast never serve inside an autocast block.
-  if (guards::GlobalState::current().autocast)
-    KILN_UNSUPPORTED() << "torch.autocast is active: kiln does not record autocast's casts yet (the frame runs "
-                          "eagerly, with autocast)";
   PyCodeObject* code = root_.code;
   std::vector<VarPtr> locals(root_.nlocalsplus);
   PyObject* names = PyCode_GetVarnames(code);

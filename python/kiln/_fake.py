@@ -11,6 +11,12 @@ Devices: every fake is a meta tensor, but each recorded value keeps its *logical
 tensor's, or the one a factory op asked for): that is what the graph's meta says and what the runtime
 uses. Factory ops run on meta and record the device they were given.
 
+Autocast: meta tensors carry no autocast dispatch key, so under `torch.autocast` a call runs on *device
+proxies* instead (`_DeviceProxy`: a wrapper around each fake that reports the logical device). Autocast's
+own kernels then see eligible tensors and cast them exactly as in eager (nested composites, caches of
+casts and all); the casts reach the recording mode as `_to_copy` nodes, and the mode unwraps every proxy
+before recording, so the graph and the tracer only ever hold meta fakes.
+
 What cannot run on meta (reading tensor data: item(), bool(), nonzero(), tolist(), .numpy(); ops without
 a meta kernel) raises `kiln.errors.Unsupported`, and the failed call leaves no trace in the recorder.
 """
@@ -144,6 +150,55 @@ def _list_kind(type_name):
     return "ints"
 
 
+class _DeviceProxy(torch.Tensor):
+    """A fake as autocast sees it: `fake`'s sizes, strides and dtype on its logical device (CUDA or CPU),
+    with no storage. Exists only while a call runs under autocast (Recorder._call_under_autocast); the
+    recording mode unwraps it before any op is recorded or run."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, fake, device, requires_grad):
+        proxy = torch.Tensor._make_wrapper_subclass(cls, fake.size(), strides=fake.stride(),
+                                                    storage_offset=fake.storage_offset(), dtype=fake.dtype,
+                                                    device=device, requires_grad=requires_grad)
+        proxy.fake = fake
+        return proxy
+
+    def __repr__(self):
+        return f"_DeviceProxy({self.fake!r}, device={self.device})"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        # Only reached with no recording mode active, which Recorder.call never allows.
+        raise errors.InternalError(f"a device proxy reached {func} outside kiln's recorder")
+
+
+def _map_tensors(fn, value):
+    """`value` with fn applied to each tensor inside tuples (named ones and structseqs too), lists and dicts."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, list):
+        return [_map_tensors(fn, v) for v in value]
+    if isinstance(value, tuple):
+        items = [_map_tensors(fn, v) for v in value]
+        if type(value) is tuple:
+            return tuple(items)
+        if hasattr(value, "_fields"):  # namedtuple
+            return type(value)(*items)
+        if hasattr(type(value), "n_fields"):  # structseq (torch.return_types.max, ...)
+            return type(value)(items)
+        return tuple(items)
+    if isinstance(value, dict):
+        return {k: _map_tensors(fn, v) for k, v in value.items()}
+    return value
+
+
+def _autocast_devices():
+    """Device types whose autocast is on now."""
+    return {d for d in ("cuda", "cpu") if torch.is_autocast_enabled(d)}
+
+
 class _RecordingMode(TorchDispatchMode):
     def __init__(self, recorder):
         super().__init__()
@@ -158,6 +213,8 @@ class _RecordingMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.recorder._inside_whole_op:  # the meta decomposition of an op recorded as one node
             return func(*args, **(kwargs or {}))
+        if self.recorder._proxies is not None:
+            return self.recorder._record_proxied(func, args, kwargs or {})
         return self.recorder._record(func, args, kwargs or {})
 
 
@@ -231,6 +288,7 @@ class Recorder:
         self._journal = None      # [(dict, key, old value)] while a call runs, to undo a failed one
         self._op_infos = {}
         self._inside_whole_op = False
+        self._proxies = None      # id(fake) -> its _DeviceProxy, while a call runs under autocast
 
     # ---- public API used by the tracer -----------------------------------------------------------
     def add_input(self, tensor):
@@ -262,7 +320,10 @@ class Recorder:
         try:
             with _RecordingMode(self):
                 whole = _WHOLE_OPS.get(fn)
-                result = self._record_whole(whole(), args, kwargs) if whole else fn(*args, **kwargs)
+                if _autocast_devices():
+                    result = self._call_under_autocast(fn, whole() if whole else None, args, kwargs)
+                else:
+                    result = self._record_whole(whole(), args, kwargs) if whole else fn(*args, **kwargs)
         except errors.KilnError:
             self._undo(num_values, num_nodes)
             raise
@@ -279,6 +340,7 @@ class Recorder:
             raise
         finally:
             self._journal = None
+            self._proxies = None
         self._refresh_requires_grad(num_values)
         return result
 
@@ -367,6 +429,110 @@ class Recorder:
         values = [(kind, tuple(meta), extra) for kind, meta, extra in self._values]
         return _C._graph_from_records(values, self._nodes, output_ids)
 
+    # ---- autocast ------------------------------------------------------------------------------------
+    def _proxy(self, tensor):
+        """The device proxy standing for a fake during this call (one per fake); other tensors as they are."""
+        if not self.is_fake(tensor):
+            return tensor
+        proxy = self._proxies.get(id(tensor))
+        if proxy is None:
+            proxy = _DeviceProxy(tensor, self.device_of(tensor), tensor.requires_grad)
+            self._proxies[id(tensor)] = proxy
+        return proxy
+
+    def _call_under_autocast(self, fn, whole, args, kwargs):
+        """fn(*args, **kwargs) with every fake replaced by its device proxy, so that autocast's kernels run
+        as in eager; returns fakes. Autocast's cache of weight casts is off meanwhile: it is keyed by tensor
+        and would outlive the call's proxies (eager's cache saves time, never changes a value)."""
+        self._proxies = {}
+        proxy_args = _map_tensors(self._proxy, list(args))
+        proxy_kwargs = _map_tensors(self._proxy, dict(kwargs))
+        owner = getattr(fn, "__self__", None)
+        if isinstance(owner, torch.Tensor) and self.is_fake(owner):  # a bound method of a fake
+            fn = getattr(self._proxy(owner), fn.__name__)
+        cache = torch.is_autocast_cache_enabled()
+        torch.set_autocast_cache_enabled(False)
+        restore = self._proxy_module_state(proxy_args)
+        try:
+            if whole is not None:
+                # Recorded as one node below; autocast's cast of its floating inputs (scaled_dot_product_attention
+                # is a lower-precision op on every device) is applied here, through the proxies.
+                dtype = self._autocast_dtype(proxy_args + list(proxy_kwargs.values()))
+                if dtype is not None:
+                    cast = lambda t: t.to(dtype) if t.is_floating_point() and t.dtype != torch.float64 else t
+                    proxy_args = _map_tensors(cast, proxy_args)
+                    proxy_kwargs = _map_tensors(cast, proxy_kwargs)
+                # Its fakes take the proxies' requires_grad, for autograd to see it when the op runs.
+                result = self._record_whole(whole, _map_tensors(self._unproxy_result, proxy_args),
+                                            _map_tensors(self._unproxy_result, proxy_kwargs))
+            else:
+                result = fn(*proxy_args, **proxy_kwargs)
+        finally:
+            torch.set_autocast_cache_enabled(cache)
+            for table, key, fake in restore:
+                table[key] = fake
+        # Every fake made in the call takes its proxy's requires_grad (what _refresh_requires_grad reads).
+        for proxy in list(self._proxies.values()):
+            self._unproxy_result(proxy)
+        return _map_tensors(self._unproxy_result, result)
+
+    def _proxy_module_state(self, args):
+        """Puts proxies in place of the fakes a module argument holds (a leaf module called with its
+        parameters swapped for fakes: tracing.call_leaf_module); returns what to put back."""
+        restore = []
+        for arg in args:
+            if not isinstance(arg, torch.nn.Module):
+                continue
+            for module in arg.modules():
+                tables = [module._parameters, module._buffers, module.__dict__]
+                for table in tables:
+                    for key, value in list(table.items()):
+                        if isinstance(value, torch.Tensor) and self.is_fake(value):
+                            restore.append((table, key, value))
+                            table[key] = self._proxy(value)
+        return restore
+
+    def _autocast_dtype(self, values):
+        """Autocast's lower-precision dtype for the device of the first proxy among values, if it is on there."""
+        for value in values:
+            if isinstance(value, _DeviceProxy):
+                device = value.device.type
+                return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        return None
+
+    def _unproxy(self, tensor):
+        return tensor.fake if isinstance(tensor, _DeviceProxy) else tensor
+
+    def _unproxy_result(self, tensor):
+        """A result of the call as the tracer holds it: its fake, with the requires_grad autograd gave the
+        proxy (autograd ran on the proxies, above the mode, and never saw the fakes)."""
+        if not isinstance(tensor, _DeviceProxy):
+            return tensor
+        fake = tensor.fake
+        if tensor.requires_grad and not fake.requires_grad:
+            if fake.grad_fn is None and fake.is_leaf:
+                fake.requires_grad_(True)
+        return fake
+
+    def _record_proxied(self, func, args, kwargs):
+        """The mode's body under autocast: records func on the fakes behind the proxies; returns proxies (the
+        same one for an argument returned in place)."""
+        fakes_args = _map_tensors(self._unproxy, list(args))
+        fakes_kwargs = _map_tensors(self._unproxy, dict(kwargs))
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in _tensor_args(args, kwargs))
+        result = self._record(func, fakes_args, fakes_kwargs, requires_grad=grad)
+        return _map_tensors(self._proxy_of_result, result)
+
+    def _proxy_of_result(self, tensor):
+        proxy = self._proxies.get(id(tensor))
+        if proxy is not None and proxy.fake is tensor:
+            return proxy
+        if not self.is_fake(tensor):
+            return tensor
+        proxy = _DeviceProxy(tensor, self.device_of(tensor), False)
+        self._proxies[id(tensor)] = proxy
+        return proxy
+
     # ---- recording ---------------------------------------------------------------------------------
     def _record_whole(self, func, args, kwargs):
         """Records a composite op as ONE node (see _WHOLE_OPS); its meta decomposition runs unrecorded."""
@@ -376,8 +542,9 @@ class Recorder:
         finally:
             self._inside_whole_op = False
 
-    def _record(self, func, args, kwargs):
-        """__torch_dispatch__ body: records func's call as a node and runs it on meta."""
+    def _record(self, func, args, kwargs, requires_grad=None):
+        """__torch_dispatch__ body: records func's call as a node and runs it on meta. `requires_grad`: whether
+        autograd tracks this op, when the caller knows better than the fakes (the proxies under autocast)."""
         info = self._op_infos.get(func)
         if info is None:
             info = self._op_infos[func] = _OpInfo(func)
@@ -423,7 +590,8 @@ class Recorder:
         outputs = list(result) if info.returns_list or info.num_returns > 1 else \
             ([] if info.num_returns == 0 else [result])
         node_index = len(self._nodes)
-        requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in _tensor_args(args, kwargs))
+        if requires_grad is None:
+            requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in _tensor_args(args, kwargs))
         output_ids = []
         for out in outputs:
             if not isinstance(out, torch.Tensor) or out.device.type != "meta":

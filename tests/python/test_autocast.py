@@ -1,0 +1,144 @@
+"""Tracing under torch.autocast: the graph holds autocast's casts, exactly as eager makes them.
+
+kiln records ops on meta tensors, which autocast's dispatch keys skip; under autocast each recorded call runs
+on device proxies instead (kiln/_fake.py), so autocast's own kernels decide every cast. These tests run CPU
+autocast (bfloat16 and float16) against eager: outputs with their dtypes, gradients, graph counts.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kiln
+from kiln.testing import assert_same_as_eager, random_tensor
+
+
+def autocast_cpu(dtype=torch.bfloat16):
+    return torch.autocast("cpu", dtype=dtype)
+
+
+def autocast_on(device, dtype=torch.bfloat16):
+    return torch.autocast(device, dtype=dtype)
+
+
+def mixed_policies(x, w, b):
+    h = F.linear(x, w, b)  # lower precision
+    h = F.gelu(h)  # in its input's dtype
+    h = F.layer_norm(h, h.shape[-1:])
+    s = torch.softmax(h @ h.transpose(-1, -2), -1)
+    y = torch.cat([s, x[..., :2]], -1)  # a float32 slice next to a bfloat16 tensor: promoted
+    return y.exp().sum(-1), h, F.mse_loss(h.float(), x)
+
+
+def assert_one_graph(fn, *args):
+    result = kiln.explain(fn)(*args)
+    assert result.graph_count == 1 and result.graph_break_count == 0, result
+    return result
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_function_called_under_autocast_matches_eager(fresh_kiln, device, dtype):
+    args = (random_tensor(4, 8, requires_grad=True, device=device), random_tensor(8, 8, requires_grad=True, device=device),
+            random_tensor(8, requires_grad=True, device=device))
+    compiled = kiln.compile(mixed_policies)
+    with autocast_on(device, dtype):
+        for _ in range(2):
+            outputs = assert_same_as_eager(mixed_policies, *args, compiled=compiled)
+        assert outputs[1].dtype == dtype  # the casts are in the graph, not lost on meta tensors
+        stats = kiln.stats()
+        assert stats["frames_compiled"] == 1 and stats["fallbacks"] == 0, stats
+        ops = assert_one_graph(mixed_policies, *args).ops_per_graph[0]
+    assert "aten::_to_copy.default" in ops, ops
+
+
+def test_autocast_dtype_and_state_are_guarded(fresh_kiln):
+    x, w = random_tensor(4, 4), random_tensor(4, 4)
+
+    def matmul_relu(a, b):
+        return (a @ b).relu()
+
+    compiled = kiln.compile(matmul_relu)
+    for context, dtype in ((autocast_cpu(torch.bfloat16), torch.bfloat16), (autocast_cpu(torch.float16), torch.float16),
+                           (torch.autocast("cpu", enabled=False), torch.float32)):
+        with context:
+            out = assert_same_as_eager(matmul_relu, x, w, compiled=compiled)
+            assert out.dtype == dtype
+    assert kiln.stats()["frames_compiled"] == 3 and kiln.stats()["fallbacks"] == 0, kiln.stats()
+    with autocast_cpu(torch.bfloat16):  # the first entry serves again
+        assert compiled(x, w).dtype == torch.bfloat16
+    assert kiln.stats()["frames_compiled"] == 3
+
+
+class AttentionBlock(nn.Module):
+    def __init__(self, d=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.norm1 = nn.LayerNorm(d)
+        self.norm2 = nn.LayerNorm(d)
+        self.ff = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+        q, k, v = [z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v)]
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.ff(self.norm2(x))
+
+
+@pytest.mark.parametrize("compiled_autograd", [False, True])
+def test_attention_block_forward_and_backward_under_autocast(fresh_kiln, device, compiled_autograd):
+    kiln.config.set_compiled_autograd(compiled_autograd)
+    try:
+        torch.manual_seed(0)
+        block = AttentionBlock().to(device)
+        compiled = kiln.compile(block)
+        with autocast_on(device):
+            for _ in range(2):
+                out = assert_same_as_eager(block, random_tensor(2, 5, 16, requires_grad=True, device=device),
+                                           compiled=compiled)
+            assert out.dtype == torch.float32  # the float32 residual stream promotes the bfloat16 branches
+            assert_one_graph(block, random_tensor(2, 5, 16, device=device))
+        assert kiln.stats()["fallbacks"] == 0, kiln.stats()
+    finally:
+        kiln.config.set_compiled_autograd(False)
+
+
+def test_training_steps_under_autocast_follow_eager(fresh_kiln, device):
+    """The AMP recipe: forward and loss under autocast, backward and optimizer step outside it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.LayerNorm(32), nn.Linear(32, 4)).to(device)
+    reference = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.LayerNorm(32), nn.Linear(32, 4)).to(device)
+    reference.load_state_dict(model.state_dict())
+    compiled = kiln.compile(model)
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, reference)]
+    data = [(random_tensor(16, 8, device=device), random_tensor(16, 4, device=device)) for _ in range(10)]
+    losses = []
+    for fn, opt in ((compiled, optimizers[0]), (reference, optimizers[1])):
+        curve = []
+        for x, target in data:
+            opt.zero_grad()
+            with autocast_on(device):
+                loss = F.mse_loss(fn(x).float(), target)
+            loss.backward()
+            opt.step()
+            curve.append(loss.item())
+        losses.append(curve)
+    torch.testing.assert_close(torch.tensor(losses[0]), torch.tensor(losses[1]), rtol=2e-2, atol=1e-3)
+    assert kiln.stats()["fallbacks"] == 0, kiln.stats()
+
+
+def test_graph_holds_no_device_proxy(fresh_kiln):
+    """The proxies autocast runs on never leave the recorder: outputs are plain tensors."""
+    def returns_several(x):
+        values, indices = torch.max(x @ x, dim=0)
+        return {"values": values, "pair": (indices, values.float())}
+
+    compiled = kiln.compile(returns_several)
+    with autocast_cpu():
+        out = assert_same_as_eager(returns_several, random_tensor(4, 4))
+        out = compiled(random_tensor(4, 4))
+    for t in (out["values"], *out["pair"]):
+        assert type(t) is torch.Tensor
