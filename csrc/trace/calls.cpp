@@ -423,8 +423,8 @@ VarPtr Tracer::inline_with_cells(PyObject* function, std::vector<VarPtr> args, K
                                  const std::vector<VarPtr>* cells) {
   if (depth_ >= kMaxInlineDepth) KILN_UNSUPPORTED() << "inlining deeper than " << kMaxInlineDepth << " calls";
   PyCodeObject* code = (PyCodeObject*)PyFunction_GET_CODE(function);
-  if (code->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR))
-    KILN_UNSUPPORTED() << "calling the generator function " << name_of(function);
+  if (code->co_flags & (CO_COROUTINE | CO_ASYNC_GENERATOR))
+    KILN_UNSUPPORTED() << "calling the coroutine or async generator function " << name_of(function);
   int nlocalsplus = (int)PyTuple_GET_SIZE(code->co_localsplusnames);
   std::vector<VarPtr> locals(nlocalsplus);
   // A plain positional call of a plain signature binds directly (comprehensions too, whose `.0` parameter
@@ -456,6 +456,14 @@ VarPtr Tracer::inline_with_cells(PyObject* function, std::vector<VarPtr> args, K
   PyObject* builtins = PyDict_GetItemString(globals, "__builtins__");
   if (builtins && PyModule_Check(builtins)) builtins = PyModule_GetDict(builtins);
   if (!builtins) builtins = root_.builtins;
+  if (code->co_flags & CO_GENERATOR) {
+    // Calling a generator function binds its arguments and runs nothing: the body runs as it is iterated.
+    auto generator = std::make_shared<Var>();
+    generator->kind = VarKind::kGenerator;
+    generator->frame =
+        std::make_shared<InstructionTranslator>(*this, code, globals, builtins, std::move(locals), std::move(freevars));
+    return generator;
+  }
   ++depth_;
   struct DepthGuard {
     int& d;
@@ -463,6 +471,17 @@ VarPtr Tracer::inline_with_cells(PyObject* function, std::vector<VarPtr> args, K
   } guard{depth_};
   InstructionTranslator inner(*this, code, globals, builtins, std::move(locals), std::move(freevars));
   return inner.run();
+}
+
+VarPtr Tracer::generator_next(const VarPtr& generator) {
+  KILN_ASSERT(generator->is(VarKind::kGenerator) && generator->frame) << "generator_next on a " << generator->describe();
+  if (depth_ >= kMaxInlineDepth) KILN_UNSUPPORTED() << "inlining deeper than " << kMaxInlineDepth << " calls";
+  ++depth_;  // its body is an inlined frame: never the root's, whatever the depth of the loop consuming it
+  struct DepthGuard {
+    int& d;
+    ~DepthGuard() { --d; }
+  } guard{depth_};
+  return generator->frame->next_yield();
 }
 
 void Tracer::bind_arguments(PyObject* function, std::vector<VarPtr> args, const KwArgs& kwargs,

@@ -97,7 +97,8 @@ std::string unrebuildable(const VarPtr& v, std::unordered_set<const Var*>& seen)
     case VarKind::kCell:   // trace, ContextVar tokens): not rebuilt in Python; a break with one live is refused
     case VarKind::kFunction:
     case VarKind::kPartial:
-    case VarKind::kToken: break;
+    case VarKind::kToken:
+    case VarKind::kGenerator: break;
   }
   return "a " + v->describe();
 }

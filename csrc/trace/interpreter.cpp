@@ -102,6 +102,8 @@ struct HandlerTable {
         {"IMPORT_FROM", &T::op_import_from},
         {"LOAD_CLOSURE", &T::op_load_closure},
         {"MAKE_FUNCTION", &T::op_make_function},
+        {"RETURN_GENERATOR", &T::op_return_generator},
+        {"YIELD_VALUE", &T::op_yield_value},
         {"LOAD_SUPER_ATTR", &T::op_load_super_attr},
         {"STORE_SUBSCR", &T::op_store_subscr},
         {"DELETE_SUBSCR", &T::op_delete_subscr},
@@ -125,14 +127,39 @@ InstructionTranslator::InstructionTranslator(Tracer& tracer, PyCodeObject* code,
                                              PyObject* builtins, std::vector<VarPtr> locals,
                                              std::vector<VarPtr> freevars)
     : tracer_(tracer), code_(code), globals_(globals), builtins_(builtins), locals_(std::move(locals)) {
-  KILN_CHECK(!(code->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE)))
-      << "generators and coroutines are not traced";
+  KILN_CHECK(!(code->co_flags & (CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE)))
+      << "coroutines are not traced";
+  generator_ = (code->co_flags & CO_GENERATOR) != 0;
   instructions_ = bytecode::decode(code);
   int nlocalsplus = (int)PyTuple_GET_SIZE(code->co_localsplusnames);
   locals_.resize(nlocalsplus);
   // Free variables occupy the last slots of localsplus.
   int first_free = nlocalsplus - (int)freevars.size();
   for (size_t j = 0; j < freevars.size(); ++j) locals_[first_free + j] = freevars[j];
+}
+
+VarPtr InstructionTranslator::next_yield() {
+  KILN_ASSERT(generator_) << "next_yield on a frame that is not a generator's";
+  if (finished_) return nullptr;
+  if (started_) push(make_const(Py_None));  // the value of the paused yield expression: next() sends None
+  started_ = true;
+  suspended_ = done_ = false;
+  VarPtr value = run();
+  if (suspended_) return value;
+  finished_ = true;
+  return nullptr;
+}
+
+void InstructionTranslator::op_return_generator(const Instruction&) {
+  // The generator's first resumption continues here with the value sent (None), which POP_TOP drops.
+  KILN_ASSERT(generator_) << "RETURN_GENERATOR outside a generator";
+  push(make_const(Py_None));
+}
+
+void InstructionTranslator::op_yield_value(const Instruction&) {
+  if (!generator_) KILN_UNSUPPORTED() << "yield outside a generator frame";
+  returned_ = pop();
+  suspended_ = done_ = true;
 }
 
 VarPtr InstructionTranslator::pop() {

@@ -19,6 +19,9 @@ class InstructionTranslator {
                         std::vector<VarPtr> locals, std::vector<VarPtr> freevars);
   /// Runs to RETURN_VALUE and returns the returned Var.
   VarPtr run();
+  /// A generator's frame: runs to its next YIELD_VALUE and returns the value yielded, or nullptr once the
+  /// body has returned (the StopIteration value is dropped, as a for loop drops it).
+  VarPtr next_yield();
 
   using Handler = void (InstructionTranslator::*)(const bytecode::Instruction&);
 
@@ -54,6 +57,8 @@ class InstructionTranslator {
   void op_store_deref(const bytecode::Instruction&);
   void op_return_value(const bytecode::Instruction&);
   void op_return_const(const bytecode::Instruction&);
+  void op_return_generator(const bytecode::Instruction&);
+  void op_yield_value(const bytecode::Instruction&);
   // imports, closures and super() (interpreter_loads.cpp)
   void op_import_name(const bytecode::Instruction&);
   void op_import_from(const bytecode::Instruction&);
@@ -120,6 +125,11 @@ class InstructionTranslator {
   int next_ = 0;
   VarPtr returned_;
   bool done_ = false;
+  // Generator frames (next_yield).
+  bool generator_ = false;
+  bool started_ = false;
+  bool suspended_ = false;
+  bool finished_ = false;
 };
 
 }  // namespace kiln::trace

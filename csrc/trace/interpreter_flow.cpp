@@ -111,14 +111,25 @@ void InstructionTranslator::op_to_bool(const Instruction&) {
 
 void InstructionTranslator::op_get_iter(const Instruction&) {
   VarPtr v = pop();
+  if (v->is(VarKind::kGenerator)) {  // its own iterator, advanced item by item by FOR_ITER
+    push(v);
+    return;
+  }
   auto it = make_sequence(VarKind::kIterator, tracer_.iterate(v));
   push(it);
 }
 
 void InstructionTranslator::op_for_iter(const Instruction& ins) {
   VarPtr& it = peek();
-  if (!it->is(VarKind::kIterator)) KILN_UNSUPPORTED() << "for-loop over a " << it->describe();
-  if (it->position < it->items.size()) {
+  if (it->is(VarKind::kGenerator)) {
+    VarPtr gen = it;  // `it` refers into the stack, which the generator's body does not touch
+    if (VarPtr item = tracer_.generator_next(gen)) {
+      push(std::move(item));
+      return;
+    }
+  } else if (!it->is(VarKind::kIterator)) {
+    KILN_UNSUPPORTED() << "for-loop over a " << it->describe();
+  } else if (it->position < it->items.size()) {
     push(it->items[it->position++]);
     return;
   }

@@ -184,8 +184,8 @@ void InstructionTranslator::op_make_function(const Instruction& ins) {
   VarPtr defaults = (ins.arg & 0x01) ? pop() : nullptr;
   KILN_ASSERT(code->is(VarKind::kConst) && PyCode_Check(code->value)) << "MAKE_FUNCTION without a code object";
   PyCodeObject* co = (PyCodeObject*)code->value;
-  if (co->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR))
-    KILN_UNSUPPORTED() << "a generator function or expression made in traced code";
+  if (co->co_flags & (CO_COROUTINE | CO_ASYNC_GENERATOR))
+    KILN_UNSUPPORTED() << "a coroutine or async generator function made in traced code";
   // Defaults become the real function's (inspect binds arguments with them): they must be known now.
   if ((defaults && !is_constant(defaults)) || (kwdefaults && !is_constant(kwdefaults)))
     KILN_UNSUPPORTED() << "a function made in traced code with defaults that are not constants";

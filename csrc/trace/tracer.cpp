@@ -527,6 +527,15 @@ std::vector<VarPtr> Tracer::iterate(const VarPtr& v) {
       return keys;
     }
     case VarKind::kIterator: return std::vector<VarPtr>(v->items.begin() + v->position, v->items.end());
+    case VarKind::kGenerator: {  // consumed whole (tuple(), list(), unpacking, sum()...), as eager does
+      constexpr size_t kMaxItems = 4096;  // a generator that never ends ends the trace instead
+      std::vector<VarPtr> out;
+      while (VarPtr item = generator_next(v)) {
+        if (out.size() == kMaxItems) KILN_UNSUPPORTED() << "consuming a generator of more than " << kMaxItems << " items";
+        out.push_back(std::move(item));
+      }
+      return out;
+    }
     case VarKind::kModule: {
       // Sequential / ModuleList iterate over their children in _modules order.
       PyObject* modules = check(PyObject_GetAttrString(v->value, "_modules"), "module._modules");

@@ -148,6 +148,8 @@ class Tracer {
   /// root frame's **kwargs (a fresh dict per call, which then is rebuilt from its items like one made here).
   bool claim_container(const VarPtr& v);
   VarPtr inline_with_cells(PyObject* function, std::vector<VarPtr> args, KwArgs kwargs, const std::vector<VarPtr>* cells);
+  /// The next item of a kGenerator (its body runs to the next yield), or nullptr when it is exhausted.
+  VarPtr generator_next(const VarPtr& generator);
   void bind_arguments(PyObject* function, std::vector<VarPtr> args, const KwArgs& kwargs, std::vector<VarPtr>& locals);
   /// dict.pop/setdefault/update/clear/__setitem__ on a dict Var the trace owns; nullptr for other names.
   VarPtr mutate_dict(const VarPtr& dict, const std::string& name, const std::vector<VarPtr>& args);

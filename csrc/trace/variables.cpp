@@ -44,6 +44,7 @@ std::string Var::describe() const {
     case VarKind::kFunction: return "function " + short_repr(value) + " (made in the trace)";
     case VarKind::kPartial: return "functools.partial of " + items[0]->describe();
     case VarKind::kToken: return "ContextVar token";
+    case VarKind::kGenerator: return "generator made in the trace";
   }
   return "?";
 }

@@ -48,10 +48,15 @@ enum class VarKind : unsigned char {
   /// No graph output or graph break can rebuild it, so a frame that returns or breaks between a set and its
   /// reset runs eagerly: set/reset pairs inside one trace leave the process state as they found it.
   kToken,
+  /// A generator made by calling a generator function (a generator expression's included) in traced code:
+  /// `frame` is its paused translator. Iterated lazily, one YIELD_VALUE per item, so its body interleaves
+  /// with the loop that consumes it as in eager. Never rebuilt in Python: a break with one live is refused.
+  kGenerator,
 };
 
 struct Var;
 using VarPtr = std::shared_ptr<Var>;
+class InstructionTranslator;
 
 struct Var {
   VarKind kind = VarKind::kConst;
@@ -65,6 +70,7 @@ struct Var {
   /// A kConst from `source` guarded by its type only (a plain object: each call may pass a new one).
   /// Its identity was not pinned, so outputs re-read it from the source and `is` on it is not folded.
   bool by_type = false;
+  std::shared_ptr<InstructionTranslator> frame;  ///< kGenerator only
 
   ~Var();
   Var() = default;

@@ -779,3 +779,95 @@ def test_a_loop_building_a_long_attribute_chain_runs_eagerly():
     x = torch.randn(3)
     torch.testing.assert_close(kiln.compile(f)(x), x + 1)
     assert stats()["fallbacks"] == 1, stats()
+
+
+# --- generators made or called in traced code ------------------------------------------------------------
+
+def one_graph_like_eager(fn, *args):
+    compiled = kiln.compile(fn)
+    for _ in range(2):
+        assert_same_as_eager(fn, *args, compiled=compiled)
+    assert stats()["frames_compiled"] == 1 and stats()["graph_breaks"] == 0 and stats()["fallbacks"] == 0, stats()
+    result = kiln.explain(fn)(*args)
+    assert result.graph_count == 1 and result.graph_break_count == 0, result
+
+
+def test_generator_expressions_are_traced():
+    def attention_heads(q, k, v):
+        b, t, d = q.shape
+        q, k, v = (z.view(b, t, 2, d // 2).transpose(1, 2) for z in (q, k, v))  # unpacked
+        total = sum(z.sum() for z in (q, k))  # consumed by a builtin
+        parts = tuple(torch.relu(z) for z in (q, k, v) if z is not k)  # with a condition
+        return F.scaled_dot_product_attention(q, k, v) + total, parts
+
+    one_graph_like_eager(attention_heads, *(torch.randn(2, 3, 8, requires_grad=True) for _ in range(3)))
+
+
+def test_generator_function_interleaves_with_its_loop_as_in_eager():
+    def scaled(xs, log):
+        for i, x in enumerate(xs):
+            log.append(len(log))  # the body sees what the loop appended after the previous item
+            yield x * (len(log) + i)
+
+    def f(x, y):
+        log = []
+        out = []
+        for z in scaled((x, y, x + y), log):
+            log.append(-1)
+            out.append(z)
+        return torch.stack(out), torch.tensor(log)
+
+    one_graph_like_eager(f, torch.randn(4), torch.randn(4))
+
+
+def test_generator_method_of_a_module():
+    class Stack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([nn.Linear(6, 6) for _ in range(3)])
+
+        def blocks(self):
+            yield from ()  # an empty delegation first: a generator whose body starts with SEND
+            for layer in self.layers:
+                yield layer
+
+        def forward(self, x):
+            for layer in self.blocks():
+                x = torch.tanh(layer(x))
+            return x
+
+    model = Stack()
+    # `yield from` is not traced: the frame runs eagerly, with eager's answer.
+    compiled = kiln.compile(model)
+    x = torch.randn(2, 6)
+    torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_generator_that_never_ends_is_not_unrolled_forever():
+    def counter():
+        n = 0
+        while True:
+            yield n
+            n += 1
+
+    def f(x):
+        for n, _ in zip(counter(), range(3)):  # eager stops after three; the trace drains zip's arguments
+            x = x + n                          # first, gives up at its item cap and runs the frame eagerly
+        return x
+
+    compiled = kiln.compile(f)
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), x + 3)
+    assert stats()["fallbacks"] == 1, stats()
+
+
+def test_generator_live_at_a_graph_break_runs_eagerly():
+    def f(x):
+        gen = (x * k for k in range(3))
+        first = next(iter([x]))  # builtins the trace handles
+        print("kiln generator test")  # a break while `gen` is live: not rebuilt, the frame runs eagerly
+        return sum(gen) + first
+
+    compiled = kiln.compile(f)
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), f(x))
