@@ -1,6 +1,6 @@
 """Where a seed model's GPU time goes: the top CUDA kernels per step under each system (torch.profiler).
 
-Usage: python3 benchmarks/profile_cuda.py --models resnet50,bert [--systems eager,inductor,kiln] [--top 15]
+Usage: python3 benchmarks/profile_cuda.py --models resnet50,bert [--systems eager,inductor,kiln] [--top 15] [--amp bf16]
 Prints, per (model, system): kernel launches and summed kernel time per step, then the top kernels by time
 (name, launches per step, us per step). Kernel time is GPU busy time; the gap to the step's wall time is
 launch overhead and host work.
@@ -24,7 +24,10 @@ def main():
     ap.add_argument("--systems", default="eager,inductor,kiln")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--amp", choices=["bf16", "fp16"], default=None)
     args = ap.parse_args()
+    seed_models.DEVICE[0] = "cuda"
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16, None: None}[args.amp]
     for name in args.models.split(","):
         torch.manual_seed(0)
         base, x, train = seed_models.make(name, "cuda")
@@ -33,7 +36,7 @@ def main():
             model = copy.deepcopy(base)
             model.train() if train else model.eval()
             fn = seed_models.step_fn(seed_models.compile_with(system, model, "default"),
-                                     torch.optim.AdamW(model.parameters(), lr=1e-4) if train else None, train)
+                                     torch.optim.AdamW(model.parameters(), lr=1e-4) if train else None, train, amp)
             for _ in range(3):
                 fn(x)
             torch.cuda.synchronize()

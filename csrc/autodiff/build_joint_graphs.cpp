@@ -12,6 +12,7 @@
 
 #include "autodiff/derivative_rules.h"
 #include "autodiff/functionalize_buffer_updates.h"
+#include "autodiff/lower_attention.h"
 #include "autodiff/partition.h"
 #include "common/error.h"
 
@@ -55,6 +56,7 @@ JointGraphs build_joint_graphs(const graph::Graph& graph_with_updates, OpOracle&
   // Buffer updates (num_batches_tracked.add_(1)) become functional; the runtime writes them back.
   graph::Graph captured = graph_with_updates;
   const std::vector<BufferUpdate> updates = functionalize_buffer_updates(captured);
+  lower_attention_for_autodiff(captured, oracle);  // attention kernels that save what their backward reads
   check_supported(captured);
   JointGraphs joint;
   joint.backward = std::make_shared<graph::Graph>();
@@ -87,9 +89,9 @@ JointGraphs build_joint_graphs(const graph::Graph& graph_with_updates, OpOracle&
     if (!any || is_non_differentiable_op(node.qualified_name())) continue;
     const DerivativeRule* rule = find_derivative_rule(node.qualified_name());
     if (!rule) KILN_UNSUPPORTED() << "no derivative rule for " << node.qualified_name();
-    for (size_t i = rule->differentiable_results; i < grad_outputs.size(); ++i)
+    for (size_t i = rule->all_results ? grad_outputs.size() : rule->differentiable_results; i < grad_outputs.size(); ++i)
       if (grad_outputs[i]) KILN_UNSUPPORTED() << "a gradient reaches result " << i << " of " << node.qualified_name();
-    if (!grad_outputs[0]) continue;
+    if (!grad_outputs[0] && !rule->all_results) continue;
     RuleCall call(b, captured, node, std::move(grad_outputs));
     rule->emit(call);
     for (const auto& [arg_index, grad] : call.grads()) {

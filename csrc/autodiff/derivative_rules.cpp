@@ -343,6 +343,54 @@ void rule_adaptive_avg_pool2d(RuleCall& c) {
     c.set(0, c.b.emit("aten::_adaptive_avg_pool2d_backward", "default", {tensor(c.grad()), tensor(c.input(0))}));
 }
 
+// ---- ops returning several views (all differentiable) ----------------------------------------------------
+// The gradients of every piece, zeros for pieces no gradient reached, in result order.
+std::vector<std::optional<ValueId>> piece_grads(RuleCall& c) {
+  ValueId some = 0;
+  for (size_t i = 0; i < c.num_results(); ++i)
+    if (c.grad_at(i)) some = *c.grad_at(i);
+  std::vector<std::optional<ValueId>> pieces;
+  for (size_t i = 0; i < c.num_results(); ++i) {
+    if (c.grad_at(i)) {
+      pieces.push_back(*c.grad_at(i));
+      continue;
+    }
+    const graph::TensorMeta& meta = c.b.forward_meta(c.node().outputs[i]);
+    pieces.push_back(c.b.emit("aten::new_zeros", "default",
+                              {tensor(some), meta.sizes, graph::ScalarTypeArg{meta.dtype}, graph::NoneArg{},
+                               graph::NoneArg{}, graph::NoneArg{}}));
+  }
+  return pieces;
+}
+// split.Tensor(self, split_size, dim) / split_with_sizes(self, split_sizes, dim) -> Tensor[]: cat of the pieces.
+void rule_split(RuleCall& c) {
+  if (c.needs(0)) c.set(0, c.b.emit("aten::cat", "default", {graph::TensorListArg{piece_grads(c)}, c.arg(2)}));
+}
+// unbind.int(self, dim) -> Tensor[]: stack of the pieces.
+void rule_unbind(RuleCall& c) {
+  if (c.needs(0)) c.set(0, c.b.emit("aten::stack", "default", {graph::TensorListArg{piece_grads(c)}, c.arg(1)}));
+}
+
+// ---- attention (autodiff/lower_attention.h makes these of scaled_dot_product_attention) ----------------
+// _scaled_dot_product_efficient_attention(q, k, v, attn_bias, compute_log_sumexp, dropout_p, is_causal, *, scale)
+//   -> (output, log_sumexp, philox_seed, philox_offset): the backward replays dropout from the saved RNG state.
+void rule_efficient_attention(RuleCall& c) {
+  const std::vector<bool> mask = {c.needs(0), c.needs(1), c.needs(2), false};
+  auto grads = c.b.emit_all("aten::_scaled_dot_product_efficient_attention_backward", "default",
+                            {tensor(c.grad()), tensor(c.input(0)), tensor(c.input(1)), tensor(c.input(2)),
+                             graph::NoneArg{}, tensor(c.result(0)), tensor(c.result(1)), tensor(c.result(2)),
+                             tensor(c.result(3)), c.arg(5), mask, c.arg(6), c.arg(7)});
+  set_masked(c, grads, {0, 1, 2}, mask);
+}
+// _scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, *, attn_mask, scale) -> (output, logsumexp)
+void rule_flash_attention_cpu(RuleCall& c) {
+  auto grads = c.b.emit_all("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "default",
+                            {tensor(c.grad()), tensor(c.input(0)), tensor(c.input(1)), tensor(c.input(2)),
+                             tensor(c.result(0)), tensor(c.result(1)), c.arg(3), c.arg(4), c.arg(5), c.arg(6)});
+  for (size_t i = 0; i < 3; ++i)
+    if (c.needs(i)) c.set(i, grads.at(i));
+}
+
 const std::map<std::string, DerivativeRule>& rule_table() {
   static const std::map<std::string, DerivativeRule> table = {
       {"aten::mm.default", {rule_mm}},
@@ -396,6 +444,11 @@ const std::map<std::string, DerivativeRule>& rule_table() {
       {"aten::max_pool2d_with_indices.default", {rule_max_pool2d_with_indices}},
       {"aten::avg_pool2d.default", {rule_avg_pool2d}},
       {"aten::_adaptive_avg_pool2d.default", {rule_adaptive_avg_pool2d}},
+      {"aten::split.Tensor", {rule_split, 1, false, true}},
+      {"aten::split_with_sizes.default", {rule_split, 1, false, true}},
+      {"aten::unbind.int", {rule_unbind, 1, false, true}},
+      {"aten::_scaled_dot_product_efficient_attention.default", {rule_efficient_attention}},
+      {"aten::_scaled_dot_product_flash_attention_for_cpu.default", {rule_flash_attention_cpu}},
   };
   return table;
 }

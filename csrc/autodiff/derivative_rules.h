@@ -25,6 +25,9 @@ class RuleCall {
   /// The gradient reaching result 0 (rules run only when some result has one: others get zeros
   /// from the joint builder before the rule runs).
   ValueId grad() const { return *grad_outputs_.at(0); }
+  /// The gradient reaching result `index`, if any (rules with several differentiable results).
+  std::optional<ValueId> grad_at(size_t index) const { return grad_outputs_.at(index); }
+  size_t num_results() const { return grad_outputs_.size(); }
   /// True when argument `index` is a tensor whose forward value requires grad.
   bool needs(size_t index) const;
   /// The backward value of forward tensor argument `index` / of forward result `index`.
@@ -59,6 +62,9 @@ struct DerivativeRule {
   /// The op writes arguments that never require grad (BatchNorm's running statistics): the rule is
   /// still exact, and the forward replays the write.
   bool mutates_only_buffers = false;
+  /// Set for ops whose every result is differentiable (split, unbind): the rule runs when any result has a
+  /// gradient and makes zeros for the others itself.
+  bool all_results = false;
 };
 
 /// The rule for "aten::op.overload", or nullptr.

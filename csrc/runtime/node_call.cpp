@@ -43,7 +43,12 @@ bool expects_float(const c10::TypePtr& type) {
 // Non-tensor ArgValue -> IValue, one overload per alternative (tensor kinds are handled by the caller).
 struct ConstantArgToIValue {
   const c10::Argument& schema_arg;
-  c10::IValue operator()(const graph::NoneArg&) const { return {}; }
+  c10::IValue operator()(const graph::NoneArg&) const {
+    // A non-optional Tensor parameter that ATen's own backward formulas pass undefined (the attention
+    // backwards' attn_bias): an undefined tensor, not None.
+    if (schema_arg.type()->kind() == c10::TypeKind::TensorType) return at::Tensor();
+    return {};
+  }
   c10::IValue operator()(const graph::TensorArg&) const { return {}; }
   c10::IValue operator()(const graph::TensorListArg&) const { return {}; }
   c10::IValue operator()(bool b) const {

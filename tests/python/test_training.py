@@ -58,6 +58,10 @@ RULE_CASES = [
     ("layer_norm", lambda x, w, b: F.layer_norm(x, (8,), w, b), [(3, 5, 8), (8,), (8,)]),
     ("conv2d", lambda x, w, b: F.conv2d(x, w, b, padding=1), [(2, 3, 8, 8), (4, 3, 3, 3), (4,)]),
     ("select_slice", lambda a: a[1] * 2 + a[:, 1:3].sum(), [(4, 5)]),
+    ("chunk_all_used", lambda a: sum(c * (i + 1) for i, c in enumerate(a.chunk(3, dim=1))), [(4, 6)]),
+    ("chunk_one_unused", lambda a: a.chunk(3, dim=-1)[0] * 2 + a.chunk(3, dim=-1)[2], [(4, 6)]),
+    ("split_sizes", lambda a: torch.split(a, [1, 3], dim=0)[1].exp(), [(4, 5)]),
+    ("unbind", lambda a: a.unbind(1)[0] * a.unbind(1)[2], [(4, 3)]),
     ("pow", lambda a: a.pow(2) + a.pow(3), [(4, 5)]),
     ("silu", lambda a: F.silu(a), [(4, 5)]),
     ("max_pool2d", lambda a: F.max_pool2d(a, 3, 2, 1), [(2, 3, 9, 9)]),
@@ -473,3 +477,44 @@ def test_a_view_of_an_updated_buffer_passed_alongside_sees_the_update():
     actual.backward()
     expected.backward()
     torch.testing.assert_close(w_kiln.grad, w_eager.grad)
+
+
+# --- attention: scaled_dot_product_attention becomes a kernel with a backward (autodiff/lower_attention.h) ---
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_trains_on_compiled_autograd(device, causal):
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.3) * 2
+
+    shapes = [(2, 3, 7, 16), (2, 3, 9 if not causal else 7, 16), (2, 3, 9 if not causal else 7, 16)]
+    assert_same_as_eager(attend, *[random_tensor(*s, requires_grad=True, device=device) for s in shapes])
+    assert_compiled_autograd()
+
+
+def test_attention_with_a_mask_keeps_the_eager_interpreter():
+    def attend(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    q, k, v = (r(1, 2, 4, 8) for _ in range(3))
+    assert_same_as_eager(attend, q, k, v, random_tensor(4, 4) > 0)
+    stats = kiln._C.compiler_stats()
+    assert stats["graphs_fallback"] == 1 and "scaled_dot_product_attention" in stats["last_fallback_reason"], stats
+
+
+@pytest.mark.cuda
+def test_attention_dropout_replays_eager_randomness():
+    """On CUDA in float32 eager runs the memory-efficient kernel too: with one seed, dropout drops the same."""
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=0.3)
+
+    q, k, v = (random_tensor(2, 4, 64, 32, requires_grad=True, device="cuda") for _ in range(3))
+    compiled = kiln.compile(attend)
+    torch.manual_seed(1)
+    expected = attend(q, k, v)
+    torch.manual_seed(1)
+    actual = compiled(q, k, v)
+    torch.testing.assert_close(actual, expected)
+    grads_expected = torch.autograd.grad(expected.sum(), (q, k, v))
+    grads_actual = torch.autograd.grad(actual.sum(), (q, k, v))
+    torch.testing.assert_close(grads_actual, grads_expected)
+    assert_compiled_autograd()
