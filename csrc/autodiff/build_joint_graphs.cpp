@@ -99,6 +99,11 @@ JointGraphs build_joint_graphs(const graph::Graph& graph_with_updates, OpOracle&
       if (!differentiable(captured.value(forward_id))) continue;
       accumulate(forward_id, b.grad_for(grad, forward_id));
     }
+    for (const auto& [slot, grad] : call.item_grads()) {
+      const graph::ValueId forward_id = *std::get<graph::TensorListArg>(node.args.at(slot.first)).ids.at(slot.second);
+      if (!differentiable(captured.value(forward_id))) continue;
+      accumulate(forward_id, b.grad_for(grad, forward_id));
+    }
   }
 
   // Backward outputs: the gradients of the captured inputs that require grad and received one.

@@ -64,6 +64,17 @@ std::vector<int64_t> RuleCall::ints_arg(size_t index) const {
   return {};
 }
 
+std::vector<ValueId> RuleCall::forward_items(size_t index) const {
+  const auto* list = std::get_if<graph::TensorListArg>(&node_.args.at(index));
+  KILN_ASSERT(list) << node_.qualified_name() << " argument " << index << " is not a tensor list";
+  std::vector<ValueId> items;
+  for (const auto& id : list->ids) {
+    KILN_ASSERT(id.has_value()) << node_.qualified_name() << ": a None inside a tensor list";
+    items.push_back(*id);
+  }
+  return items;
+}
+
 void RuleCall::set(size_t index, ValueId grad) {
   auto it = grads_.find(index);
   grads_[index] = it == grads_.end() ? grad : b.add(it->second, grad);
@@ -371,14 +382,36 @@ void rule_unbind(RuleCall& c) {
   if (c.needs(0)) c.set(0, c.b.emit("aten::stack", "default", {graph::TensorListArg{piece_grads(c)}, c.arg(1)}));
 }
 
+// cat(tensors, dim): each item's gradient is its slice of the output's.
+void rule_cat(RuleCall& c) {
+  const std::vector<ValueId> items = c.forward_items(0);
+  int64_t start = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const graph::TensorMeta& meta = c.b.forward_meta(items[i]);
+    if (meta.sizes.size() == 1 && meta.sizes[0] == 0 && c.b.forward_meta(c.node().outputs[0]).sizes.size() != 1)
+      continue;  // a legacy empty 1-d item, skipped by cat
+    const int64_t dim = normalize_dim(c.int_arg(1), meta.sizes.size());
+    const int64_t length = meta.sizes.at(dim);
+    if (meta.requires_grad && graph::is_floating_or_complex(meta.dtype))
+      c.set_item(0, i, c.b.emit("aten::slice", "Tensor", {tensor(c.grad()), dim, start, start + length, int64_t{1}}));
+    start += length;
+  }
+}
+
 // ---- attention (autodiff/lower_attention.h makes these of scaled_dot_product_attention) ----------------
 // _scaled_dot_product_efficient_attention(q, k, v, attn_bias, compute_log_sumexp, dropout_p, is_causal, *, scale)
 //   -> (output, log_sumexp, philox_seed, philox_offset): the backward replays dropout from the saved RNG state.
+// The kernel reads the output it is given with the strides of its own (batch, length, heads, dim) storage, the
+// layout the forward kernel writes; the graph holds the output in the layout it recorded. So the backward gets a
+// copy laid out as the kernel's own.
 void rule_efficient_attention(RuleCall& c) {
   const std::vector<bool> mask = {c.needs(0), c.needs(1), c.needs(2), false};
+  const ValueId by_length = c.b.emit("aten::transpose", "int", {tensor(c.result(0)), int64_t{1}, int64_t{2}});
+  const ValueId packed = c.b.emit("aten::clone", "default", {tensor(by_length), graph::MemoryFormatArg{0}});
+  const ValueId out = c.b.emit("aten::transpose", "int", {tensor(packed), int64_t{1}, int64_t{2}});
   auto grads = c.b.emit_all("aten::_scaled_dot_product_efficient_attention_backward", "default",
                             {tensor(c.grad()), tensor(c.input(0)), tensor(c.input(1)), tensor(c.input(2)),
-                             graph::NoneArg{}, tensor(c.result(0)), tensor(c.result(1)), tensor(c.result(2)),
+                             graph::NoneArg{}, tensor(out), tensor(c.result(1)), tensor(c.result(2)),
                              tensor(c.result(3)), c.arg(5), mask, c.arg(6), c.arg(7)});
   set_masked(c, grads, {0, 1, 2}, mask);
 }
@@ -444,6 +477,7 @@ const std::map<std::string, DerivativeRule>& rule_table() {
       {"aten::max_pool2d_with_indices.default", {rule_max_pool2d_with_indices}},
       {"aten::avg_pool2d.default", {rule_avg_pool2d}},
       {"aten::_adaptive_avg_pool2d.default", {rule_adaptive_avg_pool2d}},
+      {"aten::cat.default", {rule_cat}},
       {"aten::split.Tensor", {rule_split, 1, false, true}},
       {"aten::split_with_sizes.default", {rule_split, 1, false, true}},
       {"aten::unbind.int", {rule_unbind, 1, false, true}},

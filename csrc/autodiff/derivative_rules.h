@@ -46,12 +46,17 @@ class RuleCall {
   /// Records `grad` as (a contribution to) the gradient of tensor argument `index`.
   void set(size_t index, ValueId grad);
   const std::map<size_t, ValueId>& grads() const { return grads_; }
+  /// Tensor-list arguments (cat's tensors): the forward values of the items, and their gradients.
+  std::vector<ValueId> forward_items(size_t index) const;
+  void set_item(size_t index, size_t item, ValueId grad) { item_grads_[{index, item}] = grad; }
+  const std::map<std::pair<size_t, size_t>, ValueId>& item_grads() const { return item_grads_; }
 
  private:
   const graph::Graph& forward_;
   const graph::Node& node_;
   std::vector<std::optional<ValueId>> grad_outputs_;
   std::map<size_t, ValueId> grads_;
+  std::map<std::pair<size_t, size_t>, ValueId> item_grads_;
 };
 
 struct DerivativeRule {

@@ -4,12 +4,12 @@
 // The tracer records scaled_dot_product_attention whole, so the run picks flash, memory-efficient or cuDNN
 // attention as eager does. That op has no backward of its own: each of its kernels saves its own statistics
 // for one. Before the joint graph is built, each such node whose arguments a differentiable kernel accepts
-// becomes that kernel, with the results its backward reads (the logsumexp, and the RNG state of dropout):
-// _scaled_dot_product_efficient_attention on CUDA (the kernel eager picks for float32), and
-// _scaled_dot_product_flash_attention_for_cpu on CPU (eager's CPU kernel). The attention output keeps its
-// value id and recorded meta; the runtime conforms the real layout. Other nodes (a mask, grouped-query
-// attention, shapes the kernels refuse) are left alone: autodiff then reports them and the graph runs on
-// the eager interpreter.
+// becomes that kernel, with the results its backward reads (the logsumexp): on CUDA in float32
+// _scaled_dot_product_efficient_attention (the kernel eager picks there), on CPU
+// _scaled_dot_product_flash_attention_for_cpu (eager's CPU kernel). The attention output keeps its value id
+// and recorded meta; the runtime conforms the real layout. Other nodes (dropout, CUDA in half precision, a
+// mask, grouped-query attention, shapes the kernels refuse) are left alone: autodiff then reports them and
+// the graph runs on the eager interpreter.
 #include "autodiff/backward_builder.h"
 #include "graph/graph.h"
 
