@@ -1,0 +1,204 @@
+// KernelEmitter (kernel_emitter.h): reductions, one row per warp, block or thread, or 32 columns per block.
+#include "codegen/cuda/kernel_emitter.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "codegen/prim_text.h"
+#include "common/error.h"
+
+namespace kiln::codegen::cuda {
+
+bool KernelEmitter::column_shaped() const {
+  const int inner = nest_.outer_count - 1;
+  if (inner < 0) return false;
+  bool contiguous = false;
+  for (size_t i = 0; i < k_.exprs.size(); ++i) {
+    if (k_.exprs[i].kind != ExprKind::Load) continue;
+    const auto& strides = nest_.load_strides[i];
+    for (size_t l = nest_.outer_count; l < strides.size(); ++l)
+      if (strides[l] == 1) return false;
+    if (strides[inner] != 0 && strides[inner] != 1) return false;
+    contiguous = contiguous || (strides[inner] == 1 && nest_.runs_reduced(strides));
+  }
+  for (size_t s = 0; s < k_.stores.size(); ++s)
+    if (nest_.runs_reduced(nest_.store_strides[s]) || depends_[k_.stores[s].expr] ||
+        nest_.store_strides[s][inner] != 1)
+      return false;
+  return contiguous;
+}
+
+void KernelEmitter::emit_row_values(int32_t e, const std::string& indent) {
+  if (!names_[e].empty()) return;
+  if (!depends_[e]) {
+    emit_expr(e, indent);
+    scope_.clear();
+    return;
+  }
+  for (int32_t op : k_.exprs[e].operands)
+    if (op >= 0) emit_row_values(op, indent);
+}
+
+int KernelEmitter::row_vector_width() const {
+  if (static_cast<int>(nest_.loops.size()) != nest_.outer_count + 1 || k_.has_bounds_checks()) return 1;
+  const size_t red = nest_.loops.size() - 1;
+  int width = 8;
+  std::vector<std::pair<const std::vector<int64_t>*, int64_t>> contiguous;
+  for (size_t i = 0; i < k_.exprs.size(); ++i) {
+    const Expr& e = k_.exprs[i];
+    if (e.kind != ExprKind::Load || nest_.load_strides[i][red] == 0) continue;
+    if (nest_.load_strides[i][red] != 1) return 1;
+    width = std::min(width, 16 / type_info(k_.buffers[e.buffer].dtype).bytes);
+    contiguous.push_back({&nest_.load_strides[i], e.index.offset});
+  }
+  for (size_t s = 0; s < k_.stores.size(); ++s) {
+    if (nest_.store_strides[s][red] == 0) continue;
+    if (nest_.store_strides[s][red] != 1) return 1;
+    width = std::min(width, 16 / type_info(k_.buffers[k_.stores[s].buffer].dtype).bytes);
+    contiguous.push_back({&nest_.store_strides[s], k_.stores[s].index.offset});
+  }
+  if (contiguous.empty()) return 1;
+  width = std::min<int64_t>(width, 4);  // 4 lanes already give 16-byte float loads; more only adds registers
+  for (; width >= 2; width /= 2) {
+    bool fits = nest_.loops[red].size % width == 0 && nest_.loops[red].size >= width * 32;
+    for (const auto& [strides, offset] : contiguous) {
+      fits = fits && offset % width == 0;
+      for (size_t l = 0; l < red; ++l) fits = fits && (*strides)[l] % width == 0;
+    }
+    if (fits) return width;
+  }
+  return 1;
+}
+
+template <typename Body>
+void KernelEmitter::reduced_pass(const std::string& indent, Body body, const std::vector<size_t>& vector_stores) {
+  const int w = row_width_;
+  const std::string inner = indent + "  ";
+  if (w <= 1) {
+    *body_ << indent << "for (index_t red = lane; red < " << nest_.reduced_numel() << "; red += group) {\n";
+    decompose("red", nest_.outer_count, static_cast<int>(nest_.loops.size()), inner);
+    body(inner);
+    forget_scope();
+    *body_ << indent << "}\n";
+    return;
+  }
+  *body_ << indent << "for (index_t red = lane * " << w << "; red < " << nest_.reduced_numel() << "; red += group * " << w << ") {\n";
+  decompose("red", nest_.outer_count, static_cast<int>(nest_.loops.size()), inner);
+  for (size_t i = 0; i < k_.exprs.size(); ++i) {
+    const Expr& e = k_.exprs[i];
+    if (e.kind != ExprKind::Load || !contiguous_along_reduced(nest_.load_strides[i])) continue;
+    *body_ << inner << "const " << vec_type(e.buffer, w) << " lv" << i << " = *reinterpret_cast<const " << vec_type(e.buffer, w)
+           << "*>(buf" << e.buffer << " + " << index(nest_.load_strides[i], e.index.offset) << ");\n";
+  }
+  for (size_t s : vector_stores) *body_ << inner << vec_type(k_.stores[s].buffer, w) << " sv" << s << ";\n";
+  for (lane_ = 0; lane_ < w; ++lane_) {
+    body(inner);
+    forget_scope();
+  }
+  lane_ = -1;
+  for (size_t s : vector_stores)
+    *body_ << inner << "*reinterpret_cast<" << vec_type(k_.stores[s].buffer, w) << "*>(buf" << k_.stores[s].buffer << " + "
+           << index(nest_.store_strides[s], k_.stores[s].index.offset) << ") = sv" << s << ";\n";
+  *body_ << indent << "}\n";
+}
+
+void KernelEmitter::emit_rows(int64_t rows) {
+  std::ostream& out = *body_;
+  // `lane` and `group`: a thread's place among those sharing one output, and their number
+  if (thread_row_) {
+    out << "  const index_t lane = 0;\n  const index_t group = 1;\n";
+  } else {
+    out << "  const index_t lane = threadIdx." << (column_ ? "y" : "x") << ";\n";
+    out << "  const index_t group = blockDim." << (column_ ? "y" : "x") << ";\n";
+  }
+  const int width = column_ || thread_row_ ? 1 : row_vector_width();
+  if (width <= 1) {
+    emit_row_loop(rows, "  ");
+    return;
+  }
+  // Vector passes need the contiguous accesses aligned; otherwise the scalar passes.
+  out << "  if (" << alignment_test(width) << ") {\n";
+  row_width_ = width;
+  emit_row_loop(rows, "    ");
+  for (auto& name : names_) name.clear();
+  row_width_ = 1;
+  out << "  } else {\n";
+  emit_row_loop(rows, "    ");
+  out << "  }\n";
+}
+
+void KernelEmitter::emit_row_loop(int64_t rows, const std::string& base_indent) {
+  std::ostream& out = *body_;
+  const std::string indent = base_indent + "  ";
+  if (column_) {
+    // Every thread of the block runs every step (column_reduce has barriers): the threads past the last
+    // output redo the last one and store nothing.
+    out << base_indent << "for (index_t first_row = static_cast<index_t>(blockIdx.x) * 32; first_row < " << rows
+        << "; first_row += static_cast<index_t>(gridDim.x) * 32) {\n";
+    out << indent << "const bool active = first_row + threadIdx.x < " << rows << ";\n";
+    out << indent << "const index_t row = active ? first_row + threadIdx.x : " << rows - 1 << ";\n";
+  } else if (thread_row_) {
+    out << base_indent << "for (index_t row = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x; row < " << rows
+        << "; row += static_cast<index_t>(gridDim.x) * blockDim.x) {\n";
+  } else {
+    const unsigned rows_per_block = block_reduce_ ? 1 : kRowsPerBlock;
+    out << base_indent << "for (index_t row = static_cast<index_t>(blockIdx.x) * " << rows_per_block
+        << " + threadIdx.y; row < " << rows << "; row += static_cast<index_t>(gridDim.x) * " << rows_per_block << ") {\n";
+  }
+  decompose("row", 0, nest_.outer_count, indent);
+  for (size_t r = 0; r < k_.exprs.size(); ++r) {
+    const Expr& x = k_.exprs[r];
+    if (x.kind != ExprKind::Reduce) continue;
+    const int32_t operand = x.operands[0];
+    emit_row_values(operand, indent);
+    const std::string acc = "acc" + std::to_string(r);
+    const std::string init = identity(x.reduce_op, x.dtype);
+    out << indent << compute_type(x.dtype) << " " << acc << " = " << init << ";\n";
+    reduced_pass(indent, [&](const std::string& inner) {
+      emit_expr(operand, inner);
+      out << inner << acc << " = " << combiner(x.reduce_op) << "::combine(" << acc << ", "
+          << "static_cast<" << compute_type(x.dtype) << ">(" << names_[operand] << "));\n";
+    });
+    // (thread_per_row: the thread's own serial walk was the whole reduction)
+    if (column_) out << indent << acc << " = kiln::column_reduce<" << combiner(x.reduce_op) << ">(" << acc << ", " << init << ");\n";
+    else if (block_reduce_) out << indent << acc << " = kiln::block_reduce<" << combiner(x.reduce_op) << ">(" << acc << ", " << init << ");\n";
+    else if (!thread_row_) out << indent << acc << " = kiln::warp_reduce<" << combiner(x.reduce_op) << ">(" << acc << ");\n";
+    names_[r] = acc;
+  }
+  std::vector<size_t> along;  // stores that run along the reduced loops
+  for (size_t s = 0; s < k_.stores.size(); ++s) {
+    const auto& st = k_.stores[s];
+    if (depends_[st.expr] || nest_.runs_reduced(nest_.store_strides[s])) {
+      along.push_back(s);
+      continue;
+    }
+    emit_row_values(st.expr, indent);
+    out << indent << (column_ ? "if (lane == 0 && active) " : "if (lane == 0) ") << store_text(s, names_[st.expr], true) << "\n";
+  }
+  if (!along.empty()) {
+    for (size_t s : along) emit_row_values(k_.stores[s].expr, indent);
+    std::vector<size_t> vector_stores;
+    if (row_width_ > 1)
+      for (size_t s : along)
+        if (nest_.store_strides[s].back() == 1) vector_stores.push_back(s);
+    reduced_pass(
+        indent,
+        [&](const std::string& inner) {
+          for (size_t s : along) {
+            emit_expr(k_.stores[s].expr, inner);
+            const bool vector = std::find(vector_stores.begin(), vector_stores.end(), s) != vector_stores.end();
+            if (vector)
+              out << inner << "sv" << s << ".v[" << lane_ << "] = kiln::store_as<" << storage_type(k_.buffers[k_.stores[s].buffer].dtype)
+                  << ">::from(" << names_[k_.stores[s].expr] << ");\n";
+            else
+              out << inner << store_text(s, names_[k_.stores[s].expr], true) << "\n";
+          }
+        },
+        vector_stores);
+  }
+  // row-level names belong to this loop's body
+  for (size_t r = 0; r < k_.exprs.size(); ++r) names_[r].clear();
+  out << base_indent << "}\n";
+}
+
+}  // namespace kiln::codegen::cuda
