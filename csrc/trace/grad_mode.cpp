@@ -1,5 +1,7 @@
 // Grad-mode switches while tracing: torch.no_grad / enable_grad / set_grad_enabled (called, or entered and
-// exited by a `with` statement), torch._C._set_grad_enabled and torch.is_grad_enabled.
+// exited by a `with` statement), torch._C._set_grad_enabled and torch.is_grad_enabled; and torch.autocast
+// blocks, entered and left for real the same way but recorded as nothing (kiln/_tracing.py: the recorder
+// records autocast's casts themselves).
 //
 // Design: these calls run for real at trace time, so the recorder's fakes that follow are made under the
 // mode eager would have (their requires_grad is eager's), and every change of the mode is recorded as a
@@ -38,12 +40,19 @@ void Tracer::set_real_grad_mode(bool enabled) {
   Py_XDECREF(r);
 }
 
-Tracer::GradModeRestore::GradModeRestore(Tracer& t) : tracer(t), saved(t.grad_enabled()) {}
+Tracer::GradModeRestore::GradModeRestore(Tracer& t)
+    : tracer(t), saved(t.grad_enabled()), autocast(PyObject_CallNoArgs(t.helper("autocast_state"))) {
+  if (!autocast) rethrow_python("reading the autocast state");
+}
 Tracer::GradModeRestore::~GradModeRestore() {
   // Runs while an exception may be propagating: keep any pending Python error intact.
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb);
   tracer.set_real_grad_mode(saved);
+  PyObject* r = PyObject_CallOneArg(tracer.helper("restore_autocast_state"), autocast);
+  if (!r) PyErr_Clear();
+  Py_XDECREF(r);
+  Py_DECREF(autocast);
   PyErr_Restore(type, value, tb);
 }
 
@@ -78,6 +87,10 @@ VarPtr Tracer::call_grad_mode(PyObject* fn, const VarPtr& self, const std::vecto
     // wrap() guarded. Entering one from outside would mutate the caller's object on the first call only.
     if (self->source && contains(helper("GRAD_MODE_ENTER_METHODS"), fn))
       KILN_UNSUPPORTED() << "entering a grad-mode context manager that was created outside the compiled code";
+    // Leaving an autocast block entered in Python (a resume function inside it) changes the thread's state at
+    // run time, which no graph node replays: it runs in Python.
+    if (self->source && contains(helper("AUTOCAST_METHODS"), fn))
+      KILN_UNSUPPORTED() << "leaving a torch.autocast block that was entered outside the compiled code";
     Py_SETREF(callable, PyMethod_New(fn, self->value));
     if (!callable) rethrow_python("binding a grad-mode method");
   }
@@ -118,7 +131,7 @@ void InstructionTranslator::op_before_with(const bytecode::Instruction&) {
   VarPtr manager = peek();
   bool grad_mode = false;
   if (manager->is(VarKind::kConst) && manager->value) {
-    PyObject* r = PyObject_CallOneArg(tracer_.helper("is_grad_mode_context"), manager->value);
+    PyObject* r = PyObject_CallOneArg(tracer_.helper("is_traced_context"), manager->value);
     if (!r) PyErr_Clear();
     grad_mode = r == Py_True;
     Py_XDECREF(r);
@@ -126,10 +139,11 @@ void InstructionTranslator::op_before_with(const bytecode::Instruction&) {
   if (!grad_mode) {
     const char* type = manager->value ? Py_TYPE(manager->value)->tp_name : "traced value";
     KILN_UNSUPPORTED() << "with statement on a " << type
-                       << " context manager (only torch.no_grad/enable_grad/set_grad_enabled blocks are traced)";
+                       << " context manager (only torch.no_grad/enable_grad/set_grad_enabled and torch.autocast "
+                          "blocks are traced)";
   }
   if (manager->source)
-    KILN_UNSUPPORTED() << "with statement on a grad-mode context manager created outside the compiled code";
+    KILN_UNSUPPORTED() << "with statement on a grad-mode or autocast context manager created outside the compiled code";
   pop();
   static PyObject* enter_name = PyUnicode_InternFromString("__enter__");
   static PyObject* exit_name = PyUnicode_InternFromString("__exit__");

@@ -148,24 +148,21 @@ const bytecode::ExceptionEntry* covering(const bytecode::CodeInstructions& ci, i
   return nullptr;
 }
 
-bool is_grad_mode_exit(const VarPtr& v) {
+// True when `v` is the __exit__ of a context manager that kiln._tracing.<predicate> accepts.
+bool is_exit_of(const VarPtr& v, const char* predicate) {
   if (!v || !v->is(VarKind::kMethod) || !v->items[0]->is(VarKind::kConst) || !v->items[0]->value) return false;
-  static PyObject* check = [] {
-    PyObject* m = PyImport_ImportModule("kiln._tracing");
-    PyObject* f = m ? PyObject_GetAttrString(m, "is_grad_mode_context") : nullptr;
-    Py_XDECREF(m);
-    return f;
-  }();
-  if (!check) {
-    PyErr_Clear();
-    return false;
-  }
-  PyObject* r = PyObject_CallOneArg(check, v->items[0]->value);
+  PyObject* m = PyImport_ImportModule("kiln._tracing");
+  PyObject* check = m ? PyObject_GetAttrString(m, predicate) : nullptr;
+  Py_XDECREF(m);
+  PyObject* r = check ? PyObject_CallOneArg(check, v->items[0]->value) : nullptr;
+  Py_XDECREF(check);
   if (!r) PyErr_Clear();
   bool yes = r == Py_True;
   Py_XDECREF(r);
   return yes;
 }
+
+bool is_grad_mode_exit(const VarPtr& v) { return is_exit_of(v, "is_grad_mode_context"); }
 
 // Follows the path an exception raised at the break instruction takes through the exception table. When it
 // only leaves through grad-mode `with` blocks (their __exit__ restores the mode and re-raises), returns the
@@ -234,6 +231,13 @@ BreakPlan plan_break(PyCodeObject* code, const bytecode::CodeInstructions& ci, c
       return plan;
     }
   }
+  // A torch.autocast block entered at trace time was never entered at run time: Python code between two graphs
+  // would run without autocast, where eager has it on.
+  for (const VarPtr& v : state.stack)
+    if (is_exit_of(v, "is_autocast_context")) {
+      plan.why_not = "the construct is inside a torch.autocast block traced in this frame";
+      return plan;
+    }
   // Inside grad-mode blocks only: the break code restores the mode on an exception. Inside any other block:
   // the exception goes to the original handler, in a copy of the body the break code carries.
   std::string not_grad_mode_only;

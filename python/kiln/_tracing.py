@@ -221,9 +221,56 @@ GRAD_MODE_ENTER_METHODS = {cls.__enter__ for cls in GRAD_MODE_CLASSES}
 set_grad_enabled = torch._C._set_grad_enabled
 grad_enabled = torch.is_grad_enabled
 
+# torch.autocast blocks made in traced code are entered and left for real at trace time too: the recorder then
+# records autocast's casts (kiln/_fake.py), so the graph holds them and nothing is replayed at run time
+# (compiled graphs run with autocast's dispatch keys excluded). A graph break inside such a block is refused and
+# the frame runs eagerly (graph_break.cpp): Python code between two graphs would run without the autocast state
+# eager has there.
+AUTOCAST_CLASSES = tuple({torch.autocast, torch.amp.autocast, torch.cpu.amp.autocast, torch.cuda.amp.autocast})
+GRAD_MODE_CALLABLES |= set(AUTOCAST_CLASSES)
+AUTOCAST_METHODS = {getattr(cls, name) for cls in AUTOCAST_CLASSES for name in ("__enter__", "__exit__")}
+GRAD_MODE_METHODS |= AUTOCAST_METHODS
+GRAD_MODE_ENTER_METHODS |= {cls.__enter__ for cls in AUTOCAST_CLASSES}
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
 
 def is_grad_mode_context(obj):
     return type(obj) in GRAD_MODE_CLASSES
+
+
+def is_autocast_context(obj):
+    return type(obj) in AUTOCAST_CLASSES
+
+
+def is_traced_context(obj):
+    """Context managers whose `with` blocks are traced: grad-mode ones and torch.autocast."""
+    return type(obj) in GRAD_MODE_CLASSES or type(obj) in AUTOCAST_CLASSES
+
+
+def _autocast_nesting():
+    depth = torch.autocast_increment_nesting() - 1
+    torch.autocast_decrement_nesting()
+    return depth
+
+
+def autocast_state():
+    """Everything a traced autocast block changes: per device on/off and dtype, the cast cache switch, nesting."""
+    devices = tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES)
+    return devices, torch.is_autocast_cache_enabled(), _autocast_nesting()
+
+
+def restore_autocast_state(state):
+    """Puts back autocast_state()'s result, however the trace ended (a failure inside an autocast block)."""
+    devices, cache, nesting = state
+    for device, (enabled, dtype) in zip(_AUTOCAST_DEVICES, devices):
+        torch.set_autocast_enabled(device, enabled)
+        torch.set_autocast_dtype(device, dtype)
+    torch.set_autocast_cache_enabled(cache)
+    now = _autocast_nesting()
+    while now < nesting:
+        now = torch.autocast_increment_nesting()
+    while now > nesting:
+        now = torch.autocast_decrement_nesting()
 
 
 def grad_mode_call(fn, args, kwargs):

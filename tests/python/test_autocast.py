@@ -142,3 +142,70 @@ def test_graph_holds_no_device_proxy(fresh_kiln):
         out = compiled(random_tensor(4, 4))
     for t in (out["values"], *out["pair"]):
         assert type(t) is torch.Tensor
+
+
+# --- autocast blocks inside compiled code ------------------------------------------------------------------
+
+def amp_inside(x, w):
+    y = torch.relu(x) * 2
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z = y @ w
+        with torch.autocast("cpu", enabled=False):
+            exact = y @ w  # float32 again inside the inner block
+        z = torch.softmax(z, -1)
+    return z + 1, exact, z.dtype
+
+
+def test_autocast_blocks_inside_compiled_code_are_one_graph(fresh_kiln):
+    args = (random_tensor(4, 8, requires_grad=True), random_tensor(8, 8, requires_grad=True))
+    compiled = kiln.compile(amp_inside)
+    for _ in range(2):
+        out = assert_same_as_eager(amp_inside, *args, compiled=compiled)
+    assert out[2] == out[0].dtype == torch.bfloat16 and out[1].dtype == torch.float32
+    assert_one_graph(amp_inside, *args)
+    assert not torch.is_autocast_enabled("cpu")  # the trace left the thread's autocast state as it found it
+
+
+def prints_inside_amp(x, w):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z = x @ w
+        print("kiln autocast test")  # a break inside a traced autocast block: the frame runs eagerly
+    return z
+
+
+def test_break_inside_a_traced_autocast_block_runs_the_frame_eagerly(fresh_kiln, capsys):
+    args = (random_tensor(4, 8), random_tensor(8, 8))
+    compiled = kiln.compile(prints_inside_amp)
+    for _ in range(2):
+        out = assert_same_as_eager(prints_inside_amp, *args, compiled=compiled)
+    assert out.dtype == torch.bfloat16
+    assert capsys.readouterr().out.count("kiln autocast test") == 4
+    assert kiln.stats()["fallbacks"] >= 1, kiln.stats()
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def item_inside_amp(x, w):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z = x @ w
+        if z.sum().item() > 1e9:  # data-dependent: the trace stops inside the block
+            z = z * 2
+    return z
+
+
+def test_trace_stopping_inside_an_autocast_block_restores_the_state(fresh_kiln):
+    args = (random_tensor(4, 8), random_tensor(8, 8))
+    out = assert_same_as_eager(item_inside_amp, *args)
+    assert out.dtype == torch.bfloat16
+    assert not torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
+def test_autocast_manager_from_outside_is_not_entered_by_the_trace(fresh_kiln):
+    manager = torch.autocast("cpu", dtype=torch.bfloat16)
+
+    def uses_outer_manager(x):
+        with manager:
+            return x @ x
+
+    out = assert_same_as_eager(uses_outer_manager, random_tensor(4, 4))
+    assert out.dtype == torch.bfloat16
+    assert not torch.is_autocast_enabled("cpu")
