@@ -420,8 +420,7 @@ void rule_flash_attention_cpu(RuleCall& c) {
   auto grads = c.b.emit_all("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "default",
                             {tensor(c.grad()), tensor(c.input(0)), tensor(c.input(1)), tensor(c.input(2)),
                              tensor(c.result(0)), tensor(c.result(1)), c.arg(3), c.arg(4), c.arg(5), c.arg(6)});
-  for (size_t i = 0; i < 3; ++i)
-    if (c.needs(i)) c.set(i, grads.at(i));
+  set_masked(c, grads, {0, 1, 2}, {c.needs(0), c.needs(1), c.needs(2)});
 }
 
 const std::map<std::string, DerivativeRule>& rule_table() {

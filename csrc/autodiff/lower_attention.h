@@ -15,7 +15,7 @@
 
 namespace kiln::autodiff {
 
-/// Rewrites attention nodes of `g` as above; returns how many it rewrote.
-int lower_attention_for_autodiff(graph::Graph& g, OpOracle& oracle);
+/// Rewrites attention nodes of `g` as above.
+void lower_attention_for_autodiff(graph::Graph& g, OpOracle& oracle);
 
 }  // namespace kiln::autodiff

@@ -66,7 +66,7 @@ void release(Check& c) {
 bool same_check(const Check& a, const Check& b) {
   if (a.kind != b.kind) return false;
   switch (a.kind) {
-    case CheckKind::kType: return a.type == b.type;
+    case CheckKind::kType:
     case CheckKind::kId: return a.object == b.object;
     case CheckKind::kLength: return a.length == b.length;
     case CheckKind::kHasNoAttr: return a.name == b.name;
@@ -232,7 +232,6 @@ void add(GuardTree::Node* n, Check c) {
 
 void GuardTree::add_type(const SourcePtr& s, PyTypeObject* type) {
   Check c{CheckKind::kType};
-  c.type = type;
   c.name = type->tp_name;
   // Held weakly: a class that dies (one defined inside a function, per call) can have its address taken by
   // a new class, which a bare pointer would let pass; a freed class fails the check instead.

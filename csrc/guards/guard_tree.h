@@ -45,7 +45,6 @@ struct Check {
   /// kId and kType on objects that take weak references: a cache entry must not keep a model, its
   /// submodules or a class alive, and an object freed (whose address a new one may take) fails for good.
   PyObject* weak = nullptr;
-  PyTypeObject* type = nullptr;
   long long length = 0;
   std::string name;  ///< kHasNoAttr: the attribute; kId/kType: the type's name, for messages
   TensorSpec tensor;

@@ -40,7 +40,7 @@ SourceRoots roots_of(const frame::FrameView& frame) {
 class FrameGuard : public frame::GuardCheck {
  public:
   FrameGuard(std::shared_ptr<guards::GuardTree> tree, const KilnCompiler* owner)
-      : tree_(std::move(tree)), owner_(owner), serial_(owner->serial()) {}
+      : tree_(std::move(tree)), serial_(owner->serial()) {}
   bool check(const frame::FrameView& frame) const override {
     return owns(tls_active) && tree_->check(roots_of(frame));
   }
@@ -48,7 +48,7 @@ class FrameGuard : public frame::GuardCheck {
     if (!owns(tls_active)) return "compiled by another kiln.compile call (other backend or options)";
     return tree_->explain_failure(roots_of(frame));
   }
-  bool owns(const KilnCompiler* compiler) const { return compiler == owner_ && compiler->serial() == serial_; }
+  bool owns(const KilnCompiler* compiler) const { return compiler && compiler->serial() == serial_; }
   bool expired() const override { return !KilnCompiler::alive(serial_) || tree_->expired(); }
   std::string describe() const override {
     std::string out;
@@ -59,8 +59,7 @@ class FrameGuard : public frame::GuardCheck {
 
  private:
   std::shared_ptr<guards::GuardTree> tree_;
-  const KilnCompiler* owner_;  // compared by address, with its serial: it may have been freed
-  unsigned long long serial_;
+  unsigned long long serial_;  // the owning compiler's (it may have been freed; a new one never reuses it)
 };
 
 // What a cache entry keeps alive besides its code: the program object (also in co_consts) and the graph.

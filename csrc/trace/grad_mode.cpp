@@ -40,11 +40,11 @@ void Tracer::set_real_grad_mode(bool enabled) {
   Py_XDECREF(r);
 }
 
-Tracer::GradModeRestore::GradModeRestore(Tracer& t)
+Tracer::TraceModeRestore::TraceModeRestore(Tracer& t)
     : tracer(t), saved(t.grad_enabled()), autocast(PyObject_CallNoArgs(t.helper("autocast_state"))) {
   if (!autocast) rethrow_python("reading the autocast state");
 }
-Tracer::GradModeRestore::~GradModeRestore() {
+Tracer::TraceModeRestore::~TraceModeRestore() {
   // Runs while an exception may be propagating: keep any pending Python error intact.
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb);

@@ -148,21 +148,35 @@ const bytecode::ExceptionEntry* covering(const bytecode::CodeInstructions& ci, i
   return nullptr;
 }
 
-// True when `v` is the __exit__ of a context manager that kiln._tracing.<predicate> accepts.
-bool is_exit_of(const VarPtr& v, const char* predicate) {
-  if (!v || !v->is(VarKind::kMethod) || !v->items[0]->is(VarKind::kConst) || !v->items[0]->value) return false;
+// kiln._tracing.<name>, looked up once (a new reference kept for the process), or nullptr.
+PyObject* tracing_function(const char* name) {
   PyObject* m = PyImport_ImportModule("kiln._tracing");
-  PyObject* check = m ? PyObject_GetAttrString(m, predicate) : nullptr;
+  PyObject* f = m ? PyObject_GetAttrString(m, name) : nullptr;
   Py_XDECREF(m);
-  PyObject* r = check ? PyObject_CallOneArg(check, v->items[0]->value) : nullptr;
-  Py_XDECREF(check);
+  if (!f) PyErr_Clear();
+  return f;
+}
+
+// True when `v` is the __exit__ of a context manager that `predicate` (a kiln._tracing function) accepts.
+bool is_exit_of(const VarPtr& v, PyObject* predicate) {
+  if (!predicate || !v || !v->is(VarKind::kMethod) || !v->items[0]->is(VarKind::kConst) || !v->items[0]->value)
+    return false;
+  PyObject* r = PyObject_CallOneArg(predicate, v->items[0]->value);
   if (!r) PyErr_Clear();
   bool yes = r == Py_True;
   Py_XDECREF(r);
   return yes;
 }
 
-bool is_grad_mode_exit(const VarPtr& v) { return is_exit_of(v, "is_grad_mode_context"); }
+bool is_grad_mode_exit(const VarPtr& v) {
+  static PyObject* predicate = tracing_function("is_grad_mode_context");
+  return is_exit_of(v, predicate);
+}
+
+bool is_autocast_exit(const VarPtr& v) {
+  static PyObject* predicate = tracing_function("is_autocast_context");
+  return is_exit_of(v, predicate);
+}
 
 // Follows the path an exception raised at the break instruction takes through the exception table. When it
 // only leaves through grad-mode `with` blocks (their __exit__ restores the mode and re-raises), returns the
@@ -234,7 +248,7 @@ BreakPlan plan_break(PyCodeObject* code, const bytecode::CodeInstructions& ci, c
   // A torch.autocast block entered at trace time was never entered at run time: Python code between two graphs
   // would run without autocast, where eager has it on.
   for (const VarPtr& v : state.stack)
-    if (is_exit_of(v, "is_autocast_context")) {
+    if (is_autocast_exit(v)) {
       plan.why_not = "the construct is inside a torch.autocast block traced in this frame";
       return plan;
     }

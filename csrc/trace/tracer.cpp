@@ -593,7 +593,7 @@ std::vector<VarPtr> Tracer::iterate(const VarPtr& v) {
 VarPtr Tracer::trace_root() {
   // Grad-mode blocks switch the real mode while tracing (grad_mode.cpp); the frame then runs from the
   // mode it was called in, however the trace ended.
-  GradModeRestore restore_grad_mode(*this);
+  TraceModeRestore restore_grad_mode(*this);
   PyCodeObject* code = root_.code;
   std::vector<VarPtr> locals(root_.nlocalsplus);
   PyObject* names = PyCode_GetVarnames(code);

@@ -170,12 +170,12 @@ class Tracer {
   // The real grad mode (grad_mode.cpp): read and set through torch, restored when a trace ends.
   bool grad_enabled();
   void set_real_grad_mode(bool enabled);
-  struct GradModeRestore {  // and the autocast state (traced autocast blocks switch it for real too)
+  struct TraceModeRestore {  // grad mode and autocast state: traced blocks switch both for real
     Tracer& tracer;
     bool saved;
     PyObject* autocast;  // owned: kiln._tracing.autocast_state() when the trace began
-    explicit GradModeRestore(Tracer& t);
-    ~GradModeRestore();
+    explicit TraceModeRestore(Tracer& t);
+    ~TraceModeRestore();
   };
 
   FrameInput root_;

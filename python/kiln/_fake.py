@@ -24,6 +24,7 @@ import contextlib
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map_only
 
 from kiln import errors
 
@@ -176,27 +177,11 @@ class _DeviceProxy(torch.Tensor):
 
 def _map_tensors(fn, value):
     """`value` with fn applied to each tensor inside tuples (named ones and structseqs too), lists and dicts."""
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, list):
-        return [_map_tensors(fn, v) for v in value]
-    if isinstance(value, tuple):
-        items = [_map_tensors(fn, v) for v in value]
-        if type(value) is tuple:
-            return tuple(items)
-        if hasattr(value, "_fields"):  # namedtuple
-            return type(value)(*items)
-        if hasattr(type(value), "n_fields"):  # structseq (torch.return_types.max, ...)
-            return type(value)(items)
-        return tuple(items)
-    if isinstance(value, dict):
-        return {k: _map_tensors(fn, v) for k, v in value.items()}
-    return value
+    return tree_map_only(torch.Tensor, fn, value)
 
 
-def _autocast_devices():
-    """Device types whose autocast is on now."""
-    return {d for d in ("cuda", "cpu") if torch.is_autocast_enabled(d)}
+def _autocast_on():
+    return torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu")
 
 
 class _RecordingMode(TorchDispatchMode):
@@ -320,7 +305,7 @@ class Recorder:
         try:
             with _RecordingMode(self):
                 whole = _WHOLE_OPS.get(fn)
-                if _autocast_devices():
+                if _autocast_on():
                     result = self._call_under_autocast(fn, whole() if whole else None, args, kwargs)
                 else:
                     result = self._record_whole(whole(), args, kwargs) if whole else fn(*args, **kwargs)
@@ -431,7 +416,8 @@ class Recorder:
 
     # ---- autocast ------------------------------------------------------------------------------------
     def _proxy(self, tensor):
-        """The device proxy standing for a fake during this call (one per fake); other tensors as they are."""
+        """The device proxy standing for a fake during this call (one per fake: the recorder keeps every fake
+        alive, so ids stay unique); other tensors as they are."""
         if not self.is_fake(tensor):
             return tensor
         proxy = self._proxies.get(id(tensor))
@@ -509,9 +495,8 @@ class Recorder:
         if not isinstance(tensor, _DeviceProxy):
             return tensor
         fake = tensor.fake
-        if tensor.requires_grad and not fake.requires_grad:
-            if fake.grad_fn is None and fake.is_leaf:
-                fake.requires_grad_(True)
+        if tensor.requires_grad and not fake.requires_grad and fake.is_leaf:
+            fake.requires_grad_(True)
         return fake
 
     def _record_proxied(self, func, args, kwargs):
@@ -520,18 +505,8 @@ class Recorder:
         fakes_args = _map_tensors(self._unproxy, list(args))
         fakes_kwargs = _map_tensors(self._unproxy, dict(kwargs))
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in _tensor_args(args, kwargs))
-        result = self._record(func, fakes_args, fakes_kwargs, requires_grad=grad)
-        return _map_tensors(self._proxy_of_result, result)
-
-    def _proxy_of_result(self, tensor):
-        proxy = self._proxies.get(id(tensor))
-        if proxy is not None and proxy.fake is tensor:
-            return proxy
-        if not self.is_fake(tensor):
-            return tensor
-        proxy = _DeviceProxy(tensor, self.device_of(tensor), False)
-        self._proxies[id(tensor)] = proxy
-        return proxy
+        # The same proxy for an argument returned in place; results made below autograd never require grad.
+        return _map_tensors(self._proxy, self._record(func, fakes_args, fakes_kwargs, requires_grad=grad))
 
     # ---- recording ---------------------------------------------------------------------------------
     def _record_whole(self, func, args, kwargs):

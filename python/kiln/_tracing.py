@@ -244,7 +244,7 @@ def is_autocast_context(obj):
 
 def is_traced_context(obj):
     """Context managers whose `with` blocks are traced: grad-mode ones and torch.autocast."""
-    return type(obj) in GRAD_MODE_CLASSES or type(obj) in AUTOCAST_CLASSES
+    return is_grad_mode_context(obj) or is_autocast_context(obj)
 
 
 def _autocast_nesting():
