@@ -10,11 +10,13 @@
 #include <map>
 #include <set>
 
+#include "autodiff/cudnn_batch_norm.h"
 #include "autodiff/derivative_rules.h"
 #include "autodiff/functionalize_buffer_updates.h"
 #include "autodiff/lower_attention.h"
 #include "autodiff/partition.h"
 #include "common/error.h"
+#include "passes/channels_last.h"
 
 namespace kiln::autodiff {
 
@@ -52,11 +54,17 @@ graph::TensorMeta gradient_meta(const graph::TensorMeta& output) {
 
 }  // namespace
 
-JointGraphs build_joint_graphs(const graph::Graph& graph_with_updates, OpOracle& oracle) {
+JointGraphs build_joint_graphs(const graph::Graph& graph_with_updates, OpOracle& oracle, const CudnnBatchNorm& cudnn) {
   // Buffer updates (num_batches_tracked.add_(1)) become functional; the runtime writes them back.
   graph::Graph captured = graph_with_updates;
   const std::vector<BufferUpdate> updates = functionalize_buffer_updates(captured);
   lower_attention_for_autodiff(captured, oracle);  // attention kernels that save what their backward reads
+  // CUDA convolution chains go channels-last before the split, so the forward saves its activations in the
+  // layout it computes them in and the backward is built over the same layout (relaid after the split, the
+  // forward would copy every saved activation back to the recorded layout). Then batch norm takes cuDNN's
+  // kernel, as eager's does.
+  passes::relayout_convolutions_channels_last(captured);
+  use_cudnn_batch_norm(captured, oracle, cudnn);
   check_supported(captured);
   JointGraphs joint;
   joint.backward = std::make_shared<graph::Graph>();

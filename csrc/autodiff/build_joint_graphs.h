@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "autodiff/backward_builder.h"
+#include "autodiff/cudnn_batch_norm.h"
 #include "graph/graph.h"
 
 namespace kiln::autodiff {
@@ -42,7 +43,8 @@ struct JointGraphs {
 /// a node on a gradient path has no derivative rule, a non-differentiable result receives a gradient,
 /// or the graph mutates something it must not (anything but BatchNorm's statistics and in-place updates
 /// of inputs that do not require grad and that the backward does not read); callers then keep the eager
-/// interpreter.
-JointGraphs build_joint_graphs(const graph::Graph& captured, OpOracle& oracle);
+/// interpreter. Before the split, CUDA convolution chains are relaid channels-last (passes/channels_last.h)
+/// and training-mode batch norm takes cuDNN's kernel where `cudnn` allows it (cudnn_batch_norm.h).
+JointGraphs build_joint_graphs(const graph::Graph& captured, OpOracle& oracle, const CudnnBatchNorm& cudnn = {});
 
 }  // namespace kiln::autodiff

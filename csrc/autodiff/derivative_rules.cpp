@@ -316,6 +316,23 @@ void batch_norm_back(RuleCall& c, bool train, double eps) {
 void rule_batch_norm(RuleCall& c) { batch_norm_back(c, c.bool_arg(5), c.number_arg(7)); }
 // _native_batch_norm_legit_no_training(input, weight?, bias?, running_mean, running_var, momentum, eps)
 void rule_batch_norm_no_training(RuleCall& c) { batch_norm_back(c, false, c.number_arg(6)); }
+// cudnn_batch_norm(input, weight, bias?, running_mean?, running_var?, training, factor, eps)
+//   -> (out, save_mean, save_invstd, workspace): autodiff/cudnn_batch_norm.h makes these of training-mode
+// native_batch_norm. Eager's formula: the backward takes the gradient dense in the input's layout, and reads the
+// forward's workspace (cuDNN's reserve).
+void rule_cudnn_batch_norm(RuleCall& c) {
+  const graph::TensorMeta& input = c.input_meta(0);
+  ValueId grad = c.grad();
+  const bool channels_last = input.sizes.size() == 4 && input.sizes[1] > 1 && input.strides[1] == 1;
+  const graph::TensorMeta& grad_meta = c.b.meta(grad);
+  if (grad_meta.strides != input.strides || grad_meta.storage_offset != 0)
+    grad = c.b.emit("aten::clone", "default", {tensor(grad), graph::MemoryFormatArg{static_cast<int8_t>(channels_last ? 2 : 0)}});
+  auto grads = c.b.emit_all("aten::cudnn_batch_norm_backward", "default",
+                            {tensor(c.input(0)), tensor(grad), tensor(c.input(1)), optional_tensor(c, 3),
+                             optional_tensor(c, 4), tensor(c.result(1)), tensor(c.result(2)), c.number_arg(7),
+                             tensor(c.result(3))});
+  set_masked(c, grads, {0, 1, 2}, {c.needs(0), c.needs(1), c.needs(2)});
+}
 
 void rule_native_dropout(RuleCall& c) {  // native_dropout(input, p, train?) -> (out, mask)
   if (!c.needs(0)) return;
@@ -471,6 +488,7 @@ const std::map<std::string, DerivativeRule>& rule_table() {
       {"aten::native_batch_norm.default", {rule_batch_norm, 1, true}},
       {"aten::_native_batch_norm_legit.default", {rule_batch_norm, 1, true}},
       {"aten::_native_batch_norm_legit_no_training.default", {rule_batch_norm_no_training}},
+      {"aten::cudnn_batch_norm.default", {rule_cudnn_batch_norm, 1, true}},
       {"aten::native_dropout.default", {rule_native_dropout}},
       {"aten::embedding.default", {rule_embedding}},
       {"aten::max_pool2d_with_indices.default", {rule_max_pool2d_with_indices}},

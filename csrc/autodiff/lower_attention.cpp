@@ -10,11 +10,7 @@ namespace {
 
 using graph::ArgValue;
 using graph::ScalarType;
-
-const graph::TensorMeta* tensor_meta(const graph::Graph& g, const ArgValue& arg) {
-  const auto* t = std::get_if<graph::TensorArg>(&arg);
-  return t ? &g.value(t->id).meta : nullptr;
-}
+using graph::tensor_meta;
 
 double number(const ArgValue& arg, double fallback) {
   if (const auto* d = std::get_if<double>(&arg)) return *d;

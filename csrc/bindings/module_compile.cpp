@@ -80,7 +80,7 @@ void register_compile(py::module_& m) {
         if (py::hasattr(target, "_kiln_compiler") && py::hasattr(target, "__wrapped__")) fn = target.attr("__wrapped__");
         py::module_ nn = py::module_::import("torch.nn");
         if (py::isinstance(target, nn.attr("Module"))) {
-          fn = target.get_type().attr("forward");
+          fn = py::type::of(target).attr("forward");
           locals.push_back(target.ptr());
         }
         for (size_t i = 0; i + 1 < rest.size(); ++i) locals.push_back(rest[i].ptr());

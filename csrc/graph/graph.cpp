@@ -63,6 +63,11 @@ std::string device_type_name(DeviceType t) {
   return "device" + std::to_string(static_cast<int>(t));
 }
 
+const TensorMeta* tensor_meta(const Graph& g, const ArgValue& arg) {
+  const auto* t = std::get_if<TensorArg>(&arg);
+  return t ? &g.value(t->id).meta : nullptr;
+}
+
 bool is_read(const Graph& g, ValueId v) {
   if (std::find(g.outputs.begin(), g.outputs.end(), v) != g.outputs.end()) return true;
   for (const Node& node : g.nodes)

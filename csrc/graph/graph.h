@@ -167,6 +167,8 @@ std::string meta_to_string(const TensorMeta& meta);
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes);
 /// True when some node argument or a graph output refers to `v` (linear in the graph's size).
 bool is_read(const Graph& g, ValueId v);
+/// The meta of the tensor an argument holds, or nullptr when it holds anything else (None, a number, a list).
+const TensorMeta* tensor_meta(const Graph& g, const ArgValue& arg);
 /// Calls `fn(ValueId)` for every tensor an argument refers to.
 template <typename Fn>
 void for_each_tensor(const ArgValue& arg, Fn&& fn) {

@@ -4,11 +4,12 @@
 // layout ("relaid"). A convolution that qualifies gets its input and weight relaid (a clone node each,
 // unless the input already is) and produces a relaid output. Ops that keep a channels-last input's layout in
 // eager (pointwise ops, batch norm, max pooling) pass it on when all their operands shaped like the output
-// are relaid (broadcast operands, like a [C, 1, 1] scale, do not decide the layout). Anything else, and the graph's outputs, get the value back in its recorded layout
-// (one clone per value, made on first need), so the graph's observable strides, views and aliasing are the
-// recorded ones. New metas are derived, not traced: relaid values keep their sizes and take channels-last
-// strides, which is what ATen's CUDA kernels return for such inputs (and runtime/kernel_graph.cpp copies any
-// extern result that disagrees with its meta before a kernel reads it).
+// are relaid (broadcast operands, like a [C, 1, 1] scale, do not decide the layout). Anything else, and the
+// graph's outputs, get the value back in its recorded layout (one clone per value, made on first need), so
+// the graph's observable strides, views and aliasing are the recorded ones. New metas are derived, not
+// traced: relaid values keep their sizes and take channels-last strides, which is what ATen's CUDA kernels
+// return for such inputs (and runtime/kernel_graph.cpp copies any extern result that disagrees with its meta
+// before a kernel reads it).
 #include "passes/channels_last.h"
 
 #include <string>
@@ -45,7 +46,8 @@ const std::unordered_set<std::string>& layout_following_ops() {
 
 // Batch norm: output 0 follows the input's layout; the others are per-channel vectors.
 bool is_batch_norm(const std::string& name) {
-  return name == "aten::native_batch_norm.default" || name == "aten::_native_batch_norm_legit_no_training.default";
+  return name == "aten::native_batch_norm.default" || name == "aten::_native_batch_norm_legit_no_training.default" ||
+         name == "aten::cudnn_batch_norm.default";
 }
 
 // Ops whose 4-d outputs (pooled values, max-pool indices, padded values) take the layout of their first
@@ -86,10 +88,16 @@ bool floating_cuda_4d(const graph::TensorMeta& m) {
          (m.dtype == ScalarType::Float || m.dtype == ScalarType::Half || m.dtype == ScalarType::BFloat16);
 }
 
-// A convolution that runs channels-last. One with a narrow input (an RGB stem) only qualifies as `stem`, when
-// the graph has wider ones: relaying its input then costs one small copy and saves cuDNN's own layout
-// conversions around it and the restore before the chain (resnet50: 250 us per call on an H200); alone, as in
-// conv + ReLU, NHWC gains nothing and costs two copies.
+bool float_cpu_4d(const graph::TensorMeta& m) {
+  return m.sizes.size() == 4 && m.device.type == graph::DeviceType::CPU && m.dtype == ScalarType::Float;
+}
+
+// A convolution that runs channels-last. On CUDA, one with a narrow input (an RGB stem) only qualifies as
+// `stem`, when the graph has wider ones: relaying its input then costs one small copy and saves cuDNN's own
+// layout conversions around it and the restore before the chain (resnet50: 250 us per call on an H200); alone,
+// as in conv + ReLU, NHWC gains nothing and costs two copies. On CPU every float32 one qualifies: oneDNN's
+// NHWC kernels beat its NCHW path at every shape measured on a 2-core x86 host, most for narrow inputs (an RGB
+// 3x3 convolution on 224x224: 0.61 ms against 6.3 ms; a 1x1 64->256 on 8x56x56: 5.2 against 22.8 ms).
 bool qualifies(const Graph& g, const Node& node, bool stem) {
   if (node.qualified_name() != "aten::convolution.default" || node.args.size() < 9) return false;
   const auto* input = std::get_if<TensorArg>(&node.args[0]);
@@ -98,8 +106,9 @@ bool qualifies(const Graph& g, const Node& node, bool stem) {
   if (!input || !weight || !transposed || *transposed) return false;
   const auto& in = g.values[input->id].meta;
   const auto& w = g.values[weight->id].meta;
-  return floating_cuda_4d(in) && w.sizes.size() == 4 && (stem || in.sizes[1] >= kMinChannels) &&
-         w.sizes[0] >= kMinChannels;
+  if (w.sizes.size() != 4) return false;
+  if (float_cpu_4d(in)) return true;
+  return floating_cuda_4d(in) && (stem || in.sizes[1] >= kMinChannels) && w.sizes[0] >= kMinChannels;
 }
 
 class Relayout {
@@ -110,7 +119,9 @@ class Relayout {
         stems_(stems),
         relaid_(g.values.size(), false),
         neutral_(g.values.size(), false),
-        restored_(g.values.size(), -1) {}
+        restored_(g.values.size(), -1) {
+    for (const graph::Value& v : g.values) recorded_strides_.push_back(v.meta.strides);
+  }
 
   void run() {
     for (Node& node : rewriter_.take_nodes()) {
@@ -199,8 +210,11 @@ class Relayout {
     changed_ = true;
   }
 
-  // The value in its recorded (contiguous) layout: one clone per relaid value, made on first need.
+  // The value in its recorded layout: one clone per relaid value, made on first need. A value recorded
+  // channels-last already (a forward half whose captured graph was relaid before autodiff) needs none.
   ValueId restored(ValueId id) {
+    if (id < static_cast<ValueId>(recorded_strides_.size()) && g_.values[id].meta.strides == recorded_strides_[id])
+      return id;
     if (restored_[id] < 0) restored_[id] = clone(id, kContiguousFormat);
     return restored_[id];
   }
@@ -208,8 +222,7 @@ class Relayout {
   // Appends `clone(id, memory_format=format)` and returns its output, laid out as asked.
   ValueId clone(ValueId id, int8_t format) {
     graph::TensorMeta meta = g_.values[id].meta;
-    meta.storage_offset = 0;
-    meta.requires_grad = false;
+    meta.storage_offset = 0;  // requires_grad stays: the joint builder differentiates through the clone
     meta.strides =
         format == kChannelsLastFormat ? channels_last_strides(meta.sizes) : graph::contiguous_strides(meta.sizes);
     const ValueId copy = rewriter_.add("aten::clone", "default", {TensorArg{id}, graph::MemoryFormatArg{format}},
@@ -227,6 +240,7 @@ class Relayout {
   std::vector<bool> relaid_;
   std::vector<bool> neutral_;  // computed from broadcast operands only (see only_broadcast_operands)
   std::vector<ValueId> restored_;
+  std::vector<std::vector<int64_t>> recorded_strides_;  // per value of the graph as it came
   bool changed_ = false;
 };
 

@@ -7,6 +7,7 @@ namespace kiln::passes {
 
 bool is_pure_node(const graph::Graph& g, const graph::Node& node) {
   if (node.mutates_args) return false;
+  if (node.is_view) return true;  // aliases its input and does nothing else (the recorded detach after ReLU)
   graph::ScalarType unused;
   return decomp::find_decomposition(g, node) != nullptr || decomp::is_affine_view(g, node) ||
          decomp::constant_node_value(g, node, unused).has_value();

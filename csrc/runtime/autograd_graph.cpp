@@ -8,6 +8,8 @@
 #include "runtime/autograd_graph.h"
 
 #include <Python.h>
+#include <ATen/Context.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/Exceptions.h>
@@ -57,7 +59,9 @@ class MetaOracle final : public autodiff::OpOracle {
     for (const graph::ArgValue& arg : node.args)
       graph::for_each_tensor(arg, [&](graph::ValueId id) {
         if (!first_input) first_input = g.values[id].meta;
-        if (!values_[id].defined()) values_[id] = meta_tensor(g.values[id].meta);
+        // Cached by id, so kept only while it still matches: one oracle serves several graphs (the captured
+        // graph's rewrites, then the backward graph) and passes change metas (channels-last relayout).
+        if (!matches(values_[id], g.values[id].meta)) values_[id] = meta_tensor(g.values[id].meta);
       });
     KILN_ASSERT(first_input.has_value()) << "backward op " << node.qualified_name() << " without tensor arguments";
     node.outputs.clear();
@@ -87,12 +91,16 @@ class MetaOracle final : public autodiff::OpOracle {
   }
 
  private:
+  static bool matches(const at::Tensor& t, const graph::TensorMeta& meta) {
+    return t.defined() && t.sizes().equals(meta.sizes) && t.strides().equals(meta.strides) &&
+           t.storage_offset() == meta.storage_offset && t.scalar_type() == static_cast<at::ScalarType>(meta.dtype);
+  }
   static at::Tensor meta_tensor(const graph::TensorMeta& meta) {
     at::Tensor t = at::empty_strided(meta.sizes, meta.strides, options_of(meta, c10::Device(c10::kMeta)));
     if (meta.storage_offset != 0) t = t.as_strided(meta.sizes, meta.strides, meta.storage_offset);
     return t;
   }
-  std::vector<at::Tensor> values_;  // meta tensors by backward ValueId
+  std::vector<at::Tensor> values_;  // meta tensors by ValueId of the graph last asked about
 };
 
 struct JointProgram final : torch::CustomClassHolder {
@@ -101,8 +109,11 @@ struct JointProgram final : torch::CustomClassHolder {
   std::shared_ptr<CompiledGraph> backward;
 };
 
-// A tensor with exactly the sizes and strides `meta` promises (copied only when it differs).
-at::Tensor conform(const at::Tensor& t, const graph::TensorMeta& meta) {
+// A tensor with exactly the sizes and strides `meta` promises (copied only when it differs). A workspace
+// (autodiff::is_opaque_workspace: cuDNN's batch-norm reserve) has the size its kernel chose and passes as it
+// is; `keep` (retain_graph: another backward will read it) passes a copy, as eager's formula does.
+at::Tensor conform(const at::Tensor& t, const graph::TensorMeta& meta, bool keep) {
+  if (autodiff::is_opaque_workspace(meta) && t.scalar_type() == at::kByte && t.dim() == 1) return keep ? t.clone() : t;
   const auto dtype = static_cast<at::ScalarType>(meta.dtype);
   if (t.sizes().equals(meta.sizes) && t.strides().equals(meta.strides) && t.scalar_type() == dtype) return t;
   at::Tensor copy = at::empty_strided(meta.sizes, meta.strides, t.options().dtype(dtype));
@@ -196,13 +207,13 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
       if (!joint.output_differentiable[i]) continue;
       const graph::TensorMeta& meta = bg.values[bg.inputs[inputs.size()]].meta;
       KILN_ASSERT(grad_outputs[i].defined()) << "the autograd engine passed no gradient for output " << i;
-      inputs.push_back(conform(grad_outputs[i], meta));
+      inputs.push_back(conform(grad_outputs[i], meta, false));
     }
     grad_outputs.clear();
     size_t next_reference = 0, next_private = 0;
     for (int64_t kind : is_private) {
       at::Tensor& s = kind ? private_values.at(next_private++) : by_reference.at(next_reference++);
-      inputs.push_back(conform(s, bg.values[bg.inputs[inputs.size()]].meta));
+      inputs.push_back(conform(s, bg.values[bg.inputs[inputs.size()]].meta, !consume));
       if (consume) s.reset();
     }
     std::vector<at::Tensor> grads = consume ? program->backward->run_consuming(std::move(inputs)) : program->backward->run(inputs);
@@ -239,13 +250,31 @@ class JointGraph final : public AutogradGraph {
 
 }  // namespace
 
+autodiff::CudnnBatchNorm cudnn_batch_norm_here() {
+  autodiff::CudnnBatchNorm cudnn;
+  const auto& hooks = at::detail::getCUDAHooks();
+  cudnn.available = hooks.compiledWithCuDNN() && at::globalContext().userEnabledCuDNN();
+  if (cudnn.available) cudnn.min_epsilon = hooks.batchnormMinEpsilonCuDNN();
+  return cudnn;
+}
+
+std::shared_ptr<const graph::Graph> with_cudnn_batch_norm(std::shared_ptr<const graph::Graph> g) {
+  const autodiff::CudnnBatchNorm cudnn = cudnn_batch_norm_here();
+  if (!cudnn.available) return g;
+  auto rewritten = std::make_shared<graph::Graph>(*g);
+  MetaOracle oracle;
+  at::NoGradGuard no_grad;
+  if (!autodiff::use_cudnn_batch_norm(*rewritten, oracle, cudnn)) return g;
+  return rewritten;
+}
+
 std::shared_ptr<AutogradGraph> compile_autograd_graph(std::shared_ptr<const graph::Graph> g,
                                                       const CompileGradFreeGraph& compile_part) {
   MetaOracle oracle;
   auto program = c10::make_intrusive<JointProgram>();
   {
     at::NoGradGuard no_grad;
-    program->joint = autodiff::build_joint_graphs(*g, oracle);
+    program->joint = autodiff::build_joint_graphs(*g, oracle, cudnn_batch_norm_here());
   }
   const autodiff::JointGraphs& joint = program->joint;
   KILN_LOG(graph) << "kiln autograd partition: saves " << joint.saved_tensors << " tensors (" << joint.saved_bytes

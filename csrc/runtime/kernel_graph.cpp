@@ -332,7 +332,7 @@ std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> o
   if (device.type == graph::DeviceType::CUDA &&
       passes::split_addmm_bias(*optimised, cuda::multiprocessor_count(std::max<int>(device.index, 0))))
     KILN_LOG(perf) << "kiln backend: addmm bias adds fused after plain matmuls";
-  if (device.type == graph::DeviceType::CUDA && passes::relayout_convolutions_channels_last(*optimised)) {
+  if (passes::relayout_convolutions_channels_last(*optimised)) {
     KILN_LOG(perf) << "kiln backend: convolutions run channels-last";
     if (passes::verify_enabled()) optimised->verify();
   }
@@ -524,6 +524,7 @@ std::shared_ptr<CompiledGraph> compile_kiln_graph(std::shared_ptr<const graph::G
   auto kg = std::make_shared<KilnGraph>();
   kg->summary.backend = "eager";
   kg->summary.fallback_reason = reason;
+  if (needs_autograd(*g)) g = with_cudnn_batch_norm(std::move(g));
   kg->fallback_ = make_eager_interpreter(g, constants_of(*g));
   return kg;
 }

@@ -216,3 +216,35 @@ TEST_CASE("a 1x1 convolution's weight is channels-last already and is not copied
   CHECK(std::find(cloned.begin(), cloned.end(), w1) == cloned.end());
   CHECK(std::find(cloned.begin(), cloned.end(), w2) != cloned.end());
 }
+
+TEST_CASE("on CPU every float32 convolution runs channels-last, an RGB one alone included") {
+  Graph g = stem(false);
+  for (Value& v : g.values) v.meta.device = Device{};
+  REQUIRE(kiln::passes::relayout_convolutions_channels_last(g));
+  CHECK_NOTHROW(g.verify());
+  // input and weight relaid; the ReLU follows and its result is restored for the graph output
+  CHECK(names(g) == std::vector<std::string>{"aten::clone.default", "aten::clone.default", "aten::convolution.default",
+                                             "aten::relu.default", "aten::clone.default"});
+  CHECK(g.values[g.nodes[3].outputs[0]].meta.strides[1] == 1);
+  CHECK(g.values[g.outputs[0]].meta.strides == contiguous_strides({2, 32, 8, 8}));
+  Graph doubles = stem(false);
+  for (Value& v : doubles.values) {
+    v.meta.device = Device{};
+    v.meta.dtype = ScalarType::Double;
+  }
+  CHECK_FALSE(kiln::passes::relayout_convolutions_channels_last(doubles));
+}
+
+TEST_CASE("a value recorded channels-last leaves the graph without a copy back") {
+  // A forward half whose captured graph was relaid before autodiff: its conv result is recorded channels-last.
+  Graph g = stem(true);
+  REQUIRE(kiln::passes::relayout_convolutions_channels_last(g));
+  Graph again = g;
+  for (ValueId& out : again.outputs) out = std::get<TensorArg>(again.nodes[again.values[out].producer].args[0]).id;
+  again.set_outputs(again.outputs);  // the chain's channels-last result itself is the output now
+  const size_t nodes = again.nodes.size();
+  kiln::passes::relayout_convolutions_channels_last(again);
+  CHECK_NOTHROW(again.verify());
+  CHECK(again.nodes.size() == nodes);  // nothing cloned: the output keeps its recorded layout
+  CHECK(again.values[again.outputs[0]].meta.strides[1] == 1);
+}

@@ -259,14 +259,24 @@ class SmallResNet(torch.nn.Module):
         return self.head(x.mean(dim=(2, 3)))
 
 
+def channels_last_reference(model):
+    """Eager in the layout compiled autograd runs convolutions in (passes/channels_last.h): a copy of
+    `model` with channels-last weights, and a function that lays inputs out the same way. oneDNN's NHWC and NCHW
+    kernels sum in different orders: gradients differ by about 1e-4 of their largest element, and 20 momentum
+    steps of a small BatchNorm net amplify that (eager NCHW and eager NHWC part at step 4). Against this
+    reference the compiled gradients and loss curves agree to rounding."""
+    reference = copy.deepcopy(model).to(memory_format=torch.channels_last)
+    return reference, lambda x: x.contiguous(memory_format=torch.channels_last)
+
+
 def assert_sgd_momentum_training_matches_eager(model, input_shape, buffer_rtol):
     """20 SGD+momentum steps compiled and eager from the same weights: equal loss curves and BatchNorm
     buffers (running statistics and num_batches_tracked), all on the compiled autograd path."""
-    reference = copy.deepcopy(model)
+    reference, lay_out = channels_last_reference(model)
     inputs = [random_tensor(*input_shape) for _ in range(4)]
     sgd = lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9)
     kiln_losses = train(model, sgd, inputs)
-    eager_losses = train(reference, sgd, inputs, compiled=False)
+    eager_losses = train(reference, sgd, [lay_out(x) for x in inputs], compiled=False)
     torch.testing.assert_close(torch.tensor(kiln_losses), torch.tensor(eager_losses), rtol=1e-3, atol=1e-5)
     buffers = dict(model.named_buffers())
     for name, b in reference.named_buffers():
@@ -442,13 +452,17 @@ def small_resnet18():
 
 def test_resnet18_train_gradients_and_buffers_match_eager():
     model = small_resnet18()
-    reference = copy.deepcopy(model)
+    reference, lay_out = channels_last_reference(model)
+    default_layout = copy.deepcopy(model)
     x = random_tensor(4, 3, 32, 32)
     kiln.compile(model)(x).pow(2).mean().backward()
-    reference(x).pow(2).mean().backward()
-    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+    reference(lay_out(x)).pow(2).mean().backward()
+    default_layout(x).pow(2).mean().backward()
+    for (name, p), q, d in zip(model.named_parameters(), reference.parameters(), default_layout.parameters()):
         assert p.grad is not None, name
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+        # eager's own default-layout run, to the reordered sums' rounding
+        torch.testing.assert_close(p.grad, d.grad, rtol=1e-3, atol=1e-3 * d.grad.abs().max().item(), msg=name)
     buffers = dict(model.named_buffers())
     for name, b in reference.named_buffers():
         torch.testing.assert_close(buffers[name], b, rtol=1e-5, atol=1e-6, msg=name)
@@ -459,6 +473,73 @@ def test_resnet18_train_gradients_and_buffers_match_eager():
 
 def test_resnet18_sgd_momentum_loss_curve():
     assert_sgd_momentum_training_matches_eager(small_resnet18(), (4, 3, 32, 32), buffer_rtol=1e-3)
+
+
+def grad_fn_names(output):
+    """The names of every autograd node `output` was computed through."""
+    names, stack, seen = set(), [output.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return names
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("compiled_autograd", [True, False], ids=["compiled_autograd", "eager_autograd"])
+def test_cuda_resnet_training_runs_channels_last_with_cudnn_batch_norm(compiled_autograd):
+    """On CUDA, training-mode batch norm runs cuDNN's kernels as eager's does (autodiff/cudnn_batch_norm.h),
+    and under compiled autograd the captured graph is relaid channels-last before the split, so the forward
+    saves its activations as it computes them (no fused kernel copies one back to the recorded layout).
+    Gradients, running statistics and three SGD steps' losses match eager in the same layout."""
+    kiln.config.set_compiled_autograd(compiled_autograd)
+    torch.manual_seed(0)
+    model = ResNet(widths=(16, 32, 32, 64), num_classes=10).cuda().train()
+    # compiled autograd relays convolutions channels-last; the eager interpreter replays the recorded layout
+    reference, lay_out = channels_last_reference(model) if compiled_autograd else (copy.deepcopy(model), lambda x: x)
+    graphs = []
+    compiled = kiln.compile(model, backend=keep_summaries(graphs))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        for step in range(3):
+            x = random_tensor(4, 3, 32, 32, device="cuda")
+            out, expected = compiled(x), reference(lay_out(x))
+            if step == 0:
+                assert "CudnnBatchNormBackward0" in grad_fn_names(expected)
+                if not compiled_autograd:  # the eager interpreter's replay records eager's own nodes
+                    assert "CudnnBatchNormBackward0" in grad_fn_names(out)
+            loss, expected_loss = out.pow(2).mean(), expected.pow(2).mean()
+            torch.testing.assert_close(loss, expected_loss, rtol=1e-4, atol=1e-6)
+            opt.zero_grad()
+            ref_opt.zero_grad()
+            loss.backward()
+            expected_loss.backward()
+            if step == 0:
+                for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+                    torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-5, msg=name)
+            opt.step()
+            ref_opt.step()
+    buffers = dict(model.named_buffers())
+    for name, b in reference.named_buffers():
+        torch.testing.assert_close(buffers[name], b, rtol=1e-4, atol=1e-5, msg=name)
+    assert buffers["bn1.num_batches_tracked"].item() == 3
+    (summary,) = graphs
+    if compiled_autograd:
+        assert summary["backend"] == "kiln_autograd", summary.get("fallback_reason")
+        assert "forward:aten::cudnn_batch_norm.default" in summary["externs"], summary["externs"]
+        assert "backward:aten::cudnn_batch_norm_backward.default" in summary["externs"], summary["externs"]
+        assert not any("native_batch_norm" in e for e in summary["externs"]), summary["externs"]
+        # (the head's global average pool reads the last activation through a layout restore fused into its
+        # mean's kernel: `..._relu_clone_mean`, nothing stored)
+        copies_back = [k for k in summary["kernels"]
+                       if k.startswith("forward:") and "relu_clone" in k and not k.endswith("_mean")]
+        assert not copies_back, copies_back
+    else:
+        assert summary["backend"] == "eager", summary
 
 
 def test_a_view_of_an_updated_buffer_passed_alongside_sees_the_update():

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <iomanip>
 #include <limits>
@@ -32,6 +33,7 @@ using graph::ScalarType;
 namespace {
 
 constexpr int64_t kParallelThreshold = 32768;  // elements below which threads cost more than they save
+constexpr int64_t kTile = 16;  // side of the tiles of a transposing kernel: 64 bytes of float32 per row
 
 const char* storage_type(ScalarType t) {
   switch (t) {
@@ -123,6 +125,10 @@ class KernelEmitter {
     }
     const int outer = nest_.outer_count;
     const bool reduces = static_cast<int>(nest_.loops.size()) > outer;
+    if (const int across = transposing_loop(); !reduces && across >= 0) {
+      emit_tiled(out, across, parallel);
+      return out.str();
+    }
     std::string indent = "  ";
     for (int l = 0; l < outer; ++l) {
       if (l == 0 && parallel) {
@@ -149,6 +155,62 @@ class KernelEmitter {
  private:
   bool strides_run_reduced(const std::vector<int64_t>& strides) const { return nest_.runs_reduced(strides); }
 
+  // A pointwise kernel that transposes: the innermost loop (contiguous in the first output) reads some input
+  // with a large stride, and that input is contiguous along another loop (a channels-last value written back
+  // in the default layout, as after a channels-last convolution). Walking the output row by row would then
+  // read one element per cache line of that input, each line once per output row (conv + ReLU on CPU: 20 ms
+  // against 0.6 ms for the convolution). Returns that other loop, or -1.
+  int transposing_loop() const {
+    const int outer = nest_.outer_count;
+    if (outer < 2 || static_cast<int>(nest_.loops.size()) != outer) return -1;
+    const int inner = outer - 1;
+    if (nest_.loops[inner].size < kTile) return -1;
+    for (size_t e = 0; e < k_.exprs.size(); ++e) {
+      if (k_.exprs[e].kind != ExprKind::Load || !k_.exprs[e].bounds.empty()) continue;
+      const std::vector<int64_t>& strides = nest_.load_strides[e];
+      if (std::llabs(strides[inner]) <= 1) continue;
+      for (int l = 0; l < inner; ++l)
+        if (std::llabs(strides[l]) == 1 && nest_.loops[l].size >= kTile) return l;
+    }
+    return -1;
+  }
+
+  // The loops of a transposing pointwise kernel in kTile x kTile tiles of (loop `across`, innermost loop): a
+  // tile reads kTile lines of the transposed input and writes kTile lines of the output, each line whole. The
+  // other loops and the two tile loops run in parallel (collapsed).
+  void emit_tiled(std::ostringstream& out, int across, bool parallel) {
+    const int outer = nest_.outer_count;
+    const int inner = outer - 1;
+    std::string indent = "  ";
+    std::vector<int> plain;
+    for (int l = 0; l < inner; ++l)
+      if (l != across) plain.push_back(l);
+    if (parallel) out << indent << "#pragma omp parallel for collapse(" << plain.size() + 2 << ")\n";
+    for (int l : plain) {
+      out << indent << "for (int64_t i" << l << " = 0; i" << l << " < " << nest_.loops[l].size << "; ++i" << l << ") {\n";
+      indent += "  ";
+    }
+    for (int l : {across, inner}) {
+      out << indent << "for (int64_t t" << l << " = 0; t" << l << " < " << nest_.loops[l].size << "; t" << l
+          << " += " << kTile << ") {\n";
+      indent += "  ";
+    }
+    for (int l : {across, inner}) {
+      if (l == inner) out << indent << "#pragma omp simd\n";
+      out << indent << "for (int64_t i" << l << " = t" << l << "; i" << l << " < std::min<int64_t>(t" << l << " + "
+          << kTile << ", " << nest_.loops[l].size << "); ++i" << l << ") {\n";
+      indent += "  ";
+    }
+    body_ = &out;
+    indent_ = indent;
+    emit_body();
+    for (size_t l = 0; l < plain.size() + 4; ++l) {
+      indent.resize(indent.size() - 2);
+      out << indent << "}\n";
+    }
+    out << "}\n";
+  }
+
   std::string index(const std::vector<int64_t>& strides, int64_t offset) const {
     std::ostringstream out;
     out << offset;
@@ -171,7 +233,9 @@ class KernelEmitter {
       case ExprKind::InBounds: {
         std::string test;
         for (size_t b = 0; b < x.bounds.size(); ++b) {
-          const std::string i = "(" + index(nest_.bound_strides[e][b], x.bounds[b].index.offset) + ")";
+          std::string i = "(";  // appended, not `"(" + ...`: GCC 12 warns falsely (-Wrestrict) on that form
+          i += index(nest_.bound_strides[e][b], x.bounds[b].index.offset);
+          i += ")";
           test += (b ? " && " : "") + i + " >= 0 && " + i + " < " + std::to_string(x.bounds[b].extent);
         }
         return "(" + test + ")";
@@ -207,7 +271,8 @@ class KernelEmitter {
     KILN_ASSERT(x.kind != ExprKind::Reduce) << "kernel " << k_.name << ": reduction " << e << " used before it is computed";
     for (int32_t op : x.operands)
       if (op >= 0) emit_expr(op, out, indent, scope);
-    names_[e] = "v" + std::to_string(e);
+    names_[e] = "v";  // appended, not `"v" + ...`: GCC 12 warns falsely (-Wrestrict) on that form once inlined
+    names_[e] += std::to_string(e);
     out << indent << "const " << compute_type(x.dtype) << " " << names_[e] << " = " << expression(e) << ";\n";
     scope.push_back(names_[e]);
     scope_ids_.push_back(e);
