@@ -1,9 +1,9 @@
 """CPU training step of the seed transformer6 (6 TransformerBlocks, AdamW): eager vs torch.compile vs kiln.
 
 Usage: python benchmarks/train_cpu.py [--batch 4 --seq 32 --d-model 512 --blocks 6] [--systems eager,inductor,kiln]
-  systems: eager, inductor (torch.compile), kiln (compiled autograd: forward and backward graphs compiled ahead
-  of time), kiln-eager-autograd (kiln's forward on the eager interpreter with eager's autograd, the default while
-  compiled autograd is off).
+  systems: eager, inductor (torch.compile), kiln (compiled autograd, the default: forward and backward graphs
+  compiled ahead of time), kiln-eager-autograd (kiln's forward on the eager interpreter with eager's autograd:
+  kiln.config.set_compiled_autograd(False)).
 Every system gets its own copy of the same initial weights. After each system's first call (compile + one step)
 and a few warm-up steps, the timed steps run round-robin, one step of each system in turn, so that load from
 other processes on a shared machine falls on all systems alike. Prints one JSON line per system: first call

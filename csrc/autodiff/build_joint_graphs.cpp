@@ -62,8 +62,8 @@ JointGraphs build_joint_graphs(const graph::Graph& graph_with_updates, OpOracle&
   // CUDA convolution chains go channels-last before the split, so the forward saves its activations in the
   // layout it computes them in and the backward is built over the same layout (relaid after the split, the
   // forward would copy every saved activation back to the recorded layout). Then batch norm takes cuDNN's
-  // kernel, as eager's does.
-  passes::relayout_convolutions_channels_last(captured);
+  // kernel, as eager's does. CPU convolutions keep their layout in training (passes/channels_last.h says why).
+  passes::relayout_convolutions_channels_last(captured, /*cpu=*/false);
   use_cudnn_batch_norm(captured, oracle, cudnn);
   check_supported(captured);
   JointGraphs joint;

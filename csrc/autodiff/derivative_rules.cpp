@@ -299,9 +299,12 @@ void rule_convolution(RuleCall& c) {  // (input, weight, bias?, stride, padding,
 
 // native_batch_norm_backward(grad_out, input, weight?, running_mean?, running_var?, save_mean?, save_invstd?,
 //                            train, eps, output_mask)
-// Outside training the batch statistics are empty tensors and the backward reads the running ones.
+// Outside training the backward reads the running statistics. ATen's CUDA kernel still asserts that the saved
+// ones are defined (the forward's empty results), while its CPU kernel takes defined ones as the batch's (their
+// recorded size is 0): CUDA gets the results, CPU none.
 graph::ArgValue saved_statistic(RuleCall& c, size_t result, bool train) {
-  return train ? tensor(c.result(result)) : graph::ArgValue{graph::NoneArg{}};
+  const bool cuda = c.input_meta(0).device.type == graph::DeviceType::CUDA;
+  return train || cuda ? tensor(c.result(result)) : graph::ArgValue{graph::NoneArg{}};
 }
 
 void batch_norm_back(RuleCall& c, bool train, double eps) {

@@ -98,7 +98,7 @@ bool float_cpu_4d(const graph::TensorMeta& m) {
 // as in conv + ReLU, NHWC gains nothing and costs two copies. On CPU every float32 one qualifies: oneDNN's
 // NHWC kernels beat its NCHW path at every shape measured on a 2-core x86 host, most for narrow inputs (an RGB
 // 3x3 convolution on 224x224: 0.61 ms against 6.3 ms; a 1x1 64->256 on 8x56x56: 5.2 against 22.8 ms).
-bool qualifies(const Graph& g, const Node& node, bool stem) {
+bool qualifies(const Graph& g, const Node& node, bool stem, bool cpu) {
   if (node.qualified_name() != "aten::convolution.default" || node.args.size() < 9) return false;
   const auto* input = std::get_if<TensorArg>(&node.args[0]);
   const auto* weight = std::get_if<TensorArg>(&node.args[1]);
@@ -107,16 +107,17 @@ bool qualifies(const Graph& g, const Node& node, bool stem) {
   const auto& in = g.values[input->id].meta;
   const auto& w = g.values[weight->id].meta;
   if (w.sizes.size() != 4) return false;
-  if (float_cpu_4d(in)) return true;
+  if (float_cpu_4d(in)) return cpu;
   return floating_cuda_4d(in) && (stem || in.sizes[1] >= kMinChannels) && w.sizes[0] >= kMinChannels;
 }
 
 class Relayout {
  public:
-  Relayout(Graph& g, bool stems)
+  Relayout(Graph& g, bool stems, bool cpu)
       : g_(g),
         rewriter_(g),
         stems_(stems),
+        cpu_(cpu),
         relaid_(g.values.size(), false),
         neutral_(g.values.size(), false),
         restored_(g.values.size(), -1) {
@@ -126,7 +127,7 @@ class Relayout {
   void run() {
     for (Node& node : rewriter_.take_nodes()) {
       const std::string name = node.qualified_name();
-      if (qualifies(g_, node, stems_)) {
+      if (qualifies(g_, node, stems_, cpu_)) {
         for (int a : {0, 1}) {
           ValueId& id = std::get<TensorArg>(node.args[a]).id;
           if (!relaid_[id] && !already_channels_last(g_.values[id].meta)) id = clone(id, kChannelsLastFormat);
@@ -237,6 +238,7 @@ class Relayout {
   Graph& g_;
   GraphRewriter rewriter_;
   const bool stems_;
+  const bool cpu_;
   std::vector<bool> relaid_;
   std::vector<bool> neutral_;  // computed from broadcast operands only (see only_broadcast_operands)
   std::vector<ValueId> restored_;
@@ -246,11 +248,11 @@ class Relayout {
 
 }  // namespace
 
-bool relayout_convolutions_channels_last(Graph& g) {
+bool relayout_convolutions_channels_last(Graph& g, bool cpu) {
   bool any = false;
-  for (const Node& node : g.nodes) any = any || qualifies(g, node, /*stem=*/false);
+  for (const Node& node : g.nodes) any = any || qualifies(g, node, /*stem=*/false, cpu);
   if (!any) return false;
-  Relayout relayout(g, /*stems=*/true);
+  Relayout relayout(g, /*stems=*/true, cpu);
   relayout.run();
   return relayout.changed();
 }

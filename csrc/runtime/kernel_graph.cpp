@@ -324,7 +324,10 @@ void build_plan(KilnGraph& kg, const fusion::Schedule& schedule) {
     }
 }
 
-std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> original, const ConstantsOf& constants_of) {
+// `training_half`: the graph is the forward or backward of a compiled training step (its CPU convolutions keep
+// their layout: passes/channels_last.h).
+std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> original, const ConstantsOf& constants_of,
+                                           bool training_half) {
   auto optimised = std::make_shared<graph::Graph>(*original);
   std::string why;
   const graph::Device device = *graph_device(*optimised, why);  // checked by unsupported_reason
@@ -332,7 +335,7 @@ std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> o
   if (device.type == graph::DeviceType::CUDA &&
       passes::split_addmm_bias(*optimised, cuda::multiprocessor_count(std::max<int>(device.index, 0))))
     KILN_LOG(perf) << "kiln backend: addmm bias adds fused after plain matmuls";
-  if (passes::relayout_convolutions_channels_last(*optimised)) {
+  if (passes::relayout_convolutions_channels_last(*optimised, /*cpu=*/!training_half)) {
     KILN_LOG(perf) << "kiln backend: convolutions run channels-last";
     if (passes::verify_enabled()) optimised->verify();
   }
@@ -383,7 +386,7 @@ KilnBackendStats& kiln_backend_stats() {
 }
 
 namespace {
-std::atomic<bool> g_compiled_autograd{false};
+std::atomic<bool> g_compiled_autograd{true};
 }  // namespace
 
 void set_compiled_autograd(bool on) { g_compiled_autograd = on; }
@@ -442,7 +445,7 @@ class AliasCheckedGraph final : public CompiledGraph {
 
 // Null when the graph's in-place ops are not all buffer updates (autodiff/functionalize_buffer_updates.h).
 std::shared_ptr<CompiledGraph> compile_with_buffer_updates(const std::shared_ptr<const graph::Graph>& g,
-                                                           const ConstantsOf& constants_of) {
+                                                           const ConstantsOf& constants_of, bool training_half) {
   auto functional = std::make_shared<graph::Graph>(*g);
   std::vector<autodiff::BufferUpdate> updates;
   try {
@@ -457,7 +460,7 @@ std::shared_ptr<CompiledGraph> compile_with_buffer_updates(const std::shared_ptr
   functional->set_outputs(outputs);
   if (passes::verify_enabled()) functional->verify();
   try {
-    auto kg = compile_kernels(functional, constants_of);
+    auto kg = compile_kernels(functional, constants_of, training_half);
     kiln_backend_stats().graphs_compiled++;
     std::vector<int32_t> updated;
     for (const autodiff::BufferUpdate& update : updates) updated.push_back(update.input_index);
@@ -472,7 +475,8 @@ std::shared_ptr<CompiledGraph> compile_with_buffer_updates(const std::shared_ptr
 
 }  // namespace
 
-std::shared_ptr<CompiledGraph> compile_kiln_graph(std::shared_ptr<const graph::Graph> g, const ConstantsOf& constants_of) {
+std::shared_ptr<CompiledGraph> compile_kiln_graph(std::shared_ptr<const graph::Graph> g, const ConstantsOf& constants_of,
+                                                  bool training_half) {
   bool mutates = false;
   for (const graph::Node& node : g->nodes) mutates = mutates || node.mutates_args;
   if (mutates) {  // in-place ops on the graph's own intermediates become functional (passes/functionalize.h)
@@ -493,7 +497,7 @@ std::shared_ptr<CompiledGraph> compile_kiln_graph(std::shared_ptr<const graph::G
     try {
       auto joint = compile_autograd_graph(g, [&](std::shared_ptr<const graph::Graph> part) {
         at::AutoGradMode no_grad(false);  // the halves run with grad off: compile them as such
-        return compile_kiln_graph(std::move(part), constants_of);
+        return compile_kiln_graph(std::move(part), constants_of, /*training_half=*/true);
       });
       kiln_backend_stats().graphs_autograd++;
       std::vector<int32_t> updated = joint->updated_inputs();
@@ -506,12 +510,12 @@ std::shared_ptr<CompiledGraph> compile_kiln_graph(std::shared_ptr<const graph::G
   } else {
     reason = unsupported_reason(*g);
     if (!reason.empty()) {
-      if (auto updating = compile_with_buffer_updates(g, constants_of)) return updating;
+      if (auto updating = compile_with_buffer_updates(g, constants_of, training_half)) return updating;
     }
   }
   if (reason.empty()) {
     try {
-      auto kg = compile_kernels(g, constants_of);
+      auto kg = compile_kernels(g, constants_of, training_half);
       kiln_backend_stats().graphs_compiled++;
       return kg;
     } catch (const std::exception& e) {

@@ -17,7 +17,9 @@ using ConstantsOf = std::function<std::vector<at::Tensor>(const graph::Graph&)>;
 /// mode with inputs that require grad, non-CPU tensors) and any failure on the way (no compiler, a compile
 /// error) run on the eager interpreter instead, with one `fallbacks` log line. Call with the GIL held
 /// (it is released while the C++ compiler runs).
-std::shared_ptr<CompiledGraph> compile_kiln_graph(std::shared_ptr<const graph::Graph> g, const ConstantsOf& constants_of);
+/// `training_half`: `g` is the forward or backward half of a compiled training step (autograd_graph.h).
+std::shared_ptr<CompiledGraph> compile_kiln_graph(std::shared_ptr<const graph::Graph> g, const ConstantsOf& constants_of,
+                                                  bool training_half = false);
 
 /// What compile_kiln_graph made of a graph, for tests and tools.
 struct KilnGraphSummary {

@@ -16,7 +16,7 @@ Python-level settings (this module's attributes):
 - module_instance_limit: distinct nn.Module instances one forward (or its resume functions) is compiled
   for before further instances run eagerly (default 64). Identical layers (12 blocks of a ModuleList whose
   forward has a graph break) are compiled once each without reaching recompile_limit; read on each such miss.
-- set_compiled_autograd(on): compiled forward + backward for graphs that need grad (default off).
+- set_compiled_autograd(on): compiled forward + backward for graphs that need grad (default on).
 """
 import os
 
@@ -25,9 +25,9 @@ module_instance_limit = 64
 
 
 def set_compiled_autograd(on=True):
-    """Graphs that need grad: compile forward and backward ahead of time behind one autograd node (True),
-    or run them on the eager interpreter, op by op with eager's autograd (False, the default while the
-    compiled training step is slower than eager's on CPU). Process-wide; applies to graphs compiled after."""
+    """Graphs that need grad: compile forward and backward ahead of time behind one autograd node (True, the
+    default), or run them on the eager interpreter, op by op with eager's autograd (False). Graphs autodiff
+    does not cover keep the eager interpreter either way. Process-wide; applies to graphs compiled after."""
     from kiln import _C
     _C.set_compiled_autograd(bool(on))
 

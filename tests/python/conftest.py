@@ -54,3 +54,12 @@ def cuda_code_for_cpu_graphs():
     yield
     failures = kiln._C.cuda_ptx_check()["failures"][before:]
     assert not failures, "CUDA C generated for this test's graphs does not compile:\n" + "\n\n".join(failures)
+
+
+@pytest.fixture(autouse=True)
+def compiled_autograd_setting():
+    """Each test leaves kiln's compiled-autograd switch as it found it (tests that turn it off restore it)."""
+    import kiln
+    before = kiln._C.compiled_autograd()
+    yield
+    kiln.config.set_compiled_autograd(before)
