@@ -1,6 +1,9 @@
 // Dead-node removal: one backward sweep marking the values each live node reads.
 #include "passes/remove_dead_nodes.h"
 
+#include <set>
+#include <string>
+
 #include "decomp/decompositions.h"
 
 namespace kiln::passes {
@@ -8,6 +11,10 @@ namespace kiln::passes {
 bool is_pure_node(const graph::Graph& g, const graph::Node& node) {
   if (node.mutates_args) return false;
   if (node.is_view) return true;  // aliases its input and does nothing else (the recorded detach after ReLU)
+  // Allocations (batch norm's meta path records an empty reserve per call): nothing but a fresh tensor.
+  static const std::set<std::string> allocations = {"aten::empty.memory_format", "aten::empty_strided.default",
+                                                    "aten::empty_like.default"};
+  if (allocations.count(node.qualified_name())) return true;
   graph::ScalarType unused;
   return decomp::find_decomposition(g, node) != nullptr || decomp::is_affine_view(g, node) ||
          decomp::constant_node_value(g, node, unused).has_value();

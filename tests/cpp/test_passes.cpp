@@ -8,6 +8,7 @@
 #include "graph/graph.h"
 #include "passes/channels_last.h"
 #include "passes/lower_batch_norm.h"
+#include "passes/remove_dead_nodes.h"
 #include "passes/split_addmm.h"
 
 using namespace kiln::graph;
@@ -250,4 +251,17 @@ TEST_CASE("a value recorded channels-last leaves the graph without a copy back")
   CHECK_NOTHROW(again.verify());
   CHECK(again.nodes.size() == nodes);  // nothing cloned: the output keeps its recorded layout
   CHECK(again.values[again.outputs[0]].meta.strides[1] == 1);
+}
+
+TEST_CASE("an unread allocation (batch norm's recorded reserve) is dead") {
+  Graph g;
+  ValueId x = g.add_input(cuda({4}));
+  Node empty = op("aten::empty", "memory_format",
+                  {std::vector<int64_t>{0}, NoneArg{}, NoneArg{}, NoneArg{}, NoneArg{}, NoneArg{}},
+                  {"size", "dtype", "layout", "device", "pin_memory", "memory_format"}, 1);
+  g.add_node(empty, {cuda({0}, ScalarType::Byte)});
+  ValueId y = g.add_node(op("aten::relu", "default", {TensorArg{x}}, {"self"}, 1), {cuda({4})})[0];
+  g.set_outputs({y});
+  kiln::passes::remove_dead_nodes(g);
+  CHECK(names(g) == std::vector<std::string>{"aten::relu.default"});
 }
