@@ -271,6 +271,24 @@ VarPtr Tracer::call_python_construct(const VarPtr& fn, std::vector<VarPtr>& args
       for (const VarPtr& item : iterate(args[0])) total = binary(add, total, item);
       return total;
     }
+    if ((f == builtin("all") || f == builtin("any")) && n == 1 && kwargs.empty() && !is_constant(args[0])) {
+      // all(items) / any(items): the items' truth values in order, up to the first that decides, so a generator
+      // is advanced only as far as eager advances it. A tensor item is a data-dependent branch (Unsupported).
+      const bool decides = f == builtin("any");
+      PyObject* decided = decides ? Py_True : Py_False;
+      if (args[0]->is(VarKind::kGenerator)) {
+        constexpr size_t kMaxItems = 4096;  // as iterate(): a generator that never decides ends the trace
+        size_t count = 0;
+        while (VarPtr item = generator_next(args[0])) {
+          if (truthy(item) == decides) return make_const(decided);
+          if (++count == kMaxItems) KILN_UNSUPPORTED() << "all()/any() over more than " << kMaxItems << " items";
+        }
+      } else {
+        for (const VarPtr& item : iterate(args[0]))
+          if (truthy(item) == decides) return make_const(decided);
+      }
+      return make_const(decides ? Py_False : Py_True);
+    }
     if (f == inspect_signature() && n == 1 && all_constant({}, kwargs)) return fold_signature(args[0], kwargs);
   }
   *handled = false;

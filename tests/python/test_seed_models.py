@@ -132,3 +132,17 @@ def test_changed_input_recompiles_once(fresh_kiln, name, change, device):
     assert again["frames_compiled"] == after["frames_compiled"], f"first input compiled again: {after} -> {again}"
     assert again["recompiles"] == after["recompiles"]
     assert again["cache_hits"] > after["cache_hits"], f"first input was not a cache hit: {after} -> {again}"
+
+
+def test_eval_attention_on_cpu_records_eagers_fast_path(fresh_kiln):
+    """Under no_grad in eval mode eager runs nn.MultiheadAttention's fused fast path on CPU; kiln traces the
+    module's forward (not a leaf call on meta fakes, where the fast path declines) and records the same op."""
+    from kiln.testing import capture_graphs
+    model, shape = build("transformer_eval", "cpu")
+    (graph, _), = capture_graphs(model, random_tensor(shape))[0]
+    assert "aten::_native_multi_head_attention.default" in graph.ops(), graph.ops()
+    with torch.no_grad():
+        assert_same_as_eager(model, random_tensor(shape))
+    model.train()  # training mode: the general path, as eager
+    (graph, _), = capture_graphs(model, random_tensor(shape))[0]
+    assert "aten::_native_multi_head_attention.default" not in graph.ops()

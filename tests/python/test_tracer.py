@@ -871,3 +871,31 @@ def test_generator_live_at_a_graph_break_runs_eagerly():
     compiled = kiln.compile(f)
     x = torch.randn(3)
     torch.testing.assert_close(compiled(x), f(x))
+
+
+def test_all_and_any_over_generators_are_traced_and_stop_where_eager_stops():
+    def f(x, sizes):
+        # all() stops at 1, before the tensor: evaluating bool(x > 0) would be a data-dependent branch
+        first = all(s > 1 for s in sizes + (x > 0,))
+        second = any(s == 3 for s in sizes)
+        third = all(t.dim() == 1 for t in (x, x + 1))
+        return x * 2 + (1 if first else 0) + (10 if second else 0) + (100 if third else 0)
+
+    x = torch.randn(4)
+    torch.testing.assert_close(kiln.compile(f)(x, (2, 1, 3)), f(x, (2, 1, 3)))
+    assert stats()["graph_breaks"] == 0 and stats()["fallbacks"] == 0, stats()
+
+
+def test_identity_of_a_tensor_passed_through_star_args():
+    def inner(*args):
+        return args[0] * (2 if args[0] is args[1] else 3)
+
+    def f(x):
+        y = x + 1
+        return inner(y, y), inner(y, y + 0)
+
+    x = torch.randn(3)
+    out = kiln.compile(f)(x)
+    torch.testing.assert_close(out[0], (x + 1) * 2)
+    torch.testing.assert_close(out[1], (x + 1) * 3)
+    assert stats()["graph_breaks"] == 0, stats()
