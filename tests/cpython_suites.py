@@ -1,6 +1,6 @@
 """Runs CPython's own regression suites with kiln tracing every frame (the graph-breaks issue's proof that
-tracing and falling back never change what a program does). Not part of the pytest run yet: it does not
-pass everywhere (tests/README.md has the current counts).
+tracing and falling back never change what a program does). tests/python/test_cpython_suites.py runs each
+suite through this script in its own process.
 
     PYTHONPATH=python .venv/bin/python -W ignore tests/cpython_suites.py [test.test_scope ...]
 """
@@ -22,13 +22,17 @@ def run(name):
     suite = unittest.defaultTestLoader.loadTestsFromModule(importlib.import_module(name))
     compiler = _C.Compiler("eager", None, False, 8, [], None, trace_all=True)
     start = time.time()
+    before = _C.stats()
     previous = _C.set_compiler(compiler)
     try:
         result = unittest.TextTestRunner(stream=io.StringIO(), verbosity=0).run(suite)
     finally:
         _C.set_compiler(previous)
+    after = _C.stats()
+    traced = after["frames_compiled"] - before["frames_compiled"]
+    breaks = after["graph_breaks"] - before["graph_breaks"]
     print(f"{name}: {result.testsRun} run, {len(result.failures)} failed, {len(result.errors)} errors, "
-          f"{time.time() - start:.1f} s", flush=True)
+          f"{time.time() - start:.1f} s; kiln transformed {traced} frames with {breaks} graph breaks", flush=True)
     for test, trace in result.failures + result.errors:
         print(f"  {test}: {trace.strip().splitlines()[-1]}")
     return not (result.failures or result.errors)

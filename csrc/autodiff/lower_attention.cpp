@@ -47,18 +47,17 @@ void lower_attention_for_autodiff(graph::Graph& g, OpOracle& oracle) {
     const graph::TensorMeta* q = tensor_meta(g, a.at(0));
     const graph::TensorMeta* k = tensor_meta(g, a.at(1));
     const graph::TensorMeta* v = tensor_meta(g, a.at(2));
-    // Without dropout only: with it, the CUDA memory-efficient kernel's backward reached an illegal memory access
-    // on an H200 (its RNG state as this graph passes it is not understood yet), and CPU flash attention has none.
-    if (!q || !k || !v || !std::holds_alternative<graph::NoneArg>(a.at(3)) || number(a.at(4), 0.0) != 0.0 ||
-        flag(a.at(7)) || !kernel_accepts(*q, *k, *v))
+    if (!q || !k || !v || !std::holds_alternative<graph::NoneArg>(a.at(3)) || flag(a.at(7)) ||
+        !kernel_accepts(*q, *k, *v))
       continue;
+    const double dropout = number(a.at(4), 0.0);
     graph::Node lowered;
     // CUDA in float32 only: in bfloat16 (under autocast) the compiled forward disagreed with eager.
     if (q->device.type == graph::DeviceType::CUDA && q->dtype == ScalarType::Float) {
       // (query, key, value, attn_bias, compute_log_sumexp, dropout_p, is_causal, *, scale)
       lowered.op = "aten::_scaled_dot_product_efficient_attention";
-      lowered.args = {a[0], a[1], a[2], graph::NoneArg{}, true, 0.0, a.at(5), a.at(6)};
-    } else if (q->device.type == graph::DeviceType::CPU) {
+      lowered.args = {a[0], a[1], a[2], graph::NoneArg{}, true, dropout, a.at(5), a.at(6)};
+    } else if (q->device.type == graph::DeviceType::CPU && dropout == 0.0) {  // CPU flash attention has no dropout
       // (query, key, value, dropout_p, is_causal, *, attn_mask, scale)
       lowered.op = "aten::_scaled_dot_product_flash_attention_for_cpu";
       lowered.args = {a[0], a[1], a[2], 0.0, a.at(5), graph::NoneArg{}, a.at(6)};

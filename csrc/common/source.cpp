@@ -56,6 +56,10 @@ SourcePtr Source::dict_key(SourcePtr base, std::string key) {
   return SourcePtr(new Source(SourceKind::kDictKey, std::move(base), std::move(key), 0));
 }
 
+SourcePtr Source::type_of(SourcePtr base) {
+  return SourcePtr(new Source(SourceKind::kType, std::move(base), "", 0));
+}
+
 SourcePtr Source::object(PyObject* object, std::string label) {
   auto* s = new Source(SourceKind::kObject, nullptr, std::move(label), 0);
   Py_INCREF(object);
@@ -75,6 +79,7 @@ std::string Source::describe() const {
     case SourceKind::kIndex: return base_->describe() + "[" + std::to_string(index_) + "]";
     case SourceKind::kDictKey: return base_->describe() + "['" + name_ + "']";
     case SourceKind::kObject: return name_;
+    case SourceKind::kType: return "type(" + base_->describe() + ")";
   }
   return "?";
 }
@@ -132,6 +137,7 @@ PyObject* Source::resolve_from(PyObject* base, const SourceRoots& roots) const {
     case SourceKind::kDictKey:
       if (PyDict_Check(base)) return dict_get_new(base, py_name_, "dict");
       return PyObject_GetItem(base, py_name_);
+    case SourceKind::kType: return Py_NewRef((PyObject*)Py_TYPE(base));
     default: break;
   }
   PyErr_Format(PyExc_IndexError, "kiln source %s out of range", describe().c_str());

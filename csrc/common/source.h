@@ -34,6 +34,7 @@ enum class SourceKind : unsigned char {
   kIndex,        ///< base[index] for tuples and lists
   kDictKey,      ///< base[key] for dicts with constant string keys (key in `name`)
   kObject,       ///< a fixed object held by the source (another module's globals dict, a closure cell)
+  kType,         ///< type(base)
 };
 
 class Source;
@@ -51,6 +52,8 @@ class Source {
   static SourcePtr module_slot(SourcePtr base, std::string slot, std::string name);
   static SourcePtr index(SourcePtr base, long long i);
   static SourcePtr dict_key(SourcePtr base, std::string key);
+  /// type(base): the class of the value `base` reaches (its attributes are guarded through this).
+  static SourcePtr type_of(SourcePtr base);
   /// A root that is `object` itself (kept alive by the source); `label` is for describe().
   static SourcePtr object(PyObject* object, std::string label);
 

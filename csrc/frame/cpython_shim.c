@@ -227,6 +227,47 @@ static int is_resume_of_same_function(PyCodeObject* outer, PyCodeObject* inner) 
   return inner_marked && outer_len == inner_len && strncmp(outer_name, inner_name, (size_t)outer_len) == 0;
 }
 
+int kiln_shim_is_resume_code(PyCodeObject* code) {
+  const char* qualname = PyUnicode_AsUTF8(code->co_qualname);
+  if (qualname == NULL) {
+    PyErr_Clear();
+    return 0;
+  }
+  return strstr(qualname, KILN_RESUME_QUALNAME_MARKER) != NULL;
+}
+
+void kiln_shim_add_recursion_headroom(PyThreadState* tstate, int delta) {
+#ifdef KILN_PY312_OR_LATER
+  tstate->py_recursion_remaining += delta;
+#else
+  tstate->recursion_remaining += delta;
+#endif
+}
+
+/// Resume frames whose function's own frame (the root of the chain: the transformed frame, whose code has no
+/// resume marker) was already dropped from a traceback, with the caller they were given then. Such a frame
+/// stands for a whole call: a frame above it of the same function (recursion: a resume function that calls the
+/// function again) is another call and stays. Recorded per thread in a small ring, borrowed pointers compared
+/// with the frame's current caller: an entry that outlived its frame can at worst leave one frame shown.
+#define KILN_CLOSED_RING 32
+static _Thread_local struct {
+  PyFrameObject* frame;
+  PyFrameObject* back;
+} closed_resume_frames[KILN_CLOSED_RING];
+static _Thread_local int closed_resume_next;
+
+static int resume_chain_closed(PyFrameObject* frame) {
+  for (int i = 0; i < KILN_CLOSED_RING; i++)
+    if (closed_resume_frames[i].frame == frame && closed_resume_frames[i].back == frame->f_back) return 1;
+  return 0;
+}
+
+static void close_resume_chain(PyFrameObject* frame) {
+  closed_resume_frames[closed_resume_next].frame = frame;
+  closed_resume_frames[closed_resume_next].back = frame->f_back;
+  closed_resume_next = (closed_resume_next + 1) % KILN_CLOSED_RING;
+}
+
 /// The traceback with its head dropped when the head is `code`'s frame calling a resume function of the same
 /// Python function: in eager there is one frame where kiln has the transformed frame and the resume frame
 /// (tracebacks and PEP 626 line numbers then read as eager's). New reference; `tb` is borrowed.
@@ -236,14 +277,21 @@ static PyObject* without_resume_caller(PyObject* tb, PyCodeObject* code) {
   if (head->tb_next == NULL) return Py_NewRef(tb);
   PyCodeObject* head_code = PyFrame_GetCode(head->tb_frame);
   PyCodeObject* next_code = PyFrame_GetCode(head->tb_next->tb_frame);
-  int hide = head_code == code && is_resume_of_same_function(code, next_code);
+  PyFrameObject* resume_frame = head->tb_next->tb_frame;
+  int hide = head_code == code && is_resume_of_same_function(code, next_code) && !resume_chain_closed(resume_frame);
+  int root = 0;
+  if (hide) {
+    const char* name = PyUnicode_AsUTF8(code->co_qualname);
+    root = name != NULL && strstr(name, KILN_RESUME_QUALNAME_MARKER) == NULL;
+    if (name == NULL) PyErr_Clear();
+  }
   Py_DECREF(head_code);
   Py_DECREF(next_code);
   if (!hide) return Py_NewRef(tb);
   // The resume frame (finished: its frame object owns its data) points back at the hidden frame; it takes that
   // frame's caller instead, so `tb_frame.f_back` also reads as eager's.
-  PyFrameObject* resume_frame = head->tb_next->tb_frame;
   Py_XSETREF(resume_frame->f_back, PyFrame_GetBack(head->tb_frame));
+  if (root) close_resume_chain(resume_frame);
   return Py_NewRef((PyObject*)head->tb_next);
 }
 

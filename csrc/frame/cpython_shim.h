@@ -17,6 +17,14 @@ struct _PyInterpreterFrame;
 /// tracebacks through resume functions are recognised by it.
 #define KILN_RESUME_QUALNAME_MARKER ".<resume at line "
 
+/// True when `code` is a resume function kiln made (its qualname holds KILN_RESUME_QUALNAME_MARKER).
+int kiln_shim_is_resume_code(PyCodeObject* code);
+
+/// Adds `delta` to the thread's Python recursion headroom (3.11: recursion_remaining, 3.12+:
+/// py_recursion_remaining). A resume function's frame continues its caller's function, which eager runs in one
+/// frame: the hook gives it one level of headroom while it runs, so that recursion limits read as eager's.
+void kiln_shim_add_recursion_headroom(PyThreadState* tstate, int delta);
+
 /// What the hook needs to know about a frame it receives (all pointers borrowed).
 typedef struct KilnFrameFacts {
   PyCodeObject* code;      // NULL when the frame does not run a code object (3.13 trampolines)

@@ -222,6 +222,15 @@ PyObject* handle_miss(PyThreadState* tstate, _PyInterpreterFrame* frame, int thr
   return nullptr;
 }
 
+bool is_resume_code(PyCodeObject* code, ExtraState* state) {
+  if (state == nullptr) return kiln_shim_is_resume_code(code) != 0;
+  if (state->resume < 0) state->resume = static_cast<int8_t>(kiln_shim_is_resume_code(code) != 0);
+  return state->resume != 0;
+}
+
+PyObject* intercept_frame(PyThreadState* tstate, _PyInterpreterFrame* frame, int throwflag, Compiler* compiler,
+                          const KilnFrameFacts& facts, ExtraState* state);
+
 PyObject* eval_frame_hook(PyThreadState* tstate, _PyInterpreterFrame* frame, int throwflag) {
   Compiler* compiler = tls_compiler;
   if (compiler == nullptr || tls_suspended > 0 || throwflag) return run_default(tstate, frame, throwflag);
@@ -234,6 +243,18 @@ PyObject* eval_frame_hook(PyThreadState* tstate, _PyInterpreterFrame* frame, int
     ++g_counters.default_runs;
     return run_default(tstate, frame, throwflag);
   }
+  // A resume function's frame is the rest of its function's frame (trace/break_code.h): eager has one frame
+  // there, so this one runs with a level of recursion headroom added (CPython's recursion tests set limits a
+  // few frames above their own depth).
+  const bool resume = is_resume_code(facts.code, state);
+  if (resume) kiln_shim_add_recursion_headroom(tstate, 1);
+  PyObject* result = intercept_frame(tstate, frame, throwflag, compiler, facts, state);
+  if (resume) kiln_shim_add_recursion_headroom(tstate, -1);
+  return result;
+}
+
+PyObject* intercept_frame(PyThreadState* tstate, _PyInterpreterFrame* frame, int throwflag, Compiler* compiler,
+                          const KilnFrameFacts& facts, ExtraState* state) {
 
   FrameView view = view_of(facts);
   if (state != nullptr && !state->entries.empty()) {

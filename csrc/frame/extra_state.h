@@ -29,6 +29,7 @@ struct ExtraState {
   /// Shared so that a guard or a running entry survives a reset_all() issued while it runs.
   std::vector<std::shared_ptr<EntrySlot>> entries;  ///< most recently used first
   bool skip = false;                                 ///< never intercept this code again
+  int8_t resume = -1;  ///< whether the code is a resume function kiln made (-1: not looked at yet)
   /// Bumped whenever `entries` changes, so a walk over them notices reentrant changes.
   unsigned long long version = 0;
 

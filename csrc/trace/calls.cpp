@@ -264,7 +264,9 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
         *handled = false;
         return nullptr;
       }
-      VarPtr out = wrap_result(r);
+      // type(obj) keeps a source (type(obj)), so that what the trace reads off the class is guarded.
+      const bool type_of_sourced = f == builtin("type") && args.size() == 1 && kwargs.empty() && args[0]->source;
+      VarPtr out = type_of_sourced ? make_const(r, Source::type_of(args[0]->source)) : wrap_result(r);
       Py_DECREF(r);
       return out;
     }

@@ -236,7 +236,9 @@ VarPtr Tracer::call_python_construct(const VarPtr& fn, std::vector<VarPtr>& args
       return make_super(args[0], args[1]);
     if (f == (PyObject*)&PyType_Type && n == 1 && kwargs.empty() && !is_constant(args[0])) {
       if (args[0]->is(VarKind::kModule) && args[0]->source) guards_->add_type(args[0]->source, Py_TYPE(args[0]->value));
-      return make_const((PyObject*)type_of(args[0]));
+      // With the value's source, the class keeps one too: what the trace reads off it (`type(self).count`) is
+      // guarded like any other attribute, not folded unguarded.
+      return make_const((PyObject*)type_of(args[0]), args[0]->source ? Source::type_of(args[0]->source) : nullptr);
     }
     if (f == (PyObject*)&PyDict_Type && n <= 1) {
       // dict(), dict(mapping_or_pairs, **kw): a new dict the trace owns.

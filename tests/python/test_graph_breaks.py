@@ -6,6 +6,8 @@ fell back to eager as a whole unless the case says so).
 """
 import sys
 
+import weakref
+
 import pytest
 import torch
 import torch.nn as nn
@@ -416,6 +418,81 @@ def test_tracebacks_through_resume_functions_read_as_eager(fresh_kiln):
     for _ in range(2):  # the first call compiles, the second runs the cached entries
         assert _frames_of(compiled, x) == eager
     assert kiln.stats()["graph_breaks"] >= 2, kiln.stats()
+
+
+class _Marker:
+    pass
+
+
+def recurses_through_breaks(x, depth, refs):
+    # Two breaks per call (the marker class and the list append run in Python), then recursion from inside the
+    # resume function: every level's traceback entry must stay, holding its locals as eager's frames do.
+    marker = _Marker()
+    refs.append(weakref.ref(marker))
+    y = torch.sin(x) + depth
+    if depth == 0:
+        raise ZeroDivisionError("bottom")
+    return recurses_through_breaks(y, depth - 1, refs) + marker.__class__.__name__.__len__()
+
+
+def _recursion_traceback(fn, x, depth):
+    refs = []
+    with pytest.raises(ZeroDivisionError) as info:
+        fn(x, depth, refs)
+    names, tb = [], info.value.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == __file__ and tb.tb_frame.f_code.co_name == "recurses_through_breaks":
+            names.append(tb.tb_lineno - tb.tb_frame.f_code.co_firstlineno)
+        tb = tb.tb_next
+    alive = sum(ref() is not None for ref in refs)  # the traceback's frames keep their markers
+    return names, alive
+
+
+def test_tracebacks_through_recursive_resume_functions_keep_every_level(fresh_kiln):
+    # A resume function that calls its own function again: the levels below belong to other calls and must not
+    # be taken for this call's resume frames (the traceback once lost every level but the last).
+    x = random_tensor(3)
+    eager = _recursion_traceback(recurses_through_breaks, x, 6)
+    assert eager == ([8] * 6 + [7], 7), eager
+    compiled = kiln.compile(recurses_through_breaks)
+    for _ in range(2):
+        assert _recursion_traceback(compiled, x, 6) == eager
+    assert kiln.stats()["graph_breaks"] >= 2, kiln.stats()
+
+
+class _Counted:
+    made = 0
+
+    @kiln.disable  # counts in plain Python (traced, each count would be a new guard value and a recompile)
+    def __init__(self):
+        type(self).made += 1
+
+
+def recurses_forever(x):
+    marker = _Counted()
+    return recurses_forever(torch.sin(x) + marker.__class__.__name__.__len__())
+
+
+def test_resume_functions_do_not_count_against_the_recursion_limit(fresh_kiln):
+    # Eager reaches a depth set by the recursion limit; the resume frame kiln adds per call must not make it
+    # shallower (CPython's own recursion tests set limits a few frames above their depth).
+    import sys
+
+    def depth_reached(fn):
+        _Counted.made = 0
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(150)
+        try:
+            with pytest.raises(RecursionError):
+                fn(random_tensor(3))
+        finally:
+            sys.setrecursionlimit(limit)
+        return _Counted.made
+
+    eager = depth_reached(recurses_forever)
+    compiled = depth_reached(kiln.compile(recurses_forever))
+    assert eager > 50 and abs(compiled - eager) <= 3, (eager, compiled)
+    assert kiln.stats()["graph_breaks"] >= 1 and kiln.stats()["recompiles"] == 0, kiln.stats()
 
 
 def test_fullgraph_raises_at_the_first_break(fresh_kiln):

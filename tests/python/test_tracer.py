@@ -899,3 +899,32 @@ def test_identity_of_a_tensor_passed_through_star_args():
     torch.testing.assert_close(out[0], (x + 1) * 2)
     torch.testing.assert_close(out[1], (x + 1) * 3)
     assert stats()["graph_breaks"] == 0, stats()
+
+
+class _Scaled:
+    scale = 2.0
+    made = 0
+
+    def __init__(self):
+        type(self).made += 1  # read and written through type(self): a break at the store
+
+
+def test_class_attributes_read_through_type_are_guarded():
+    # type(obj).attr was folded at trace time with no guard on the attribute: a changed class attribute kept the
+    # first call's value (a counter stuck at 1, a scale that never changed).
+    def f(x, obj):
+        return x * type(obj).scale
+
+    def g(x):
+        _Scaled()
+        return x + 1
+
+    compiled_f, compiled_g = kiln.compile(f), kiln.compile(g)
+    x, obj = torch.randn(4), _Scaled()
+    for scale in (2.0, 3.0, 2.0):
+        _Scaled.scale = scale
+        torch.testing.assert_close(compiled_f(x, obj), x * scale)
+    _Scaled.made = 0
+    for _ in range(4):
+        compiled_g(x)
+    assert _Scaled.made == 4

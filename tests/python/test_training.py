@@ -582,7 +582,8 @@ def test_attention_with_a_mask_keeps_the_eager_interpreter():
 
 @pytest.mark.cuda
 def test_attention_dropout_on_cuda_gives_eager_results():
-    """Dropout inside attention on CUDA (the eager interpreter): one seed, the same elements dropped."""
+    """Dropout inside attention on CUDA, on compiled autograd: one seed, the same elements dropped, the same
+    gradients (the backward replays the forward's dropout from the RNG state the kernel returned)."""
     def attend(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, dropout_p=0.3)
 
@@ -596,3 +597,6 @@ def test_attention_dropout_on_cuda_gives_eager_results():
     grads_expected = torch.autograd.grad(expected.sum(), (q, k, v))
     grads_actual = torch.autograd.grad(actual.sum(), (q, k, v))
     torch.testing.assert_close(grads_actual, grads_expected)
+    assert_compiled_autograd()
+    with torch.no_grad():  # dropout did drop: the result is not attention without it
+        assert not torch.allclose(actual, F.scaled_dot_product_attention(q, k, v), atol=1e-2)
