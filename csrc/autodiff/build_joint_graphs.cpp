@@ -7,6 +7,7 @@
 // of them the forward saves and which the backward recomputes from cheaper saved values.
 #include "autodiff/build_joint_graphs.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -52,6 +53,58 @@ graph::TensorMeta gradient_meta(const graph::TensorMeta& output) {
   return meta;
 }
 
+// The sum of a value's gradient contributions. Where the value was split by `select` along one dimension and
+// every index got a gradient (nn.MultiheadAttention's packed q/k/v projection: proj[0], proj[1], proj[2]),
+// the select_backward pieces (each a zero-filled tensor of the whole value with one slice written) become one
+// stack of their gradients: one pass writing the value instead of three fills, three copies and two adds.
+graph::ValueId sum_of_contributions(BackwardBuilder& b, const graph::Graph& backward,
+                                    const std::vector<graph::ValueId>& contributions) {
+  struct Piece {
+    int64_t index;
+    graph::ValueId grad;
+    graph::ValueId contribution;
+  };
+  std::map<std::pair<int64_t, std::vector<int64_t>>, std::vector<Piece>> by_dim;  // (dim, sizes) -> pieces
+  std::vector<graph::ValueId> terms;
+  for (graph::ValueId c : contributions) {
+    const graph::Value& v = backward.value(c);
+    const graph::Node* node = v.producer >= 0 ? &backward.nodes[v.producer] : nullptr;
+    // select_backward(grad, input_sizes, dim, index)
+    if (node && node->qualified_name() == "aten::select_backward.default" && node->args.size() == 4) {
+      const auto* grad = std::get_if<graph::TensorArg>(&node->args[0]);
+      const auto* sizes = std::get_if<std::vector<int64_t>>(&node->args[1]);
+      const auto* dim = std::get_if<int64_t>(&node->args[2]);
+      const auto* index = std::get_if<int64_t>(&node->args[3]);
+      if (grad && sizes && dim && index && !sizes->empty()) {
+        const auto rank = static_cast<int64_t>(sizes->size());
+        const int64_t d = *dim < 0 ? *dim + rank : *dim;
+        const int64_t i = *index < 0 ? *index + (*sizes)[d] : *index;
+        by_dim[{d, *sizes}].push_back({i, grad->id, c});
+        continue;
+      }
+    }
+    terms.push_back(c);
+  }
+  for (auto& [key, pieces] : by_dim) {
+    const auto& [dim, sizes] = key;
+    std::sort(pieces.begin(), pieces.end(), [](const Piece& x, const Piece& y) { return x.index < y.index; });
+    bool covers = static_cast<int64_t>(pieces.size()) == sizes[dim];
+    for (size_t k = 0; covers && k < pieces.size(); ++k)
+      covers = pieces[k].index == static_cast<int64_t>(k) &&
+               backward.value(pieces[k].grad).meta.dtype == backward.value(pieces[0].contribution).meta.dtype;
+    if (!covers) {
+      for (const Piece& p : pieces) terms.push_back(p.contribution);
+      continue;
+    }
+    graph::TensorListArg items;
+    for (const Piece& p : pieces) items.ids.push_back(p.grad);
+    terms.push_back(b.emit("aten::stack", "default", {items, dim}));
+  }
+  graph::ValueId sum = terms.front();
+  for (size_t k = 1; k < terms.size(); ++k) sum = b.add(sum, terms[k]);
+  return sum;
+}
+
 }  // namespace
 
 JointGraphs build_joint_graphs(const graph::Graph& graph_with_updates, OpOracle& oracle, const CudnnBatchNorm& cudnn) {
@@ -70,11 +123,15 @@ JointGraphs build_joint_graphs(const graph::Graph& graph_with_updates, OpOracle&
   joint.backward = std::make_shared<graph::Graph>();
   BackwardBuilder b(captured, *joint.backward, oracle);
 
-  // Gradients reaching each forward value, in the backward graph.
-  std::map<graph::ValueId, graph::ValueId> grads;
-  auto accumulate = [&](graph::ValueId forward_id, graph::ValueId grad) {
+  // Gradients reaching each forward value, in the backward graph: the contributions are kept apart until the
+  // gradient is read, then summed (select pieces that cover a dimension become one stack: sum_of_contributions).
+  std::map<graph::ValueId, std::vector<graph::ValueId>> grads;
+  auto accumulate = [&](graph::ValueId forward_id, graph::ValueId grad) { grads[forward_id].push_back(grad); };
+  auto gradient = [&](graph::ValueId forward_id) -> std::optional<graph::ValueId> {
     auto it = grads.find(forward_id);
-    grads[forward_id] = it == grads.end() ? grad : b.add(it->second, grad);
+    if (it == grads.end()) return std::nullopt;
+    if (it->second.size() > 1) it->second = {sum_of_contributions(b, *joint.backward, it->second)};
+    return it->second.front();
   };
 
   joint.num_outputs = captured.outputs.size();
@@ -90,9 +147,8 @@ JointGraphs build_joint_graphs(const graph::Graph& graph_with_updates, OpOracle&
     std::vector<std::optional<graph::ValueId>> grad_outputs;
     bool any = false;
     for (graph::ValueId out : node.outputs) {
-      auto it = grads.find(out);
-      grad_outputs.push_back(it == grads.end() ? std::nullopt : std::optional<graph::ValueId>(it->second));
-      any = any || it != grads.end();
+      grad_outputs.push_back(gradient(out));
+      any = any || grad_outputs.back().has_value();
     }
     if (!any || is_non_differentiable_op(node.qualified_name())) continue;
     const DerivativeRule* rule = find_derivative_rule(node.qualified_name());
@@ -118,10 +174,10 @@ JointGraphs build_joint_graphs(const graph::Graph& graph_with_updates, OpOracle&
   std::vector<graph::ValueId> backward_outputs;
   for (graph::ValueId id : captured.inputs) {
     const graph::Value& v = captured.value(id);
-    auto it = grads.find(id);
-    if (!differentiable(v) || it == grads.end()) continue;
+    const std::optional<graph::ValueId> grad = differentiable(v) ? gradient(id) : std::nullopt;
+    if (!grad) continue;
     joint.grad_inputs.push_back(v.input_index);
-    backward_outputs.push_back(it->second);
+    backward_outputs.push_back(*grad);
   }
   joint.backward->set_outputs(backward_outputs);
 

@@ -15,6 +15,10 @@ bool is_pure_node(const graph::Graph& g, const graph::Node& node) {
   static const std::set<std::string> allocations = {"aten::empty.memory_format", "aten::empty_strided.default",
                                                     "aten::empty_like.default"};
   if (allocations.count(node.qualified_name())) return true;
+  // Extern ops known to do nothing but compute their result (the backward builder leaves unread gradient
+  // pieces of these behind when it merges them: autodiff/build_joint_graphs.cpp).
+  static const std::set<std::string> pure_externs = {"aten::select_backward.default", "aten::slice_backward.default"};
+  if (pure_externs.count(node.qualified_name())) return true;
   graph::ScalarType unused;
   return decomp::find_decomposition(g, node) != nullptr || decomp::is_affine_view(g, node) ||
          decomp::constant_node_value(g, node, unused).has_value();

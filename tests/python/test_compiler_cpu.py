@@ -550,3 +550,35 @@ def test_an_input_viewing_an_updated_input_sees_the_update():
         mine, theirs = base.clone(), base.clone()
         torch.testing.assert_close(compiled(mine, make_y(mine)), f(theirs, make_y(theirs)))
         torch.testing.assert_close(mine, theirs)
+
+
+# ---- derivative ops as generated code (decomp/decompose_backward.cpp) ----------------------------------------
+def _edge_inputs(dtype):
+    # random values plus the points where the formulas switch branch (0, the thresholds) and large magnitudes
+    x = rand(6, 33, dtype=dtype) * 3
+    x[0, :8] = torch.tensor([0.0, -0.0, 1.0, -1.0, 6.0, -6.0, 20.0, -20.0], dtype=dtype)
+    return rand(6, 33, dtype=dtype), x
+
+
+BACKWARD_OPS = [
+    ("threshold_backward", lambda g, x: torch.ops.aten.threshold_backward(g, x, 0.0)),
+    ("threshold_backward_nonzero", lambda g, x: torch.ops.aten.threshold_backward(g, x, 1.0)),
+    ("tanh_backward", lambda g, x: torch.ops.aten.tanh_backward(g, torch.tanh(x))),
+    ("sigmoid_backward", lambda g, x: torch.ops.aten.sigmoid_backward(g, torch.sigmoid(x))),
+    ("silu_backward", lambda g, x: torch.ops.aten.silu_backward(g, x)),
+    ("hardtanh_backward", lambda g, x: torch.ops.aten.hardtanh_backward(g, x, -1.0, 1.0)),
+    ("leaky_relu_backward", lambda g, x: torch.ops.aten.leaky_relu_backward(g, x, 0.02, False)),
+    ("gelu_backward", lambda g, x: torch.ops.aten.gelu_backward(g, x)),
+    ("gelu_backward_tanh", lambda g, x: torch.ops.aten.gelu_backward(g, x, approximate="tanh")),
+    ("dropout_backward", lambda g, x: torch.ops.aten.native_dropout_backward(g, x > 0.5, 1.25)),
+    ("softmax_backward", lambda g, x: torch.ops.aten._softmax_backward_data(g, torch.softmax(x, 1), 1, x.dtype)),
+    ("softmax_backward_dim0", lambda g, x: torch.ops.aten._softmax_backward_data(g, torch.softmax(x, 0), 0, x.dtype)),
+    ("log_softmax_backward", lambda g, x: torch.ops.aten._log_softmax_backward_data(g, torch.log_softmax(x, 1), 1, x.dtype)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("name,fn", BACKWARD_OPS, ids=[c[0] for c in BACKWARD_OPS])
+def test_derivative_ops_are_generated_code_and_match_eager(name, fn, dtype):
+    summary = check(fn, *_edge_inputs(dtype), kind="pointwise" if "softmax" not in name else "general")
+    assert summary["externs"] == [], (name, summary["externs"])

@@ -600,3 +600,34 @@ def test_attention_dropout_on_cuda_gives_eager_results():
     assert_compiled_autograd()
     with torch.no_grad():  # dropout did drop: the result is not attention without it
         assert not torch.allclose(actual, F.scaled_dot_product_attention(q, k, v), atol=1e-2)
+
+
+def test_packed_projection_gradient_is_one_stack():
+    # nn.MultiheadAttention splits one packed projection with proj[0], proj[1], proj[2]. Each select's gradient
+    # is a zero-filled tensor of the whole projection with one slice written; summed, that is three fills,
+    # three copies and two adds. The builder stacks the three gradients instead.
+    def fn(x, w):
+        proj = (x @ w).unflatten(-1, (3, 8)).unsqueeze(0).transpose(0, -2).squeeze(-2).contiguous()
+        q, k, v = proj[0], proj[1], proj[2]
+        return torch.tanh(q) * k + v.sigmoid()
+
+    graphs = []
+    x, w = r(5, 16), r(16, 24)
+    actual = kiln.compile(fn, backend=keep_summaries(graphs))(x, w)
+    expected = fn(x, w)
+    torch.testing.assert_close(actual, expected)
+    for got, want in zip(torch.autograd.grad(actual.sum(), (x, w)), torch.autograd.grad(expected.sum(), (x, w))):
+        torch.testing.assert_close(got, want)
+    assert_compiled_autograd()
+    (summary,) = graphs
+    backward = [k for k in summary["kernels"] + summary["externs"] if k.startswith("backward:")]
+    assert "backward:aten::stack.default" in backward and not any("select_backward" in k for k in backward), backward
+
+
+def test_partly_selected_value_keeps_select_backward():
+    # Only two of three slices get a gradient: no stack (the third slice's zeros still come from select_backward).
+    def fn(x):
+        return x[0] * 2 + x[2].tanh()
+
+    assert_same_as_eager(fn, r(3, 4, 5))
+    assert_compiled_autograd()
