@@ -44,6 +44,46 @@ void check_supported(const graph::Graph& g) {
   }
 }
 
+// The value a chain of views starts from (itself when it is not a view).
+graph::ValueId view_root(const graph::Graph& g, graph::ValueId id) {
+  for (int steps = 0; steps < 1000; ++steps) {
+    const graph::Value& v = g.value(id);
+    if (v.producer < 0 || !g.nodes[v.producer].is_view) return id;
+    const graph::Node& view = g.nodes[v.producer];
+    const auto* base = view.args.empty() ? nullptr : std::get_if<graph::TensorArg>(&view.args[0]);
+    if (!base) return id;
+    id = base->id;
+  }
+  return id;
+}
+
+// Outputs that are views of an intermediate (`logits.view(-1, n)`, `x.squeeze(1)`, `h.transpose(0, 1)` as the
+// last step) are returned as copies: a compiled autograd node's outputs are its own tensors. Eager's view could
+// only be told apart through its base, so this is done when nothing else returned shares that base; a view
+// of an input, or of a value returned too, keeps the eager interpreter (check_supported).
+void materialize_view_outputs(graph::Graph& g, OpOracle& oracle) {
+  std::map<graph::ValueId, int> roots;  // root -> how many outputs reach it
+  for (graph::ValueId id : g.outputs) roots[view_root(g, id)]++;
+  std::vector<graph::ValueId> outputs = g.outputs;
+  bool changed = false;
+  for (graph::ValueId& id : outputs) {
+    const graph::Value& v = g.value(id);
+    if (v.producer < 0 || !g.nodes[v.producer].is_view) continue;
+    const graph::ValueId root = view_root(g, id);
+    const graph::Value& base = g.value(root);
+    if (base.is_input || base.is_constant || roots[root] > 1) continue;
+    graph::Node clone;
+    clone.op = "aten::clone";
+    clone.overload = "default";
+    clone.args = {graph::TensorArg{id}, graph::NoneArg{}};
+    std::vector<graph::TensorMeta> metas = oracle.complete_node(g, clone);
+    metas.at(0).requires_grad = v.meta.requires_grad;
+    id = g.add_node(std::move(clone), std::move(metas)).at(0);
+    changed = true;
+  }
+  if (changed) g.set_outputs(outputs);
+}
+
 // Gradient inputs are dense and contiguous: the runtime makes incoming gradients so before the call.
 graph::TensorMeta gradient_meta(const graph::TensorMeta& output) {
   graph::TensorMeta meta = output;
@@ -112,6 +152,7 @@ JointGraphs build_joint_graphs(const graph::Graph& graph_with_updates, OpOracle&
   graph::Graph captured = graph_with_updates;
   const std::vector<BufferUpdate> updates = functionalize_buffer_updates(captured);
   lower_attention_for_autodiff(captured, oracle);  // attention kernels that save what their backward reads
+  materialize_view_outputs(captured, oracle);
   // CUDA convolution chains go channels-last before the split, so the forward saves its activations in the
   // layout it computes them in and the backward is built over the same layout (relaid after the split, the
   // forward would copy every saved activation back to the recorded layout). Then batch norm takes cuDNN's

@@ -166,6 +166,7 @@ PreparedNode prepare_node(const graph::Graph& g, const graph::Node& node, const 
   }
   prepared.outputs = node.outputs;
   prepared.returns_list = node.returns_list;
+  prepared.copy_into_fresh = prepared.name == "aten::copy.default";
   return prepared;
 }
 
@@ -178,6 +179,13 @@ void call_node(const PreparedNode& node, const graph::Graph& g, const std::vecto
   torch::jit::Stack stack = node.stack_template;
   for (const auto& slot : node.tensor_slots) stack[slot.position] = env[slot.id];
   for (const auto& slot : node.list_slots) stack[slot.position] = build_list(slot, g, constants, env);
+  if (node.copy_into_fresh && at::GradMode::is_enabled()) {  // copy(self, src, non_blocking)
+    const at::Tensor& self = stack.at(0).toTensor();
+    at::Tensor out = self.new_empty_strided(self.sizes(), self.strides());
+    out.copy_(stack.at(1).toTensor(), stack.at(2).toBool());
+    env[node.outputs.at(0)] = std::move(out);
+    return;
+  }
   node.op->callBoxed(stack);
   if (node.returns_list) {
     KILN_ASSERT_EQ(stack.size(), 1u) << "list-returning op " << node.name;

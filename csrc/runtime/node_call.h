@@ -30,6 +30,9 @@ struct PreparedNode {
   std::vector<c10::IValue> stack_template;
   std::vector<TensorSlot> tensor_slots;
   std::vector<TensorListSlot> list_slots;
+  // aten::copy (a functionalized `copy_` on an intermediate) has no autograd formula in PyTorch: with grad on,
+  // call_node runs it as eager did, a copy_ into a fresh tensor of self's layout (the gradient goes to src).
+  bool copy_into_fresh = false;
   std::vector<graph::ValueId> outputs;
   bool returns_list = false;
 };
