@@ -279,7 +279,50 @@ void set_masked(RuleCall& c, const std::vector<ValueId>& grads, const std::vecto
     if (mask[i]) c.set(args[i], grads.at(i));
 }
 
+// Layer norm's backward in float32/float64 as plain ops, so that it fuses: the input gradient becomes one row
+// reduction kernel with the gradient arithmetic around it (the residual branch's add), the weight and bias
+// gradients column sums beside the other bias gradients. With x_hat = (x - mean) * rstd and gw = grad * weight:
+//   dx = rstd / N * (N * gw - sum(gw) - x_hat * sum(gw * x_hat)),  dweight = sum_rows(grad * x_hat),
+//   dbias = sum_rows(grad)
+// (sums over the N normalized elements of a row, sum_rows over the leading dims). Half and bfloat16 keep ATen's
+// kernel, which accumulates them in float.
+void layer_norm_back_decomposed(RuleCall& c) {
+  const graph::TensorMeta& in = c.input_meta(0);
+  const auto rank = static_cast<int64_t>(in.sizes.size());
+  const auto k = static_cast<int64_t>(c.ints_arg(1).size());
+  std::vector<int64_t> row_dims, lead_dims;
+  int64_t n = 1;
+  for (int64_t d = 0; d < rank; ++d) {
+    if (d >= rank - k) {
+      row_dims.push_back(d);
+      n *= in.sizes[d];
+    } else {
+      lead_dims.push_back(d);
+    }
+  }
+  auto sum = [&](ValueId v, const std::vector<int64_t>& dims, bool keepdim) {
+    return c.b.emit("aten::sum", "dim_IntList", {tensor(v), dims, keepdim, graph::NoneArg{}});
+  };
+  auto sub = [&](ValueId a, ValueId b) { return c.b.emit("aten::sub", "Tensor", {tensor(a), tensor(b), int64_t{1}}); };
+  ValueId g = c.grad();
+  ValueId x_hat = c.b.mul(sub(c.input(0), c.result(1)), c.result(2));
+  if (c.needs(0)) {
+    ValueId gw = c.is_tensor(2) ? c.b.mul(g, c.input(2)) : g;
+    ValueId centred = sub(sub(c.b.mul(gw, static_cast<double>(n)), sum(gw, row_dims, true)),
+                          c.b.mul(x_hat, sum(c.b.mul(gw, x_hat), row_dims, true)));
+    c.set(0, c.b.mul(c.b.mul(c.result(2), 1.0 / static_cast<double>(n)), centred));
+  }
+  if (c.needs(2)) c.set(2, lead_dims.empty() ? c.b.mul(g, x_hat) : sum(c.b.mul(g, x_hat), lead_dims, false));
+  if (c.needs(3)) c.set(3, lead_dims.empty() ? g : sum(g, lead_dims, false));
+}
+
 void rule_native_layer_norm(RuleCall& c) {  // (input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd)
+  const graph::ScalarType dtype = c.input_meta(0).dtype;
+  if ((dtype == graph::ScalarType::Float || dtype == graph::ScalarType::Double) && c.ints_arg(1).size() > 0 &&
+      c.b.forward_meta(c.node().outputs.at(1)).dtype == dtype) {
+    layer_norm_back_decomposed(c);
+    return;
+  }
   const std::vector<bool> mask = {c.needs(0), c.needs(2), c.needs(3)};
   auto grads = c.b.emit_all("aten::native_layer_norm_backward", "default",
                             {tensor(c.grad()), tensor(c.input(0)), c.arg(1), tensor(c.result(1)), tensor(c.result(2)),
@@ -398,8 +441,37 @@ void rule_split(RuleCall& c) {
   if (c.needs(0)) c.set(0, c.b.emit("aten::cat", "default", {graph::TensorListArg{piece_grads(c)}, c.arg(2)}));
 }
 // unbind.int(self, dim) -> Tensor[]: stack of the pieces.
+// When self is a permute (timm's qkv.reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)), the pieces are
+// stacked in the permute's base order and the stack permuted: the permute's own rule then turns that back
+// into a contiguous tensor of the base's shape, and the reshape before it (the packed projection's gradient)
+// is a view instead of a second copy.
 void rule_unbind(RuleCall& c) {
-  if (c.needs(0)) c.set(0, c.b.emit("aten::stack", "default", {graph::TensorListArg{piece_grads(c)}, c.arg(1)}));
+  if (!c.needs(0)) return;
+  std::vector<std::optional<ValueId>> pieces = piece_grads(c);
+  const graph::Graph& f = c.forward();
+  const graph::Value& self = f.value(std::get<graph::TensorArg>(c.node().args.at(0)).id);
+  const auto rank = static_cast<int64_t>(self.meta.sizes.size());
+  const int64_t d = normalize_dim(c.int_arg(1), rank);
+  const graph::Node* permute = self.producer >= 0 ? &f.nodes[self.producer] : nullptr;
+  if (permute && permute->qualified_name() == "aten::permute.default") {
+    const auto* order = std::get_if<std::vector<int64_t>>(&permute->args.at(1));
+    if (order && static_cast<int64_t>(order->size()) == rank) {
+      std::vector<int64_t> p = *order;
+      for (int64_t& x : p) x = normalize_dim(x, rank);
+      const int64_t stacked = p[d];  // where the unbound dim sits in the base
+      std::vector<int64_t> q;       // a piece's dims in base order
+      for (int64_t base_dim = 0; base_dim < rank; ++base_dim) {
+        if (base_dim == stacked) continue;
+        const auto j = static_cast<int64_t>(std::find(p.begin(), p.end(), base_dim) - p.begin());
+        q.push_back(j < d ? j : j - 1);
+      }
+      for (auto& piece : pieces) piece = c.b.emit("aten::permute", "default", {tensor(*piece), q});
+      ValueId in_base_order = c.b.emit("aten::stack", "default", {graph::TensorListArg{pieces}, stacked});
+      c.set(0, c.b.emit("aten::permute", "default", {tensor(in_base_order), p}));
+      return;
+    }
+  }
+  c.set(0, c.b.emit("aten::stack", "default", {graph::TensorListArg{pieces}, c.arg(1)}));
 }
 
 // cat(tensors, dim): each item's gradient is its slice of the output's.

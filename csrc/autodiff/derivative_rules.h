@@ -42,6 +42,7 @@ class RuleCall {
   std::vector<int64_t> ints_arg(size_t index) const;
   const graph::ArgValue& arg(size_t index) const { return node_.args.at(index); }
   const graph::Node& node() const { return node_; }
+  const graph::Graph& forward() const { return forward_; }
 
   /// Records `grad` as (a contribution to) the gradient of tensor argument `index`.
   void set(size_t index, ValueId grad);

@@ -5,11 +5,12 @@ import copy
 
 import pytest
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 import kiln
 import kiln.errors
-from kiln.testing import assert_same_as_eager, random_tensor
+from kiln.testing import assert_same_as_eager, random_tensor, tolerance
 
 seed_models = pytest.importorskip("seed_models")  # benchmarks/seed_models.py (conftest puts benchmarks/ on the path)
 
@@ -672,3 +673,54 @@ def test_a_view_of_an_input_returned_keeps_the_eager_interpreter():
     out, _ = kiln.compile(f)(x, r(4, 5))
     assert out._base is x
     assert kiln._C.compiler_stats()["graphs_fallback"] == 1
+
+
+def test_unbind_of_a_permuted_projection_stacks_in_the_projection_layout():
+    # timm's attention: qkv = linear(x).reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4); q, k, v = qkv.unbind(0).
+    # The gradient is stacked straight into the projection's layout, so the reshape back is a view: one copy
+    # (the stack) instead of a stack and a reshape copy.
+    B, N, H, D = 2, 5, 3, 4
+
+    def attend(x, w):
+        q, k, v = (x @ w).reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
+        return torch.softmax(q @ k.transpose(-2, -1), -1) @ v
+
+    graphs = []
+    x, w = r(B, N, H * D), r(H * D, 3 * H * D)
+    actual = kiln.compile(attend, backend=keep_summaries(graphs))(x, w)
+    expected = attend(x, w)
+    rtol, atol = tolerance(torch.float32, "general")
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
+    for got, want in zip(torch.autograd.grad(actual.sum(), (x, w)), torch.autograd.grad(expected.sum(), (x, w))):
+        torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
+    assert_compiled_autograd()
+    (summary,) = graphs
+    backward = [k for k in summary["kernels"] + summary["externs"] if k.startswith("backward:")]
+    assert backward.count("backward:aten::stack.default") == 1, backward
+    assert not any("reshape" in k or "clone" in k for k in backward), backward
+
+
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("shape,normalized", [((6, 33), (33,)), ((2, 5, 4, 7), (4, 7)), ((3, 1, 16), (16,))])
+def test_layer_norm_backward_is_generated_code(shape, normalized, affine):
+    # float32 layer norm's backward as plain ops (one row-reduction kernel for the input gradient, column sums for
+    # weight and bias), instead of ATen's native_layer_norm_backward.
+    ln = nn.LayerNorm(normalized, elementwise_affine=affine)
+    if affine:
+        with torch.no_grad():
+            ln.weight.normal_()
+            ln.bias.normal_()
+    graphs = []
+    x = r(*shape)
+    fn = lambda x: ln(x * 1.5).tanh()
+    out = kiln.compile(fn, backend=keep_summaries(graphs))(x)
+    expected = fn(x)
+    params = [x] + list(ln.parameters())
+    rtol, atol = tolerance(torch.float32, "general")
+    torch.testing.assert_close(out, expected, rtol=rtol, atol=atol)
+    for got, want in zip(torch.autograd.grad(out.sum(), params), torch.autograd.grad(expected.sum(), params)):
+        torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
+    assert_compiled_autograd()
+    (summary,) = graphs
+    backward = [k for k in summary["kernels"] + summary["externs"] if k.startswith("backward:")]
+    assert not any("native_layer_norm_backward" in k for k in backward), backward
