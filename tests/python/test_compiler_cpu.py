@@ -581,4 +581,7 @@ BACKWARD_OPS = [
 @pytest.mark.parametrize("name,fn", BACKWARD_OPS, ids=[c[0] for c in BACKWARD_OPS])
 def test_derivative_ops_are_generated_code_and_match_eager(name, fn, dtype):
     summary = check(fn, *_edge_inputs(dtype), kind="pointwise" if "softmax" not in name else "general")
+    if name == "log_softmax_backward" and dtype == torch.bfloat16:  # ATen rounds exp(output) first: kept extern
+        assert summary["externs"] == ["aten::_log_softmax_backward_data.default"], summary["externs"]
+        return
     assert summary["externs"] == [], (name, summary["externs"])

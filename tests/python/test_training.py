@@ -686,10 +686,11 @@ def test_unbind_of_a_permuted_projection_stacks_in_the_projection_layout():
         return torch.softmax(q @ k.transpose(-2, -1), -1) @ v
 
     graphs = []
-    x, w = r(B, N, H * D), r(H * D, 3 * H * D)
+    # float64: a peaked softmax makes float32 gradients depend on the summation order past the tolerance
+    x, w = (random_tensor(*s, dtype=torch.float64, requires_grad=True) for s in ((B, N, H * D), (H * D, 3 * H * D)))
     actual = kiln.compile(attend, backend=keep_summaries(graphs))(x, w)
     expected = attend(x, w)
-    rtol, atol = tolerance(torch.float32, "general")
+    rtol, atol = tolerance(torch.float64, "general")
     torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
     for got, want in zip(torch.autograd.grad(actual.sum(), (x, w)), torch.autograd.grad(expected.sum(), (x, w))):
         torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
@@ -703,8 +704,8 @@ def test_unbind_of_a_permuted_projection_stacks_in_the_projection_layout():
 @pytest.mark.parametrize("affine", [True, False])
 @pytest.mark.parametrize("shape,normalized", [((6, 33), (33,)), ((2, 5, 4, 7), (4, 7)), ((3, 1, 16), (16,))])
 def test_layer_norm_backward_is_generated_code(shape, normalized, affine):
-    # float32 layer norm's backward as plain ops (one row-reduction kernel for the input gradient, column sums for
-    # weight and bias), instead of ATen's native_layer_norm_backward.
+    # float32 layer norm's input gradient as plain ops (one row-reduction kernel, fused with what surrounds it);
+    # ATen's kernel computes only the weight and bias gradients.
     ln = nn.LayerNorm(normalized, elementwise_affine=affine)
     if affine:
         with torch.no_grad():
@@ -723,4 +724,5 @@ def test_layer_norm_backward_is_generated_code(shape, normalized, affine):
     assert_compiled_autograd()
     (summary,) = graphs
     backward = [k for k in summary["kernels"] + summary["externs"] if k.startswith("backward:")]
-    assert not any("native_layer_norm_backward" in k for k in backward), backward
+    # the weight and bias gradients come from ATen's kernel with the input gradient masked off
+    assert sum("native_layer_norm_backward" in k for k in backward) == (1 if affine else 0), backward

@@ -23,6 +23,7 @@ using graph::ScalarType;
 constexpr unsigned kPointwiseBlock = 256;
 constexpr unsigned kRowsPerBlock = 8;       // warp_per_row: one warp per row, 8 warps per block
 constexpr int64_t kWarpRowLimit = 512;      // rows up to this long reduce within one warp
+constexpr int64_t kColumnBlocksWanted = 256;  // column strategy: narrower blocks until about this many
 constexpr int64_t kThreadRowLimit = 64;     // pooling windows up to this size are walked by one thread
 constexpr int64_t kMaxGrid = int64_t{1} << 20;  // grid-stride loops cover the rest
 constexpr int64_t kIndex32Limit = (int64_t{1} << 31) - 1;
@@ -99,6 +100,7 @@ class KernelEmitter {
   bool rows_ = false;
   bool block_reduce_ = false;
   bool column_ = false;  // the column strategy (column_shaped)
+  int column_width_ = 32;  // outputs per block of the column strategy
   bool thread_row_ = false;  // the thread_per_row strategy (small pooling windows)
   int vector_width_ = 1;
   int lane_ = -1;  // the vector lane being emitted, or -1 for scalar code

@@ -133,8 +133,8 @@ void KernelEmitter::emit_row_loop(int64_t rows, const std::string& base_indent) 
   if (column_) {
     // Every thread of the block runs every step (column_reduce has barriers): the threads past the last
     // output redo the last one and store nothing.
-    out << base_indent << "for (index_t first_row = static_cast<index_t>(blockIdx.x) * 32; first_row < " << rows
-        << "; first_row += static_cast<index_t>(gridDim.x) * 32) {\n";
+    out << base_indent << "for (index_t first_row = static_cast<index_t>(blockIdx.x) * " << column_width_ << "; first_row < "
+        << rows << "; first_row += static_cast<index_t>(gridDim.x) * " << column_width_ << ") {\n";
     out << indent << "const bool active = first_row + threadIdx.x < " << rows << ";\n";
     out << indent << "const index_t row = active ? first_row + threadIdx.x : " << rows - 1 << ";\n";
   } else if (thread_row_) {
@@ -160,7 +160,9 @@ void KernelEmitter::emit_row_loop(int64_t rows, const std::string& base_indent) 
           << "static_cast<" << compute_type(x.dtype) << ">(" << names_[operand] << "));\n";
     });
     // (thread_per_row: the thread's own serial walk was the whole reduction)
-    if (column_) out << indent << acc << " = kiln::column_reduce<" << combiner(x.reduce_op) << ">(" << acc << ", " << init << ");\n";
+    if (column_)
+      out << indent << acc << " = kiln::column_reduce<" << combiner(x.reduce_op) << ", " << column_width_ << ">(" << acc
+          << ", " << init << ");\n";
     else if (block_reduce_) out << indent << acc << " = kiln::block_reduce<" << combiner(x.reduce_op) << ">(" << acc << ", " << init << ");\n";
     else if (!thread_row_) out << indent << acc << " = kiln::warp_reduce<" << combiner(x.reduce_op) << ">(" << acc << ");\n";
     names_[r] = acc;

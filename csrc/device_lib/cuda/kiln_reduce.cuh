@@ -82,24 +82,24 @@ __device__ T block_reduce(T value, T identity) {
   return value;
 }
 
-// Column reductions (blockDim.x == 32 outputs side by side, blockDim.y <= 32 threads splitting each one's
-// reduced range): the combination over threadIdx.y for each threadIdx.x, returned to every thread of that
-// column. Warp w combines column w (and w + blockDim.y, ...) from a padded shared tile. Every thread of the
-// block must call it; it ends with a barrier, so a kernel may call it any number of times in a row.
-template <typename Combine, typename T>
+// Column reductions (blockDim.x == Columns outputs side by side, 8, 16 or 32; blockDim.y a power of two, at most
+// 1024 / Columns, threads splitting each one's reduced range): the combination over threadIdx.y for each
+// threadIdx.x, returned to every thread of that column. A tree over a shared tile, halving the rows in use per
+// step. Every thread of the block must call it; it ends with a barrier, so a kernel may call it any number of
+// times in a row.
+template <typename Combine, int Columns, typename T>
 __device__ T column_reduce(T value, T identity) {
-  __shared__ T partial[kWarpSize][kWarpSize + 1];
-  __shared__ T totals[kWarpSize];
-  partial[threadIdx.y][threadIdx.x] = value;
+  __shared__ T partial[1024];
+  const unsigned x = threadIdx.x, y = threadIdx.y;
+  partial[y * Columns + x] = value;
   __syncthreads();
-  for (unsigned column = threadIdx.y; column < kWarpSize; column += blockDim.y) {
-    T v = threadIdx.x < blockDim.y ? partial[threadIdx.x][column] : identity;
-    v = warp_reduce<Combine>(v);
-    if (threadIdx.x == 0) totals[column] = v;
+  for (unsigned half = blockDim.y / 2; half > 0; half /= 2) {
+    if (y < half) partial[y * Columns + x] = Combine::combine(partial[y * Columns + x], partial[(y + half) * Columns + x]);
+    __syncthreads();
   }
+  value = partial[x];
   __syncthreads();
-  value = totals[threadIdx.x];
-  __syncthreads();
+  (void)identity;
   return value;
 }
 
