@@ -97,8 +97,54 @@ graph::TensorMeta gradient_meta(const graph::TensorMeta& output) {
 // every index got a gradient (nn.MultiheadAttention's packed q/k/v projection: proj[0], proj[1], proj[2]),
 // the select_backward pieces (each a zero-filled tensor of the whole value with one slice written) become one
 // stack of their gradients: one pass writing the value instead of three fills, three copies and two adds.
-graph::ValueId sum_of_contributions(BackwardBuilder& b, const graph::Graph& backward,
-                                    const std::vector<graph::ValueId>& contributions) {
+// The dims of `meta` from outermost to innermost in memory, when its strides lay it out densely (a permutation
+// of a contiguous tensor); empty otherwise.
+std::vector<int64_t> dense_dim_order(const graph::TensorMeta& meta) {
+  const auto rank = static_cast<int64_t>(meta.sizes.size());
+  std::vector<int64_t> order(rank);
+  for (int64_t d = 0; d < rank; ++d) order[d] = d;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return meta.strides[x] > meta.strides[y]; });
+  int64_t expected = 1;
+  for (int64_t i = rank - 1; i >= 0; --i) {
+    const int64_t d = order[i];
+    if (meta.sizes[d] != 1 && meta.strides[d] != expected) return {};
+    expected *= meta.sizes[d];
+  }
+  return order;
+}
+
+// stack(pieces, dim) for `value`'s gradient. When the forward made `value` as a contiguous copy of a permuted
+// view (nn.MultiheadAttention's packed projection: linear(x).unflatten(-1, (3, E)).unsqueeze(0).transpose(0, -2)
+// .squeeze(-2).contiguous()), the stack is written in that view's memory order and permuted to the value's
+// shape: the gradient then flows back through the view chain as views, and the projection's gradient needs no
+// copy of its own.
+graph::ValueId stack_pieces(BackwardBuilder& b, const graph::Graph& forward, graph::ValueId value,
+                            const graph::TensorListArg& pieces, int64_t dim) {
+  const graph::Value& v = forward.value(value);
+  const graph::Node* clone = v.producer >= 0 ? &forward.nodes[v.producer] : nullptr;
+  std::vector<int64_t> order;
+  if (clone && clone->qualified_name() == "aten::clone.default") {
+    const graph::TensorMeta* source = graph::tensor_meta(forward, clone->args.at(0));
+    if (source && source->sizes == v.meta.sizes) order = dense_dim_order(*source);
+  }
+  const auto rank = static_cast<int64_t>(v.meta.sizes.size());
+  bool identity = true;
+  for (int64_t i = 0; i < static_cast<int64_t>(order.size()); ++i) identity = identity && order[i] == i;
+  if (order.empty() || identity) return b.emit("aten::stack", "default", {pieces, dim});
+  const auto position = static_cast<int64_t>(std::find(order.begin(), order.end(), dim) - order.begin());
+  std::vector<int64_t> piece_order;  // a piece's dims (the value's minus `dim`) in memory order
+  for (int64_t d : order)
+    if (d != dim) piece_order.push_back(d < dim ? d : d - 1);
+  graph::TensorListArg permuted;
+  for (const auto& piece : pieces.ids) permuted.ids.push_back(b.emit("aten::permute", "default", {tensor(*piece), piece_order}));
+  graph::ValueId stacked = b.emit("aten::stack", "default", {permuted, position});
+  std::vector<int64_t> back(rank);  // value dim d sits at position back[d] of `stacked`
+  for (int64_t i = 0; i < rank; ++i) back[order[i]] = i;
+  return b.emit("aten::permute", "default", {tensor(stacked), back});
+}
+
+graph::ValueId sum_of_contributions(BackwardBuilder& b, const graph::Graph& backward, const graph::Graph& forward,
+                                    graph::ValueId value, const std::vector<graph::ValueId>& contributions) {
   struct Piece {
     int64_t index;
     graph::ValueId grad;
@@ -138,7 +184,7 @@ graph::ValueId sum_of_contributions(BackwardBuilder& b, const graph::Graph& back
     }
     graph::TensorListArg items;
     for (const Piece& p : pieces) items.ids.push_back(p.grad);
-    terms.push_back(b.emit("aten::stack", "default", {items, dim}));
+    terms.push_back(stack_pieces(b, forward, value, items, dim));
   }
   graph::ValueId sum = terms.front();
   for (size_t k = 1; k < terms.size(); ++k) sum = b.add(sum, terms[k]);
@@ -171,7 +217,7 @@ JointGraphs build_joint_graphs(const graph::Graph& graph_with_updates, OpOracle&
   auto gradient = [&](graph::ValueId forward_id) -> std::optional<graph::ValueId> {
     auto it = grads.find(forward_id);
     if (it == grads.end()) return std::nullopt;
-    if (it->second.size() > 1) it->second = {sum_of_contributions(b, *joint.backward, it->second)};
+    if (it->second.size() > 1) it->second = {sum_of_contributions(b, *joint.backward, captured, forward_id, it->second)};
     return it->second.front();
   };
 
