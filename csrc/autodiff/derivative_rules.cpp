@@ -683,6 +683,113 @@ void rule_native_group_norm(RuleCall& c) {
   set_masked(c, grads, {0, 1, 2}, mask);
 }
 
+// ---- losses, norms, statistics, interpolation ----------------------------------------------------------
+// (self, target, reduction, ...) losses with an ATen backward for self; the target's gradient is its negation.
+void loss_back(RuleCall& c, const char* backward, std::vector<Arg> extra) {
+  if (!c.needs(0) && !c.needs(1)) return;
+  std::vector<Arg> args = {tensor(c.grad()), tensor(c.input(0)), tensor(c.input(1)), c.arg(2)};
+  args.insert(args.end(), extra.begin(), extra.end());
+  ValueId g = c.b.emit(backward, "default", std::move(args));
+  if (c.needs(0)) c.set(0, g);
+  if (c.needs(1)) c.set(1, c.b.neg(g));
+}
+void rule_mse_loss(RuleCall& c) { loss_back(c, "aten::mse_loss_backward", {}); }
+void rule_smooth_l1_loss(RuleCall& c) { loss_back(c, "aten::smooth_l1_loss_backward", {c.arg(3)}); }
+void rule_huber_loss(RuleCall& c) { loss_back(c, "aten::huber_loss_backward", {c.arg(3)}); }
+
+// binary_cross_entropy_with_logits(self, target, weight?, pos_weight?, reduction):
+// d/dself = (sigmoid(self) - target) * grad [* weight] [/ numel for the mean].
+void rule_bce_with_logits(RuleCall& c) {
+  if (c.needs(1) || c.needs(2) || !c.is_none(3)) KILN_UNSUPPORTED() << "binary_cross_entropy_with_logits with pos_weight or a target or weight gradient";
+  if (!c.needs(0)) return;
+  ValueId g = c.b.mul(c.grad(), c.b.emit("aten::sub", "Tensor", {tensor(emit1(c, "aten::sigmoid", {tensor(c.input(0))})), tensor(c.input(1)), int64_t{1}}));
+  if (c.is_tensor(2)) g = c.b.mul(g, c.input(2));
+  if (c.int_arg(4) == 1) {
+    int64_t numel = 1;
+    for (int64_t size : c.input_meta(0).sizes) numel *= size;
+    g = c.b.mul(g, 1.0 / static_cast<double>(numel));
+  }
+  c.set(0, g);
+}
+
+// The reduced dims of a (self, dims?, keepdim) reduction and a view of `v` (the result or its gradient) with
+// them kept as size 1, so that it broadcasts against self.
+struct Reduced {
+  std::vector<int64_t> dims;
+  int64_t count = 1;
+  std::vector<int64_t> kept_sizes;
+};
+Reduced reduced_dims(RuleCall& c, size_t dims_arg) {
+  const std::vector<int64_t>& sizes = c.input_meta(0).sizes;
+  Reduced r;
+  std::vector<int64_t> dims = c.is_none(dims_arg) ? std::vector<int64_t>{} : c.ints_arg(dims_arg);
+  std::set<int64_t> set;
+  for (int64_t d : dims) set.insert(normalize_dim(d, sizes.size()));
+  r.kept_sizes = sizes;
+  for (size_t i = 0; i < sizes.size(); ++i)
+    if (set.empty() || set.count(static_cast<int64_t>(i))) {
+      r.dims.push_back(static_cast<int64_t>(i));
+      r.kept_sizes[i] = 1;
+      r.count *= sizes[i];
+    }
+  return r;
+}
+ValueId kept(RuleCall& c, ValueId v, const Reduced& r, bool keepdim) { return keepdim ? v : c.b.reshape(v, r.kept_sizes); }
+
+// linalg_vector_norm(self, ord, dim?, keepdim, *, dtype?), ord 2: self * grad / norm (0 where the norm is 0).
+void rule_vector_norm(RuleCall& c) {
+  if (!c.needs(0)) return;
+  if (c.number_arg(1) != 2.0 || !c.is_none(4)) KILN_UNSUPPORTED() << "linalg_vector_norm other than ord=2";
+  const Reduced r = reduced_dims(c, 2);
+  ValueId norm = kept(c, c.result(0), r, c.bool_arg(3));
+  ValueId scale = c.b.div(kept(c, c.grad(), r, c.bool_arg(3)), norm);
+  scale = emit1(c, "aten::masked_fill", {tensor(scale), tensor(emit1(c, "aten::eq", {tensor(norm), 0.0}, "Scalar")), 0.0}, "Scalar");
+  c.set(0, c.b.mul(c.input(0), scale));
+}
+
+// var.correction / std.correction(self, dim?, *, correction?, keepdim):
+// var: grad * 2 (x - mean) / (N - correction); std: the same with grad / (2 std), 0 where std is 0.
+void variance_back(RuleCall& c, bool std_dev) {
+  if (!c.needs(0)) return;
+  const Reduced r = reduced_dims(c, 1);
+  const bool keepdim = c.bool_arg(3);
+  const double correction = c.is_none(2) ? 1.0 : c.number_arg(2);
+  ValueId g = kept(c, c.grad(), r, keepdim);
+  if (std_dev) {
+    ValueId sd = kept(c, c.result(0), r, keepdim);
+    g = c.b.div(g, c.b.mul(sd, 2.0));
+    g = emit1(c, "aten::masked_fill", {tensor(g), tensor(emit1(c, "aten::eq", {tensor(sd), 0.0}, "Scalar")), 0.0}, "Scalar");
+  }
+  ValueId mean = c.b.emit("aten::mean", "dim", {tensor(c.input(0)), r.dims, true, graph::NoneArg{}});
+  ValueId centred = c.b.emit("aten::sub", "Tensor", {tensor(c.input(0)), tensor(mean), int64_t{1}});
+  c.set(0, c.b.mul(c.b.mul(centred, 2.0 / (static_cast<double>(r.count) - correction)), g));
+}
+void rule_var(RuleCall& c) { variance_back(c, false); }
+void rule_std(RuleCall& c) { variance_back(c, true); }
+
+// amax / amin(self, dim, keepdim): the gradient shared evenly among the elements equal to the result.
+void rule_amax_amin(RuleCall& c) {
+  if (!c.needs(0)) return;
+  const Reduced r = reduced_dims(c, 1);
+  const bool keepdim = c.bool_arg(2);
+  ValueId hits = emit1(c, "aten::eq", {tensor(c.input(0)), tensor(kept(c, c.result(0), r, keepdim))}, "Tensor");
+  ValueId mask = emit1(c, "aten::_to_copy", {tensor(hits), graph::ScalarTypeArg{c.input_meta(0).dtype}, graph::NoneArg{},
+                                             graph::NoneArg{}, graph::NoneArg{}, false, graph::NoneArg{}});
+  ValueId count = c.b.emit("aten::sum", "dim_IntList", {tensor(mask), r.dims, true, graph::NoneArg{}});
+  c.set(0, c.b.mul(mask, c.b.div(kept(c, c.grad(), r, keepdim), count)));
+}
+
+// upsample_bilinear2d(self, output_size, align_corners, scales_h?, scales_w?) / upsample_nearest2d(self,
+// output_size, scales_h?, scales_w?): ATen's backward kernels.
+void rule_upsample_bilinear2d(RuleCall& c) {
+  if (c.needs(0))
+    c.set(0, emit1(c, "aten::upsample_bilinear2d_backward", {tensor(c.grad()), c.arg(1), c.input_meta(0).sizes, c.arg(2), c.arg(3), c.arg(4)}));
+}
+void rule_upsample_nearest2d(RuleCall& c) {
+  if (c.needs(0))
+    c.set(0, emit1(c, "aten::upsample_nearest2d_backward", {tensor(c.grad()), c.arg(1), c.input_meta(0).sizes, c.arg(2), c.arg(3)}));
+}
+
 const std::map<std::string, DerivativeRule>& rule_table() {
   static const std::map<std::string, DerivativeRule> table = {
       {"aten::mm.default", {rule_mm}},
@@ -779,6 +886,17 @@ const std::map<std::string, DerivativeRule>& rule_table() {
       {"aten::nll_loss_forward.default", {rule_nll_loss}},
       {"aten::log_sigmoid_forward.default", {rule_log_sigmoid}},
       {"aten::native_group_norm.default", {rule_native_group_norm}},
+      {"aten::mse_loss.default", {rule_mse_loss}},
+      {"aten::smooth_l1_loss.default", {rule_smooth_l1_loss}},
+      {"aten::huber_loss.default", {rule_huber_loss}},
+      {"aten::binary_cross_entropy_with_logits.default", {rule_bce_with_logits}},
+      {"aten::linalg_vector_norm.default", {rule_vector_norm}},
+      {"aten::var.correction", {rule_var}},
+      {"aten::std.correction", {rule_std}},
+      {"aten::amax.default", {rule_amax_amin}},
+      {"aten::amin.default", {rule_amax_amin}},
+      {"aten::upsample_bilinear2d.default", {rule_upsample_bilinear2d}},
+      {"aten::upsample_nearest2d.default", {rule_upsample_nearest2d}},
   };
   return table;
 }

@@ -72,6 +72,20 @@ RULE_CASES = [
     ("avg_pool2d", lambda a: F.avg_pool2d(a, 3, 2, 1), [(2, 3, 9, 9)]),
     ("adaptive_avg_pool2d", lambda a: F.adaptive_avg_pool2d(a, (3, 2)), [(2, 3, 7, 6)]),
     ("adaptive_avg_pool2d_1x1_flatten", lambda a: torch.flatten(F.adaptive_avg_pool2d(a, 1), 1) * 2, [(2, 3, 5, 5)]),
+    # session 7's rules: math, masks, shapes, losses, norms, statistics, interpolation
+    ("sqrt_log_rsqrt", lambda x: torch.sqrt(x.abs() + 1) * torch.log(x.abs() + 2) + torch.rsqrt(x * x + 1), [(4, 6)]),
+    ("sin_cos_erf_expm1", lambda x: torch.sin(x) * torch.cos(x) + torch.erf(x) + torch.expm1(x * 0.1), [(4, 6)]),
+    ("where_clamp", lambda x, y: torch.where(x > 0, x, y).clamp(-0.5, 0.7) + x.clamp_min(0.1) + y.clamp_max(0.2), [(4, 6), (4, 6)]),
+    ("maximum_minimum", lambda x, y: torch.maximum(x, y) * 2 + torch.minimum(x, y.round()), [(4, 6), (4, 6)]),
+    ("flip_roll_pad_cumsum", lambda x: F.pad(x.flip(1).roll(2, 0), (1, 2)).cumsum(1), [(4, 6)]),
+    ("stack_gather", lambda x, y: torch.stack([x, y], 1).gather(2, torch.tensor([[[0, 2], [1, 1]]]).expand(4, 2, 2)), [(4, 6), (4, 6)]),
+    ("cross_entropy", lambda x: F.cross_entropy(x, torch.tensor([1, 0, 3, 2])), [(4, 6)]),
+    ("mse_smooth_l1_huber", lambda x, y: F.mse_loss(x, y) + F.smooth_l1_loss(x, y) + F.huber_loss(x, y, delta=0.5), [(4, 6), (4, 6)]),
+    ("bce_with_logits", lambda x: F.binary_cross_entropy_with_logits(x, (torch.arange(24.0).view(4, 6) % 3 == 0).float()), [(4, 6)]),
+    ("normalize_var_std", lambda x: F.normalize(x, dim=1) + x.var(1, keepdim=True) + x.std(0), [(4, 6)]),
+    ("amax_amin", lambda x: x.amax(1) + x.amin(1), [(4, 6)]),
+    ("interpolate", lambda x: F.interpolate(x, scale_factor=2, mode="bilinear").sum(1) + F.interpolate(x, size=(6, 4), mode="nearest").mean(1), [(2, 3, 3, 2)]),
+    ("group_norm_log_sigmoid", lambda x, w, b: F.logsigmoid(F.group_norm(x, 2, w, b)), [(2, 4, 3), (4,), (4,)]),
 ]
 
 
