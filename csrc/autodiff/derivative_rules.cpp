@@ -324,9 +324,28 @@ void rule_native_layer_norm(RuleCall& c) {  // (input, normalized_shape, weight?
     layer_norm_back_decomposed(c);
     return;
   }
+  // ATen's CPU kernel keeps mean and rstd of a half/bfloat16 input in that dtype unless weight or bias is of
+  // another dtype (its mixed-type path keeps them in float), where the meta (the graph's) always says float: the
+  // saved statistics then arrive as float copies (exact), and its backward wants them in the input's dtype
+  // ("expected scalar type BFloat16 but found Float").
+  ValueId mean = c.result(1), rstd = c.result(2);
+  bool mixed = false;
+  for (size_t arg : {2, 3})
+    mixed = mixed || (c.is_tensor(arg) && c.input_meta(arg).dtype != dtype);
+  const bool cpu_half = c.input_meta(0).device.type == graph::DeviceType::CPU &&
+                        (dtype == graph::ScalarType::Half || dtype == graph::ScalarType::BFloat16) && !mixed &&
+                        c.b.forward_meta(c.node().outputs.at(1)).dtype != dtype;
+  if (cpu_half) {
+    auto cast = [&](ValueId v) {
+      return c.b.emit("aten::_to_copy", "default", {tensor(v), graph::ScalarTypeArg{dtype}, graph::NoneArg{}, graph::NoneArg{},
+                                                    graph::NoneArg{}, false, graph::NoneArg{}});
+    };
+    mean = cast(mean);
+    rstd = cast(rstd);
+  }
   const std::vector<bool> mask = {c.needs(0), c.needs(2), c.needs(3)};
   auto grads = c.b.emit_all("aten::native_layer_norm_backward", "default",
-                            {tensor(c.grad()), tensor(c.input(0)), c.arg(1), tensor(c.result(1)), tensor(c.result(2)),
+                            {tensor(c.grad()), tensor(c.input(0)), c.arg(1), tensor(mean), tensor(rstd),
                              optional_tensor(c, 2), optional_tensor(c, 3), mask});
   set_masked(c, grads, {0, 2, 3}, mask);
 }
@@ -779,15 +798,65 @@ void rule_amax_amin(RuleCall& c) {
   c.set(0, c.b.mul(mask, c.b.div(kept(c, c.grad(), r, keepdim), count)));
 }
 
-// upsample_bilinear2d(self, output_size, align_corners, scales_h?, scales_w?) / upsample_nearest2d(self,
-// output_size, scales_h?, scales_w?): ATen's backward kernels.
-void rule_upsample_bilinear2d(RuleCall& c) {
-  if (c.needs(0))
-    c.set(0, emit1(c, "aten::upsample_bilinear2d_backward", {tensor(c.grad()), c.arg(1), c.input_meta(0).sizes, c.arg(2), c.arg(3), c.arg(4)}));
+// Activations with an ATen backward(grad, self, <the forward's other arguments>...).
+void activation_back(RuleCall& c, const char* backward, std::initializer_list<size_t> extra_args) {
+  if (!c.needs(0)) return;
+  std::vector<Arg> args = {tensor(c.grad()), tensor(c.input(0))};
+  for (size_t a : extra_args) args.push_back(c.arg(a));
+  c.set(0, c.b.emit(backward, "default", std::move(args)));
 }
-void rule_upsample_nearest2d(RuleCall& c) {
-  if (c.needs(0))
-    c.set(0, emit1(c, "aten::upsample_nearest2d_backward", {tensor(c.grad()), c.arg(1), c.input_meta(0).sizes, c.arg(2), c.arg(3)}));
+void rule_softplus(RuleCall& c) { activation_back(c, "aten::softplus_backward", {1, 2}); }
+void rule_hardswish(RuleCall& c) { activation_back(c, "aten::hardswish_backward", {}); }
+void rule_hardsigmoid(RuleCall& c) { activation_back(c, "aten::hardsigmoid_backward", {}); }
+void rule_mish(RuleCall& c) { activation_back(c, "aten::mish_backward", {}); }
+void rule_glu(RuleCall& c) { activation_back(c, "aten::glu_backward", {1}); }
+// upsample_*(self, output_size, <rest>) -> upsample_*_backward(grad, output_size, input_size, <rest>).
+void upsample_back(RuleCall& c, const char* backward, size_t rest_from, size_t rest_to) {
+  if (!c.needs(0)) return;
+  std::vector<Arg> args = {tensor(c.grad()), c.arg(1), c.input_meta(0).sizes};
+  for (size_t a = rest_from; a < rest_to; ++a) args.push_back(c.arg(a));
+  c.set(0, c.b.emit(backward, "default", std::move(args)));
+}
+void rule_upsample_nearest1d(RuleCall& c) { upsample_back(c, "aten::upsample_nearest1d_backward", 2, 3); }
+void rule_upsample_nearest2d(RuleCall& c) { upsample_back(c, "aten::upsample_nearest2d_backward", 2, 4); }
+void rule_upsample_bilinear2d(RuleCall& c) { upsample_back(c, "aten::upsample_bilinear2d_backward", 2, 5); }
+void rule_upsample_nearest3d(RuleCall& c) { upsample_back(c, "aten::upsample_nearest3d_backward", 2, 5); }
+void rule_upsample_linear1d(RuleCall& c) { upsample_back(c, "aten::upsample_linear1d_backward", 2, 4); }
+void rule_upsample_bicubic2d(RuleCall& c) { upsample_back(c, "aten::upsample_bicubic2d_backward", 2, 5); }
+void rule_upsample_trilinear3d(RuleCall& c) { upsample_back(c, "aten::upsample_trilinear3d_backward", 2, 6); }
+void rule_tril(RuleCall& c) {
+  if (c.needs(0)) c.set(0, emit1(c, "aten::tril", {tensor(c.grad()), c.arg(1)}));
+}
+void rule_triu(RuleCall& c) {
+  if (c.needs(0)) c.set(0, emit1(c, "aten::triu", {tensor(c.grad()), c.arg(1)}));
+}
+// logsumexp(self, dim, keepdim): grad * exp(self - result)
+void rule_logsumexp(RuleCall& c) {
+  if (!c.needs(0)) return;
+  const Reduced r = reduced_dims(c, 1);
+  const bool keepdim = c.bool_arg(2);
+  ValueId shifted = c.b.emit("aten::sub", "Tensor", {tensor(c.input(0)), tensor(kept(c, c.result(0), r, keepdim)), int64_t{1}});
+  c.set(0, c.b.mul(kept(c, c.grad(), r, keepdim), emit1(c, "aten::exp", {tensor(shifted)})));
+}
+void rule_dot(RuleCall& c) {  // dot(self, tensor)
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), c.input(1)));
+  if (c.needs(1)) c.set(1, c.b.mul(c.grad(), c.input(0)));
+}
+void rule_mv(RuleCall& c) {  // mv(self [m, n], vec [n])
+  if (c.needs(0)) c.set(0, c.b.mul(c.b.reshape(c.grad(), {c.input_meta(0).sizes.at(0), 1}), c.input(1)));
+  if (c.needs(1)) c.set(1, emit1(c, "aten::mv", {tensor(t(c, c.input(0))), tensor(c.grad())}));
+}
+void rule_baddbmm(RuleCall& c) {  // baddbmm(self, batch1, batch2, *, beta, alpha)
+  const double beta = c.number_arg(3), alpha = c.number_arg(4);
+  if (c.needs(0)) c.set(0, beta == 1.0 ? c.grad() : c.b.mul(c.grad(), beta));
+  if (c.needs(1)) {
+    ValueId g = emit1(c, "aten::bmm", {tensor(c.grad()), tensor(emit1(c, "aten::transpose", {tensor(c.input(2)), int64_t{1}, int64_t{2}}, "int"))});
+    c.set(1, alpha == 1.0 ? g : c.b.mul(g, alpha));
+  }
+  if (c.needs(2)) {
+    ValueId g = emit1(c, "aten::bmm", {tensor(emit1(c, "aten::transpose", {tensor(c.input(1)), int64_t{1}, int64_t{2}}, "int")), tensor(c.grad())});
+    c.set(2, alpha == 1.0 ? g : c.b.mul(g, alpha));
+  }
 }
 
 const std::map<std::string, DerivativeRule>& rule_table() {
@@ -897,6 +966,22 @@ const std::map<std::string, DerivativeRule>& rule_table() {
       {"aten::amin.default", {rule_amax_amin}},
       {"aten::upsample_bilinear2d.default", {rule_upsample_bilinear2d}},
       {"aten::upsample_nearest2d.default", {rule_upsample_nearest2d}},
+      {"aten::softplus.default", {rule_softplus}},
+      {"aten::hardswish.default", {rule_hardswish}},
+      {"aten::hardsigmoid.default", {rule_hardsigmoid}},
+      {"aten::mish.default", {rule_mish}},
+      {"aten::glu.default", {rule_glu}},
+      {"aten::upsample_nearest1d.default", {rule_upsample_nearest1d}},
+      {"aten::upsample_nearest3d.default", {rule_upsample_nearest3d}},
+      {"aten::upsample_linear1d.default", {rule_upsample_linear1d}},
+      {"aten::upsample_bicubic2d.default", {rule_upsample_bicubic2d}},
+      {"aten::upsample_trilinear3d.default", {rule_upsample_trilinear3d}},
+      {"aten::tril.default", {rule_tril}},
+      {"aten::triu.default", {rule_triu}},
+      {"aten::logsumexp.default", {rule_logsumexp}},
+      {"aten::dot.default", {rule_dot}},
+      {"aten::mv.default", {rule_mv}},
+      {"aten::baddbmm.default", {rule_baddbmm}},
   };
   return table;
 }
