@@ -110,6 +110,20 @@ ValueId BackwardBuilder::expand(ValueId a, const std::vector<int64_t>& sizes) {
   return emit("aten::expand", "default", {tensor(a), sizes, false});
 }
 
+ValueId BackwardBuilder::stack_in_order(const graph::TensorListArg& pieces, int64_t dim, const std::vector<int64_t>& order) {
+  const auto rank = static_cast<int64_t>(order.size());
+  const auto position = static_cast<int64_t>(std::find(order.begin(), order.end(), dim) - order.begin());
+  std::vector<int64_t> piece_order;  // a piece's dims (the result's minus `dim`) in memory order
+  for (int64_t d : order)
+    if (d != dim) piece_order.push_back(d < dim ? d : d - 1);
+  graph::TensorListArg permuted;
+  for (const auto& piece : pieces.ids) permuted.ids.push_back(emit("aten::permute", "default", {tensor(*piece), piece_order}));
+  const ValueId stacked = emit("aten::stack", "default", {permuted, position});
+  std::vector<int64_t> back(rank);  // result dim d sits at position back[d] of `stacked`
+  for (int64_t i = 0; i < rank; ++i) back[order[i]] = i;
+  return emit("aten::permute", "default", {tensor(stacked), back});
+}
+
 ValueId BackwardBuilder::sum_to(ValueId grad, const std::vector<int64_t>& sizes) {
   const std::vector<int64_t> grad_sizes = meta(grad).sizes;
   if (grad_sizes == sizes) return grad;

@@ -71,6 +71,9 @@ class BackwardBuilder {
   /// view when `a` is contiguous, reshape otherwise.
   ValueId reshape(ValueId a, const std::vector<int64_t>& sizes);
   ValueId expand(ValueId a, const std::vector<int64_t>& sizes);
+  /// stack(pieces, dim), written so that its memory holds the result's dims in `order` (outermost first) and
+  /// permuted back to stack's shape: a later view chain that reads it in that order stays a view.
+  ValueId stack_in_order(const graph::TensorListArg& pieces, int64_t dim, const std::vector<int64_t>& order);
   /// Sums `grad` over the dimensions broadcasting added, back to `sizes` (no-op when they match).
   ValueId sum_to(ValueId grad, const std::vector<int64_t>& sizes);
   /// Casts `a` to `dtype` when it differs (type promotion in the forward).

@@ -127,20 +127,8 @@ graph::ValueId stack_pieces(BackwardBuilder& b, const graph::Graph& forward, gra
     const graph::TensorMeta* source = graph::tensor_meta(forward, clone->args.at(0));
     if (source && source->sizes == v.meta.sizes) order = dense_dim_order(*source);
   }
-  const auto rank = static_cast<int64_t>(v.meta.sizes.size());
-  bool identity = true;
-  for (int64_t i = 0; i < static_cast<int64_t>(order.size()); ++i) identity = identity && order[i] == i;
-  if (order.empty() || identity) return b.emit("aten::stack", "default", {pieces, dim});
-  const auto position = static_cast<int64_t>(std::find(order.begin(), order.end(), dim) - order.begin());
-  std::vector<int64_t> piece_order;  // a piece's dims (the value's minus `dim`) in memory order
-  for (int64_t d : order)
-    if (d != dim) piece_order.push_back(d < dim ? d : d - 1);
-  graph::TensorListArg permuted;
-  for (const auto& piece : pieces.ids) permuted.ids.push_back(b.emit("aten::permute", "default", {tensor(*piece), piece_order}));
-  graph::ValueId stacked = b.emit("aten::stack", "default", {permuted, position});
-  std::vector<int64_t> back(rank);  // value dim d sits at position back[d] of `stacked`
-  for (int64_t i = 0; i < rank; ++i) back[order[i]] = i;
-  return b.emit("aten::permute", "default", {tensor(stacked), back});
+  if (order.empty() || std::is_sorted(order.begin(), order.end())) return b.emit("aten::stack", "default", {pieces, dim});
+  return b.stack_in_order(pieces, dim, order);
 }
 
 graph::ValueId sum_of_contributions(BackwardBuilder& b, const graph::Graph& backward, const graph::Graph& forward,

@@ -83,43 +83,38 @@ void build_log_softmax_backward(PrimBuilder& b, const Graph& g, const Node& n) {
 
 }  // namespace
 
+// The pointwise entries are pointwise2 builders: f(grad, self-or-result) in the compute dtype.
 void add_backward_decompositions(std::map<std::string, Decomposition>& t) {
   auto pointwise = [&](const std::string& name, Builder build, decltype(Decomposition::supports) ok) {
     t[name] = Decomposition{std::move(ok), nullptr, std::move(build), 1};
   };
-  auto grad_and = [](std::function<Prim(PrimBuilder&, const Node&, Prim, Prim, ScalarType)> f) -> Builder {
-    return [f](PrimBuilder& b, const Graph& g, const Node& n) {
-      const ScalarType t = compute_dtype(g, n);
-      b.set_output(0, f(b, n, arg_as(b, 0, t), arg_as(b, 1, t), t));
-    };
-  };
   // relu's backward: threshold_backward(grad, self, threshold) = self <= threshold ? 0 : grad.
-  pointwise("aten::threshold_backward.default", grad_and([](PrimBuilder& b, const Node& n, Prim dy, Prim x, ScalarType t) {
+  pointwise("aten::threshold_backward.default", pointwise2([](PrimBuilder& b, const Node& n, Prim dy, Prim x, ScalarType t) {
               return select(b, b.binary(PrimOp::Le, x, number(b, n, 2, t)), b.constant(0, t), dy);
             }), same_floating_dtypes);
   // tanh_backward(grad, output) = grad * (1 - y * y)
-  pointwise("aten::tanh_backward.default", grad_and([](PrimBuilder& b, const Node&, Prim dy, Prim y, ScalarType t) {
+  pointwise("aten::tanh_backward.default", pointwise2([](PrimBuilder& b, const Node&, Prim dy, Prim y, ScalarType t) {
               return b.binary(PrimOp::Mul, dy, b.binary(PrimOp::Sub, b.constant(1, t), b.binary(PrimOp::Mul, y, y)));
             }), same_floating_dtypes);
   // sigmoid_backward(grad, output) = grad * (1 - y) * y
-  pointwise("aten::sigmoid_backward.default", grad_and([](PrimBuilder& b, const Node&, Prim dy, Prim y, ScalarType t) {
+  pointwise("aten::sigmoid_backward.default", pointwise2([](PrimBuilder& b, const Node&, Prim dy, Prim y, ScalarType t) {
               return b.binary(PrimOp::Mul, b.binary(PrimOp::Mul, dy, b.binary(PrimOp::Sub, b.constant(1, t), y)), y);
             }), same_floating_dtypes);
   // silu_backward(grad, self) = grad * s * (1 + x * (1 - s)), s = sigmoid(x)
-  pointwise("aten::silu_backward.default", grad_and([](PrimBuilder& b, const Node&, Prim dy, Prim x, ScalarType t) {
+  pointwise("aten::silu_backward.default", pointwise2([](PrimBuilder& b, const Node&, Prim dy, Prim x, ScalarType t) {
               Prim s = b.unary(PrimOp::Sigmoid, x);
               Prim one = b.constant(1, t);
               Prim factor = b.binary(PrimOp::Add, one, b.binary(PrimOp::Mul, x, b.binary(PrimOp::Sub, one, s)));
               return b.binary(PrimOp::Mul, b.binary(PrimOp::Mul, dy, s), factor);
             }), same_floating_dtypes);
   // hardtanh_backward(grad, self, min, max) = (x <= min || x >= max) ? 0 : grad
-  pointwise("aten::hardtanh_backward.default", grad_and([](PrimBuilder& b, const Node& n, Prim dy, Prim x, ScalarType t) {
+  pointwise("aten::hardtanh_backward.default", pointwise2([](PrimBuilder& b, const Node& n, Prim dy, Prim x, ScalarType t) {
               Prim outside = b.binary(PrimOp::LogicalOr, b.binary(PrimOp::Le, x, number(b, n, 2, t)),
                                       b.binary(PrimOp::Ge, x, number(b, n, 3, t)));
               return select(b, outside, b.constant(0, t), dy);
             }), same_floating_dtypes);
   // leaky_relu_backward(grad, self, negative_slope, self_is_result) = x > 0 ? grad : grad * slope
-  pointwise("aten::leaky_relu_backward.default", grad_and([](PrimBuilder& b, const Node& n, Prim dy, Prim x, ScalarType t) {
+  pointwise("aten::leaky_relu_backward.default", pointwise2([](PrimBuilder& b, const Node& n, Prim dy, Prim x, ScalarType t) {
               return select(b, b.binary(PrimOp::Gt, x, b.constant(0, t)), dy, b.binary(PrimOp::Mul, dy, number(b, n, 2, t)));
             }), same_floating_dtypes);
   pointwise("aten::gelu_backward.default", build_gelu_backward, gelu_backward_supported);

@@ -279,19 +279,13 @@ static PyObject* without_resume_caller(PyObject* tb, PyCodeObject* code) {
   PyCodeObject* next_code = PyFrame_GetCode(head->tb_next->tb_frame);
   PyFrameObject* resume_frame = head->tb_next->tb_frame;
   int hide = head_code == code && is_resume_of_same_function(code, next_code) && !resume_chain_closed(resume_frame);
-  int root = 0;
-  if (hide) {
-    const char* name = PyUnicode_AsUTF8(code->co_qualname);
-    root = name != NULL && strstr(name, KILN_RESUME_QUALNAME_MARKER) == NULL;
-    if (name == NULL) PyErr_Clear();
-  }
   Py_DECREF(head_code);
   Py_DECREF(next_code);
   if (!hide) return Py_NewRef(tb);
   // The resume frame (finished: its frame object owns its data) points back at the hidden frame; it takes that
   // frame's caller instead, so `tb_frame.f_back` also reads as eager's.
   Py_XSETREF(resume_frame->f_back, PyFrame_GetBack(head->tb_frame));
-  if (root) close_resume_chain(resume_frame);
+  if (!kiln_shim_is_resume_code(code)) close_resume_chain(resume_frame);  // the function's own frame: the chain's root
   return Py_NewRef((PyObject*)head->tb_next);
 }
 

@@ -162,7 +162,7 @@ void KernelEmitter::emit_row_loop(int64_t rows, const std::string& base_indent) 
     // (thread_per_row: the thread's own serial walk was the whole reduction)
     if (column_)
       out << indent << acc << " = kiln::column_reduce<" << combiner(x.reduce_op) << ", " << column_width_ << ">(" << acc
-          << ", " << init << ");\n";
+          << ");\n";
     else if (block_reduce_) out << indent << acc << " = kiln::block_reduce<" << combiner(x.reduce_op) << ">(" << acc << ", " << init << ");\n";
     else if (!thread_row_) out << indent << acc << " = kiln::warp_reduce<" << combiner(x.reduce_op) << ">(" << acc << ");\n";
     names_[r] = acc;

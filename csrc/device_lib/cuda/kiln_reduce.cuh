@@ -88,7 +88,7 @@ __device__ T block_reduce(T value, T identity) {
 // step. Every thread of the block must call it; it ends with a barrier, so a kernel may call it any number of
 // times in a row.
 template <typename Combine, int Columns, typename T>
-__device__ T column_reduce(T value, T identity) {
+__device__ T column_reduce(T value) {
   __shared__ T partial[1024];
   const unsigned x = threadIdx.x, y = threadIdx.y;
   partial[y * Columns + x] = value;
@@ -99,7 +99,6 @@ __device__ T column_reduce(T value, T identity) {
   }
   value = partial[x];
   __syncthreads();
-  (void)identity;
   return value;
 }
 
