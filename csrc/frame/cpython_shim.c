@@ -278,7 +278,9 @@ static PyObject* without_resume_caller(PyObject* tb, PyCodeObject* code) {
   PyCodeObject* head_code = PyFrame_GetCode(head->tb_frame);
   PyCodeObject* next_code = PyFrame_GetCode(head->tb_next->tb_frame);
   PyFrameObject* resume_frame = head->tb_next->tb_frame;
-  int hide = head_code == code && is_resume_of_same_function(code, next_code) && !resume_chain_closed(resume_frame);
+  // Two entries of one frame (an exception caught and raised again in the same resume frame) are both eager's.
+  int hide = head_code == code && head->tb_frame != resume_frame && is_resume_of_same_function(code, next_code) &&
+             !resume_chain_closed(resume_frame);
   Py_DECREF(head_code);
   Py_DECREF(next_code);
   if (!hide) return Py_NewRef(tb);

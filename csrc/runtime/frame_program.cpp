@@ -53,6 +53,7 @@ struct BuildContext {
   std::vector<at::Tensor>& outputs;
   const SourceRoots& roots;
   std::vector<PyObject*> memo;  // borrowed: each also sits inside the output being built
+  PyObject* const* cells = nullptr;  // the frame's free-variable cells
 };
 
 PyObject* build_output(const OutputSpec& spec, BuildContext& ctx);
@@ -113,6 +114,7 @@ PyObject* build_output(const OutputSpec& spec, BuildContext& ctx) {
       return bound;
     }
     case OutputSpec::Kind::kConstant: Py_INCREF(spec.object); return spec.object;
+    case OutputSpec::Kind::kCell: return Py_NewRef(ctx.cells[spec.index]);
     case OutputSpec::Kind::kTypedTuple: {
       PyObject* items = PyTuple_New(spec.children.size());
       if (!items) return nullptr;
@@ -129,6 +131,28 @@ PyObject* build_output(const OutputSpec& spec, BuildContext& ctx) {
       return out;
     }
     case OutputSpec::Kind::kConstruct: return construct(spec, ctx);
+    case OutputSpec::Kind::kStores: {
+      PyObject* out = build_output(spec.children[0], ctx);
+      if (!out) return nullptr;
+      // nn.Module.__setattr__ is Python: it runs as plain Python, as in eager, not as a frame to compile.
+      SuspendCompiler suspend;
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(spec.object); ++i) {
+        PyObject* entry = PyTuple_GET_ITEM(spec.object, i);
+        PyObject* target = build_output(spec.children[1 + 2 * i], ctx);
+        PyObject* value = target ? build_output(spec.children[2 + 2 * i], ctx) : nullptr;
+        int r = -1;
+        if (value)
+          r = PyTuple_GET_ITEM(entry, 1) == Py_True ? PyDict_SetItem(target, PyTuple_GET_ITEM(entry, 0), value)
+                                                     : PyObject_SetAttr(target, PyTuple_GET_ITEM(entry, 0), value);
+        Py_XDECREF(target);
+        Py_XDECREF(value);
+        if (r < 0) {
+          Py_DECREF(out);
+          return nullptr;
+        }
+      }
+      return out;
+    }
     case OutputSpec::Kind::kTuple:
     case OutputSpec::Kind::kList: {
       bool tuple = spec.kind == OutputSpec::Kind::kTuple;
@@ -196,7 +220,12 @@ PyObject* program_call(PyObject* self, PyObject* const* args, size_t nargsf, PyO
   SourceRoots roots;
   roots.locals = args;
   roots.nlocals = spec.num_locals_passed;
-  roots.freevars = args + spec.num_locals_passed;
+  // The frame passes its free variables' cells: sources read their contents (borrowed, NULL when empty).
+  PyObject* const* cells = args + spec.num_locals_passed;
+  std::vector<PyObject*> free_values(spec.num_freevars_passed, nullptr);
+  for (int j = 0; j < spec.num_freevars_passed; ++j)
+    if (PyCell_Check(cells[j])) free_values[j] = PyCell_GET(cells[j]);
+  roots.freevars = free_values.data();
   roots.nfreevars = spec.num_freevars_passed;
   roots.globals = spec.globals;
   roots.builtins = spec.builtins;
@@ -217,15 +246,19 @@ PyObject* program_call(PyObject* self, PyObject* const* args, size_t nargsf, PyO
     }
     std::vector<at::Tensor> outputs;
     CompiledGraph& compiled = **p->compiled;
-    // A graph traced under autocast holds autocast's casts as nodes: its ops must not be cast again.
-    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-    if (compiled.reenters_python()) {
-      SuspendCompiler suspend;
-      outputs = compiled.run(inputs);
-    } else {
-      outputs = compiled.run(inputs);
+    {
+      // A graph traced under autocast holds autocast's casts as nodes: its ops must not be cast again. Only
+      // around the graph: autocast's on/off state is this exclusion, and rebuilding the output may enter an
+      // autocast block (a graph break inside one), which must outlive the call.
+      c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+      if (compiled.reenters_python()) {
+        SuspendCompiler suspend;
+        outputs = compiled.run(inputs);
+      } else {
+        outputs = compiled.run(inputs);
+      }
     }
-    BuildContext ctx{outputs, roots, {}};
+    BuildContext ctx{outputs, roots, {}, cells};
     PyObject* result = build_output(spec.output, ctx);
     grad_mode.succeeded = result != nullptr;
     return result;

@@ -25,9 +25,13 @@ struct OutputSpec {
   /// kRepeat: the list/dict built earlier in this output under memo slot `index` (one object, two places);
   /// kTypedTuple: a namedtuple or structseq (torch.return_types) of the children, `object` its class;
   /// kConstruct: `cls(*children[:-n], **{names: children[-n:]})` with `object` = (cls, names): a record
-  /// (dataclass, ModelOutput) built the way the traced code built it, so __post_init__ runs as in eager.
+  /// (dataclass, ModelOutput) built the way the traced code built it, so __post_init__ runs as in eager;
+  /// kStores: children[0] (the frame's own output), then the assignments the traced code made, in order:
+  /// children[1 + 2i] = target, children[2 + 2i] = value, `object` a tuple of (name, is_item) pairs
+  /// (setattr(target, name, value), or target[name] = value for a globals dict).
   enum class Kind : unsigned char {
-    kGraphOutput, kConstant, kTuple, kList, kDict, kSource, kBoundMethod, kRepeat, kTypedTuple, kConstruct
+    kGraphOutput, kConstant, kTuple, kList, kDict, kSource, kBoundMethod, kRepeat, kTypedTuple, kConstruct, kStores,
+    kCell  ///< the cell of the frame's free variable `index` (the frame passes its cells)
   };
   Kind kind = Kind::kConstant;
   int index = -1;              ///< kGraphOutput: index into the graph's outputs; kList/kDict/kConstruct: memo slot or -1
@@ -46,7 +50,7 @@ struct FrameProgramSpec {
   std::vector<SourcePtr> inputs;     ///< one per graph input, in order
   OutputSpec output;
   int num_locals_passed = 0;         ///< the transformed code passes localsplus[0..n) (the arguments)
-  int num_freevars_passed = 0;       ///< followed by the free variables' contents
+  int num_freevars_passed = 0;       ///< followed by the free variables' cells (the program reads their contents)
   PyObject* globals = nullptr;       ///< borrowed from the function; kept alive by the code object
   PyObject* builtins = nullptr;
   std::string name;                  ///< for errors: the traced function's qualified name

@@ -100,7 +100,21 @@ PyObject* make_code_stealing(PyCodeObject* original, const bytecode::CodeInstruc
   return bytecode::make_code(original, out, kwargs);
 }
 
+constexpr int kFastCell = 0x40;  // CO_FAST_CELL in co_localspluskinds
+
+// The localsplus indices of the frame's cells (arguments captured by nested functions included), in order:
+// with the free variables after them, the closure a resume function is made with.
+std::vector<int> cell_slots(PyCodeObject* code) {
+  std::vector<int> cells;
+  const char* kinds = PyBytes_AS_STRING(code->co_localspluskinds);
+  for (int i = 0; i < (int)PyTuple_GET_SIZE(code->co_localsplusnames); ++i)
+    if (kinds[i] & kFastCell) cells.push_back(i);
+  return cells;
+}
+
 }  // namespace
+
+bool resume_needs_closure(PyCodeObject* code) { return code->co_nfreevars > 0 || !cell_slots(code).empty(); }
 
 int original_local(PyCodeObject* code, int local) {
   auto it = resume_origins().find((PyObject*)code);
@@ -158,14 +172,19 @@ PyObject* make_break_code(PyCodeObject* original, const bytecode::CodeInstructio
   if (!kCallableAfterNull) e.emit("PUSH_NULL");
   int nlocalsplus = (int)PyTuple_GET_SIZE(original->co_localsplusnames);
   int nfree = original->co_nfreevars;
-  for (int i = 0; i < nargs; ++i) e.emit("LOAD_FAST", i);
-  for (int j = 0; j < nfree; ++j) e.emit("LOAD_DEREF", nlocalsplus - nfree + j);
+  const char* kinds = PyBytes_AS_STRING(original->co_localspluskinds);
+  const std::vector<int> cells = cell_slots(original);
+  for (int i = 0; i < nargs; ++i) e.emit((kinds[i] & kFastCell) ? "LOAD_DEREF" : "LOAD_FAST", i);  // past MAKE_CELL
+  // Free variables pass their cells (3.13 loads a cell with LOAD_FAST): the program reads their contents,
+  // and assigns them where the traced code did.
+  for (int j = 0; j < nfree; ++j) e.emit(PY_VERSION_HEX >= 0x030D0000 ? "LOAD_FAST" : "LOAD_CLOSURE", nlocalsplus - nfree + j);
   e.call(nargs + nfree);
   // Arguments the original had already unbound (a resume function's stack arguments, a `del`) must not
   // stay bound here: eager would have let them go, and a frame kept by a traceback would keep them.
   for (int i = 0; i < nargs; ++i)
-    if (std::find(plan.live_locals.begin(), plan.live_locals.end(), i) == plan.live_locals.end())
+    if (!(kinds[i] & kFastCell) && std::find(plan.live_locals.begin(), plan.live_locals.end(), i) == plan.live_locals.end())
       e.emit("DELETE_FAST", i);
+  for (int cell : plan.cells_deleted) e.emit("DELETE_DEREF", cell);
 
   // Unpack: locals on top (stored first), then the non-NULL stack slots, bottom one deepest.
   int below = (int)plan.stack_null.size() - plan.consumed;
@@ -175,12 +194,39 @@ PyObject* make_break_code(PyCodeObject* original, const bytecode::CodeInstructio
       ++nonnull_total;
       if (i < below) ++nonnull_below;
     }
-  int nvalues = (int)plan.live_locals.size() + nonnull_total;
+  int nfunction_locals = 0;
+  for (int local : plan.live_locals) nfunction_locals += plan.function_local(local);
+  int nvalues = (int)plan.live_locals.size() - nfunction_locals + (int)plan.cell_values.size() + nonnull_total;
   if (nvalues == 0)
     e.emit("POP_TOP");
   else
     e.emit("UNPACK_SEQUENCE", nvalues);
-  for (int local : plan.live_locals) e.emit("STORE_FAST", local);
+  for (int local : plan.live_locals)
+    if (!plan.function_local(local)) e.emit("STORE_FAST", local);
+  for (int cell : plan.cell_values) e.emit("STORE_DEREF", cell);
+  // Functions made in the trace around the frame's cells: made again here, around the real cells.
+  for (const BreakPlan::Closure& closure : plan.closures) {
+    if (closure.same_as >= 0) {
+      const BreakPlan::Closure& first = plan.closures[closure.same_as];
+      e.emit(first.in_cell ? "LOAD_DEREF" : "LOAD_FAST", first.slot);
+    } else {
+      if (PY_VERSION_HEX >= 0x030D0000) KILN_UNSUPPORTED() << "functions made in traced code, at a break on this Python";
+      PyObject* fn = closure.function;
+      int flags = 0x08;
+      for (auto [part, flag] : {std::pair{PyFunction_GetDefaults(fn), 0x01}, std::pair{PyFunction_GetKwDefaults(fn), 0x02}})
+        if (part) {
+          flags |= flag;
+          e.emit("LOAD_CONST", program_const + (int)extra.size());
+          extra.push_back(part);
+        }
+      for (int cell : closure.cells) e.emit("LOAD_CLOSURE", cell);
+      e.emit("BUILD_TUPLE", (int)closure.cells.size());
+      e.emit("LOAD_CONST", program_const + (int)extra.size());
+      extra.push_back(PyFunction_GetCode(fn));
+      e.emit("MAKE_FUNCTION", flags);
+    }
+    e.emit(closure.in_cell ? "STORE_DEREF" : "STORE_FAST", closure.slot);
+  }
   // The consumed slots' NULLs go back in place (the NULLs below them are re-pushed by the resume code).
   int height = nonnull_total;
   for (int k = 0; k < plan.consumed; ++k) {
@@ -239,15 +285,17 @@ PyObject* make_break_code(PyCodeObject* original, const bytecode::CodeInstructio
       for (int i = 0; i < below; ++i)
         if (plan.stack_iterator[i]) e.at_depth(nitems - i, [&] { e.list_from_iterator(); });
     }
-    if (nfree == 0) {
+    if (nfree == 0 && cells.empty()) {
       e.callable_under(program_const + 1 + (int)s, nitems);
     } else {
-      // A closure needs the frame's own cells: the function is made here, from the resume code.
+      // A closure needs the frame's own cells: the function is made here, from the resume code, around the
+      // frame's cells and free variables.
       if (!kCallableAfterNull) KILN_UNSUPPORTED() << "graph breaks in closures on this Python";
       e.emit("PUSH_NULL");
       e.sink_top(nitems + 1);
+      for (int cell : cells) e.emit("LOAD_CLOSURE", cell);
       for (int j = 0; j < nfree; ++j) e.emit("LOAD_CLOSURE", nlocalsplus - nfree + j);
-      e.emit("BUILD_TUPLE", nfree);
+      e.emit("BUILD_TUPLE", (int)cells.size() + nfree);
       e.emit("LOAD_CONST", program_const + 1 + (int)s);
       e.emit("MAKE_FUNCTION", 0x08);
       e.sink_top(nitems + 1);
@@ -322,9 +370,12 @@ PyObject* resume_code(PyCodeObject* original, const bytecode::CodeInstructions& 
   if (hit != cache.end()) return hit->second.code;
 
   // Arguments: the non-NULL stack slots, then the live locals; the other locals follow as plain locals.
+  // The original's cells (arguments captured by nested functions included) become free variables.
   PyObject* varnames = PyCode_GetVarnames(original);
   KILN_ASSERT(varnames) << "co_varnames";
   int nvarnames = (int)PyTuple_GET_SIZE(varnames);
+  const char* kinds = PyBytes_AS_STRING(original->co_localspluskinds);
+  const std::vector<int> cells = cell_slots(original);
   std::vector<PyObject*> names;
   std::vector<int> new_index(nvarnames, -1);
   std::vector<int> stack_args;  // argument index for each resume stack slot (-1 = NULL)
@@ -342,14 +393,27 @@ PyObject* resume_code(PyCodeObject* original, const bytecode::CodeInstructions& 
   }
   int nargs = (int)names.size();
   for (int i = 0; i < nvarnames; ++i)
-    if (new_index[i] < 0) {
+    if (new_index[i] < 0 && !(kinds[i] & kFastCell)) {
       new_index[i] = (int)names.size();
       names.push_back(Py_NewRef(PyTuple_GET_ITEM(varnames, i)));
     }
   Py_DECREF(varnames);
-  // Free variables follow the locals in both layouts (no cells: plan_break refuses them).
+  // Free variables: the original's cells, then its own free variables.
   int nfree = original->co_nfreevars;
-  int extra = (int)names.size() - nvarnames;
+  int nlocalsplus = (int)PyTuple_GET_SIZE(original->co_localsplusnames);
+  std::vector<int> new_slot(nlocalsplus, -1);  // original localsplus index -> resume localsplus index
+  for (int i = 0; i < nvarnames; ++i) new_slot[i] = new_index[i];
+  PyObject* new_freevars = PyTuple_New(cells.size() + nfree);
+  for (size_t k = 0; k < cells.size(); ++k) {
+    new_slot[cells[k]] = (int)(names.size() + k);
+    PyTuple_SET_ITEM(new_freevars, k, Py_NewRef(PyTuple_GET_ITEM(original->co_localsplusnames, cells[k])));
+  }
+  for (int j = 0; j < nfree; ++j) {
+    new_slot[nlocalsplus - nfree + j] = (int)(names.size() + cells.size() + j);
+    PyTuple_SET_ITEM(new_freevars, cells.size() + j,
+                     Py_NewRef(PyTuple_GET_ITEM(original->co_localsplusnames, nlocalsplus - nfree + j)));
+  }
+  int nclosure = (int)cells.size() + nfree;
   PyObject* new_varnames = PyTuple_New(names.size());
   for (size_t i = 0; i < names.size(); ++i) PyTuple_SET_ITEM(new_varnames, i, names[i]);
 
@@ -357,7 +421,7 @@ PyObject* resume_code(PyCodeObject* original, const bytecode::CodeInstructions& 
   out.firstlineno = original->co_firstlineno;
   const Instruction& target = ci.instructions.at(successor.target);
   Emitter e{out, target.pos};
-  if (nfree > 0) e.emit("COPY_FREE_VARS", nfree);
+  if (nclosure > 0) e.emit("COPY_FREE_VARS", nclosure);
   e.emit("RESUME", 0);
   for (size_t i = 0; i < stack_args.size(); ++i) {
     if (stack_args[i] < 0) {
@@ -373,8 +437,8 @@ PyObject* resume_code(PyCodeObject* original, const bytecode::CodeInstructions& 
     if (arg >= 0) e.emit("DELETE_FAST", arg);
   int jump = e.emit("JUMP_FORWARD", 0);
   auto remap = [&](int index) {
-    KILN_ASSERT(index >= 0 && index < nvarnames) << "local index " << index << " out of range";
-    return new_index[index];
+    KILN_ASSERT(index >= 0 && index < nlocalsplus && new_slot[index] >= 0) << "local index " << index << " out of range";
+    return new_slot[index];
   };
   const int load_pair[] = {ops.op("LOAD_FAST_LOAD_FAST"), ops.op("STORE_FAST_LOAD_FAST"),
                            ops.op("STORE_FAST_STORE_FAST")};
@@ -385,11 +449,8 @@ PyObject* resume_code(PyCodeObject* original, const bytecode::CodeInstructions& 
       int hi = remap(ins.arg >> 4), lo = remap(ins.arg & 15);
       if (hi > 15 || lo > 15) KILN_UNSUPPORTED() << "a resume function whose locals do not fit a paired load";
       ins.arg = (hi << 4) | lo;
-    } else if (ops.has_local(ins.opcode)) {
-      ins.arg = remap(ins.arg);
-    } else if (ops.has_free(ins.opcode)) {
-      KILN_ASSERT(ins.arg >= nvarnames) << "a free-variable instruction on a plain local";
-      ins.arg += extra;  // free variables moved up by the added stack arguments
+    } else if (ops.has_local(ins.opcode) || ops.has_free(ins.opcode)) {
+      ins.arg = remap(ins.arg);  // cells moved to the free variables, locals behind the stack arguments
     }
   });
   out.instructions[jump].target = successor.target + shift;
@@ -397,7 +458,8 @@ PyObject* resume_code(PyCodeObject* original, const bytecode::CodeInstructions& 
   std::string qualname = std::string(PyUnicode_AsUTF8(original->co_qualname)) + KILN_RESUME_QUALNAME_MARKER +
                          std::to_string(target.pos.line) + ">";
   int flags = original->co_flags & ~(CO_VARARGS | CO_VARKEYWORDS);
-  PyObject* kwargs = Py_BuildValue("{s:N,s:i,s:i,s:i,s:i,s:i,s:s}", "co_varnames", new_varnames, "co_argcount", nargs,
+  PyObject* kwargs = Py_BuildValue("{s:N,s:N,s:N,s:i,s:i,s:i,s:i,s:i,s:s}", "co_varnames", new_varnames, "co_freevars",
+                                   new_freevars, "co_cellvars", PyTuple_New(0), "co_argcount", nargs,
                                    "co_posonlyargcount", 0, "co_kwonlyargcount", 0, "co_nlocals",
                                    (int)names.size(), "co_flags", flags, "co_qualname", qualname.c_str());
   PyObject* code = make_code_stealing(original, out, kwargs);
@@ -406,7 +468,8 @@ PyObject* resume_code(PyCodeObject* original, const bytecode::CodeInstructions& 
   made.original = original;
   made.shift = shift;
   made.original_local.assign(names.size(), -1);
-  for (int i = 0; i < nvarnames; ++i) made.original_local[new_index[i]] = i;
+  for (int i = 0; i < nvarnames; ++i)
+    if (new_index[i] >= 0) made.original_local[new_index[i]] = i;
   made.in_loop = plan.in_loop;
   return code;
 }

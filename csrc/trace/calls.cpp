@@ -152,7 +152,7 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
   bool torch_callable = is_torch == Py_True;
   Py_DECREF(is_torch);
   if (torch_callable) return call_recorded(f, args, kwargs);
-  if (PyFunction_Check(f)) return inline_function(f, std::move(args), std::move(kwargs));
+  if (PyFunction_Check(f)) return inline_function(f, std::move(args), std::move(kwargs), fn->source);
   if (PyMethod_Check(f)) {
     PyObject* self = PyMethod_GET_SELF(f);
     args.insert(args.begin(), wrap(self, nullptr));
@@ -196,6 +196,8 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
   if ((f == builtin("getattr") || f == builtin("hasattr")) && (n == 2 || n == 3) && args[1]->is(VarKind::kConst) &&
       PyUnicode_Check(args[1]->value)) {
     bool has = f == builtin("hasattr");
+    if (args[0]->value && !args[0]->is(VarKind::kTensor))
+      if (VarPtr stored = stored_value(args[0]->value, args[1]->value)) return has ? make_const(Py_True) : stored;
     // Attribute existence is settled on the real object; the value goes through get_attr (guards).
     if (args[0]->value && !args[0]->is(VarKind::kTensor)) {
       int exists = PyObject_HasAttr(args[0]->value, args[1]->value);
@@ -417,12 +419,12 @@ VarPtr Tracer::call_module(const VarPtr& module, std::vector<VarPtr> args, KwArg
   return out;
 }
 
-VarPtr Tracer::inline_function(PyObject* function, std::vector<VarPtr> args, KwArgs kwargs) {
-  return inline_with_cells(function, std::move(args), std::move(kwargs), nullptr);
+VarPtr Tracer::inline_function(PyObject* function, std::vector<VarPtr> args, KwArgs kwargs, SourcePtr source) {
+  return inline_with_cells(function, std::move(args), std::move(kwargs), nullptr, std::move(source));
 }
 
 VarPtr Tracer::inline_with_cells(PyObject* function, std::vector<VarPtr> args, KwArgs kwargs,
-                                 const std::vector<VarPtr>* cells) {
+                                 const std::vector<VarPtr>* cells, SourcePtr source) {
   if (depth_ >= kMaxInlineDepth) KILN_UNSUPPORTED() << "inlining deeper than " << kMaxInlineDepth << " calls";
   PyCodeObject* code = (PyCodeObject*)PyFunction_GET_CODE(function);
   if (code->co_flags & (CO_COROUTINE | CO_ASYNC_GENERATOR))
@@ -450,8 +452,13 @@ VarPtr Tracer::inline_with_cells(PyObject* function, std::vector<VarPtr> args, K
     }
     PyObject* cell = PyTuple_GET_ITEM(closure, j);
     PyObject* value = PyCell_GET(cell);
+    if (VarPtr stored = stored_value(cell, cell_contents_name())) {  // assigned earlier in the trace
+      freevars.push_back(stored);
+      continue;
+    }
     std::string label = std::string("<cell ") + PyUnicode_AsUTF8(PyTuple_GET_ITEM(freenames, j)) + ">";
-    freevars.push_back(value ? wrap(value, Source::attr(Source::object(cell, label), "cell_contents")) : nullptr);
+    SourcePtr cell_source = source ? Source::index(Source::attr(source, "__closure__"), j) : Source::object(cell, label);
+    freevars.push_back(value ? wrap(value, Source::attr(cell_source, "cell_contents")) : nullptr);
   }
   Py_XDECREF(freenames);
   PyObject* globals = PyFunction_GET_GLOBALS(function);

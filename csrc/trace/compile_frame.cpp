@@ -233,7 +233,7 @@ PyObject* KilnCompiler::break_code(const frame::FrameView& frame, const bytecode
     PyObject* code = resume_code(frame.code, decoded, plan, successor);
     // Resume functions are traced like the entry function, whatever the skip rules say about their file.
     if (options_.entry_codes.insert(code).second) Py_INCREF(code);
-    if (frame.code->co_nfreevars > 0) {  // made at run time with the frame's closure (graph_break.h)
+    if (resume_needs_closure(frame.code)) {  // made at run time around the frame's cells (graph_break.h)
       functions.push_back(Py_NewRef(code));
       continue;
     }

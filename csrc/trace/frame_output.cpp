@@ -1,6 +1,7 @@
 // The frame's output: which graph outputs the tensors inside the returned value (or a graph break's live
 // values) become, and the OutputSpec that rebuilds the Python value around them on every call.
 #include "common/error.h"
+#include "trace/graph_break.h"
 #include "trace/tracer.h"
 
 namespace kiln::trace {
@@ -23,13 +24,28 @@ void refuse_escaping_fake(PyObject* value, PyObject* holds_meta_tensor) {
 
 runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>& graph_outputs, bool break_output) {
   runtime::OutputSpec spec;
+  if (break_output && is_traced_autocast_exit(v)) {
+    // At a break inside an autocast block the trace entered (a manager made in traced code; one from the frame
+    // was entered in Python): a new manager like the trace's is entered for real after the graph, and its
+    // __exit__ goes on the stack.
+    spec.kind = runtime::OutputSpec::Kind::kConstruct;
+    spec.object = Py_BuildValue("(O())", helper("enter_autocast_like"));
+    runtime::OutputSpec manager;
+    manager.kind = runtime::OutputSpec::Kind::kConstant;
+    manager.object = Py_NewRef(v->items[0]->value);
+    spec.children.push_back(std::move(manager));
+    return spec;
+  }
   // A value that came from the frame (an input tensor, an argument list) is re-read from there: the
   // code after a break must see the very same object, not a copy made by the graph.
   // Containers from the frame are never mutated by the trace (that is refused), so the object itself is
   // returned: eager returns that very list, and code that appended to it meanwhile must see its items.
   if ((break_output && v->source && v->is(VarKind::kTensor)) ||
       (v->source && (v->is(VarKind::kList) || v->is(VarKind::kDict) || v->is(VarKind::kTuple))) ||
-      (v->by_type && v->source)) {
+      (v->by_type && v->source) ||
+      // A function read from the frame: a closure is guarded by its code only (another call's equal closure
+      // passes), so the object itself is handed on, never the one seen at trace time.
+      (v->source && v->is(VarKind::kConst) && PyFunction_Check(v->value))) {
     spec.kind = runtime::OutputSpec::Kind::kSource;
     spec.source = v->source;
     return spec;
@@ -118,7 +134,10 @@ TraceResult Tracer::finish(const VarPtr& returned, bool break_output) {
   KILN_ASSERT(returned) << "finishing a trace without an output";
   TraceResult result;
   std::vector<PyObject*> outputs;
-  result.output = output_spec(returned, outputs, break_output);
+  // With stores to replay, values are rebuilt as at a break (a tensor or list both returned and stored
+  // stays one object, as in eager).
+  result.output = output_spec(returned, outputs, break_output || !stores_.empty());
+  if (!stores_.empty()) result.output = with_stores(std::move(result.output), outputs);
   PyObject* out_list = PyList_New(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
     Py_INCREF(outputs[i]);

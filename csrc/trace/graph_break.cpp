@@ -64,8 +64,8 @@ int consumed_by(const std::string& name, int arg) {
   return it == table.end() ? -1 : it->second(arg);
 }
 
-// Why a live value cannot be rebuilt after the break ("" when it can). `seen` stops at containers already
-// visited (the output keeps a container reachable twice as one object, see OutputSpec::kRepeat).
+}  // namespace
+
 std::string unrebuildable(const VarPtr& v, std::unordered_set<const Var*>& seen) {
   switch (v->kind) {
     case VarKind::kTensor:
@@ -102,6 +102,8 @@ std::string unrebuildable(const VarPtr& v, std::unordered_set<const Var*>& seen)
   }
   return "a " + v->describe();
 }
+
+namespace {
 
 // Items a loop iterator may have left at a break: each iteration is one more resume call (and cache entry).
 constexpr size_t kMaxIterationsLeft = 64;
@@ -173,10 +175,14 @@ bool is_grad_mode_exit(const VarPtr& v) {
   return is_exit_of(v, predicate);
 }
 
-bool is_autocast_exit(const VarPtr& v) {
+}  // namespace
+
+bool is_traced_autocast_exit(const VarPtr& v) {
   static PyObject* predicate = tracing_function("is_autocast_context");
-  return is_exit_of(v, predicate);
+  return is_exit_of(v, predicate) && !v->items[0]->source;
 }
+
+namespace {
 
 // Follows the path an exception raised at the break instruction takes through the exception table. When it
 // only leaves through grad-mode `with` blocks (their __exit__ restores the mode and re-raises), returns the
@@ -224,6 +230,31 @@ int enclosing_grad_mode_blocks(const bytecode::CodeInstructions& ci, const Break
   return -1;
 }
 
+constexpr int kFastCell = 0x40;  // CO_FAST_CELL in co_localspluskinds
+constexpr int kFastFree = 0x80;  // CO_FAST_FREE
+
+// A function with a closure made in the trace (`v`, held by local `slot`): the break code makes it again from
+// its code and constant defaults around the frame's own cells, which must be every cell it closes over.
+// Returns why not ("" when it can).
+std::string plan_closure(const VarPtr& v, const BreakState& state, const char* kinds, int slot, bool in_cell,
+                         BreakPlan& plan) {
+  BreakPlan::Closure closure;
+  closure.slot = slot;
+  closure.in_cell = in_cell;
+  closure.function = v->value;
+  for (size_t k = 0; k < plan.closures.size(); ++k)
+    if (plan.closures[k].function == v->value) closure.same_as = (int)k;
+  for (const VarPtr& c : v->items) {
+    int found = -1;
+    for (size_t j = 0; j < state.locals.size() && found < 0; ++j)
+      if (state.locals[j] == c && (kinds[j] & (kFastCell | kFastFree))) found = (int)j;
+    if (found < 0) return "a function made in traced code that closes over variables of another function";
+    closure.cells.push_back(found);
+  }
+  plan.closures.push_back(std::move(closure));
+  return "";
+}
+
 }  // namespace
 
 BreakPlan plan_break(PyCodeObject* code, const bytecode::CodeInstructions& ci, const BreakState& state) {
@@ -232,8 +263,8 @@ BreakPlan plan_break(PyCodeObject* code, const bytecode::CodeInstructions& ci, c
   plan.pc = state.pc;
   const Instruction& ins = ci.instructions.at(state.pc);
   plan.instruction = ops.name(ins.opcode);
-  if (code->co_ncellvars > 0) {
-    plan.why_not = "the frame has cells (variables captured by a nested function)";
+  if (code->co_ncellvars > 0 && PY_VERSION_HEX >= 0x030D0000) {
+    plan.why_not = "the frame has cells (variables captured by a nested function) on Python 3.13";
     return plan;
   }
   // Zero-argument super() reads the frame's first local as its object; a resume function's first argument is
@@ -245,13 +276,15 @@ BreakPlan plan_break(PyCodeObject* code, const bytecode::CodeInstructions& ci, c
       return plan;
     }
   }
-  // A torch.autocast block entered at trace time was never entered at run time: Python code between two graphs
-  // would run without autocast, where eager has it on.
-  for (const VarPtr& v : state.stack)
-    if (is_autocast_exit(v)) {
-      plan.why_not = "the construct is inside a torch.autocast block traced in this frame";
-      return plan;
-    }
+  // A torch.autocast block entered at trace time was never entered at run time: the compiled frame enters it
+  // after its graph (output_spec). Two nested blocks would be entered innermost first (the stack is rebuilt
+  // from the top), so those still run the frame eagerly.
+  int autocast_blocks = 0;
+  for (const VarPtr& v : state.stack) autocast_blocks += is_traced_autocast_exit(v);
+  if (autocast_blocks > 1) {
+    plan.why_not = "the construct is inside nested torch.autocast blocks traced in this frame";
+    return plan;
+  }
   // Inside grad-mode blocks only: the break code restores the mode on an exception. Inside any other block:
   // the exception goes to the original handler, in a copy of the body the break code carries.
   std::string not_grad_mode_only;
@@ -306,16 +339,35 @@ BreakPlan plan_break(PyCodeObject* code, const bytecode::CodeInstructions& ci, c
         plan.why_not = "a call in progress below the break inside a loop or block (its NULL slot cannot be rebuilt)";
         return plan;
       }
-  // Free variables (the last slots) are not locals: the resume function gets the same closure cells.
+  // Free variables (the last slots) are not locals: the resume function gets the same closure cells, and
+  // the frame's own cells too (as free variables).
   size_t first_free = state.locals.size() - code->co_nfreevars;
+  const char* kinds = PyBytes_AS_STRING(code->co_localspluskinds);
+  int nargs = code->co_argcount + code->co_kwonlyargcount + ((code->co_flags & CO_VARARGS) ? 1 : 0) +
+              ((code->co_flags & CO_VARKEYWORDS) ? 1 : 0);
   for (size_t i = 0; i < first_free; ++i) {
-    if (!state.locals[i]) continue;
-    std::string why = unrebuildable(state.locals[i], seen);
+    bool cell = kinds[i] & kFastCell;
+    VarPtr v = state.locals[i];
+    if (cell && v && v->is(VarKind::kCell)) v = v->items[0];
+    if (!v) {
+      if (cell && (int)i < nargs) plan.cells_deleted.push_back((int)i);  // the cell holds the argument: empty it
+      continue;
+    }
+    if (v->is(VarKind::kFunction)) {
+      std::string why = plan_closure(v, state, kinds, (int)i, cell, plan);
+      if (!why.empty()) {
+        plan.why_not = "a local holds " + why;
+        return plan;
+      }
+      if (!cell) plan.live_locals.push_back((int)i);
+      continue;
+    }
+    std::string why = unrebuildable(v, seen);
     if (!why.empty()) {
       plan.why_not = "a local holds " + why;
       return plan;
     }
-    plan.live_locals.push_back((int)i);
+    (cell ? plan.cell_values : plan.live_locals).push_back((int)i);
   }
   // In the original's order, so that a resume function's break passes its locals in the order the first
   // break did and both resume in one code object (resume_code's cache key).
@@ -331,7 +383,12 @@ BreakPlan plan_break(PyCodeObject* code, const bytecode::CodeInstructions& ci, c
 
 VarPtr break_values(const BreakPlan& plan, const BreakState& state) {
   std::vector<VarPtr> items;
-  for (int i : plan.live_locals) items.push_back(state.locals[i]);
+  for (int i : plan.live_locals)
+    if (!plan.function_local(i)) items.push_back(state.locals[i]);
+  for (int i : plan.cell_values) {
+    const VarPtr& v = state.locals[i];
+    items.push_back(v->is(VarKind::kCell) ? v->items[0] : v);
+  }
   for (auto it = state.stack.rbegin(); it != state.stack.rend(); ++it) {
     const VarPtr& v = *it;
     if (v->is(VarKind::kNull)) continue;

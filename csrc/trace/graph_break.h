@@ -27,12 +27,15 @@
 //    more nested call) the loop goes on eagerly in the copy of the body instead.
 // A resume function made for a resume function's frame is made from the first original code, so a loop
 // has one resume code object per break site, whose cache entries later iterations and calls reuse.
-// Breaks are refused (the frame then runs eagerly) in frames with cells (variables captured by nested
-// functions), with values that cannot be rebuilt, or where the stack holds a call in progress below the
+// In a frame with cells (variables captured by nested functions), the resume functions take the frame's
+// cells as their free variables, and functions made in the trace around them are made again by the break
+// code. Breaks are refused (the frame then runs eagerly) on Python 3.13 in frames with cells, with values
+// that cannot be rebuilt, or where the stack holds a call in progress below the
 // break inside a block or loop (its NULL slot cannot be restored exactly).
 #include <Python.h>
 
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "bytecode/bytecode.h"
@@ -65,12 +68,42 @@ struct BreakPlan {
   int handler_entry = -1;
   bool in_loop = false;                     ///< the break instruction is inside a for/while loop
   std::vector<bool> stack_iterator;         ///< per stack slot: a loop iterator (travels as a list of its items)
+  /// Frames with cells (variables captured by nested functions): the cells bound at the break, stored into
+  /// the frame's own cells by the break code (their values follow the live locals in break_values); the
+  /// argument cells unbound at the break (emptied); and the functions with closures made in the trace that
+  /// locals hold, made again by the break code around the frame's cells (not passed through the program).
+  /// The resume functions get the cells as free variables, so closures made before and after the break
+  /// share them as in eager.
+  std::vector<int> cell_values;
+  std::vector<int> cells_deleted;
+  struct Closure {
+    int slot = -1;               ///< localsplus index that holds it
+    bool in_cell = false;        ///< the slot is a cell (STORE_DEREF)
+    PyObject* function = nullptr;  ///< the trace's stand-in function (its code and defaults), borrowed
+    std::vector<int> cells;      ///< localsplus index of each closure cell, co_freevars order
+    int same_as = -1;            ///< index of an earlier entry holding the same function (one object)
+  };
+  std::vector<Closure> closures;
+  bool function_local(int slot) const {
+    for (const Closure& c : closures)
+      if (c.slot == slot && !c.in_cell) return true;
+    return false;
+  }
   std::string why_not;                      ///< non-empty: no break possible here (the frame runs eagerly)
   std::string instruction;                  ///< opcode name of the break instruction
 };
 
 /// Decides whether and how the root frame of `code` can break before `state.pc`.
 BreakPlan plan_break(PyCodeObject* code, const bytecode::CodeInstructions& ci, const BreakState& state);
+
+/// Why a value cannot be rebuilt by the compiled frame after its graph ("" when it can): at a break (a live
+/// value), or as the value of a store replayed after the graph. `seen` stops at containers already visited
+/// (the output keeps a container reachable twice as one object, see OutputSpec::kRepeat).
+std::string unrebuildable(const VarPtr& v, std::unordered_set<const Var*>& seen);
+
+/// True when `v` is the bound __exit__ of a torch.autocast manager made in traced code (a `with` block the
+/// trace entered, which the compiled frame enters for real at a break inside it).
+bool is_traced_autocast_exit(const VarPtr& v);
 
 /// The tuple of live values the program returns at a break, in the order the break code consumes them:
 /// the live locals (live_locals order), then the non-NULL stack slots from the top down (a loop iterator
@@ -91,6 +124,10 @@ PyObject* make_break_code(PyCodeObject* original, const bytecode::CodeInstructio
 /// alive by the cache; throws kiln::Error.
 PyObject* resume_code(PyCodeObject* original, const bytecode::CodeInstructions& ci, const BreakPlan& plan,
                       const BreakSuccessor& successor);
+
+/// True when the resume functions of `code` close over its cells or free variables: the break code makes
+/// them at run time around the frame's own cells, and `resume_functions` are their codes.
+bool resume_needs_closure(PyCodeObject* code);
 
 /// True when `code` is a resume code whose break site is inside a loop: its cache entries are one per
 /// iteration rather than recompiles (compile_frame.cpp counts them against module_instance_limit).

@@ -38,6 +38,8 @@ struct HandlerTable {
         {"STORE_FAST_STORE_FAST", &T::op_store_fast_store_fast},
         {"LOAD_CONST", &T::op_load_const},
         {"LOAD_GLOBAL", &T::op_load_global},
+        {"STORE_ATTR", &T::op_store_attr},
+        {"STORE_GLOBAL", &T::op_store_global},
         {"LOAD_ATTR", &T::op_load_attr},
         {"LOAD_METHOD", &T::op_load_method},
         {"LOAD_DEREF", &T::op_load_deref},
@@ -125,8 +127,8 @@ const HandlerTable& handler_table() {
 
 InstructionTranslator::InstructionTranslator(Tracer& tracer, PyCodeObject* code, PyObject* globals,
                                              PyObject* builtins, std::vector<VarPtr> locals,
-                                             std::vector<VarPtr> freevars)
-    : tracer_(tracer), code_(code), globals_(globals), builtins_(builtins), locals_(std::move(locals)) {
+                                             std::vector<VarPtr> freevars, PyObject* closure)
+    : tracer_(tracer), code_(code), globals_(globals), builtins_(builtins), locals_(std::move(locals)), closure_(closure) {
   KILN_CHECK(!(code->co_flags & (CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE)))
       << "coroutines are not traced";
   generator_ = (code->co_flags & CO_GENERATOR) != 0;
@@ -135,7 +137,10 @@ InstructionTranslator::InstructionTranslator(Tracer& tracer, PyCodeObject* code,
   locals_.resize(nlocalsplus);
   // Free variables occupy the last slots of localsplus.
   int first_free = nlocalsplus - (int)freevars.size();
-  for (size_t j = 0; j < freevars.size(); ++j) locals_[first_free + j] = freevars[j];
+  for (size_t j = 0; j < freevars.size(); ++j) {
+    trace_owned_free_.push_back(freevars[j] && freevars[j]->is(VarKind::kCell));
+    locals_[first_free + j] = freevars[j];
+  }
 }
 
 VarPtr InstructionTranslator::next_yield() {

@@ -16,7 +16,7 @@ class InstructionTranslator {
  public:
   /// `locals` has co_nlocalsplus slots with the arguments bound; `freevars` the free variables' Vars.
   InstructionTranslator(Tracer& tracer, PyCodeObject* code, PyObject* globals, PyObject* builtins,
-                        std::vector<VarPtr> locals, std::vector<VarPtr> freevars);
+                        std::vector<VarPtr> locals, std::vector<VarPtr> freevars, PyObject* closure = nullptr);
   /// Runs to RETURN_VALUE and returns the returned Var.
   VarPtr run();
   /// A generator's frame: runs to its next YIELD_VALUE and returns the value yielded, or nullptr once the
@@ -51,6 +51,8 @@ class InstructionTranslator {
   void op_store_fast_store_fast(const bytecode::Instruction&);
   void op_load_const(const bytecode::Instruction&);
   void op_load_global(const bytecode::Instruction&);
+  void op_store_attr(const bytecode::Instruction&);
+  void op_store_global(const bytecode::Instruction&);
   void op_load_attr(const bytecode::Instruction&);
   void op_load_method(const bytecode::Instruction&);
   void op_load_deref(const bytecode::Instruction&);
@@ -127,6 +129,12 @@ class InstructionTranslator {
   bool done_ = false;
   // Generator frames (next_yield).
   bool generator_ = false;
+  /// Per free variable: its cell is a Var of this trace (a closure made in traced code) rather than a real
+  /// cell from outside, whose assignment the graph could not make.
+  std::vector<bool> trace_owned_free_;
+  /// The root frame's closure (a tuple of cells, borrowed; nullptr in inlined frames): an assignment to one
+  /// of its cells is made after the graph (Tracer::store_cell), through the cell the frame passes.
+  PyObject* closure_ = nullptr;
   bool started_ = false;
   bool suspended_ = false;
   bool finished_ = false;

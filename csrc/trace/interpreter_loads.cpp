@@ -94,8 +94,10 @@ void InstructionTranslator::op_load_global(const Instruction& ins) {
   bool push_null = ins.arg & 1;
   if (push_null && !kNullAfterCallable) push(make_null());
   PyObject* value = PyDict_GetItemWithError(globals_, name);
-  VarPtr v;
-  if (value) {
+  VarPtr v = tracer_.stored_value(globals_, name);
+  if (v) {
+    // assigned earlier in the trace (store_global)
+  } else if (value) {
     v = tracer_.wrap(value, tracer_.global_source(globals_, name));
   } else {
     if (PyErr_Occurred()) PyErr_Clear();
@@ -108,6 +110,17 @@ void InstructionTranslator::op_load_global(const Instruction& ins) {
   }
   push(v);
   if (push_null && kNullAfterCallable) push(make_null());
+}
+
+void InstructionTranslator::op_store_attr(const Instruction& ins) {
+  VarPtr obj = pop();
+  VarPtr value = pop();
+  tracer_.store_attribute(obj, name_at(ins.arg), value);
+}
+
+void InstructionTranslator::op_store_global(const Instruction& ins) {
+  VarPtr value = pop();
+  tracer_.store_global(globals_, name_at(ins.arg), value);
 }
 
 void InstructionTranslator::op_load_attr(const Instruction& ins) {
@@ -137,16 +150,29 @@ void InstructionTranslator::op_load_deref(const Instruction& ins) {
 
 void InstructionTranslator::op_store_deref(const Instruction& ins) {
   VarPtr& slot = locals_.at(ins.arg);
+  // Only cells of the trace can be written: a free variable of a function from outside belongs to an
+  // enclosing frame whose state the graph cannot update (even once a closure made here shares it).
+  int first_free = (int)PyTuple_GET_SIZE(code_->co_localsplusnames) - code_->co_nfreevars;
+  if (ins.arg >= first_free) {
+    size_t j = ins.arg - first_free;
+    if (j >= trace_owned_free_.size() || !trace_owned_free_[j]) {
+      // A real cell from outside (a nonlocal, or a resume function's cell of the frame it continues): the
+      // assignment is made after the graph; this frame's later reads see the value.
+      if (!closure_ || (Py_ssize_t)j >= PyTuple_GET_SIZE(closure_)) KILN_UNSUPPORTED() << "assigning a nonlocal variable";
+      VarPtr value = pop();
+      tracer_.store_cell((int)j, PyTuple_GET_ITEM(closure_, j), value);
+      if (slot && slot->is(VarKind::kCell))
+        slot->items[0] = value;
+      else
+        slot = value;
+      return;
+    }
+  }
   // A cell shared with a closure made in the trace: both see the store.
   if (slot && slot->is(VarKind::kCell)) {
     slot->items[0] = pop();
     return;
   }
-  // Otherwise only cells local to this frame can be written: a free variable of a function from outside
-  // belongs to an enclosing frame whose state the graph cannot update.
-  int nlocalsplus = (int)PyTuple_GET_SIZE(code_->co_localsplusnames);
-  int nfree = code_->co_nfreevars;
-  if (ins.arg >= nlocalsplus - nfree) KILN_UNSUPPORTED() << "assigning a nonlocal variable";
   slot = pop();
 }
 

@@ -91,6 +91,10 @@ Tracer::Tracer(const FrameInput& frame) : root_(frame), guards_(std::make_unique
 
 Tracer::~Tracer() {
   tensor_vars_.clear();
+  for (PendingStore& store : stores_) {
+    Py_DECREF(store.owner);
+    Py_DECREF(store.name);
+  }
   Py_XDECREF(helpers_);
   Py_XDECREF(recorder_);
   Py_XDECREF(example_inputs_);
@@ -217,7 +221,15 @@ VarPtr Tracer::wrap(PyObject* value, SourcePtr source) {
                  t == &PyEllipsis_Type || t == &PySlice_Type) &&
                 !bound_builtin;
   VarPtr v = make_const(value, source);
-  if (stable) {
+  PyObject* closure = PyFunction_Check(value) ? PyFunction_GET_CLOSURE(value) : nullptr;
+  if (closure && PyTuple_GET_SIZE(closure) > 0 && !PyFunction_GET_KW_DEFAULTS(value)) {
+    // A closure is made anew each time its enclosing code runs (a helper defined in forward, handed to a
+    // resume function): guarded by its code and defaults, its cells' contents read through the source.
+    guards_->add_type(source, Py_TYPE(value));
+    guards_->add_id(Source::attr(source, "__code__"), PyFunction_GET_CODE(value));
+    PyObject* defaults = PyFunction_GET_DEFAULTS(value);
+    guards_->add_id(Source::attr(source, "__defaults__"), defaults ? defaults : Py_None);
+  } else if (stable) {
     guards_->add_id(source, value);
   } else {
     guards_->add_type(source, Py_TYPE(value));
@@ -293,6 +305,8 @@ VarPtr Tracer::module_attr(const VarPtr& module, PyObject* name) {
 }
 
 VarPtr Tracer::get_attr(const VarPtr& obj, PyObject* name) {
+  if (!stores_.empty() && obj->value && (obj->is(VarKind::kModule) || obj->is(VarKind::kConst)))
+    if (VarPtr stored = stored_value(obj->value, name)) return stored;
   std::string attr = str_of(name);
   switch (obj->kind) {
     case VarKind::kModule: return module_attr(obj, name);
@@ -498,6 +512,20 @@ bool Tracer::truthy(const VarPtr& v) {
     case VarKind::kConst: {
       int r = PyObject_IsTrue(v->value);
       if (r < 0) throw_python_error("truth value");
+      if (v->by_type && v->source) {
+        // An object pinned by type only (a deque, a user object): its truth is its state. A C length is
+        // guarded; a __bool__ or __len__ written in Python runs in Python (a graph break here).
+        PyTypeObject* t = Py_TYPE(v->value);
+        bool has_bool = t->tp_as_number && t->tp_as_number->nb_bool;
+        bool has_len = (t->tp_as_mapping && t->tp_as_mapping->mp_length) || (t->tp_as_sequence && t->tp_as_sequence->sq_length);
+        if (has_bool || (has_len && (t->tp_flags & Py_TPFLAGS_HEAPTYPE)))
+          KILN_UNSUPPORTED() << "truth value of a " << t->tp_name << " (its __bool__ or __len__ is not traced)";
+        if (has_len) {
+          Py_ssize_t n = PyObject_Length(v->value);
+          if (n < 0) throw_python_error("len");
+          guards_->add_length(v->source, n);
+        }
+      }
       return r;
     }
     case VarKind::kTuple:
@@ -619,7 +647,8 @@ VarPtr Tracer::trace_root() {
   }
   Py_XDECREF(freenames);
 
-  InstructionTranslator root(*this, code, root_.globals, root_.builtins, std::move(locals), std::move(freevars));
+  InstructionTranslator root(*this, code, root_.globals, root_.builtins, std::move(locals), std::move(freevars),
+                             root_.closure);
   return root.run();
 }
 

@@ -116,7 +116,9 @@ class Tracer {
   friend class InstructionTranslator;
   VarPtr wrap_tensor(PyObject* tensor, SourcePtr source);
   VarPtr call_module(const VarPtr& module, std::vector<VarPtr> args, KwArgs kwargs);
-  VarPtr inline_function(PyObject* function, std::vector<VarPtr> args, KwArgs kwargs);
+  /// `source`: where the trace read `function` (its closure's cells are then read through it, so an equal
+  /// function made anew on each call, guarded by its code, reads that call's cells).
+  VarPtr inline_function(PyObject* function, std::vector<VarPtr> args, KwArgs kwargs, SourcePtr source = nullptr);
   VarPtr call_container_method(const VarPtr& self, const std::string& name, std::vector<VarPtr> args);
   VarPtr call_builtin(PyObject* fn, const std::vector<VarPtr>& args, const KwArgs& kwargs, bool* handled);
   VarPtr module_attr(const VarPtr& module, PyObject* name);
@@ -147,7 +149,8 @@ class Tracer {
   /// True when traced code may mutate the list or dict `v` in place: it was made in the trace, or it is the
   /// root frame's **kwargs (a fresh dict per call, which then is rebuilt from its items like one made here).
   bool claim_container(const VarPtr& v);
-  VarPtr inline_with_cells(PyObject* function, std::vector<VarPtr> args, KwArgs kwargs, const std::vector<VarPtr>* cells);
+  VarPtr inline_with_cells(PyObject* function, std::vector<VarPtr> args, KwArgs kwargs, const std::vector<VarPtr>* cells,
+                           SourcePtr source = nullptr);
   /// The next item of a kGenerator (its body runs to the next yield), or nullptr when it is exhausted.
   VarPtr generator_next(const VarPtr& generator);
   void bind_arguments(PyObject* function, std::vector<VarPtr> args, const KwArgs& kwargs, std::vector<VarPtr>& locals);
@@ -155,6 +158,22 @@ class Tracer {
   VarPtr mutate_dict(const VarPtr& dict, const std::string& name, const std::vector<VarPtr>& args);
   /// The items of a dict (subclass) instance from the frame as a dict Var, its keys guarded.
   VarPtr snapshot_dict(const VarPtr& obj);
+  /// `obj.name = value` (STORE_ATTR) on a user module or a plain object read from the frame: later reads in
+  /// the trace see `value`, and the compiled frame makes the same assignment after its graph (stores.cpp).
+  /// Unsupported (a graph break at the store) for anything else.
+  void store_attribute(const VarPtr& obj, PyObject* name, const VarPtr& value);
+  /// `global name; name = value` in code whose globals dict is `globals`: likewise replayed.
+  void store_global(PyObject* globals, PyObject* name, const VarPtr& value);
+  /// An assignment to the root frame's free variable `index` (its cell `cell`): a nonlocal, or a resume
+  /// function's cell of the frame it continues.
+  void store_cell(int index, PyObject* cell, const VarPtr& value);
+  static PyObject* cell_contents_name() {
+    static PyObject* name = PyUnicode_InternFromString("cell_contents");
+    return name;
+  }
+  /// The value a store traced earlier gave `owner`'s attribute (or `owner`'s item, for a globals dict)
+  /// `name`, or nullptr.
+  VarPtr stored_value(PyObject* owner, PyObject* name) const;
   /// A ContextVar read from the frame by type only becomes pinned by identity (its state is per object);
   /// false for other values.
   bool pin_context_var(const VarPtr& v);
@@ -162,6 +181,19 @@ class Tracer {
   VarPtr fold_signature(const VarPtr& target, const KwArgs& kwargs);
 
  private:
+  /// Attribute and global stores traced so far, in program order (one entry per owner and name: a later
+  /// store to the same place replaces the value and keeps the position). Replayed after the graph.
+  struct PendingStore {
+    VarPtr target;     ///< the object (kModule or kConst with a source); nullptr for a globals dict
+    PyObject* owner;   ///< the object or the globals dict (owned)
+    PyObject* name;    ///< owned
+    VarPtr value;
+    bool item = false;  ///< owner[name] = value (a globals dict) rather than setattr
+    int free_index = -1;  ///< an assignment to the root frame's free variable (owner = its cell at trace time)
+  };
+  std::vector<PendingStore> stores_;
+  /// Appends the stores to `spec` (OutputSpec::kStores around the frame's own output).
+  runtime::OutputSpec with_stores(runtime::OutputSpec output, std::vector<PyObject*>& graph_outputs);
   /// ContextVar.set calls traced and not yet reset (their tokens, innermost last); see calls.cpp.
   std::vector<VarPtr> context_var_sets_;
 

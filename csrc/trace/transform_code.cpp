@@ -43,7 +43,9 @@ CallCode make_call_code(PyCodeObject* original, PyObject* program) {
   for (int i = 0; i < nargs; ++i) emit((kinds[i] & kFastCell) ? "LOAD_DEREF" : "LOAD_FAST", i);
   int nlocalsplus = (int)PyTuple_GET_SIZE(original->co_localsplusnames);
   int nfree = original->co_nfreevars;
-  for (int j = 0; j < nfree; ++j) emit("LOAD_DEREF", nlocalsplus - nfree + j);
+  // Free variables pass their cells (3.13 loads a cell with LOAD_FAST): the program reads their contents,
+  // and assigns them where the traced code did.
+  for (int j = 0; j < nfree; ++j) emit(v313 ? "LOAD_FAST" : "LOAD_CLOSURE", nlocalsplus - nfree + j);
   int ncall = nargs + nfree;
   if (ops.op("PRECALL") >= 0) emit("PRECALL", ncall);
   emit("CALL", ncall);

@@ -233,15 +233,24 @@ grad_enabled = torch.is_grad_enabled
 
 # torch.autocast blocks made in traced code are entered and left for real at trace time too: the recorder then
 # records autocast's casts (kiln/_fake.py), so the graph holds them and nothing is replayed at run time
-# (compiled graphs run with autocast's dispatch keys excluded). A graph break inside such a block is refused and
-# the frame runs eagerly (graph_break.cpp): Python code between two graphs would run without the autocast state
-# eager has there.
+# (compiled graphs run with autocast's dispatch keys excluded). At a graph break inside such a block, the
+# compiled frame enters the block for real after its graph (enter_autocast_like), so the
+# break instruction and the resume function run under autocast as in eager, and the block's __exit__ leaves it.
 AUTOCAST_CLASSES = tuple({torch.autocast, torch.amp.autocast, torch.cpu.amp.autocast, torch.cuda.amp.autocast})
 GRAD_MODE_CALLABLES |= set(AUTOCAST_CLASSES)
 AUTOCAST_METHODS = {getattr(cls, name) for cls in AUTOCAST_CLASSES for name in ("__enter__", "__exit__")}
 GRAD_MODE_METHODS |= AUTOCAST_METHODS
 GRAD_MODE_ENTER_METHODS |= {cls.__enter__ for cls in AUTOCAST_CLASSES}
 _AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def enter_autocast_like(ctx):
+    """At a graph break inside a `with torch.autocast(...)` made in traced code: enters a new manager with the
+    same settings as `ctx` (the one made at trace time); returns its __exit__."""
+    fresh = torch.autocast(device_type=ctx.device, dtype=ctx.fast_dtype, enabled=ctx._enabled,
+                           cache_enabled=ctx._cache_enabled)
+    fresh.__enter__()
+    return fresh.__exit__
 
 
 def is_grad_mode_context(obj):

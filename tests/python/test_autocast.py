@@ -193,20 +193,70 @@ def test_autocast_blocks_inside_compiled_code_are_one_graph(fresh_kiln):
     assert not torch.is_autocast_enabled("cpu")  # the trace left the thread's autocast state as it found it
 
 
-def prints_inside_amp(x, w):
+SEEN_AT_BREAK = []
+
+
+@kiln.disable
+def note_autocast(t):
+    """Runs in Python at a graph break: what autocast state does the code between two graphs see?"""
+    SEEN_AT_BREAK.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), t.dtype))
+    if t.shape[0] == 0:
+        raise ValueError("empty batch")
+    return t
+
+
+def breaks_inside_amp(x, w):
+    y = x.relu()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        z = x @ w
-        print("kiln autocast test")  # a break inside a traced autocast block: the frame runs eagerly
+        z = y @ w
+        z = note_autocast(z)  # a graph break inside a traced autocast block
+        z = (z @ w).softmax(-1)  # the resume function is traced under autocast
+    return z + 1, torch.is_autocast_enabled("cpu")
+
+
+def test_break_inside_a_traced_autocast_block_resumes_compiled(fresh_kiln):
+    args = (random_tensor(4, 8, requires_grad=True), random_tensor(8, 8, requires_grad=True))
+    compiled = kiln.compile(breaks_inside_amp)
+    SEEN_AT_BREAK.clear()
+    for _ in range(2):
+        # Gradients below: w is cast once per use here, once per block in eager (autocast's weight cache).
+        out = assert_same_as_eager(breaks_inside_amp, *args, compiled=compiled, grads=False)
+    assert out[0].dtype == torch.bfloat16 and out[1] is False
+    eager_grads = torch.autograd.grad(breaks_inside_amp(*args)[0].float().sum(), args)
+    kiln_grads = torch.autograd.grad(compiled(*args)[0].float().sum(), args)
+    rtol, atol = tolerance(torch.bfloat16)
+    for got, want in zip(kiln_grads, eager_grads):
+        torch.testing.assert_close(got, want, rtol=10 * rtol, atol=10 * atol)
+    # The code at the break ran inside the block, in eager and in kiln alike.
+    assert SEEN_AT_BREAK == [(True, torch.bfloat16, torch.bfloat16)] * 6, SEEN_AT_BREAK
+    stats = kiln.stats()
+    assert stats["fallbacks"] == 0 and stats["graph_breaks"] >= 1, stats
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def test_exception_at_a_break_inside_an_autocast_block_leaves_it(fresh_kiln):
+    compiled = kiln.compile(breaks_inside_amp)
+    compiled(random_tensor(4, 8), random_tensor(8, 8))
+    with pytest.raises(ValueError, match="empty batch"):
+        compiled(random_tensor(0, 8), random_tensor(8, 8))
+    assert not torch.is_autocast_enabled("cpu")  # the block's __exit__ ran on the way out, as in eager
+
+
+def prints_inside_nested_amp(x, w):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", enabled=False):
+            z = x @ w
+            note_autocast(z)  # inside two traced blocks: the frame runs eagerly
+        z = z @ w
     return z
 
 
-def test_break_inside_a_traced_autocast_block_runs_the_frame_eagerly(fresh_kiln, capsys):
+def test_break_inside_nested_autocast_blocks_runs_the_frame_eagerly(fresh_kiln):
     args = (random_tensor(4, 8), random_tensor(8, 8))
-    compiled = kiln.compile(prints_inside_amp)
-    for _ in range(2):
-        out = assert_same_as_eager(prints_inside_amp, *args, compiled=compiled)
+    SEEN_AT_BREAK.clear()
+    out = assert_same_as_eager(prints_inside_nested_amp, *args)
     assert out.dtype == torch.bfloat16
-    assert capsys.readouterr().out.count("kiln autocast test") == 4
+    assert SEEN_AT_BREAK == [(False, torch.bfloat16, torch.float32)] * 2, SEEN_AT_BREAK
     assert kiln.stats()["fallbacks"] >= 1, kiln.stats()
     assert not torch.is_autocast_enabled("cpu")
 

@@ -551,3 +551,115 @@ def test_mlp_with_helper_print_and_branch(fresh_kiln):
     assert stats["graph_breaks"] == 2 and stats["fallbacks"] == 0, stats
     result = kiln.explain(model)(random_tensor(5, 8))
     assert result.graph_count == 3 and result.graph_break_count == 2, result
+
+
+# --- frames with cells: variables captured by nested functions ---------------------------------------
+
+class HelperInForward(nn.Module):
+    """A helper defined inside forward closes over `self`; a lambda closes over a local assigned after the
+    break; both live across breaks."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(6, 6)
+        self.b = nn.Linear(6, 6)
+        self.scale = 1.5
+
+    def forward(self, x):
+        def act(t, k=1.0):
+            return torch.nn.functional.gelu(t) * self.scale * k
+
+        h = act(self.a(x))
+        record("first", h.shape)
+        offset = 0.25
+        shift = lambda t: t + offset  # noqa: E731
+        out = shift(act(self.b(h), k=0.5))
+        record("second")
+        offset = 2.0  # the lambda sees the new value, as in eager
+        return shift(out)
+
+
+def test_break_in_a_frame_with_cells(fresh_kiln):
+    torch.manual_seed(0)
+    check(HelperInForward(), random_tensor(3, 6, requires_grad=True), graphs=3, breaks=2, calls=3)
+    # The helpers are made anew on every call: guarded by their code, they do not recompile.
+    assert kiln.stats()["recompiles"] == 0, kiln.stats()
+
+
+def cell_argument(x, n):
+    def times():
+        return x * n
+
+    y = times()
+    record("between")
+    n = n + 1  # an argument captured by the closure, reassigned after the break
+    return times() + y
+
+
+def test_captured_argument_reassigned_after_a_break(fresh_kiln):
+    compiled = kiln.compile(cell_argument)
+    for n in (2, 2, 3):
+        x = random_tensor(4)
+        torch.testing.assert_close(compiled(x, n), cell_argument(x, n))
+    # n is a guarded constant: n=3 compiles the frame (and its break) a second time.
+    assert kiln.stats()["graph_breaks"] == 2 and kiln.stats()["fallbacks"] == 0, kiln.stats()
+
+
+def counter_factory():
+    count = 0
+
+    def bump(x):
+        nonlocal count
+        peek = lambda: count  # noqa: E731  (a closure made here shares the outer cell)
+        count = count + 1
+        return x * peek()
+
+    return bump, lambda: count
+
+
+def test_nonlocal_assignment_reaches_the_enclosing_function(fresh_kiln):
+    bump, read = counter_factory()
+    compiled = kiln.compile(bump)
+    x = random_tensor(3)
+    torch.testing.assert_close(compiled(x), x * 1)
+    assert read() == 1
+    torch.testing.assert_close(compiled(x), x * 2)
+    assert read() == 2
+
+
+def _raise_value_error(*args):
+    raise ValueError("from a callback")
+
+
+def reraises_after_a_break(callbacks, *details):
+    # ExitStack.__exit__'s shape: a break inside a try body inside a loop, the exception caught and raised
+    # again later in the same frame.
+    pending = None
+    while callbacks:  # a deque: its truth is guarded by its length
+        callback = callbacks.pop()
+        try:
+            callback(*details)
+        except ValueError as e:
+            pending = e
+    if pending is not None:
+        raise pending
+
+
+def test_exception_raised_again_in_the_same_frame_keeps_both_traceback_entries(fresh_kiln):
+    import collections
+    import traceback
+
+    def entries(fn):
+        try:
+            fn(collections.deque([_raise_value_error, _raise_value_error]), None)
+        except ValueError as e:
+            names = ("reraises_after_a_break", "_raise_value_error")  # not the test's or kiln's wrapper frames
+            return [(f.name, f.line) for f in traceback.extract_tb(e.__traceback__) if f.name in names]
+        raise AssertionError("no exception")
+
+    expected = entries(reraises_after_a_break)
+    assert [name for name, _ in expected] == ["reraises_after_a_break", "reraises_after_a_break", "_raise_value_error"]
+    compiled = kiln.compile(reraises_after_a_break)
+    for _ in range(2):
+        assert entries(compiled) == expected
+    assert kiln.stats()["graph_breaks"] >= 1 and kiln.stats()["fallbacks"] == 0, kiln.stats()
