@@ -1,8 +1,11 @@
 // Tracer: values entering the trace (guards), attribute access, results, and the trace driver.
 #include "trace/tracer.h"
 
+#include <cstring>
+
 #include "common/error.h"
 #include "common/log.h"
+#include "frame/cpython_shim.h"  // KILN_RESUME_QUALNAME_MARKER
 #include "trace/interpreter.h"
 
 namespace kiln::trace {
@@ -222,13 +225,18 @@ VarPtr Tracer::wrap(PyObject* value, SourcePtr source) {
                 !bound_builtin;
   VarPtr v = make_const(value, source);
   PyObject* closure = PyFunction_Check(value) ? PyFunction_GET_CLOSURE(value) : nullptr;
-  if (closure && PyTuple_GET_SIZE(closure) > 0 && !PyFunction_GET_KW_DEFAULTS(value)) {
-    // A closure is made anew each time its enclosing code runs (a helper defined in forward, handed to a
-    // resume function): guarded by its code and defaults, its cells' contents read through the source.
+  if (closure && PyTuple_GET_SIZE(closure) > 0 && !PyFunction_GET_KW_DEFAULTS(value) && from_resume_frame(source)) {
+    // A closure handed to a resume function (a helper defined in forward before a break) is made anew on
+    // every call of the function: guarded by its code, its defaults and its cells' contents (read through
+    // the source, so a call of it, or its use by a recorded torch call, sees this call's cells).
     guards_->add_type(source, Py_TYPE(value));
     guards_->add_id(Source::attr(source, "__code__"), PyFunction_GET_CODE(value));
     PyObject* defaults = PyFunction_GET_DEFAULTS(value);
     guards_->add_id(Source::attr(source, "__defaults__"), defaults ? defaults : Py_None);
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(closure); ++j) {
+      PyObject* contents = PyCell_GET(PyTuple_GET_ITEM(closure, j));
+      if (contents) wrap(contents, Source::attr(Source::index(Source::attr(source, "__closure__"), j), "cell_contents"));
+    }
   } else if (stable) {
     guards_->add_id(source, value);
   } else {
@@ -237,6 +245,18 @@ VarPtr Tracer::wrap(PyObject* value, SourcePtr source) {
     v->by_type = true;
   }
   return v;
+}
+
+bool Tracer::from_resume_frame(const SourcePtr& source) const {
+  const char* qualname = PyUnicode_AsUTF8(root_.code->co_qualname);
+  if (!qualname) {
+    PyErr_Clear();
+    return false;
+  }
+  if (!strstr(qualname, KILN_RESUME_QUALNAME_MARKER)) return false;  // not a resume function
+  const Source* s = source.get();
+  while (s->base()) s = s->base().get();
+  return s->kind() == SourceKind::kLocal;
 }
 
 VarPtr Tracer::wrap_result(PyObject* value) {

@@ -115,6 +115,8 @@ class Tracer {
  private:
   friend class InstructionTranslator;
   VarPtr wrap_tensor(PyObject* tensor, SourcePtr source);
+  /// True when `source` reaches a value through a local of the root frame, itself a resume function.
+  bool from_resume_frame(const SourcePtr& source) const;
   VarPtr call_module(const VarPtr& module, std::vector<VarPtr> args, KwArgs kwargs);
   /// `source`: where the trace read `function` (its closure's cells are then read through it, so an equal
   /// function made anew on each call, guarded by its code, reads that call's cells).
