@@ -52,8 +52,11 @@ void remember(const OutputSpec& spec, PyObject* built, BuildContext& ctx);
 struct BuildContext {
   std::vector<at::Tensor>& outputs;
   const SourceRoots& roots;
-  std::vector<PyObject*> memo;  // borrowed: each also sits inside the output being built
+  std::vector<PyObject*> memo;  // owned: a value built once and used again (it may sit only in a call's arguments)
   PyObject* const* cells = nullptr;  // the frame's free-variable cells
+  ~BuildContext() {
+    for (PyObject* o : memo) Py_XDECREF(o);
+  }
 };
 
 PyObject* build_output(const OutputSpec& spec, BuildContext& ctx);
@@ -196,7 +199,7 @@ PyObject* build_output(const OutputSpec& spec, BuildContext& ctx) {
 void remember(const OutputSpec& spec, PyObject* built, BuildContext& ctx) {
   if (spec.index < 0) return;
   if ((int)ctx.memo.size() <= spec.index) ctx.memo.resize(spec.index + 1, nullptr);
-  ctx.memo[spec.index] = built;
+  Py_XSETREF(ctx.memo[spec.index], Py_NewRef(built));
 }
 
 // A graph may switch grad mode (traced grad-mode blocks) and then fail half-way; eager would have left

@@ -27,13 +27,21 @@ runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>&
   if (break_output && is_traced_autocast_exit(v)) {
     // At a break inside an autocast block the trace entered (a manager made in traced code; one from the frame
     // was entered in Python): a new manager like the trace's is entered for real after the graph, and its
-    // __exit__ goes on the stack.
+    // __exit__ goes on the stack. The block around it (items[1], break_values) is entered first, once.
+    auto [it, first] = memo_slots_.emplace(v.get(), (int)memo_slots_.size());
+    if (!first) {
+      spec.kind = runtime::OutputSpec::Kind::kRepeat;
+      spec.index = it->second;
+      return spec;
+    }
+    spec.index = it->second;
     spec.kind = runtime::OutputSpec::Kind::kConstruct;
     spec.object = Py_BuildValue("(O())", helper("enter_autocast_like"));
     runtime::OutputSpec manager;
     manager.kind = runtime::OutputSpec::Kind::kConstant;
     manager.object = Py_NewRef(v->items[0]->value);
     spec.children.push_back(std::move(manager));
+    if (v->items.size() > 1) spec.children.push_back(output_spec(v->items[1], graph_outputs, break_output));
     return spec;
   }
   // A value that came from the frame (an input tensor, an argument list) is re-read from there: the

@@ -277,14 +277,7 @@ BreakPlan plan_break(PyCodeObject* code, const bytecode::CodeInstructions& ci, c
     }
   }
   // A torch.autocast block entered at trace time was never entered at run time: the compiled frame enters it
-  // after its graph (output_spec). Two nested blocks would be entered innermost first (the stack is rebuilt
-  // from the top), so those still run the frame eagerly.
-  int autocast_blocks = 0;
-  for (const VarPtr& v : state.stack) autocast_blocks += is_traced_autocast_exit(v);
-  if (autocast_blocks > 1) {
-    plan.why_not = "the construct is inside nested torch.autocast blocks traced in this frame";
-    return plan;
-  }
+  // after its graph (break_values, output_spec).
   // Inside grad-mode blocks only: the break code restores the mode on an exception. Inside any other block:
   // the exception goes to the original handler, in a copy of the body the break code carries.
   std::string not_grad_mode_only;
@@ -389,7 +382,17 @@ VarPtr break_values(const BreakPlan& plan, const BreakState& state) {
     const VarPtr& v = state.locals[i];
     items.push_back(v->is(VarKind::kCell) ? v->items[0] : v);
   }
-  for (auto it = state.stack.rbegin(); it != state.stack.rend(); ++it) {
+  // Traced autocast blocks are entered again after the graph, outermost first: each block's __exit__ carries
+  // the one of the block around it (items[1]), which output_spec builds (enters) before it.
+  std::vector<VarPtr> stack = state.stack;
+  VarPtr outer;
+  for (VarPtr& v : stack)
+    if (is_traced_autocast_exit(v)) {
+      VarPtr exit = make_method(v->value, v->items[0]);
+      if (outer) exit->items.push_back(outer);
+      v = outer = exit;
+    }
+  for (auto it = stack.rbegin(); it != stack.rend(); ++it) {
     const VarPtr& v = *it;
     if (v->is(VarKind::kNull)) continue;
     if (v->is(VarKind::kIterator))  // the break code makes it an iterator again (make_break_code)

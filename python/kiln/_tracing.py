@@ -244,9 +244,10 @@ GRAD_MODE_ENTER_METHODS |= {cls.__enter__ for cls in AUTOCAST_CLASSES}
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
-def enter_autocast_like(ctx):
+def enter_autocast_like(ctx, outer_exit=None):
     """At a graph break inside a `with torch.autocast(...)` made in traced code: enters a new manager with the
-    same settings as `ctx` (the one made at trace time); returns its __exit__."""
+    same settings as `ctx` (the one made at trace time); returns its __exit__. `outer_exit` is the block around
+    it, already entered again (built first, so nested blocks are entered outermost first)."""
     fresh = torch.autocast(device_type=ctx.device, dtype=ctx.fast_dtype, enabled=ctx._enabled,
                            cache_enabled=ctx._cache_enabled)
     fresh.__enter__()

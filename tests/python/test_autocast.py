@@ -246,18 +246,22 @@ def prints_inside_nested_amp(x, w):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         with torch.autocast("cpu", enabled=False):
             z = x @ w
-            note_autocast(z)  # inside two traced blocks: the frame runs eagerly
-        z = z @ w
-    return z
+            note_autocast(z)  # inside two traced blocks: both entered again, outermost first
+        z = z @ w  # back in the outer block: bfloat16
+        note_autocast(z)
+    return z, torch.is_autocast_enabled("cpu")
 
 
-def test_break_inside_nested_autocast_blocks_runs_the_frame_eagerly(fresh_kiln):
+def test_break_inside_nested_autocast_blocks(fresh_kiln):
     args = (random_tensor(4, 8), random_tensor(8, 8))
+    compiled = kiln.compile(prints_inside_nested_amp)
     SEEN_AT_BREAK.clear()
-    out = assert_same_as_eager(prints_inside_nested_amp, *args)
-    assert out.dtype == torch.bfloat16
-    assert SEEN_AT_BREAK == [(False, torch.bfloat16, torch.float32)] * 2, SEEN_AT_BREAK
-    assert kiln.stats()["fallbacks"] >= 1, kiln.stats()
+    for _ in range(2):
+        out = assert_same_as_eager(prints_inside_nested_amp, *args, compiled=compiled)
+    assert out[0].dtype == torch.bfloat16 and out[1] is False
+    inner, outer = (False, torch.bfloat16, torch.float32), (True, torch.bfloat16, torch.bfloat16)
+    assert SEEN_AT_BREAK == [inner, outer] * 4, SEEN_AT_BREAK
+    assert kiln.stats()["fallbacks"] == 0, kiln.stats()
     assert not torch.is_autocast_enabled("cpu")
 
 
