@@ -110,15 +110,75 @@ ValueId BackwardBuilder::expand(ValueId a, const std::vector<int64_t>& sizes) {
   return emit("aten::expand", "default", {tensor(a), sizes, false});
 }
 
+namespace {
+
+// The shape whose dims split both `a` and `b` (same element count) into common factors, dropping size-1 dims:
+// (128, 256, 64) and (128, 32, 512) give (128, 32, 8, 64). Empty when there is none (a boundary of one does not
+// divide the next of the other: (6, 4) and (4, 6)).
+std::vector<int64_t> common_refinement(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+  std::vector<int64_t> bounds;  // prefix products of either shape, ascending
+  for (const auto* shape : {&a, &b}) {
+    int64_t p = 1;
+    for (int64_t s : *shape) bounds.push_back(p *= s);
+  }
+  std::sort(bounds.begin(), bounds.end());
+  bounds.erase(std::unique(bounds.begin(), bounds.end()), bounds.end());
+  std::vector<int64_t> dims;
+  int64_t previous = 1;
+  for (int64_t bound : bounds) {
+    if (bound == previous) continue;
+    if (previous == 0 || bound % previous != 0) return {};
+    dims.push_back(bound / previous);
+    previous = bound;
+  }
+  return dims;
+}
+
+}  // namespace
+
+std::optional<ValueId> BackwardBuilder::stack_through_reshapes(const graph::TensorListArg& pieces, int64_t position) {
+  // stack(reshape(x_i, S), d) is view(stack(view(x_i, R), d'), S with the new dim at d) when every piece is a
+  // reshape of a same-shaped x_i and R refines both x_i's shape and S with a boundary at d: the stack then
+  // reads the x_i through their strides, where each reshape would have copied first.
+  std::vector<ValueId> sources;
+  for (const auto& piece : pieces.ids) {
+    const graph::Value& v = backward_.value(*piece);
+    if (v.producer < 0) return std::nullopt;
+    const graph::Node& node = backward_.nodes[v.producer];
+    if (node.qualified_name() != "aten::reshape.default") return std::nullopt;
+    const auto* source = std::get_if<graph::TensorArg>(&node.args.at(0));
+    if (!source || (!sources.empty() && meta(source->id).sizes != meta(sources.front()).sizes)) return std::nullopt;
+    sources.push_back(source->id);
+  }
+  if (sources.empty()) return std::nullopt;
+  const std::vector<int64_t>& piece_sizes = meta(*pieces.ids.front()).sizes;
+  const std::vector<int64_t> refined = common_refinement(meta(sources.front()).sizes, piece_sizes);
+  if (refined.empty()) return std::nullopt;
+  int64_t before = 1;  // elements of one piece before the stack dim
+  for (int64_t i = 0; i < position; ++i) before *= piece_sizes[i];
+  int64_t refined_position = 0, product = 1;
+  while (product < before && refined_position < static_cast<int64_t>(refined.size())) product *= refined[refined_position++];
+  if (product != before) return std::nullopt;
+  graph::TensorListArg views;
+  for (ValueId source : sources) views.ids.push_back(emit("aten::view", "default", {tensor(source), refined}));
+  const ValueId stacked = emit("aten::stack", "default", {views, refined_position});
+  std::vector<int64_t> sizes = piece_sizes;
+  sizes.insert(sizes.begin() + position, static_cast<int64_t>(pieces.ids.size()));
+  return emit("aten::view", "default", {tensor(stacked), sizes});
+}
+
 ValueId BackwardBuilder::stack_in_order(const graph::TensorListArg& pieces, int64_t dim, const std::vector<int64_t>& order) {
   const auto rank = static_cast<int64_t>(order.size());
   const auto position = static_cast<int64_t>(std::find(order.begin(), order.end(), dim) - order.begin());
   std::vector<int64_t> piece_order;  // a piece's dims (the result's minus `dim`) in memory order
   for (int64_t d : order)
     if (d != dim) piece_order.push_back(d < dim ? d : d - 1);
+  std::optional<ValueId> through;
+  if (std::is_sorted(piece_order.begin(), piece_order.end())) through = stack_through_reshapes(pieces, position);
   graph::TensorListArg permuted;
-  for (const auto& piece : pieces.ids) permuted.ids.push_back(emit("aten::permute", "default", {tensor(*piece), piece_order}));
-  const ValueId stacked = emit("aten::stack", "default", {permuted, position});
+  if (!through)
+    for (const auto& piece : pieces.ids) permuted.ids.push_back(emit("aten::permute", "default", {tensor(*piece), piece_order}));
+  const ValueId stacked = through ? *through : emit("aten::stack", "default", {permuted, position});
   std::vector<int64_t> back(rank);  // result dim d sits at position back[d] of `stacked`
   for (int64_t i = 0; i < rank; ++i) back[order[i]] = i;
   return emit("aten::permute", "default", {tensor(stacked), back});

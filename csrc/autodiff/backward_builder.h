@@ -74,6 +74,9 @@ class BackwardBuilder {
   /// stack(pieces, dim), written so that its memory holds the result's dims in `order` (outermost first) and
   /// permuted back to stack's shape: a later view chain that reads it in that order stays a view.
   ValueId stack_in_order(const graph::TensorListArg& pieces, int64_t dim, const std::vector<int64_t>& order);
+  /// stack(pieces, position) when every piece is an `aten::reshape` of same-shaped values: those values are
+  /// stacked through views instead (no reshape copies); nullopt when the shapes do not allow it.
+  std::optional<ValueId> stack_through_reshapes(const graph::TensorListArg& pieces, int64_t position);
   /// Sums `grad` over the dimensions broadcasting added, back to `sizes` (no-op when they match).
   ValueId sum_to(ValueId grad, const std::vector<int64_t>& sizes);
   /// Casts `a` to `dtype` when it differs (type promotion in the forward).

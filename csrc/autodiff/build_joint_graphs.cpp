@@ -127,7 +127,10 @@ graph::ValueId stack_pieces(BackwardBuilder& b, const graph::Graph& forward, gra
     const graph::TensorMeta* source = graph::tensor_meta(forward, clone->args.at(0));
     if (source && source->sizes == v.meta.sizes) order = dense_dim_order(*source);
   }
-  if (order.empty() || std::is_sorted(order.begin(), order.end())) return b.emit("aten::stack", "default", {pieces, dim});
+  if (order.empty() || std::is_sorted(order.begin(), order.end())) {
+    if (std::optional<graph::ValueId> through = b.stack_through_reshapes(pieces, dim)) return *through;
+    return b.emit("aten::stack", "default", {pieces, dim});
+  }
   return b.stack_in_order(pieces, dim, order);
 }
 

@@ -133,10 +133,21 @@ void rule_addmm(RuleCall& c) {  // addmm(self, mat1, mat2, *, beta, alpha)
   if (c.needs(2)) c.set(2, c.b.mul(mm_mat2_grad(c, 1, 2), alpha));
 }
 
+// A batch of matrices laid out transposed (its rows are the innermost dim): attention's k.transpose(-2, -1).
+bool is_transposed_batch(const graph::TensorMeta& m) {
+  return m.sizes.size() == 3 && m.sizes[1] > 1 && m.sizes[2] > 1 && m.strides[1] == 1 && m.strides[2] != 1;
+}
+
+// As for mm, each operand's gradient comes out in the operand's own layout: for a transposed operand, the
+// transposed product is computed and viewed back, so the gradient that flows on (k's) is dense where it was
+// strided across its innermost dim.
 void rule_bmm(RuleCall& c) {
   auto bmm = [&](ValueId a, ValueId b) { return c.b.emit("aten::bmm", "default", {tensor(a), tensor(b)}); };
-  if (c.needs(0)) c.set(0, bmm(c.grad(), c.b.transpose(c.input(1), 1, 2)));
-  if (c.needs(1)) c.set(1, bmm(c.b.transpose(c.input(0), 1, 2), c.grad()));
+  auto tr = [&](ValueId a) { return c.b.transpose(a, 1, 2); };
+  if (c.needs(0))
+    c.set(0, is_transposed_batch(c.input_meta(0)) ? tr(bmm(c.input(1), tr(c.grad()))) : bmm(c.grad(), tr(c.input(1))));
+  if (c.needs(1))
+    c.set(1, is_transposed_batch(c.input_meta(1)) ? tr(bmm(tr(c.grad()), c.input(0))) : bmm(tr(c.input(0)), c.grad()));
 }
 
 // ---- pointwise -------------------------------------------------------------------------------------

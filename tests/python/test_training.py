@@ -639,6 +639,35 @@ def test_packed_projection_gradient_is_one_stack():
     assert "backward:aten::stack.default" in backward and not any("select_backward" in k for k in backward), backward
 
 
+def test_attention_head_gradients_are_stacked_without_reshape_copies():
+    # nn.MultiheadAttention's general path: q/k/v are proj[i].view(L, B * H, D).transpose(0, 1), and the scores
+    # are bmm(q, k.transpose(1, 2)). Each head gradient comes back as a transposed bmm result whose reshape to
+    # (L, B, E) would copy; the stack reads them through views instead, and k's gradient is computed in k's own
+    # layout (dense along its innermost dim) rather than transposed.
+    L, B, H, D = 6, 2, 2, 4
+    E = H * D
+
+    def fn(x, w):
+        proj = (x @ w).unflatten(-1, (3, E)).unsqueeze(0).transpose(0, -2).squeeze(-2).contiguous()
+        q, k, v = (proj[i].view(L, B * H, D).transpose(0, 1) for i in range(3))
+        attn = torch.bmm(q * 0.5, k.transpose(1, 2)).softmax(-1)
+        return torch.bmm(attn, v).transpose(0, 1).reshape(L, B, E)
+
+    graphs = []
+    x, w = r(L, B, E), r(E, 3 * E)
+    actual = kiln.compile(fn, backend=keep_summaries(graphs))(x, w)
+    expected = fn(x, w)
+    torch.testing.assert_close(actual, expected)
+    for got, want in zip(torch.autograd.grad(actual.sum(), (x, w)), torch.autograd.grad(expected.sum(), (x, w))):
+        torch.testing.assert_close(got, want)
+    assert_compiled_autograd()
+    (summary,) = graphs
+    backward = [k for k in summary["kernels"] + summary["externs"] if k.startswith("backward:")]
+    assert backward.count("backward:aten::stack.default") == 1, backward
+    # One reshape is left: the squeeze/transpose chain's, on the stacked result, where it is a view.
+    assert backward.count("backward:aten::reshape.default") == 1 and not any("clone" in k for k in backward), backward
+
+
 def test_partly_selected_value_keeps_select_backward():
     # Only two of three slices get a gradient: no stack (the third slice's zeros still come from select_backward).
     def fn(x):
