@@ -617,6 +617,20 @@ def test_attention_dropout_on_cuda_gives_eager_results():
         assert not torch.allclose(actual, F.scaled_dot_product_attention(q, k, v), atol=1e-2)
 
 
+def backward_steps_matching_eager(fn, *args):
+    """Compiles fn, checks its output and its inputs' gradients against eager on compiled autograd, and returns
+    the backward graph's kernels and extern calls ("backward:<name>")."""
+    graphs = []
+    actual = kiln.compile(fn, backend=keep_summaries(graphs))(*args)
+    expected = fn(*args)
+    torch.testing.assert_close(actual, expected)
+    for got, want in zip(torch.autograd.grad(actual.sum(), args), torch.autograd.grad(expected.sum(), args)):
+        torch.testing.assert_close(got, want)
+    assert_compiled_autograd()
+    (summary,) = graphs
+    return [k for k in summary["kernels"] + summary["externs"] if k.startswith("backward:")]
+
+
 def test_packed_projection_gradient_is_one_stack():
     # nn.MultiheadAttention splits one packed projection with proj[0], proj[1], proj[2]. Each select's gradient
     # is a zero-filled tensor of the whole projection with one slice written; summed, that is three fills,
@@ -626,16 +640,7 @@ def test_packed_projection_gradient_is_one_stack():
         q, k, v = proj[0], proj[1], proj[2]
         return torch.tanh(q) * k + v.sigmoid()
 
-    graphs = []
-    x, w = r(5, 16), r(16, 24)
-    actual = kiln.compile(fn, backend=keep_summaries(graphs))(x, w)
-    expected = fn(x, w)
-    torch.testing.assert_close(actual, expected)
-    for got, want in zip(torch.autograd.grad(actual.sum(), (x, w)), torch.autograd.grad(expected.sum(), (x, w))):
-        torch.testing.assert_close(got, want)
-    assert_compiled_autograd()
-    (summary,) = graphs
-    backward = [k for k in summary["kernels"] + summary["externs"] if k.startswith("backward:")]
+    backward = backward_steps_matching_eager(fn, r(5, 16), r(16, 24))
     assert "backward:aten::stack.default" in backward and not any("select_backward" in k for k in backward), backward
 
 
@@ -653,16 +658,7 @@ def test_attention_head_gradients_are_stacked_without_reshape_copies():
         attn = torch.bmm(q * 0.5, k.transpose(1, 2)).softmax(-1)
         return torch.bmm(attn, v).transpose(0, 1).reshape(L, B, E)
 
-    graphs = []
-    x, w = r(L, B, E), r(E, 3 * E)
-    actual = kiln.compile(fn, backend=keep_summaries(graphs))(x, w)
-    expected = fn(x, w)
-    torch.testing.assert_close(actual, expected)
-    for got, want in zip(torch.autograd.grad(actual.sum(), (x, w)), torch.autograd.grad(expected.sum(), (x, w))):
-        torch.testing.assert_close(got, want)
-    assert_compiled_autograd()
-    (summary,) = graphs
-    backward = [k for k in summary["kernels"] + summary["externs"] if k.startswith("backward:")]
+    backward = backward_steps_matching_eager(fn, r(L, B, E), r(E, 3 * E))
     assert backward.count("backward:aten::stack.default") == 1, backward
     # One reshape is left: the squeeze/transpose chain's, on the stacked result, where it is a view.
     assert backward.count("backward:aten::reshape.default") == 1 and not any("clone" in k for k in backward), backward
