@@ -348,6 +348,7 @@ class Scheduler {
       view_root_[out] = view_root_[base] >= 0 ? view_root_[base] : base;
       return;
     }
+    if (copy_as_store(n)) return;
     const decomp::Decomposition* d = decomp::find_decomposition(g_, node);
     if (!d) {
       schedule_extern(n);
@@ -382,6 +383,76 @@ class Scheduler {
     kernel_step_.push_back(append_step(Step::Kind::Kernel, static_cast<int32_t>(schedule_.kernels.size()) - 1));
     const bool fused = try_fuse(static_cast<int32_t>(schedule_.kernels.size()) - 1, n, *d);
     KILN_ASSERT(fused) << "node " << n << " (" << node.qualified_name() << ") does not fit its own kernel";
+  }
+
+  // For a view of a kernel's value that only permutes its dims (same sizes and strides, dim for dim): the
+  // kernel's domain dim each of the view's dims runs along (-1 for size-1 dims), the kernel, and the value's
+  // expression. nullopt for other views and values.
+  struct PermutedValue {
+    int32_t kernel;
+    int32_t expr;
+    DimMap dims;
+  };
+  std::optional<PermutedValue> permuted_kernel_value(ValueId view) const {
+    if (view_root_[view] < 0) return std::nullopt;
+    const ValueId root = view_root_[view];
+    const KernelHome& h = home_[root];
+    if (h.kernel < 0) return std::nullopt;
+    const auto& vm = g_.value(view).meta;
+    const auto& rm = g_.value(root).meta;
+    if (vm.dtype != rm.dtype || vm.storage_offset != rm.storage_offset) return std::nullopt;
+    int64_t numel_view = 1, numel_root = 1;
+    for (int64_t s : vm.sizes) numel_view *= s;
+    for (int64_t s : rm.sizes) numel_root *= s;
+    if (numel_view != numel_root) return std::nullopt;
+    DimMap dims(vm.sizes.size(), -1);
+    std::vector<bool> used(rm.sizes.size(), false);
+    for (size_t j = 0; j < vm.sizes.size(); ++j) {
+      if (vm.sizes[j] == 1) continue;
+      size_t i = 0;
+      while (i < rm.sizes.size() && (used[i] || rm.sizes[i] != vm.sizes[j] || rm.strides[i] != vm.strides[j])) ++i;
+      if (i == rm.sizes.size() || h.dims[i] < 0) return std::nullopt;
+      used[i] = true;
+      dims[j] = h.dims[i];
+    }
+    return PermutedValue{h.kernel, h.expr, std::move(dims)};
+  }
+
+  // clone(permute(y)) or reshape(permute(y)) where y is a value of a kernel: y's own expression stored once
+  // more, in the result's layout (a transposed store from that kernel), rather than a copy that loads y back.
+  // nn.MultiheadAttention's batch_first transpose of the layer norm's output becomes the layer norm kernel's
+  // store; in the backward, the attention output's gradient is stored transposed by the kernel that adds it.
+  bool copy_as_store(NodeIndex n) {
+    const Node& node = g_.nodes[n];
+    const std::string name = node.qualified_name();
+    const bool clone = name == "aten::clone.default", reshape = name == "aten::reshape.default";
+    if ((!clone && !reshape) || node.outputs.size() != 1) return false;
+    const auto* operand = std::get_if<graph::TensorArg>(&node.args.at(0));
+    if (!operand) return false;
+    std::optional<PermutedValue> source = permuted_kernel_value(operand->id);
+    if (!source) return false;
+    const ValueId out = node.outputs[0];
+    const auto& vm = g_.value(operand->id).meta;
+    const auto& om = g_.value(out).meta;
+    if (om.dtype != vm.dtype) return false;
+    if (clone) {
+      if (om.sizes != vm.sizes) return false;
+      home_[out] = KernelHome{source->kernel, source->expr, std::move(source->dims)};
+    } else {
+      // The reshape's result is contiguous: the view's elements in their logical order, whatever its shape.
+      if (om.storage_offset != 0 || om.strides != graph::contiguous_strides(om.sizes)) return false;
+      Kernel& kern = kernel(source->kernel);
+      Store store{buffer_for(source->kernel, out, true), source->expr, {}};
+      store.index.strides.assign(kern.domain.size(), 0);
+      const std::vector<int64_t> order = graph::contiguous_strides(vm.sizes);
+      for (size_t j = 0; j < vm.sizes.size(); ++j)
+        if (source->dims[j] >= 0) store.index.strides[source->dims[j]] += order[j];
+      kern.stores.push_back(std::move(store));
+      available_[out] = kernel_step_[source->kernel];
+    }
+    defining_node_[out] = n;
+    kernel(source->kernel).nodes.push_back(n);
+    return true;
   }
 
   void schedule_extern(NodeIndex n) {

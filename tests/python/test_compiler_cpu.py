@@ -111,6 +111,20 @@ def test_layer_norm_is_one_kernel():
     check(lambda x: F.layer_norm(x, (96,), w, b), rand(4, 5, 96), expect_kernels=1)
 
 
+def test_transposed_copy_of_a_layer_norm_is_its_kernel_store():
+    # nn.MultiheadAttention(batch_first=True) transposes the normalised input and copies it contiguous: the layer
+    # norm kernel stores its result in that layout itself (no kernel that reads it back).
+    def f(x, w, b):
+        return torch.nn.functional.layer_norm(x, (16,), w, b).transpose(0, 1).contiguous()
+
+    def g(x, w, b):  # the copy's result also used in the same layout as the norm's: both stores
+        y = torch.nn.functional.layer_norm(x, (16,), w, b)
+        return y.transpose(0, 1).contiguous(), y + 1
+
+    check(f, rand(4, 6, 16), rand(16), rand(16), expect_kernels=1)
+    check(g, rand(4, 6, 16), rand(16), rand(16), expect_kernels=1)
+
+
 def test_linear_bias_gelu_is_one_extern_and_at_most_one_kernel():
     w, b = rand(48, 32), rand(48)
     summary = check(lambda x: F.gelu(F.linear(x, w, b)), rand(16, 32))
