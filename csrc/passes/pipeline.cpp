@@ -6,6 +6,7 @@
 
 #include "common/log.h"
 #include "passes/eliminate_common_subexpressions.h"
+#include "passes/fuse_recomputation.h"
 #include "passes/remove_dead_nodes.h"
 
 namespace kiln::passes {
@@ -31,6 +32,9 @@ void run_graph_passes(graph::Graph& g) {
   after("eliminate_common_subexpressions");
   remove_dead_nodes(g);
   after("remove_dead_nodes");
+  // Last: it only reorders the nodes left.
+  fuse_recomputation(g);
+  after("fuse_recomputation");
 }
 
 }  // namespace kiln::passes

@@ -664,6 +664,17 @@ def test_attention_head_gradients_are_stacked_without_reshape_copies():
     assert backward.count("backward:aten::reshape.default") == 1 and not any("clone" in k for k in backward), backward
 
 
+def test_recomputed_gelu_shares_the_gelu_backward_kernel():
+    # The partitioner recomputes gelu(h) in the backward (for the second Linear's weight gradient) rather than
+    # saving it; gelu_backward(grad, h) reads the same h. The two run as one kernel, reading h once.
+    def ffn(x, w1, b1, w2, b2):
+        return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+
+    backward = backward_steps_matching_eager(ffn, r(4, 8, 16), r(32, 16), r(32), r(16, 32), r(16))
+    kernels = [k for k in backward if k.startswith("backward:kernel_")]
+    assert any("gelu_backward" in k and "_gelu" in k.replace("gelu_backward", "") for k in kernels), backward
+
+
 def test_partly_selected_value_keeps_select_backward():
     # Only two of three slices get a gradient: no stack (the third slice's zeros still come from select_backward).
     def fn(x):
