@@ -78,30 +78,6 @@ const std::set<std::string>& random_ops() {
   return ops;
 }
 
-struct ElementSize {
-  ScalarType type;
-  int64_t bytes;
-};
-constexpr ElementSize kElementSizes[] = {
-    {ScalarType::Byte, 1},        {ScalarType::Char, 1},          {ScalarType::Short, 2},
-    {ScalarType::Int, 4},         {ScalarType::Long, 8},          {ScalarType::Half, 2},
-    {ScalarType::Float, 4},       {ScalarType::Double, 8},        {ScalarType::ComplexHalf, 4},
-    {ScalarType::ComplexFloat, 8}, {ScalarType::ComplexDouble, 16}, {ScalarType::Bool, 1},
-    {ScalarType::QInt8, 1},       {ScalarType::QUInt8, 1},        {ScalarType::QInt32, 4},
-    {ScalarType::BFloat16, 2},    {ScalarType::Float8_e5m2, 1},   {ScalarType::Float8_e4m3fn, 1},
-    {ScalarType::Float8_e5m2fnuz, 1}, {ScalarType::Float8_e4m3fnuz, 1}, {ScalarType::UInt16, 2},
-    {ScalarType::UInt32, 4},      {ScalarType::UInt64, 8},
-};
-
-int64_t bytes_of(const graph::TensorMeta& meta) {
-  int64_t numel = 1;
-  for (int64_t size : meta.sizes) numel *= size;
-  for (const ElementSize& entry : kElementSizes)
-    if (entry.type == meta.dtype) return numel * entry.bytes;
-  KILN_ASSERT(false) << "no element size for dtype " << graph::scalar_type_name(meta.dtype);
-  return 0;
-}
-
 // How the backward may obtain a node's result.
 enum class Recompute : uint8_t {
   kNever,      // saved (or, for an input or constant, read as it is)
@@ -266,7 +242,7 @@ Partition partition_saved_values(const Graph& forward, const std::vector<ValueId
   MaxFlow flow(2 * num_values + 2);
   for (const Value& v : forward.values) {
     const Recompute kind = v.producer >= 0 ? kinds[v.producer] : Recompute::kNever;
-    int64_t cost = bytes_of(v.meta);
+    int64_t cost = graph::nbytes(v.meta);
     if (free_to_save(v)) cost = 0;
     else if (kind == Recompute::kView) cost = MaxFlow::kInfinite;
     flow.add_edge(in(v.id), out(v.id), cost);
@@ -286,10 +262,10 @@ Partition partition_saved_values(const Graph& forward, const std::vector<ValueId
     partition.saved.push_back(v.id);  // in(v) before the cut, out(v) after it: v's split edge is cut
     if (free_to_save(v)) continue;
     partition.saved_tensors++;
-    partition.saved_bytes += bytes_of(v.meta);
+    partition.saved_bytes += graph::nbytes(v.meta);
   }
   for (ValueId id : read)
-    if (!free_to_save(forward.value(id))) partition.saved_bytes_before += bytes_of(forward.value(id).meta);
+    if (!free_to_save(forward.value(id))) partition.saved_bytes_before += graph::nbytes(forward.value(id).meta);
 
   BackwardRebuilder rebuilder(forward, kinds, backward);
   backward = rebuilder.rebuild(read, num_gradients, partition.saved);

@@ -14,7 +14,8 @@ namespace kiln::fusion {
 
 /// Reorders `schedule.steps` so that such kernels come first, in their original order, and returns their
 /// indices into schedule.kernels (empty when fewer than two qualify; then nothing moves). The group holds at
-/// most `max_buffers` buffers in all (a kernel's parameter space is finite).
+/// most `max_buffers` buffers in all (a kernel's parameter space is finite), and only kernels whose outputs
+/// are at most 16 MiB, 64 MiB in all (each hoisted output is alive from the start).
 std::vector<int32_t> hoist_input_kernels(Schedule& schedule, const graph::Graph& g, size_t max_buffers);
 
 }  // namespace kiln::fusion

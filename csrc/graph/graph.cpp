@@ -79,6 +79,34 @@ bool is_read(const Graph& g, ValueId v) {
   return false;
 }
 
+namespace {
+
+struct ElementSize {
+  ScalarType type;
+  int64_t bytes;
+};
+constexpr ElementSize kElementSizes[] = {
+    {ScalarType::Byte, 1},        {ScalarType::Char, 1},          {ScalarType::Short, 2},
+    {ScalarType::Int, 4},         {ScalarType::Long, 8},          {ScalarType::Half, 2},
+    {ScalarType::Float, 4},       {ScalarType::Double, 8},        {ScalarType::ComplexHalf, 4},
+    {ScalarType::ComplexFloat, 8}, {ScalarType::ComplexDouble, 16}, {ScalarType::Bool, 1},
+    {ScalarType::QInt8, 1},       {ScalarType::QUInt8, 1},        {ScalarType::QInt32, 4},
+    {ScalarType::BFloat16, 2},    {ScalarType::Float8_e5m2, 1},   {ScalarType::Float8_e4m3fn, 1},
+    {ScalarType::Float8_e5m2fnuz, 1}, {ScalarType::Float8_e4m3fnuz, 1}, {ScalarType::UInt16, 2},
+    {ScalarType::UInt32, 4},      {ScalarType::UInt64, 8},
+};
+
+}  // namespace
+
+int64_t nbytes(const TensorMeta& meta) {
+  int64_t numel = 1;
+  for (int64_t size : meta.sizes) numel *= size;
+  for (const ElementSize& entry : kElementSizes)
+    if (entry.type == meta.dtype) return numel * entry.bytes;
+  KILN_ASSERT(false) << "no element size for dtype " << scalar_type_name(meta.dtype);
+  return 0;
+}
+
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
   std::vector<int64_t> strides(sizes.size());
   int64_t running = 1;

@@ -165,6 +165,8 @@ class Graph {
 std::string meta_to_string(const TensorMeta& meta);
 /// Row-major contiguous strides for `sizes`.
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes);
+/// Bytes of a dense tensor with `meta`'s sizes and dtype.
+int64_t nbytes(const TensorMeta& meta);
 /// True when some node argument or a graph output refers to `v` (linear in the graph's size).
 bool is_read(const Graph& g, ValueId v);
 /// The meta of the tensor an argument holds, or nullptr when it holds anything else (None, a number, a list).
