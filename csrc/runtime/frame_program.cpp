@@ -225,10 +225,16 @@ PyObject* program_call(PyObject* self, PyObject* const* args, size_t nargsf, PyO
   roots.nlocals = spec.num_locals_passed;
   // The frame passes its free variables' cells: sources read their contents (borrowed, NULL when empty).
   PyObject* const* cells = args + spec.num_locals_passed;
-  std::vector<PyObject*> free_values(spec.num_freevars_passed, nullptr);
-  for (int j = 0; j < spec.num_freevars_passed; ++j)
-    if (PyCell_Check(cells[j])) free_values[j] = PyCell_GET(cells[j]);
-  roots.freevars = free_values.data();
+  constexpr int kInlineFree = 8;  // no allocation per call for the usual closure
+  PyObject* inline_values[kInlineFree];
+  std::vector<PyObject*> many_values;
+  PyObject** free_values = inline_values;
+  if (spec.num_freevars_passed > kInlineFree) {
+    many_values.resize(spec.num_freevars_passed);
+    free_values = many_values.data();
+  }
+  for (int j = 0; j < spec.num_freevars_passed; ++j) free_values[j] = PyCell_Check(cells[j]) ? PyCell_GET(cells[j]) : nullptr;
+  roots.freevars = free_values;
   roots.nfreevars = spec.num_freevars_passed;
   roots.globals = spec.globals;
   roots.builtins = spec.builtins;

@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "frame/cpython_shim.h"
 #include "trace/bytecode_emitter.h"
+#include "trace/code_layout.h"
 #include "trace/graph_break.h"
 
 namespace kiln::trace {
@@ -100,8 +101,6 @@ PyObject* make_code_stealing(PyCodeObject* original, const bytecode::CodeInstruc
   return bytecode::make_code(original, out, kwargs);
 }
 
-constexpr int kFastCell = 0x40;  // CO_FAST_CELL in co_localspluskinds
-
 // The localsplus indices of the frame's cells (arguments captured by nested functions included), in order:
 // with the free variables after them, the closure a resume function is made with.
 std::vector<int> cell_slots(PyCodeObject* code) {
@@ -165,8 +164,7 @@ PyObject* make_break_code(PyCodeObject* original, const bytecode::CodeInstructio
   }
 
   // values = program(arguments..., free variables...)
-  int nargs = original->co_argcount + original->co_kwonlyargcount + ((original->co_flags & CO_VARARGS) ? 1 : 0) +
-              ((original->co_flags & CO_VARKEYWORDS) ? 1 : 0);
+  int nargs = argument_slots(original);
   if (kCallableAfterNull) e.emit("PUSH_NULL");
   e.emit("LOAD_CONST", program_const);
   if (!kCallableAfterNull) e.emit("PUSH_NULL");

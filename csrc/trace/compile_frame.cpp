@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "runtime/frame_program.h"
+#include "trace/code_layout.h"
 #include "trace/graph_break.h"
 #include "trace/tracer.h"
 #include "trace/transform_code.h"
@@ -416,9 +417,7 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
     // The program is created before the code that calls it; the code passes arguments then free vars.
     PyObject* program = nullptr;
     {
-      int nargs = frame.code->co_argcount + frame.code->co_kwonlyargcount +
-                  ((frame.code->co_flags & CO_VARARGS) ? 1 : 0) + ((frame.code->co_flags & CO_VARKEYWORDS) ? 1 : 0);
-      spec.num_locals_passed = nargs;
+      spec.num_locals_passed = argument_slots(frame.code);
       spec.num_freevars_passed = frame.code->co_nfreevars;
       program = runtime::make_frame_program(std::move(spec), std::move(compiled));
       KILN_ASSERT(program) << "creating the compiled frame";

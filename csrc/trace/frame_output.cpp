@@ -22,19 +22,20 @@ void refuse_escaping_fake(PyObject* value, PyObject* holds_meta_tensor) {
 
 }  // namespace
 
+bool Tracer::repeated(const VarPtr& v, runtime::OutputSpec& spec) {
+  auto [it, first] = memo_slots_.emplace(v.get(), (int)memo_slots_.size());
+  spec.index = it->second;
+  if (!first) spec.kind = runtime::OutputSpec::Kind::kRepeat;
+  return !first;
+}
+
 runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>& graph_outputs, bool break_output) {
   runtime::OutputSpec spec;
   if (break_output && is_traced_autocast_exit(v)) {
     // At a break inside an autocast block the trace entered (a manager made in traced code; one from the frame
     // was entered in Python): a new manager like the trace's is entered for real after the graph, and its
     // __exit__ goes on the stack. The block around it (items[1], break_values) is entered first, once.
-    auto [it, first] = memo_slots_.emplace(v.get(), (int)memo_slots_.size());
-    if (!first) {
-      spec.kind = runtime::OutputSpec::Kind::kRepeat;
-      spec.index = it->second;
-      return spec;
-    }
-    spec.index = it->second;
+    if (repeated(v, spec)) return spec;
     spec.kind = runtime::OutputSpec::Kind::kConstruct;
     spec.object = Py_BuildValue("(O())", helper("enter_autocast_like"));
     runtime::OutputSpec manager;
@@ -60,13 +61,7 @@ runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>&
   }
   if (break_output && (v->is(VarKind::kList) || v->is(VarKind::kDict) || v->is(VarKind::kObject))) {
     // A mutable container reachable twice (a local and a call argument) must stay one object.
-    auto [it, first] = memo_slots_.emplace(v.get(), (int)memo_slots_.size());
-    if (!first) {
-      spec.kind = runtime::OutputSpec::Kind::kRepeat;
-      spec.index = it->second;
-      return spec;
-    }
-    spec.index = it->second;
+    if (repeated(v, spec)) return spec;
   }
   switch (v->kind) {
     case VarKind::kTensor:

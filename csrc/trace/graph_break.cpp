@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "common/error.h"
+#include "trace/code_layout.h"
 
 namespace kiln::trace {
 
@@ -230,9 +231,6 @@ int enclosing_grad_mode_blocks(const bytecode::CodeInstructions& ci, const Break
   return -1;
 }
 
-constexpr int kFastCell = 0x40;  // CO_FAST_CELL in co_localspluskinds
-constexpr int kFastFree = 0x80;  // CO_FAST_FREE
-
 // A function with a closure made in the trace (`v`, held by local `slot`): the break code makes it again from
 // its code and constant defaults around the frame's own cells, which must be every cell it closes over.
 // Returns why not ("" when it can).
@@ -336,8 +334,7 @@ BreakPlan plan_break(PyCodeObject* code, const bytecode::CodeInstructions& ci, c
   // the frame's own cells too (as free variables).
   size_t first_free = state.locals.size() - code->co_nfreevars;
   const char* kinds = PyBytes_AS_STRING(code->co_localspluskinds);
-  int nargs = code->co_argcount + code->co_kwonlyargcount + ((code->co_flags & CO_VARARGS) ? 1 : 0) +
-              ((code->co_flags & CO_VARKEYWORDS) ? 1 : 0);
+  int nargs = argument_slots(code);
   for (size_t i = 0; i < first_free; ++i) {
     bool cell = kinds[i] & kFastCell;
     VarPtr v = state.locals[i];

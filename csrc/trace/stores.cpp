@@ -87,40 +87,40 @@ void Tracer::store_attribute(const VarPtr& obj, PyObject* name, const VarPtr& va
   }
   std::string why = why_unstorable_value(value);
   if (!why.empty()) refuse(why);
-  for (PendingStore& store : stores_)
-    if (store.owner == o && PyUnicode_Compare(store.name, name) == 0) {
-      store.value = value;
-      return;
-    }
-  stores_.push_back({obj, Py_NewRef(o), Py_NewRef(name), value});
+  record_store({obj, o, name, value});
 }
 
 void Tracer::store_global(PyObject* globals, PyObject* name, const VarPtr& value) {
   std::string why = why_unstorable_value(value);
   if (!why.empty()) KILN_UNSUPPORTED() << "assigning the global " << PyUnicode_AsUTF8(name) << " (" << why << ")";
-  for (PendingStore& store : stores_)
-    if (store.owner == globals && PyUnicode_Compare(store.name, name) == 0) {
-      store.value = value;
-      return;
-    }
-  stores_.push_back({nullptr, Py_NewRef(globals), Py_NewRef(name), value, /*item=*/true});
+  record_store({nullptr, globals, name, value, /*item=*/true});
 }
 
 void Tracer::store_cell(int index, PyObject* cell, const VarPtr& value) {
   std::string why = why_unstorable_value(value);
   if (!why.empty()) KILN_UNSUPPORTED() << "assigning a variable of an enclosing function (" << why << ")";
-  for (PendingStore& store : stores_)
-    if (store.owner == cell) {
-      store.value = value;
-      return;
-    }
-  stores_.push_back({nullptr, Py_NewRef(cell), Py_NewRef(cell_contents_name()), value, false, index});
+  record_store({nullptr, cell, cell_contents_name(), value, /*item=*/false, index});
+}
+
+Tracer::PendingStore* Tracer::find_store(PyObject* owner, PyObject* name) const {
+  for (const PendingStore& store : stores_)
+    if (store.owner == owner && PyUnicode_Compare(store.name, name) == 0) return const_cast<PendingStore*>(&store);
+  return nullptr;
+}
+
+void Tracer::record_store(PendingStore store) {
+  if (PendingStore* earlier = find_store(store.owner, store.name)) {
+    earlier->value = store.value;  // one entry per place, at its first position
+    return;
+  }
+  Py_INCREF(store.owner);
+  Py_INCREF(store.name);
+  stores_.push_back(std::move(store));
 }
 
 VarPtr Tracer::stored_value(PyObject* owner, PyObject* name) const {
-  for (const PendingStore& store : stores_)
-    if (store.owner == owner && PyUnicode_Compare(store.name, name) == 0) return store.value;
-  return nullptr;
+  const PendingStore* store = find_store(owner, name);
+  return store ? store->value : nullptr;
 }
 
 runtime::OutputSpec Tracer::with_stores(runtime::OutputSpec output, std::vector<PyObject*>& graph_outputs) {

@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "frame/cpython_shim.h"  // KILN_RESUME_QUALNAME_MARKER
+#include "trace/code_layout.h"
 #include "trace/interpreter.h"
 
 namespace kiln::trace {
@@ -645,8 +646,7 @@ VarPtr Tracer::trace_root() {
   PyCodeObject* code = root_.code;
   std::vector<VarPtr> locals(root_.nlocalsplus);
   PyObject* names = PyCode_GetVarnames(code);
-  int nargs = code->co_argcount + code->co_kwonlyargcount + ((code->co_flags & CO_VARARGS) ? 1 : 0) +
-              ((code->co_flags & CO_VARKEYWORDS) ? 1 : 0);
+  int nargs = argument_slots(code);
   for (int i = 0; i < nargs && i < root_.nlocalsplus; ++i) {
     PyObject* value = root_.localsplus[i];
     if (!value) continue;

@@ -141,6 +141,9 @@ class Tracer {
   /// is not stored under a string key.
   VarPtr frame_record_item(const VarPtr& obj, PyObject* index);
   runtime::OutputSpec output_spec(const VarPtr& v, std::vector<PyObject*>& graph_outputs, bool break_output);
+  /// Gives `v` its memo slot in `spec` (one object however often it is reached); true, with `spec` a kRepeat,
+  /// when it already had one.
+  bool repeated(const VarPtr& v, runtime::OutputSpec& spec);
  public:
   // Python constructs of real models: super() and imports (interpreter_loads.cpp); str and dict methods,
   // type(), functools.partial, ContextVars (calls.cpp).
@@ -194,6 +197,9 @@ class Tracer {
     int free_index = -1;  ///< an assignment to the root frame's free variable (owner = its cell at trace time)
   };
   std::vector<PendingStore> stores_;
+  PendingStore* find_store(PyObject* owner, PyObject* name) const;
+  /// Appends `store` (owner and name borrowed; references taken) or updates the earlier one to the same place.
+  void record_store(PendingStore store);
   /// Appends the stores to `spec` (OutputSpec::kStores around the frame's own output).
   runtime::OutputSpec with_stores(runtime::OutputSpec output, std::vector<PyObject*>& graph_outputs);
   /// ContextVar.set calls traced and not yet reset (their tokens, innermost last); see calls.cpp.

@@ -3,12 +3,9 @@
 #include "bytecode/bytecode.h"
 #include "common/error.h"
 #include "trace/bytecode_emitter.h"
+#include "trace/code_layout.h"
 
 namespace kiln::trace {
-
-namespace {
-constexpr int kFastCell = 0x40;  // CO_FAST_CELL in co_localspluskinds
-}
 
 CallCode make_call_code(PyCodeObject* original, PyObject* program) {
   using bytecode::Instruction;
@@ -37,8 +34,7 @@ CallCode make_call_code(PyCodeObject* original, PyObject* program) {
   emit("LOAD_CONST", (int)program_index);
   if (v313) emit("PUSH_NULL", 0);
 
-  int nargs = original->co_argcount + original->co_kwonlyargcount + ((original->co_flags & CO_VARARGS) ? 1 : 0) +
-              ((original->co_flags & CO_VARKEYWORDS) ? 1 : 0);
+  int nargs = argument_slots(original);
   const char* kinds = PyBytes_AS_STRING(original->co_localspluskinds);
   for (int i = 0; i < nargs; ++i) emit((kinds[i] & kFastCell) ? "LOAD_DEREF" : "LOAD_FAST", i);
   int nlocalsplus = (int)PyTuple_GET_SIZE(original->co_localsplusnames);
