@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "frame/frame.h"
 #include "runtime/backends.h"
+#include "runtime/host_buffers.h"
 #include "trace/compile_frame.h"
 
 namespace py = pybind11;
@@ -67,7 +68,17 @@ void register_compile(py::module_& m) {
   m.def("reset", [] {
     frame::reset_all();
     trace::stats() = trace::Stats();
+    runtime::release_host_buffers();
   });
+  m.def("host_buffer_stats", [] {
+    const runtime::HostBufferStats s = runtime::host_buffer_stats();
+    py::dict d;
+    d["hits"] = s.hits;
+    d["misses"] = s.misses;
+    d["cached_bytes"] = s.cached_bytes;
+    d["in_use_bytes"] = s.in_use_bytes;
+    return d;
+  }, "The CPU host buffer cache's counters (runtime/host_buffers.h).");
   m.def("backend_names", &runtime::backend_names);
   m.def(
       "guard_benchmark",

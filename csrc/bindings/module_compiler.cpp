@@ -59,6 +59,7 @@ void register_compiler(py::module_& m) {
         d["source"] = s->source;
         d["device"] = s->device;
         d["strategies"] = s->strategies;
+        d["in_place"] = s->in_place;
         return d;
       },
       py::arg("compiled"),

@@ -30,6 +30,7 @@
 #include "codegen/cuda/nvrtc_compiler.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "fusion/in_place_outputs.h"
 #include "fusion/launch_groups.h"
 #include "fusion/schedule_kernels.h"
 #include "passes/channels_last.h"
@@ -41,6 +42,7 @@
 #include "runtime/cuda_driver.h"
 #include "runtime/cuda_launch.h"
 #include "runtime/eager_interpreter.h"
+#include "runtime/host_buffers.h"
 #include "runtime/node_call.h"
 #include "runtime/torch_info.h"
 
@@ -62,6 +64,9 @@ struct KernelCall {
   std::vector<ValueId> buffers;
   std::vector<bool> is_output;
   std::vector<at::TensorOptions> options;  // per output buffer
+  // Per buffer: the input buffer whose storage this output takes when nothing else holds it (in_place_outputs.h
+  // and build_plan), or -1.
+  std::vector<int32_t> in_place_from;
 };
 
 struct PlanStep {
@@ -118,6 +123,8 @@ class KilnGraph final : public CompiledGraph {
     std::vector<void*> pointers;
     std::vector<void*> arguments;
     cuda::CudaStream stream = cuda_device_ >= 0 ? cuda::torch_current_stream(cuda_device_) : nullptr;
+    std::optional<HostBufferScope> host_buffers;  // CPU: large buffers reused across calls (host_buffers.h)
+    if (cuda_device_ < 0) host_buffers.emplace();
     for (const PlanStep& step : plan_) {
       if (step.kernel >= 0) {
         const KernelCall& k = kernels_[step.kernel];
@@ -127,7 +134,12 @@ class KilnGraph final : public CompiledGraph {
           at::Tensor& t = env[k.buffers[b]];
           if (k.is_output[b]) {
             const auto& meta = g.values[k.buffers[b]].meta;
-            t = at::empty_strided(meta.sizes, meta.strides, k.options[out++]);
+            const at::TensorOptions& options = k.options[out++];
+            at::Tensor* source = k.in_place_from.empty() || k.in_place_from[b] < 0 ? nullptr : &env[k.buffers[k.in_place_from[b]]];
+            if (source && source->defined() && source->use_count() == 1 && source->storage().use_count() == 1)
+              t = *source;  // the input's last use, and no view or caller holds its storage: overwrite it
+            else
+              t = at::empty_strided(meta.sizes, meta.strides, options);
           }
           pointers[b] = t.data_ptr();
         }
@@ -294,6 +306,7 @@ void build_plan(KilnGraph& kg, const fusion::Schedule& schedule) {
         }
         kg.summary.kernels.push_back(schedule.kernels[member].name);
       }
+      if (!grouped) call.in_place_from = fusion::in_place_sources(k);  // a group's members may run at once
       plan_step.kernel = static_cast<int32_t>(kg.kernels_.size());
       kg.kernels_.push_back(std::move(call));
     } else {
@@ -317,6 +330,26 @@ void build_plan(KilnGraph& kg, const fusion::Schedule& schedule) {
       if (read_by_kernel[out]) step.layout_checked.push_back(out);
   }
   std::unordered_set<ValueId> kept(g.outputs.begin(), g.outputs.end());
+  // In-place outputs: only into an intermediate laid out as the output, at its last use.
+  for (size_t position = 0; position < kg.plan_.size(); ++position) {
+    if (kg.plan_[position].kernel < 0) continue;
+    KernelCall& call = kg.kernels_[kg.plan_[position].kernel];
+    for (size_t b = 0; b < call.in_place_from.size(); ++b) {
+      int32_t& from = call.in_place_from[b];
+      if (from < 0) continue;
+      const graph::Value& in = g.values[call.buffers[from]];
+      const graph::TensorMeta& out = g.values[call.buffers[b]].meta;
+      const bool free = in.producer >= 0 && !in.is_input && !kept.count(in.id) &&
+                        last_use[in.id] == static_cast<int32_t>(position) && in.meta.sizes == out.sizes &&
+                        in.meta.strides == out.strides && in.meta.storage_offset == 0 && out.storage_offset == 0;
+      if (!free) {
+        from = -1;
+        continue;
+      }
+      kg.summary.in_place.push_back(call.name + ": %" + std::to_string(call.buffers[b]) + " into %" +
+                                    std::to_string(in.id));
+    }
+  }
   for (const graph::Value& v : g.values)
     if (!kept.count(v.id) && last_use[v.id] >= 0) {
       if (v.producer >= 0) kg.plan_[last_use[v.id]].release_after.push_back(v.id);

@@ -30,6 +30,7 @@ struct KilnGraphSummary {
   std::string source;                // the generated C++ or CUDA C ("" on fallback)
   std::string device;                // "cpu" or "cuda:N" ("" on fallback)
   std::vector<std::string> strategies;  // CUDA: per kernel, how it maps onto threads (emit_cuda.h)
+  std::vector<std::string> in_place;    // "kernel: %out into %in" for outputs that may take an input's storage
 };
 
 /// The summary of a graph compiled by compile_kiln_graph, or nullptr for any other CompiledGraph.

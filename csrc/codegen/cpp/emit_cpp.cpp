@@ -177,7 +177,13 @@ class KernelEmitter {
 
   // The loops of a transposing pointwise kernel in kTile x kTile tiles of (loop `across`, innermost loop): a
   // tile reads kTile lines of the transposed input and writes kTile lines of the output, each line whole. The
-  // other loops and the two tile loops run in parallel (collapsed).
+  // other loops and the two tile loops run in parallel (collapsed); the tiles along the innermost loop are the
+  // outer tile loop, so each thread reads a run of whole lines of the transposed input (the other order had the
+  // threads read alternate halves of each line: 0.32 against 0.23 ms for conv + ReLU's 6 MB on 2 cores).
+  // When every store is float32 and contiguous along the innermost loop, a whole tile is computed in the order
+  // the transposed input is contiguous in (vectorised along `across`) into a local tile per store, which the
+  // prelude's kiln_store_transposed16x16 writes out with 8 x 8 register transposes: 0.23 against 0.72 ms for
+  // that ReLU (a plain copy of the same bytes: 0.23). Partial tiles at the edges take the element-wise form.
   void emit_tiled(std::ostringstream& out, int across, bool parallel) {
     const int outer = nest_.outer_count;
     const int inner = outer - 1;
@@ -190,9 +196,39 @@ class KernelEmitter {
       out << indent << "for (int64_t i" << l << " = 0; i" << l << " < " << nest_.loops[l].size << "; ++i" << l << ") {\n";
       indent += "  ";
     }
-    for (int l : {across, inner}) {
+    for (int l : {inner, across}) {
       out << indent << "for (int64_t t" << l << " = 0; t" << l << " < " << nest_.loops[l].size << "; t" << l
           << " += " << kTile << ") {\n";
+      indent += "  ";
+    }
+    const std::string a = std::to_string(across), i = std::to_string(inner);
+    const bool register_transpose = stores_transpose_in_registers(across, inner);
+    if (register_transpose) {
+      out << indent << "if (t" << a << " + " << kTile << " <= " << nest_.loops[across].size << " && t" << i << " + "
+          << kTile << " <= " << nest_.loops[inner].size << ") {\n";
+      const std::string body_indent = indent + "      ";
+      for (size_t s = 0; s < k_.stores.size(); ++s)
+        out << indent << "  alignas(64) float tile" << s << "[" << kTile * kTile << "];\n";
+      out << indent << "  for (int64_t i" << i << " = t" << i << "; i" << i << " < t" << i << " + " << kTile << "; ++i" << i
+          << ") {\n";
+      out << indent << "    #pragma omp simd\n";
+      out << indent << "    for (int64_t i" << a << " = t" << a << "; i" << a << " < t" << a << " + " << kTile << "; ++i"
+          << a << ") {\n";
+      tile_slot_ = "[(i" + i + " - t" + i + ") * " + std::to_string(kTile) + " + (i" + a + " - t" + a + ")]";
+      body_ = &out;
+      indent_ = body_indent;
+      const std::vector<std::string> unnamed = names_;
+      emit_body();
+      names_ = unnamed;  // the edge tiles below emit the body again, in their own scope
+      tile_slot_.clear();
+      out << indent << "    }\n" << indent << "  }\n";
+      out << indent << "  const int64_t i" << a << " = t" << a << ", i" << i << " = t" << i << ";\n";
+      for (size_t s = 0; s < k_.stores.size(); ++s) {
+        const auto& st = k_.stores[s];
+        out << indent << "  kiln_store_transposed16x16(tile" << s << ", &buf" << st.buffer << "["
+            << index(nest_.store_strides[s], st.index.offset) << "], INT64_C(" << nest_.store_strides[s][across] << "));\n";
+      }
+      out << indent << "} else {\n";
       indent += "  ";
     }
     for (int l : {across, inner}) {
@@ -204,11 +240,24 @@ class KernelEmitter {
     body_ = &out;
     indent_ = indent;
     emit_body();
-    for (size_t l = 0; l < plain.size() + 4; ++l) {
+    const size_t closing = plain.size() + 4 + (register_transpose ? 1 : 0);
+    for (size_t l = 0; l < closing; ++l) {
       indent.resize(indent.size() - 2);
       out << indent << "}\n";
     }
     out << "}\n";
+  }
+
+  // True when every store of the tiled kernel writes float32, contiguously along the innermost loop and with a
+  // stride of at least a tile along `across` (kiln_store_transposed16x16's layout).
+  bool stores_transpose_in_registers(int across, int inner) const {
+    for (size_t s = 0; s < k_.stores.size(); ++s) {
+      const std::vector<int64_t>& strides = nest_.store_strides[s];
+      if (k_.buffers[k_.stores[s].buffer].dtype != ScalarType::Float || strides[inner] != 1 ||
+          std::llabs(strides[across]) < kTile)
+        return false;
+    }
+    return !k_.stores.empty();
   }
 
   std::string index(const std::vector<int64_t>& strides, int64_t offset) const {
@@ -558,6 +607,10 @@ class KernelEmitter {
   void emit_store(size_t s, std::ostream& out, const std::string& indent) {
     const auto& st = k_.stores[s];
     const auto& buf = k_.buffers[st.buffer];
+    if (!tile_slot_.empty()) {  // a register-transposed tile (emit_tiled)
+      out << indent << "tile" << s << tile_slot_ << " = kiln_store_as<float>::from(" << names_[st.expr] << ");\n";
+      return;
+    }
     out << indent << "buf" << st.buffer << "[" << index(nest_.store_strides[s], st.index.offset) << "] = kiln_store_as<"
         << storage_type(buf.dtype) << ">::from(" << names_[st.expr] << ");\n";
   }
@@ -570,6 +623,7 @@ class KernelEmitter {
   std::vector<int32_t> scope_ids_;  // names made inside the current reduced loop
   std::ostringstream* body_ = nullptr;
   std::string indent_;
+  std::string tile_slot_;  // non-empty: stores go to local tiles at this subscript (emit_tiled)
 };
 
 }  // namespace
