@@ -177,6 +177,7 @@ class KilnGraph final : public CompiledGraph {
   std::vector<PreparedNode> externs_;
   std::vector<PlanStep> plan_;
   std::shared_ptr<codegen::cpp::SharedLibrary> library_;
+  std::vector<std::string> cpp_functions_;  // CPU: per schedule kernel, its function in library_
   int cuda_device_ = -1;  // the CUDA device of a CUDA graph, -1 for CPU
   std::vector<codegen::cuda::CudaProgram> cuda_programs_;  // per part of the CUDA source
   std::vector<codegen::cuda::CudaKernelLaunch> cuda_launches_;  // per schedule kernel
@@ -288,7 +289,7 @@ void build_plan(KilnGraph& kg, const fusion::Schedule& schedule) {
         call.launch.block.x = launch.block_x;
         call.launch.block.y = launch.block_y;
       } else {
-        call.fn = reinterpret_cast<KernelFn>(kg.library_->symbol(k.name));
+        call.fn = reinterpret_cast<KernelFn>(kg.library_->symbol(kg.cpp_functions_[step.index]));
       }
       const at::Device device = kg.cuda_device_ >= 0 ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(kg.cuda_device_))
                                                       : at::Device(at::kCPU);
@@ -400,7 +401,9 @@ std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> o
     kg->cuda_group_ = std::move(cuda.group);
     kg->cuda_group_members_ = std::move(cuda.group_members);
   } else if (has_kernels) {
-    kg->summary.source = codegen::cpp::emit_cpp_source(schedule, *optimised);
+    codegen::cpp::CppSource cpp = codegen::cpp::emit_cpp_source(schedule, *optimised);
+    kg->summary.source = std::move(cpp.text);
+    kg->cpp_functions_ = std::move(cpp.functions);
     KILN_LOG(output_code) << "kiln backend: " << schedule.summary() << "\n" << kg->summary.source;
     dump_debug("kiln_" + cache::hash_hex(kg->summary.source).substr(0, 12), optimised->to_string(), kg->summary.source);
     check_cuda_ptx(schedule, *optimised);

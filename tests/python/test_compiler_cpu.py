@@ -184,6 +184,20 @@ def test_in_place_output_skips_shared_storage():
         torch.testing.assert_close(view, (x @ w).t())
 
 
+def test_kernels_with_the_same_code_are_compiled_once():
+    # Two layer norms with their own weights over values of one shape (a layer stack): two kernels, one
+    # function in the C++ source, both results right.
+    def f(x, w1, b1, w2, b2):
+        y = torch.nn.functional.layer_norm(x, (16,), w1, b1)
+        return torch.nn.functional.layer_norm(torch.relu(y @ y.t()) @ y, (16,), w2, b2)
+
+    summary = check(f, rand(8, 16), rand(16), rand(16), rand(16), rand(16))
+    norms = [k for k in summary["kernels"] if "layer_norm" in k]
+    assert len(norms) == 2, summary["kernels"]
+    assert summary["source"].count('extern "C" void') == len(summary["kernels"]) - 1
+    assert "(the same code)" in summary["source"]
+
+
 def test_linear_bias_gelu_is_one_extern_and_at_most_one_kernel():
     w, b = rand(48, 32), rand(48)
     summary = check(lambda x: F.gelu(F.linear(x, w, b)), rand(16, 32))

@@ -5,13 +5,21 @@
 /// const* buffers)` per kernel with stores, where buffers[i] is the data pointer of kernel.buffers[i]
 /// (already offset to the tensor's first element); shapes and strides are compile-time constants.
 #include <string>
+#include <vector>
 
 #include "fusion/loop_ir.h"
 #include "graph/graph.h"
 
 namespace kiln::codegen::cpp {
 
-std::string emit_cpp_source(const fusion::Schedule& schedule, const graph::Graph& g);
+struct CppSource {
+  std::string text;
+  std::vector<std::string> functions;  // per schedule kernel: the function that runs it (see emit_cpp_source)
+};
+
+/// Kernels whose code is the same but for their name (each block of a layer stack makes the same ones) are
+/// emitted once: `functions` names, per kernel, the function to call.
+CppSource emit_cpp_source(const fusion::Schedule& schedule, const graph::Graph& g);
 
 /// One kernel's function (no prelude): for tests and logs.
 std::string emit_cpp_kernel(const fusion::Kernel& kernel, const graph::Graph& g);
