@@ -12,6 +12,17 @@ namespace {
 
 bool same_index(const IndexExpr& a, const IndexExpr& b) { return a.offset == b.offset && a.strides == b.strides; }
 
+// The expressions the first `count` stores need (operands come before their users: SSA order).
+std::vector<bool> needed_by_stores(const Kernel& k, size_t count) {
+  std::vector<bool> needed(k.exprs.size(), false);
+  for (size_t s = 0; s < count; ++s) needed[k.stores[s].expr] = true;
+  for (size_t e = k.exprs.size(); e-- > 0;)
+    if (needed[e])
+      for (int32_t operand : k.exprs[e].operands)
+        if (operand >= 0) needed[operand] = true;
+  return needed;
+}
+
 }  // namespace
 
 std::vector<int32_t> in_place_sources(const Kernel& k) {
@@ -20,16 +31,21 @@ std::vector<int32_t> in_place_sources(const Kernel& k) {
   std::vector<int> store_count(k.buffers.size(), 0);
   for (const Store& st : k.stores) ++store_count[st.buffer];
   std::vector<bool> offered(k.buffers.size(), false);
-  for (const Store& st : k.stores) {
+  for (size_t s = 0; s < k.stores.size(); ++s) {
+    const Store& st = k.stores[s];
     const int32_t out = st.buffer;
     if (store_count[out] != 1 || source[out] >= 0) continue;
+    // Code generators emit a store's operands right before it, store by store: a load that only a later store
+    // needs would run after this store and read the new value.
+    const std::vector<bool> emitted = needed_by_stores(k, s + 1);
     for (size_t in = 0; in < k.buffers.size(); ++in) {
       if (k.buffers[in].is_output || offered[in] || k.buffers[in].dtype != k.buffers[out].dtype) continue;
       bool loaded = false, qualifies = true;
-      for (const Expr& x : k.exprs) {
+      for (size_t e = 0; e < k.exprs.size(); ++e) {
+        const Expr& x = k.exprs[e];
         if (x.kind != ExprKind::Load || x.buffer != static_cast<int32_t>(in)) continue;
         loaded = true;
-        qualifies = qualifies && x.operands[0] < 0 && same_index(x.index, st.index);
+        qualifies = qualifies && x.operands[0] < 0 && same_index(x.index, st.index) && emitted[e];
       }
       if (loaded && qualifies) {
         source[out] = static_cast<int32_t>(in);

@@ -63,3 +63,12 @@ TEST_CASE("an input also read at another index, or a reduction, is never overwri
   r.reduced = {false, true};
   REQUIRE(kiln::fusion::in_place_sources(r)[2] == -1);
 }
+
+TEST_CASE("an input only a later store reads is not overwritten by an earlier one", "[in_place]") {
+  // A = in1[i]; B = in0[i] + in1[i]. The generators load in0 only when they reach B's store, after A's: A may
+  // take in1 (loaded before A's store), B may take in0, but A must not take in0.
+  Kernel k = add_kernel(IndexExpr{0, {8, 1}}, IndexExpr{0, {8, 1}});
+  k.buffers.push_back({3, ScalarType::Float, true});
+  k.stores = {{2, 1, IndexExpr{0, {8, 1}}}, {3, 2, IndexExpr{0, {8, 1}}}};
+  REQUIRE(kiln::fusion::in_place_sources(k) == std::vector<int32_t>{-1, -1, 1, 0});
+}
