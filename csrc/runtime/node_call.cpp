@@ -167,6 +167,10 @@ PreparedNode prepare_node(const graph::Graph& g, const graph::Node& node, const 
   prepared.outputs = node.outputs;
   prepared.returns_list = node.returns_list;
   prepared.copy_into_fresh = prepared.name == "aten::copy.default";
+  if (prepared.name == "aten::scaled_dot_product_attention.default") {
+    const graph::TensorMeta& meta = g.values[node.outputs.at(0)].meta;
+    prepared.recorded_layout.emplace(meta.sizes, meta.strides);
+  }
   return prepared;
 }
 
@@ -197,6 +201,13 @@ void call_node(const PreparedNode& node, const graph::Graph& g, const std::vecto
   }
   KILN_ASSERT_EQ(stack.size(), node.outputs.size()) << "returns of " << node.name;
   for (size_t i = 0; i < stack.size(); ++i) env[node.outputs[i]] = std::move(stack[i]).toTensor();
+  if (node.recorded_layout) {
+    at::Tensor& out = env[node.outputs[0]];
+    const auto& [sizes, strides] = *node.recorded_layout;
+    bool same_sizes = out.sizes().vec() == sizes, same_strides = true;
+    for (int64_t d = 0; same_sizes && d < out.dim(); ++d) same_strides = same_strides && (sizes[d] <= 1 || out.stride(d) == strides[d]);
+    if (same_sizes && !same_strides) out = out.new_empty_strided(sizes, strides).copy_(out);  // differentiable
+  }
 }
 
 }  // namespace kiln::runtime

@@ -33,6 +33,10 @@ struct PreparedNode {
   // aten::copy (a functionalized `copy_` on an intermediate) has no autograd formula in PyTorch: with grad on,
   // call_node runs it as eager did, a copy_ into a fresh tensor of self's layout (the gradient goes to src).
   bool copy_into_fresh = false;
+  // scaled_dot_product_attention: its output was recorded in the layout of the fused kernel the run will likely
+  // pick (kiln/_fake.py); when the run picks another, the output is copied into the recorded layout, which the
+  // views after it were recorded against.
+  std::optional<std::pair<std::vector<int64_t>, std::vector<int64_t>>> recorded_layout;  // sizes, strides
   std::vector<graph::ValueId> outputs;
   bool returns_list = false;
 };

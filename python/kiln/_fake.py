@@ -562,6 +562,8 @@ class Recorder:
                 raise errors.Unsupported(f"{info.qualified} cannot run on fake tensors: {e}") from e
             raise
 
+        if info.op == "aten::scaled_dot_product_attention" and _fused_attention_layout(positional):
+            result = _as_fused_attention_output(result)
         outputs = list(result) if info.returns_list or info.num_returns > 1 else \
             ([] if info.num_returns == 0 else [result])
         node_index = len(self._nodes)
@@ -720,6 +722,33 @@ class Recorder:
             owner = args[0] if args and getattr(torch.Tensor, name, None) is fn else None
         if owner is not None and self.is_fake(owner):
             raise errors.Unsupported(f"Tensor.{name}() cannot be captured: {_ESCAPING_METHODS[name]}")
+
+
+def _fused_attention_layout(args):
+    """True when scaled_dot_product_attention's run will likely pick a fused kernel (flash / memory-efficient on
+    CUDA, flash on CPU), whose output is laid out (batch, length, heads, head_dim) and returned transposed to
+    (batch, heads, length, head_dim): dense 4-d query, key and value of one floating dtype with unit stride in
+    head_dim, head_dim a multiple of 8 up to 256, no boolean mask. On meta tensors ATen can only take the math
+    path, whose output is contiguous; recording that layout made `out.transpose(1, 2).reshape(b, n, c)` a copy,
+    and the run copied the fused kernel's output into it first (vit on an H200: 310 us per call). A wrong guess
+    costs that one copy back: the run copies an extern result that disagrees with its recorded layout before a
+    kernel reads it."""
+    q, k, v = args[:3]
+    mask = args[3] if len(args) > 3 else None
+    if mask is not None and mask.dtype == torch.bool:
+        return False
+    for t in (q, k, v):
+        if t.dim() != 4 or t.dtype != q.dtype or t.stride(-1) != 1 or t.size(0) != q.size(0):
+            return False
+    head_dim = q.size(-1)
+    return (q.dtype in (torch.float32, torch.float16, torch.bfloat16) and head_dim % 8 == 0 and
+            head_dim <= 256 and k.size(-1) == head_dim and v.size(-1) == head_dim and q.numel() > 0)
+
+
+def _as_fused_attention_output(result):
+    """`result` (batch, heads, length, head_dim) laid out as the fused kernels lay it out. Made from `result` (not
+    anew) so that it keeps its autograd history; runs inside the whole op, unrecorded."""
+    return result.transpose(1, 2).contiguous().transpose(1, 2)
 
 
 def _tensor_args(args, kwargs):

@@ -422,6 +422,45 @@ def test_traced_attention_records_one_sdpa_node():
     assert graphs[0].ops() == ["aten::mul.Tensor", "aten::scaled_dot_product_attention.default", "aten::transpose.int"]
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_attention_output_recorded_in_the_fused_kernels_layout(device):
+    # ViT's attention: heads packed in one projection, the output transposed back and flattened. The fused
+    # kernels return (batch, length, heads, head_dim) memory; recorded so, the flatten is a view, not a copy.
+    # Outputs and gradients as eager's through kiln.compile (the run checks the recorded layout).
+    import kiln
+
+    def attention(x, w):
+        b, n, c = x.shape
+        q, k, v = (x @ w).reshape(b, n, 3, 4, c // 4).permute(2, 0, 3, 1, 4).unbind(0)
+        return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, c) * 2
+
+    x = torch.randn(2, 16, 64, device=device, requires_grad=True)
+    w = torch.randn(64, 192, device=device) / 8
+    graphs = []
+
+    def keep(graph, example_inputs):
+        graphs.append(graph)
+        return lambda xs: _C.run_graph(graph, "eager", xs)
+
+    kiln.reset()
+    with torch.no_grad():
+        kiln.compile(attention, backend=keep, fullgraph=True)(x, w)
+    ops = graphs[0].ops()
+    assert ops[ops.index("aten::scaled_dot_product_attention.default") + 1:] == [
+        "aten::transpose.int", "aten::view.default", "aten::mul.Tensor"], ops
+    kiln.reset()
+    compiled = kiln.compile(attention)
+    out = compiled(x, w)
+    (grad,) = torch.autograd.grad(out.square().sum(), [x])
+    expected = attention(x, w)
+    (expected_grad,) = torch.autograd.grad(expected.square().sum(), [x])
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x, w), attention(x, w), rtol=1e-4, atol=1e-4)
+    kiln.reset()
+
+
 def test_scaled_dot_product_attention_gradients_flow_through_the_node():
     q, k, v = (torch.randn(2, 3, 10, 8, requires_grad=True) for _ in range(3))
     graph, _ = capture(F.scaled_dot_product_attention, [q, k, v], {"is_causal": True})

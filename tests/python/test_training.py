@@ -623,9 +623,10 @@ def backward_steps_matching_eager(fn, *args):
     graphs = []
     actual = kiln.compile(fn, backend=keep_summaries(graphs))(*args)
     expected = fn(*args)
-    torch.testing.assert_close(actual, expected)
+    rtol, atol = tolerance(torch.float32)  # DESIGN.md's table: fused reductions sum in another order
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
     for got, want in zip(torch.autograd.grad(actual.sum(), args), torch.autograd.grad(expected.sum(), args)):
-        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
     assert_compiled_autograd()
     (summary,) = graphs
     return [k for k in summary["kernels"] + summary["externs"] if k.startswith("backward:")]
