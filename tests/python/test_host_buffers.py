@@ -87,3 +87,28 @@ def test_allocations_outside_compiled_graphs_are_untouched():
     del big
     assert stats() == before
     kiln.reset()
+
+
+def test_threads_calling_compiled_graphs_get_their_own_buffers():
+    kiln.reset()
+    f = kiln.compile(mlp)
+    failures = []
+
+    def worker(seed):
+        gen = torch.Generator().manual_seed(seed)
+        for _ in range(10):
+            args = [torch.randn(*t.shape, generator=gen) for t in inputs()]
+            with torch.no_grad():
+                got = f(*args)
+                want = mlp(*args)
+            for g, w in zip(got, want):
+                if not torch.allclose(g, w, rtol=1e-4, atol=1e-4):
+                    failures.append((seed, (g - w).abs().max().item()))
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures
+    kiln.reset()
