@@ -341,7 +341,8 @@ void build_plan(KilnGraph& kg, const fusion::Schedule& schedule) {
       const graph::Value& in = g.values[call.buffers[from]];
       const graph::TensorMeta& out = g.values[call.buffers[b]].meta;
       const bool free = in.producer >= 0 && !in.is_input && !kept.count(in.id) &&
-                        last_use[in.id] == static_cast<int32_t>(position) && in.meta.sizes == out.sizes &&
+                        last_use[in.id] == static_cast<int32_t>(position) && in.meta.device == out.device &&
+                        in.meta.dtype == out.dtype && in.meta.sizes == out.sizes &&
                         in.meta.strides == out.strides && in.meta.storage_offset == 0 && out.storage_offset == 0;
       if (!free) {
         from = -1;
