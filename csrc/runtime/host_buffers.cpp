@@ -14,6 +14,8 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 
+#include <pthread.h>
+
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
@@ -51,7 +53,7 @@ class CachingHostAllocator final : public c10::Allocator {
         release();  // out of memory: give the cached blocks back and try once more
         block = c10::alloc_cpu(size);
       }
-      std::lock_guard<std::mutex> lock(mutex_);
+      std::lock_guard<std::mutex> lock(*mutex_);
       ++stats_.misses;
       in_use_[block] = size;
       stats_.in_use_bytes += size;
@@ -66,7 +68,7 @@ class CachingHostAllocator final : public c10::Allocator {
   }
 
   void give_back(void* block) {
-    std::unique_lock<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(*mutex_);
     auto it = in_use_.find(block);
     if (it == in_use_.end()) {  // a raw block of the allocator this one forwards to
       lock.unlock();
@@ -88,7 +90,7 @@ class CachingHostAllocator final : public c10::Allocator {
   void release() {
     std::unordered_map<size_t, std::vector<void*>> blocks;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      std::lock_guard<std::mutex> lock(*mutex_);
       blocks.swap(free_);
       stats_.cached_bytes = 0;
     }
@@ -97,15 +99,17 @@ class CachingHostAllocator final : public c10::Allocator {
   }
 
   HostBufferStats stats() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(*mutex_);
     return stats_;
   }
 
   static void delete_block(void* block);
 
+  void after_fork_in_child() { mutex_ = new std::mutex; }  // the old one is never unlocked there: leaked
+
  private:
   void* take(size_t size) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(*mutex_);
     auto it = free_.find(size);
     if (it == free_.end() || it->second.empty()) return nullptr;
     void* block = it->second.back();
@@ -119,7 +123,9 @@ class CachingHostAllocator final : public c10::Allocator {
 
   c10::Allocator* const base_;
   const c10::DeleterFnPtr base_raw_deleter_;
-  std::mutex mutex_;
+  // A pointer so that a forked child can take a fresh one (after_fork_in_child): a fork while another thread held
+  // this lock would leave the child's copy locked forever.
+  std::mutex* mutex_ = new std::mutex;
   std::unordered_map<size_t, std::vector<void*>> free_;  // size class -> free blocks
   std::unordered_map<void*, size_t> in_use_;             // block -> size class
   HostBufferStats stats_;
@@ -138,6 +144,9 @@ CachingHostAllocator* installed() {
       return static_cast<CachingHostAllocator*>(nullptr);
     }
     g_installed.store(mine);
+    pthread_atfork(nullptr, nullptr, [] {
+      if (CachingHostAllocator* allocator = g_installed.load()) allocator->after_fork_in_child();
+    });
     return mine;
   }();
   return allocator;

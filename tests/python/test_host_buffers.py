@@ -112,3 +112,25 @@ def test_threads_calling_compiled_graphs_get_their_own_buffers():
         t.join()
     assert not failures, failures
     kiln.reset()
+
+
+def test_forked_child_runs_compiled_graphs():
+    # A DataLoader worker is a fork: the child inherits the cache (and takes a fresh lock) and computes right.
+    # As in DataLoader's workers, the child runs one intra-op thread (OpenMP's pool does not survive a fork,
+    # for eager's kernels as for kiln's).
+    import os
+    kiln.reset()
+    f = kiln.compile(mlp)
+    args = inputs()
+    with torch.no_grad():
+        f(*args)
+        pid = os.fork()
+        if pid == 0:
+            import signal
+            signal.alarm(60)  # a hung child fails the test instead of hanging it
+            torch.set_num_threads(1)
+            ok = all(torch.allclose(g, w, rtol=1e-4, atol=1e-4) for g, w in zip(f(*args), mlp(*args)))
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    kiln.reset()
