@@ -74,11 +74,6 @@ struct PlanStep {
   int32_t external = -1;  // index into externs_
   std::vector<ValueId> release_after;
   std::vector<ValueId> release_inputs_after;  // graph inputs last read here (freed under run_consuming)
-  // Extern outputs that generated kernels read with the recorded strides baked in. ATen may lay a result
-  // out differently from its meta kernel (an op recorded whole, like scaled_dot_product_attention, whose
-  // fused CUDA kernels return another layout than the math path meta tensors take): such a result is copied
-  // into the recorded layout, so kernels never read it with wrong strides.
-  std::vector<ValueId> layout_checked;
 };
 
 // Drops the GIL while the C++ compiler runs (other Python threads keep going), if this thread holds it.
@@ -92,15 +87,6 @@ class WithoutGil {
  private:
   PyThreadState* state_;
 };
-
-// True when `t` is laid out as `meta` says, ignoring the strides of size-1 dims (never multiplied by a
-// non-zero index).
-bool same_layout(const at::Tensor& t, const graph::TensorMeta& meta) {
-  if (t.dim() != static_cast<int64_t>(meta.sizes.size())) return false;
-  for (int64_t d = 0; d < t.dim(); ++d)
-    if (t.size(d) != meta.sizes[d] || (t.size(d) > 1 && t.stride(d) != meta.strides[d])) return false;
-  return true;
-}
 
 class KilnGraph final : public CompiledGraph {
  public:
@@ -152,12 +138,6 @@ class KilnGraph final : public CompiledGraph {
         }
       } else {
         call_node(externs_[step.external], g, constants_, env);
-        for (ValueId id : step.layout_checked) {
-          at::Tensor& t = env[id];
-          const auto& meta = g.values[id].meta;
-          if (t.defined() && !same_layout(t, meta))
-            t = at::empty_strided(meta.sizes, meta.strides, t.options()).copy_(t);
-        }
       }
       for (ValueId id : step.release_after) env[id].reset();
       if (release_inputs)
@@ -319,17 +299,15 @@ void build_plan(KilnGraph& kg, const fusion::Schedule& schedule) {
     }
     kg.plan_.push_back(std::move(plan_step));
   }
-  // Extern outputs read by kernels get their layout checked after the call (PlanStep::layout_checked).
+  // Generated kernels read extern outputs with the recorded strides baked in. ATen may lay a result out
+  // differently from its meta kernel (an op recorded whole): call_node then copies it into the recorded layout.
   std::vector<bool> read_by_kernel(g.values.size(), false);
   for (const auto& k : kg.kernels_)
     for (size_t b = 0; b < k.buffers.size(); ++b)
       if (!k.is_output[b]) read_by_kernel[k.buffers[b]] = true;
-  for (PlanStep& step : kg.plan_) {
-    if (step.external < 0) continue;
-    const graph::Node& node = g.nodes[schedule.steps[&step - kg.plan_.data()].index];
-    for (ValueId out : node.outputs)
-      if (read_by_kernel[out]) step.layout_checked.push_back(out);
-  }
+  for (PreparedNode& external : kg.externs_)
+    for (size_t o = 0; o < external.outputs.size(); ++o)
+      if (read_by_kernel[external.outputs[o]]) restore_recorded_layout(external, o);
   std::unordered_set<ValueId> kept(g.outputs.begin(), g.outputs.end());
   // In-place outputs: only into an intermediate laid out as the output, at its last use.
   for (size_t position = 0; position < kg.plan_.size(); ++position) {

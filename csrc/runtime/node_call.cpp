@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/scalar_tensor.h>
 
+#include <algorithm>
 #include <unordered_map>
 
 #include "common/error.h"
@@ -106,6 +107,15 @@ c10::IValue build_list(const PreparedNode::TensorListSlot& slot, const graph::Gr
   return list;
 }
 
+// True when `t` is laid out as `meta` says, ignoring the strides of size-1 dims (never multiplied by a
+// non-zero index).
+bool same_layout(const at::Tensor& t, const graph::TensorMeta& meta) {
+  if (t.dim() != static_cast<int64_t>(meta.sizes.size())) return false;
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.size(d) != meta.sizes[d] || (t.size(d) > 1 && t.stride(d) != meta.strides[d])) return false;
+  return true;
+}
+
 // kiln's own ops: nodes the tracer records for state changes that are not ATen ops. They run directly,
 // not through the dispatcher: they switch thread-local state (a dispatcher call would also reach any
 // TorchDispatchMode the user has active, as an op it has never heard of). A prepared kiln op has no
@@ -167,11 +177,14 @@ PreparedNode prepare_node(const graph::Graph& g, const graph::Node& node, const 
   prepared.outputs = node.outputs;
   prepared.returns_list = node.returns_list;
   prepared.copy_into_fresh = prepared.name == "aten::copy.default";
-  if (prepared.name == "aten::scaled_dot_product_attention.default") {
-    const graph::TensorMeta& meta = g.values[node.outputs.at(0)].meta;
-    prepared.recorded_layout.emplace(meta.sizes, meta.strides);
-  }
+  if (prepared.name == "aten::scaled_dot_product_attention.default") restore_recorded_layout(prepared, 0);
   return prepared;
+}
+
+void restore_recorded_layout(PreparedNode& node, size_t position) {
+  KILN_ASSERT(position < node.outputs.size()) << node.name << " has no output " << position;
+  if (std::find(node.restored_outputs.begin(), node.restored_outputs.end(), position) == node.restored_outputs.end())
+    node.restored_outputs.push_back(position);
 }
 
 void call_node(const PreparedNode& node, const graph::Graph& g, const std::vector<at::Tensor>& constants,
@@ -197,16 +210,14 @@ void call_node(const PreparedNode& node, const graph::Graph& g, const std::vecto
     KILN_ASSERT_EQ(items.size(), node.outputs.size())
         << node.name << " returned a different number of tensors than when it was captured";
     for (size_t i = 0; i < items.size(); ++i) env[node.outputs[i]] = std::move(items[i]);
-    return;
+  } else {
+    KILN_ASSERT_EQ(stack.size(), node.outputs.size()) << "returns of " << node.name;
+    for (size_t i = 0; i < stack.size(); ++i) env[node.outputs[i]] = std::move(stack[i]).toTensor();
   }
-  KILN_ASSERT_EQ(stack.size(), node.outputs.size()) << "returns of " << node.name;
-  for (size_t i = 0; i < stack.size(); ++i) env[node.outputs[i]] = std::move(stack[i]).toTensor();
-  if (node.recorded_layout) {
-    at::Tensor& out = env[node.outputs[0]];
-    const auto& [sizes, strides] = *node.recorded_layout;
-    bool same_sizes = out.sizes().vec() == sizes, same_strides = true;
-    for (int64_t d = 0; same_sizes && d < out.dim(); ++d) same_strides = same_strides && (sizes[d] <= 1 || out.stride(d) == strides[d]);
-    if (same_sizes && !same_strides) out = out.new_empty_strided(sizes, strides).copy_(out);  // differentiable
+  for (size_t position : node.restored_outputs) {
+    at::Tensor& out = env[node.outputs[position]];
+    const graph::TensorMeta& meta = g.values[node.outputs[position]].meta;
+    if (out.defined() && !same_layout(out, meta)) out = out.new_empty_strided(meta.sizes, meta.strides).copy_(out);
   }
 }
 

@@ -33,10 +33,9 @@ struct PreparedNode {
   // aten::copy (a functionalized `copy_` on an intermediate) has no autograd formula in PyTorch: with grad on,
   // call_node runs it as eager did, a copy_ into a fresh tensor of self's layout (the gradient goes to src).
   bool copy_into_fresh = false;
-  // scaled_dot_product_attention: its output was recorded in the layout of the fused kernel the run will likely
-  // pick (kiln/_fake.py); when the run picks another, the output is copied into the recorded layout, which the
-  // views after it were recorded against.
-  std::optional<std::pair<std::vector<int64_t>, std::vector<int64_t>>> recorded_layout;  // sizes, strides
+  // Positions of outputs that call_node copies into their recorded layout when ATen returns another (see
+  // restore_recorded_layout).
+  std::vector<size_t> restored_outputs;
   std::vector<graph::ValueId> outputs;
   bool returns_list = false;
 };
@@ -45,6 +44,12 @@ struct PreparedNode {
 /// constant value `id`. Unknown ops or argument lists that do not match the schema raise an error naming
 /// the node.
 PreparedNode prepare_node(const graph::Graph& g, const graph::Node& node, const std::vector<at::Tensor>& constants);
+
+/// Makes call_node copy output `position` of `node` into its recorded strides whenever ATen lays it out otherwise
+/// (a differentiable copy). prepare_node asks it for scaled_dot_product_attention, whose output is recorded in the
+/// fused kernels' layout (kiln/_fake.py) that the views after it were recorded against; the kiln backend asks it
+/// for extern outputs its kernels read with the recorded strides baked in.
+void restore_recorded_layout(PreparedNode& node, size_t position);
 
 /// Calls the op at the top of the dispatcher (autograd and every other key behave as in eager) with the
 /// tensors of `env` (indexed by ValueId; constants read from `constants`), and stores its results in `env`.
