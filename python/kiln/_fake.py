@@ -26,7 +26,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
-from kiln import errors
+from kiln import _meta_rules, errors
 
 _MISSING = object()
 
@@ -197,6 +197,7 @@ class _RecordingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.recorder._inside_whole_op:  # the meta decomposition of an op recorded as one node
+            _avoid_dynamo_import()
             return func(*args, **(kwargs or {}))
         if self.recorder._proxies is not None:
             return self.recorder._record_proxied(func, args, kwargs or {})
@@ -217,7 +218,8 @@ def _avoid_dynamo_import():
     whose wrapper imports torch._dynamo on first call (over a second of cold start, for a compiler kiln
     never uses). Give each such wrapper a ready "disabled" version that calls the function directly while
     torch._dynamo is not loaded, and defers to torch._dynamo.disable once it is (torch.compile in the same
-    process keeps its behaviour). Runs once, on the first recording."""
+    process keeps its behaviour). Runs once (about 25 ms), before the first op kiln's own rules
+    (_meta_rules) leave to torch's meta kernels."""
     global _dynamo_wrappers_patched
     if _dynamo_wrappers_patched:
         return
@@ -259,7 +261,6 @@ class Recorder:
     """Records the ATen ops of torch calls made on fakes; `finish` turns them into a kiln._C.Graph."""
 
     def __init__(self):
-        _avoid_dynamo_import()
         self._values = []         # [kind, meta(list), extra] per ValueId (see graph/py_records.h)
         self._value_tensors = []  # the fake (or real constant) each ValueId was made from
         self._nodes = []          # node tuples
@@ -551,7 +552,10 @@ class Recorder:
         positional = run_values[:info.num_positional]
         keyword = {info.names[i]: run_values[i] for i in range(info.num_positional, len(run_values))}
         try:
-            result = func(*positional, **keyword)
+            result = _meta_rules.infer(func, positional, keyword)
+            if result is None:
+                _avoid_dynamo_import()
+                result = func(*positional, **keyword)
         except NotImplementedError as e:
             raise errors.Unsupported(f"{info.qualified} has no meta kernel, so kiln cannot capture it: {e}") from e
         except Exception as e:

@@ -4,12 +4,36 @@
 - `device`: runs a test body once per device: "cpu" always, "cuda" marked `cuda`.
 - Tests marked `cuda` skip cleanly where torch sees no CUDA device.
 - benchmarks/ is importable, so tests use the same seed models as the benchmarks.
+- On machines whose CPU advertises AMX that the (virtual) machine does not let processes use, oneDNN's
+  bfloat16 matmuls die with SIGILL in eager PyTorch itself. A child process probes that once; where it dies,
+  oneDNN is capped below AMX for the whole run (ONEDNN_MAX_CPU_ISA, read on oneDNN's first use).
 """
 import os
+import subprocess
 import sys
 
-import pytest
-import torch
+
+def _cap_onednn_isa_if_amx_faults():
+    if "ONEDNN_MAX_CPU_ISA" in os.environ or sys.platform != "linux":
+        return
+    try:
+        with open("/proc/cpuinfo") as f:
+            if "amx_bf16" not in f.read():
+                return
+    except OSError:
+        return
+    probe = ("import torch\n"
+             "with torch.autocast('cpu', dtype=torch.bfloat16):\n"
+             "    torch.nn.functional.linear(torch.randn(8, 64), torch.randn(64, 64))\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=300)
+    if result.returncode != 0:
+        os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX512_CORE_BF16"
+
+
+_cap_onednn_isa_if_amx_faults()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCHMARKS_DIR = os.path.join(REPO_ROOT, "benchmarks")

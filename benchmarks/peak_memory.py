@@ -1,0 +1,103 @@
+"""What is alive at a training step's peak of CUDA memory, eager against kiln.
+
+    python benchmarks/peak_memory.py --models resnet18_train,bert_train [--systems eager,kiln] [--top 25]
+
+For each system: three warm-up steps, then one step with torch's allocator history recorded. The history is
+replayed to find the moment of the step's highest allocated total; the tensors allocated during the step and
+still alive then are grouped by size (with the Python line that allocated the first of each group), and
+printed beside the memory that was already allocated when the step began (parameters, gradients, optimizer
+state). Tensor sizes identify the activations (batch x channels x ...), so the two lists show what one system
+keeps that the other does not.
+"""
+import argparse
+import collections
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import seed_models  # noqa: E402
+
+
+def _frame_text(frames):
+    for f in frames:
+        name = f.get("filename", "")
+        if name.endswith(".py") and "/torch/" not in name and "peak_memory.py" not in name:
+            return f"{os.path.basename(name)}:{f.get('line')} {f.get('name')}"
+    for f in frames:
+        if f.get("filename", "").endswith(".py"):
+            return f"{os.path.basename(f['filename'])}:{f.get('line')} {f.get('name')}"
+    return "?"
+
+
+def live_at_peak(trace):
+    """(peak bytes above the step's start, {addr: (size, frames)} alive then, events before the peak)."""
+    live, current, peak, peak_live, peak_index = {}, 0, 0, {}, 0
+    for i, event in enumerate(trace):
+        action = event["action"]
+        if action == "alloc":
+            live[event["addr"]] = (event["size"], event.get("frames", []), i)
+            current += event["size"]
+            if current > peak:
+                peak, peak_live, peak_index = current, dict(live), i
+        elif action == "free_requested":
+            entry = live.pop(event["addr"], None)
+            if entry is not None:
+                current -= entry[0]
+    return peak, peak_live, peak_index
+
+
+def measure(name, system, top):
+    torch.manual_seed(0)
+    seed_models.DEVICE[0] = "cuda"
+    model, x, train = seed_models.make(name, "cuda")
+    model = model.cuda()
+    x = x.cuda()
+    model.train(train)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4) if train else None  # as seed_models.py
+    fn = seed_models.step_fn(seed_models.compile_with(system, model, "default"), opt, train)
+    for _ in range(3):
+        fn(x)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+    fn(x)
+    torch.cuda.synchronize()
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    trace = [e for dev in snapshot["device_traces"] for e in dev]
+    peak, peak_live, peak_index = live_at_peak(trace)
+    groups = collections.defaultdict(lambda: [0, 0, None])
+    for size, frames, _ in peak_live.values():
+        g = groups[size]
+        g[0] += 1
+        g[1] += size
+        if g[2] is None:
+            g[2] = _frame_text(frames)
+    rows = sorted(groups.items(), key=lambda kv: -kv[1][1])[:top]
+    print(json.dumps({"model": name, "system": system, "base_mb": round(base / 2**20, 1),
+                      "step_peak_above_base_mb": round(peak / 2**20, 1),
+                      "max_memory_allocated_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1),
+                      "events": len(trace), "peak_at_event": peak_index}), flush=True)
+    for size, (count, total, where) in rows:
+        print(f"   {total / 2**20:9.1f} MB  {count:4d} x {size:>11d} B  {where}")
+    del model, opt, fn
+    torch.cuda.empty_cache()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="resnet18_train,bert_train")
+    parser.add_argument("--systems", default="eager,kiln")
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    for name in args.models.split(","):
+        for system in args.systems.split(","):
+            measure(name, system, args.top)
+
+
+if __name__ == "__main__":
+    main()
