@@ -6,7 +6,7 @@ For each system: three warm-up steps, then one step with torch's allocator histo
 replayed to find the moment of the step's highest allocated total; the tensors allocated during the step and
 still alive then are grouped by size (with the Python line that allocated the first of each group), and
 printed beside the memory that was already allocated when the step began (parameters, gradients, optimizer
-state). Tensor sizes identify the activations (batch x channels x ...), so the two lists show what one system
+state), and the blocks still allocated after the step (what the next step starts with) are counted by size. Tensor sizes identify the activations (batch x channels x ...), so the two lists show what one system
 keeps that the other does not.
 """
 import argparse
@@ -84,6 +84,15 @@ def measure(name, system, top):
                       "events": len(trace), "peak_at_event": peak_index}), flush=True)
     for size, (count, total, where) in rows:
         print(f"   {total / 2**20:9.1f} MB  {count:4d} x {size:>11d} B  {where}")
+    # What stays allocated after the step (the next step's base): parameters, optimizer state, and anything a
+    # system keeps between steps.
+    held = collections.Counter()
+    for segment in snapshot["segments"]:
+        for block in segment["blocks"]:
+            if block["state"] == "active_allocated":
+                held[block["size"]] += 1
+    print("   held after the step (block size x count, largest totals first):",
+          ", ".join(f"{size}x{count}" for size, count in sorted(held.items(), key=lambda kv: -kv[0] * kv[1])[:24]))
     del model, opt, fn
     torch.cuda.empty_cache()
 

@@ -365,7 +365,8 @@ std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> o
   for (const auto& step : schedule.steps) has_kernels = has_kernels || step.kind == fusion::Step::Kind::Kernel;
   kg->summary.device = device.type == graph::DeviceType::CUDA ? "cuda:" + std::to_string(device.index) : "cpu";
   if (has_kernels && device.type == graph::DeviceType::CUDA) {
-    const std::vector<int32_t> group = fusion::hoist_input_kernels(schedule, *optimised, kMaxGroupBuffers);
+    const std::vector<int32_t> group =
+        fusion::hoist_input_kernels(schedule, *optimised, kMaxGroupBuffers, /*keep_peak=*/training_half);
     codegen::cuda::CudaSource cuda = codegen::cuda::emit_cuda_source(schedule, *optimised, group);
     kg->summary.source = cuda.source;
     for (const auto& launch : cuda.kernels) kg->summary.strategies.push_back(launch.strategy);

@@ -75,6 +75,9 @@ void KernelEmitter::reduced_pass(const std::string& indent, Body body, const std
   const int w = row_width_;
   const std::string inner = indent + "  ";
   if (w <= 1) {
+    // A column block's threads each walk a whole column with one scalar load per step: unrolled, eight loads are
+    // in flight before the first add needs one (the adds keep their order: the same result, bit for bit).
+    if (column_) *body_ << indent << "#pragma unroll 8\n";
     *body_ << indent << "for (index_t red = lane; red < " << nest_.reduced_numel() << "; red += group) {\n";
     decompose("red", nest_.outer_count, static_cast<int>(nest_.loops.size()), inner);
     body(inner);
