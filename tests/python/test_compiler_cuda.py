@@ -176,6 +176,22 @@ def test_reductions_over_outer_dims_use_the_column_strategy(shape):
     check(lambda g: g.sum((0, 1)), integral(*shape) if len(shape) == 3 else integral(3, *shape), fresh=integral)
 
 
+@pytest.mark.parametrize("rows, columns", [(6304, 768), (6304, 3072), (1000, 8)])
+def test_long_column_reductions_match_eager(rows, columns):
+    """Bias and layer-norm weight gradients of a ViT's shape: each thread walks its column's rows in an unrolled
+    loop. Sums of small integers are exact in any order; float sums and amax's NaNs are checked too."""
+    fn = lambda g, x: (g.sum(0), (g * x).sum(0), g.amax(0), g.mean(0))  # noqa: E731
+    summary = check(fn, integral(rows, columns), integral(rows, columns), fresh=integral)
+    assert summary["strategies"] == ["column"], summary
+    g, h = rand(rows, columns), rand(rows, columns)
+    g[rows - 1, columns // 2] = float("nan")
+    g[rows // 3, 0] = float("nan")
+    graph, inputs = capture(lambda g, h: ((g * h).sum(0), g.amax(0)), g, h)
+    compiled = kiln._C.compile_graph(graph, "kiln", inputs)
+    for a, e in zip(compiled(inputs), ((g * h).sum(0), g.amax(0))):
+        torch.testing.assert_close(a, e, equal_nan=True, rtol=1e-4, atol=1e-4 * rows ** 0.5)
+
+
 def test_column_nan_and_integer_reductions():
     x = rand(64, 96)
     x[5, 7] = float("nan")
