@@ -10,9 +10,6 @@ inline const char* cpp_prelude() {
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#if defined(__AVX__)
-#include <immintrin.h>
-#endif
 
 struct kiln_half { uint16_t bits; };
 struct kiln_bf16 { uint16_t bits; };
@@ -154,38 +151,40 @@ static inline double kiln_erfinv(double y) {
 static inline float kiln_erfinv(float y) { return static_cast<float>(kiln_erfinv(static_cast<double>(y))); }
 // Writes a 16 x 16 tile of float32 transposed: dst[a * dst_stride + i] = tile[i * 16 + a]. A transposing
 // kernel computes a tile in the order its transposed input is contiguous in, then writes it through this, so that
-// its reads and its writes both run along whole cache lines. With AVX, four 8 x 8 blocks of eight 8-wide loads,
-// 24 shuffles and eight 8-wide stores each.
+// its reads and its writes both run along whole cache lines. Four 8 x 8 blocks of eight 8-wide loads, 24 shuffles
+// and eight 8-wide stores each, in GCC's vector extensions: the compiler picks the AVX / AVX-512 shuffles, and
+// <immintrin.h> (0.3 s of every compile with -march=native) stays out.
+typedef float kiln_v8f __attribute__((vector_size(32)));
+typedef int kiln_v8i __attribute__((vector_size(32)));
 static inline void kiln_store_transposed16x16(const float* tile, float* dst, int64_t dst_stride) {
-#if defined(__AVX__)
   for (int a = 0; a < 16; a += 8) {
     for (int b = 0; b < 16; b += 8) {
       const float* src = tile + b * 16 + a;
       float* out = dst + a * dst_stride + b;
-      __m256 r[8];
-      for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(src + k * 16);
-      const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-      const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-      const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-      const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-      const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-      const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-      const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-      const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-      _mm256_storeu_ps(out + 0 * dst_stride, _mm256_permute2f128_ps(s0, s4, 0x20));
-      _mm256_storeu_ps(out + 1 * dst_stride, _mm256_permute2f128_ps(s1, s5, 0x20));
-      _mm256_storeu_ps(out + 2 * dst_stride, _mm256_permute2f128_ps(s2, s6, 0x20));
-      _mm256_storeu_ps(out + 3 * dst_stride, _mm256_permute2f128_ps(s3, s7, 0x20));
-      _mm256_storeu_ps(out + 4 * dst_stride, _mm256_permute2f128_ps(s0, s4, 0x31));
-      _mm256_storeu_ps(out + 5 * dst_stride, _mm256_permute2f128_ps(s1, s5, 0x31));
-      _mm256_storeu_ps(out + 6 * dst_stride, _mm256_permute2f128_ps(s2, s6, 0x31));
-      _mm256_storeu_ps(out + 7 * dst_stride, _mm256_permute2f128_ps(s3, s7, 0x31));
+      kiln_v8f r[8];
+      for (int k = 0; k < 8; ++k) std::memcpy(&r[k], src + k * 16, sizeof(kiln_v8f));
+      const kiln_v8i lo = {0, 8, 1, 9, 4, 12, 5, 13}, hi = {2, 10, 3, 11, 6, 14, 7, 15};
+      const kiln_v8i even_pairs = {0, 1, 8, 9, 4, 5, 12, 13}, odd_pairs = {2, 3, 10, 11, 6, 7, 14, 15};
+      const kiln_v8i low_halves = {0, 1, 2, 3, 8, 9, 10, 11}, high_halves = {4, 5, 6, 7, 12, 13, 14, 15};
+      kiln_v8f t[8], s[8];
+      for (int k = 0; k < 8; k += 2) {
+        t[k] = __builtin_shuffle(r[k], r[k + 1], lo);
+        t[k + 1] = __builtin_shuffle(r[k], r[k + 1], hi);
+      }
+      for (int k = 0; k < 8; k += 4) {
+        s[k] = __builtin_shuffle(t[k], t[k + 2], even_pairs);
+        s[k + 1] = __builtin_shuffle(t[k], t[k + 2], odd_pairs);
+        s[k + 2] = __builtin_shuffle(t[k + 1], t[k + 3], even_pairs);
+        s[k + 3] = __builtin_shuffle(t[k + 1], t[k + 3], odd_pairs);
+      }
+      for (int k = 0; k < 4; ++k) {
+        const kiln_v8f low = __builtin_shuffle(s[k], s[k + 4], low_halves);
+        const kiln_v8f high = __builtin_shuffle(s[k], s[k + 4], high_halves);
+        std::memcpy(out + k * dst_stride, &low, sizeof(kiln_v8f));
+        std::memcpy(out + (k + 4) * dst_stride, &high, sizeof(kiln_v8f));
+      }
     }
   }
-#else
-  for (int a = 0; a < 16; ++a)
-    for (int i = 0; i < 16; ++i) dst[a * dst_stride + i] = tile[i * 16 + a];
-#endif
 }
 // ---- end of prelude ----
 )KILN";
