@@ -6,10 +6,75 @@ namespace kiln::device_lib {
 
 inline const char* cpp_prelude() {
   return R"KILN(// ---- kiln C++ prelude ----
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <limits>
+// No standard headers: g++ takes about 0.2 s to parse <cmath> and its company, most of a small graph's compile.
+// Instead, the integer types, and in namespace std the functions and limits kernels use, as GCC builtins (the
+// same libm entry points <cmath> reaches) with <cmath>'s overloads: float and double arguments keep their type,
+// integers compute in double.
+typedef __INT8_TYPE__ int8_t;
+typedef __INT16_TYPE__ int16_t;
+typedef __INT32_TYPE__ int32_t;
+typedef __INT64_TYPE__ int64_t;
+typedef __UINT8_TYPE__ uint8_t;
+typedef __UINT16_TYPE__ uint16_t;
+typedef __UINT32_TYPE__ uint32_t;
+typedef __UINT64_TYPE__ uint64_t;
+#define INT64_MIN (-__INT64_MAX__ - 1)
+#define INT64_C(c) __INT64_C(c)
+namespace std {
+#define KILN_MATH1(name)                                                         \
+  inline float name(float x) { return __builtin_##name##f(x); }                  \
+  inline double name(double x) { return __builtin_##name(x); }                   \
+  template <typename T> inline double name(T x) { return __builtin_##name(static_cast<double>(x)); }
+#define KILN_MATH2(name)                                                                   \
+  inline float name(float x, float y) { return __builtin_##name##f(x, y); }               \
+  inline double name(double x, double y) { return __builtin_##name(x, y); }               \
+  template <typename T, typename U> inline double name(T x, U y) {                         \
+    return __builtin_##name(static_cast<double>(x), static_cast<double>(y));               \
+  }
+KILN_MATH1(exp) KILN_MATH1(exp2) KILN_MATH1(expm1) KILN_MATH1(log) KILN_MATH1(log2) KILN_MATH1(log10)
+KILN_MATH1(log1p) KILN_MATH1(sqrt) KILN_MATH1(sin) KILN_MATH1(cos) KILN_MATH1(tan) KILN_MATH1(asin)
+KILN_MATH1(acos) KILN_MATH1(atan) KILN_MATH1(sinh) KILN_MATH1(cosh) KILN_MATH1(tanh) KILN_MATH1(asinh)
+KILN_MATH1(acosh) KILN_MATH1(atanh) KILN_MATH1(erf) KILN_MATH1(erfc) KILN_MATH1(lgamma) KILN_MATH1(ceil)
+KILN_MATH1(floor) KILN_MATH1(nearbyint) KILN_MATH1(trunc) KILN_MATH1(fabs)
+KILN_MATH2(pow) KILN_MATH2(atan2) KILN_MATH2(fmod) KILN_MATH2(hypot) KILN_MATH2(copysign) KILN_MATH2(fmax)
+KILN_MATH2(fmin) KILN_MATH2(nextafter)
+#undef KILN_MATH1
+#undef KILN_MATH2
+inline float abs(float x) { return __builtin_fabsf(x); }
+inline double abs(double x) { return __builtin_fabs(x); }
+template <typename T> inline T abs(T x) { return x < 0 ? static_cast<T>(-x) : x; }
+inline bool signbit(float x) { return __builtin_signbitf(x) != 0; }
+inline bool signbit(double x) { return __builtin_signbit(x) != 0; }
+template <typename T> inline bool signbit(T x) { return __builtin_signbit(static_cast<double>(x)) != 0; }
+inline void* memcpy(void* to, const void* from, __SIZE_TYPE__ bytes) { return __builtin_memcpy(to, from, bytes); }
+template <typename T> constexpr const T& min(const T& a, const T& b) { return b < a ? b : a; }
+template <typename T> constexpr const T& max(const T& a, const T& b) { return a < b ? b : a; }
+template <typename T> struct numeric_limits {  // integers and bool
+  static constexpr bool is_signed = T(-1) < T(0);
+  static constexpr T max() { return is_signed ? T((1ull << (sizeof(T) * 8 - 1)) - 1) : T(~0ull); }
+  static constexpr T lowest() { return is_signed ? T(-max() - 1) : T(0); }
+  static constexpr T infinity() { return T(0); }
+  static constexpr T quiet_NaN() { return T(0); }
+};
+template <> struct numeric_limits<bool> {
+  static constexpr bool lowest() { return false; }
+  static constexpr bool max() { return true; }
+  static constexpr bool infinity() { return false; }
+  static constexpr bool quiet_NaN() { return false; }
+};
+template <> struct numeric_limits<float> {
+  static constexpr float lowest() { return -__FLT_MAX__; }
+  static constexpr float max() { return __FLT_MAX__; }
+  static constexpr float infinity() { return __builtin_inff(); }
+  static constexpr float quiet_NaN() { return __builtin_nanf(""); }
+};
+template <> struct numeric_limits<double> {
+  static constexpr double lowest() { return -__DBL_MAX__; }
+  static constexpr double max() { return __DBL_MAX__; }
+  static constexpr double infinity() { return __builtin_inf(); }
+  static constexpr double quiet_NaN() { return __builtin_nan(""); }
+};
+}  // namespace std
 
 struct kiln_half { uint16_t bits; };
 struct kiln_bf16 { uint16_t bits; };
