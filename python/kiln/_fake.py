@@ -114,7 +114,7 @@ class _OpInfo:
 
     __slots__ = ("op", "overload", "qualified", "arguments", "names", "num_positional", "float_args",
                  "device_args", "list_kinds", "has_tensor_args", "mutates_args", "is_view", "returns_list",
-                 "num_returns", "written_args", "refusal", "data_dependent")
+                 "num_returns", "written_args", "refusal", "data_dependent", "python_meta")
 
     def __init__(self, func):
         schema = func._schema
@@ -135,6 +135,7 @@ class _OpInfo:
         return_types = [str(r.type) for r in schema.returns]
         self.returns_list = return_types == ["List[Tensor]"]
         self.num_returns = len(return_types)
+        self.python_meta = None   # whether its Meta kernel is Python (_has_python_meta), asked on first need
         self.refusal = _DATA_DEPENDENT.get(self.op)
         self.data_dependent = any(tag in func.tags for tag in _DATA_DEPENDENT_TAGS)
         if self.refusal is None and not self.returns_list and any(t != "Tensor" for t in return_types):
@@ -211,6 +212,20 @@ if _raw_dispatch is not None:
 
 
 _dynamo_wrappers_patched = False
+
+
+def _has_python_meta(qualified):
+    """Whether the dispatcher's Meta kernel of `qualified` ("aten::add.Tensor") was registered from Python (views
+    and composites reach none; most others reach torch._meta_registrations'). Unknown counts as Python."""
+    name = qualified[:-len(".default")] if qualified.endswith(".default") else qualified
+    try:
+        dump = torch._C._dispatch_dump(name)
+    except RuntimeError:
+        return True
+    for line in dump.splitlines():
+        if line.startswith("Meta:"):
+            return ".py:" in line or "python" in line.lower()
+    return False  # no Meta kernel of its own: a composite or a view that decomposes in C++
 
 
 def _avoid_dynamo_import():
@@ -554,7 +569,10 @@ class Recorder:
         try:
             result = _meta_rules.infer(func, positional, keyword)
             if result is None:
-                _avoid_dynamo_import()
+                if info.python_meta is None:
+                    info.python_meta = _has_python_meta(info.qualified)
+                if info.python_meta:
+                    _avoid_dynamo_import()
                 result = func(*positional, **keyword)
         except NotImplementedError as e:
             raise errors.Unsupported(f"{info.qualified} has no meta kernel, so kiln cannot capture it: {e}") from e

@@ -7,7 +7,8 @@ dtype. The rules here produce what ATen's own kernels produce for the cases they
 
 - pointwise ops: the broadcast shape, the inputs' dtype (bool for comparisons) and TensorIterator's
   output layout (its fast paths for operands of one shape, else its stride-ordered permutation);
-- addmm / mm / bmm, reductions over dims, softmax and layer norm: contiguous outputs.
+- addmm / mm / bmm, reductions over dims, softmax, layer norm, convolution of contiguous inputs and
+  _unsafe_view of contiguous ones: contiguous outputs.
 
 Any other case returns None and runs torch's meta kernel as before. tests/python/test_meta_rules.py
 compares every rule with eager on random shapes, layouts and dtypes.
@@ -284,3 +285,24 @@ def _convolution(func, args, kwargs):
 
 
 _RULES[aten.convolution.default] = _convolution
+
+
+def _unsafe_view(func, args, kwargs):
+    """reshape's copy-free case on a contiguous input: a contiguous tensor of the new size (-1 inferred)."""
+    x, size = args[0], list(args[1])
+    if kwargs or not x.is_contiguous() or size.count(-1) > 1 or any(d < -1 for d in size):
+        return None
+    known = 1
+    for d in size:
+        if d != -1:
+            known *= d
+    if -1 in size:
+        if known == 0 or x.numel() % known:
+            return None
+        size[size.index(-1)] = x.numel() // known
+    elif known != x.numel():
+        return None
+    return _empty(size, _contiguous_strides(size), x.dtype)
+
+
+_RULES[aten._unsafe_view.default] = _unsafe_view

@@ -136,6 +136,21 @@ def test_matmuls_reductions_softmax_layer_norm_match_eager():
         _check(aten.native_layer_norm.default, [x, [2], None, None, 1e-5])
 
 
+def test_unsafe_view_of_contiguous_inputs_matches_eager():
+    x = torch.randn(4, 6, 5)
+    for size in ([24, 5], [-1, 5], [4, -1], [120], [2, 2, 3, 10], [1, -1, 1]):
+        _check(aten._unsafe_view.default, [x, size])
+    meta = torch.empty(4, 6, 5, device="meta")
+    assert _meta_rules.infer(aten._unsafe_view.default, [meta.transpose(0, 1), [24, 5]], {}) is None  # not contiguous
+    assert _meta_rules.infer(aten._unsafe_view.default, [meta, [7, -1]], {}) is None                  # torch raises
+
+
+def test_which_ops_reach_python_meta_kernels():
+    from kiln._fake import _has_python_meta
+    assert _has_python_meta("aten::add.Tensor") and _has_python_meta("aten::mm.default")
+    assert not _has_python_meta("aten::t.default") and not _has_python_meta("aten::transpose.int")
+
+
 def test_cases_outside_the_rules_return_none():
     x = torch.empty(4, 3, device="meta")
     assert _meta_rules.infer(aten.add.Tensor, [x.int(), x.int()], {}) is None        # integers: torch decides
