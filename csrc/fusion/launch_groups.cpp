@@ -28,16 +28,6 @@ bool reads_only_inputs(const Kernel& k, const graph::Graph& g) {
   return true;
 }
 
-template <typename Fn>
-void for_each_tensor_arg(const graph::Node& node, Fn&& fn) {
-  for (const graph::ArgValue& arg : node.args) {
-    if (const auto* t = std::get_if<graph::TensorArg>(&arg)) fn(t->id);
-    if (const auto* list = std::get_if<graph::TensorListArg>(&arg))
-      for (const auto& id : list->ids)
-        if (id) fn(*id);
-  }
-}
-
 }  // namespace
 
 std::vector<int64_t> live_bytes_per_step(const Schedule& schedule, const graph::Graph& g, bool count_inputs) {
@@ -48,9 +38,10 @@ std::vector<int64_t> live_bytes_per_step(const Schedule& schedule, const graph::
   for (const graph::Node& node : g.nodes) {  // execution order: an argument's root is final before its use
     if (!node.is_view && !node.mutates_args) continue;
     std::optional<graph::ValueId> base;
-    for_each_tensor_arg(node, [&](graph::ValueId id) {
-      if (!base) base = root[id];
-    });
+    for (const graph::ArgValue& arg : node.args)
+      graph::for_each_tensor(arg, [&](graph::ValueId id) {
+        if (!base) base = root[id];
+      });
     if (base)
       for (graph::ValueId out : node.outputs) root[out] = *base;
   }
@@ -71,7 +62,7 @@ std::vector<int64_t> live_bytes_per_step(const Schedule& schedule, const graph::
       for (const KernelBuffer& b : schedule.kernels[step.index].buffers) touch(b.value, s, b.is_output);
     } else {
       const graph::Node& node = g.nodes[step.index];
-      for_each_tensor_arg(node, [&](graph::ValueId id) { touch(id, s, false); });
+      for (const graph::ArgValue& arg : node.args) graph::for_each_tensor(arg, [&](graph::ValueId id) { touch(id, s, false); });
       for (graph::ValueId out : node.outputs) touch(out, s, true);
     }
   }

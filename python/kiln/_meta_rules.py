@@ -39,12 +39,12 @@ def _non_overlapping_and_dense(t):
     return True
 
 
-def _broadcast_shape(tensors):
-    ndim = max(t.dim() for t in tensors)
+def _broadcast_shape(shapes):
+    ndim = max(len(s) for s in shapes)
     shape = [1] * ndim
-    for t in tensors:
-        offset = ndim - t.dim()
-        for i, size in enumerate(t.shape):
+    for s in shapes:
+        offset = ndim - len(s)
+        for i, size in enumerate(s):
             d = offset + i
             if size != 1:
                 if shape[d] != 1 and shape[d] != size:
@@ -111,6 +111,10 @@ def _empty(shape, strides, dtype):
     return torch.empty_strided(shape, strides, dtype=dtype, device="meta")
 
 
+def _contiguous(shape, dtype):
+    return torch.empty(shape, dtype=dtype, device="meta")  # (a C++ factory: no Python meta kernel)
+
+
 # Pointwise overloads whose result dtype is their floating inputs' dtype, and those that return bool.
 _SAME_DTYPE = {
     aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor, aten.add.Scalar, aten.sub.Scalar,
@@ -160,7 +164,7 @@ def _pointwise(func, args, kwargs):
         return None
     if func in _SAME_SHAPE and any(t.shape != tensors[0].shape for t in tensors):
         return None
-    shape = _broadcast_shape(tensors)
+    shape = _broadcast_shape([t.shape for t in tensors])
     if shape is None or 0 in shape:
         return None
     result = torch.bool if func in _BOOL_RESULT else dtype
@@ -179,7 +183,7 @@ def _matmul(func, args, kwargs):
         if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0] or bias.dim() > 2:
             return None
         shape = [a.shape[0], b.shape[1]]
-        if _broadcast_shape([bias, _empty(shape, _contiguous_strides(shape), dtype)]) != shape:
+        if _broadcast_shape([bias.shape, shape]) != shape:
             return None
     elif func is aten.mm.default:
         a, b = tensors
@@ -191,7 +195,7 @@ def _matmul(func, args, kwargs):
         if a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
             return None
         shape = [a.shape[0], a.shape[1], b.shape[2]]
-    return _empty(shape, _contiguous_strides(shape), dtype)
+    return _contiguous(shape, dtype)
 
 
 def _reduction(func, args, kwargs):
@@ -213,7 +217,7 @@ def _reduction(func, args, kwargs):
     if any(x.shape[d] == 0 for d in dims):
         return None
     shape = [1 if d in dims else s for d, s in enumerate(x.shape) if keepdim or d not in dims]
-    return _empty(shape, _contiguous_strides(shape), x.dtype)
+    return _contiguous(shape, x.dtype)
 
 
 def _softmax(func, args, kwargs):
@@ -222,7 +226,7 @@ def _softmax(func, args, kwargs):
         return None
     if not -x.dim() <= dim < x.dim():
         return None
-    return _empty(list(x.shape), _contiguous_strides(list(x.shape)), x.dtype)
+    return _contiguous(x.shape, x.dtype)
 
 
 def _layer_norm(func, args, kwargs):
@@ -236,8 +240,7 @@ def _layer_norm(func, args, kwargs):
         return None
     shape = list(x.shape)
     stat = shape[:axis] + [1] * len(normalized_shape)
-    return (_empty(shape, _contiguous_strides(shape), x.dtype), _empty(stat, _contiguous_strides(stat), x.dtype),
-            _empty(stat, _contiguous_strides(stat), x.dtype))
+    return _contiguous(shape, x.dtype), _contiguous(stat, x.dtype), _contiguous(stat, x.dtype)
 
 
 _RULES = {op: _pointwise for op in _SAME_DTYPE | _BOOL_RESULT}
@@ -281,7 +284,7 @@ def _convolution(func, args, kwargs):
         if size <= 0 or stride[i] <= 0 or dilation[i] <= 0 or padding[i] < 0:
             return None
         shape.append(size)
-    return _empty(shape, _contiguous_strides(shape), x.dtype)
+    return _contiguous(shape, x.dtype)
 
 
 _RULES[aten.convolution.default] = _convolution
@@ -302,7 +305,7 @@ def _unsafe_view(func, args, kwargs):
         size[size.index(-1)] = x.numel() // known
     elif known != x.numel():
         return None
-    return _empty(size, _contiguous_strides(size), x.dtype)
+    return _contiguous(size, x.dtype)
 
 
 _RULES[aten._unsafe_view.default] = _unsafe_view
