@@ -74,6 +74,15 @@ std::vector<bool> depends_on_reduced_loops(const Kernel& k, const LoopNest& nest
   return depends;
 }
 
+std::vector<bool> uses_reductions(const Kernel& k) {
+  std::vector<bool> uses(k.exprs.size(), false);
+  for (size_t i = 0; i < k.exprs.size(); ++i) {
+    uses[i] = k.exprs[i].kind == ExprKind::Reduce;
+    for (int32_t op : k.exprs[i].operands) uses[i] = uses[i] || (op >= 0 && uses[op]);
+  }
+  return uses;
+}
+
 bool LoopNest::runs_reduced(const std::vector<int64_t>& strides) const {
   for (size_t l = 0; l < loops.size(); ++l)
     if (loops[l].reduced && strides[l] != 0) return true;

@@ -38,4 +38,8 @@ LoopNest build_loop_nest(const Kernel& k);
 /// Reductions themselves are false: their value is per outer index.
 std::vector<bool> depends_on_reduced_loops(const Kernel& k, const LoopNest& nest);
 
+/// Per expression: true for a reduction and anything computed from one. A store along the reduced loops whose
+/// value is false here can be made in the same walk over the reduced loops as the first reduction.
+std::vector<bool> uses_reductions(const Kernel& k);
+
 }  // namespace kiln::fusion

@@ -38,6 +38,7 @@
 #include "passes/lower_batch_norm.h"
 #include "passes/pipeline.h"
 #include "passes/split_addmm.h"
+#include "passes/stage_row_sums.h"
 #include "runtime/autograd_graph.h"
 #include "runtime/cuda_driver.h"
 #include "runtime/cuda_launch.h"
@@ -348,6 +349,7 @@ std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> o
   if (device.type == graph::DeviceType::CUDA &&
       passes::split_addmm_bias(*optimised, cuda::multiprocessor_count(std::max<int>(device.index, 0))))
     KILN_LOG(perf) << "kiln backend: addmm bias adds fused after plain matmuls";
+  if (passes::stage_row_sums(*optimised)) KILN_LOG(perf) << "kiln backend: row sums of flattened views staged";
   if (passes::relayout_convolutions_channels_last(*optimised, /*cpu=*/!training_half)) {
     KILN_LOG(perf) << "kiln backend: convolutions run channels-last";
     if (passes::verify_enabled()) optimised->verify();

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <string>
+#include <tuple>
 
 #include "decomp/decompositions.h"
 #include "graph/graph.h"
@@ -10,6 +11,7 @@
 #include "passes/lower_batch_norm.h"
 #include "passes/remove_dead_nodes.h"
 #include "passes/split_addmm.h"
+#include "passes/stage_row_sums.h"
 
 using namespace kiln::graph;
 
@@ -264,4 +266,83 @@ TEST_CASE("an unread allocation (batch norm's recorded reserve) is dead") {
   g.set_outputs({y});
   kiln::passes::remove_dead_nodes(g);
   CHECK(names(g) == std::vector<std::string>{"aten::relu.default"});
+}
+
+namespace {
+// gelu_backward-like producer [B, N, C] -> view [B * N, C] -> sum over rows (keepdim) -> view [C]: a bias gradient.
+Graph flattened_row_sum(std::vector<int64_t> leading, ScalarType dtype, bool keepdim = true) {
+  Graph g;
+  std::vector<int64_t> shape = leading;
+  shape.push_back(64);
+  int64_t rows = 1;
+  for (int64_t d : leading) rows *= d;
+  ValueId x = g.add_input(cuda(shape, dtype));
+  ValueId y = g.add_node(op("aten::relu", "default", {TensorArg{x}}, {"self"}, 1), {cuda(shape, dtype)})[0];
+  Node view = op("aten::view", "default", {TensorArg{y}, std::vector<int64_t>{rows, 64}}, {"self", "size"}, 2);
+  view.is_view = true;
+  ValueId flat = g.add_node(view, {cuda({rows, 64}, dtype)})[0];
+  std::vector<int64_t> out_shape = keepdim ? std::vector<int64_t>{1, 64} : std::vector<int64_t>{64};
+  ValueId s = g.add_node(op("aten::sum", "dim_IntList", {TensorArg{flat}, std::vector<int64_t>{0}, keepdim, NoneArg{}},
+                            {"self", "dim", "keepdim", "dtype"}, 3),
+                         {cuda(out_shape, dtype)})[0];
+  g.set_outputs({s, flat});
+  return g;
+}
+
+std::vector<int64_t> sum_dims(const Node& n) { return std::get<std::vector<int64_t>>(n.args[1]); }
+}  // namespace
+
+TEST_CASE("a row sum of a flattened float32 view becomes two sums over the unflattened value") {
+  Graph g = flattened_row_sum({8, 128}, ScalarType::Float);
+  const ValueId out = g.outputs[0];
+  const ValueId produced = g.nodes[0].outputs[0];
+  REQUIRE(kiln::passes::stage_row_sums(g));
+  CHECK_NOTHROW(g.verify());
+  REQUIRE(names(g) == std::vector<std::string>{"aten::relu.default", "aten::view.default", "aten::sum.dim_IntList",
+                                               "aten::sum.dim_IntList"});
+  // the first stage reads relu's [8, 128, 64] result itself (so fusion can put it in relu's kernel)
+  CHECK(std::get<TensorArg>(g.nodes[2].args[0]).id == produced);
+  CHECK(sum_dims(g.nodes[2]) == std::vector<int64_t>{1});
+  CHECK(g.values[g.nodes[2].outputs[0]].meta.sizes == std::vector<int64_t>{8, 64});
+  CHECK(sum_dims(g.nodes[3]) == std::vector<int64_t>{0});
+  CHECK(std::get<bool>(g.nodes[3].args[2]));
+  CHECK(g.nodes[3].outputs[0] == out);  // the original output value, [1, 64]
+  CHECK(g.values[out].meta.sizes == std::vector<int64_t>{1, 64});
+  CHECK(g.values[out].producer == 3);
+}
+
+TEST_CASE("a row sum of a flattened view stays one sum in half precision and with short rows") {
+  for (auto [leading, dtype, keepdim] : {std::tuple{std::vector<int64_t>{8, 128}, ScalarType::Half, true},
+                                         std::tuple{std::vector<int64_t>{8, 128}, ScalarType::BFloat16, false},
+                                         std::tuple{std::vector<int64_t>{64, 4}, ScalarType::Float, true},
+                                         std::tuple{std::vector<int64_t>{1, 512}, ScalarType::Float, false}}) {
+    Graph g = flattened_row_sum(leading, dtype, keepdim);
+    const ValueId out = g.outputs[0];
+    REQUIRE(kiln::passes::stage_row_sums(g));
+    CHECK_NOTHROW(g.verify());
+    const Node& sum = g.nodes[2];
+    CHECK(sum.qualified_name() == "aten::sum.dim_IntList");
+    CHECK(sum_dims(sum) == std::vector<int64_t>{0, 1});
+    CHECK(std::get<TensorArg>(sum.args[0]).id == g.nodes[0].outputs[0]);
+    CHECK(g.values[out].meta.dtype == dtype);
+    if (keepdim) {  // [64] viewed as the node's [1, 64]
+      REQUIRE(g.nodes.size() == 4);
+      CHECK(g.nodes[3].qualified_name() == "aten::view.default");
+      CHECK(g.nodes[3].outputs[0] == out);
+    } else {
+      CHECK(g.nodes.size() == 3);
+      CHECK(sum.outputs[0] == out);
+    }
+  }
+}
+
+TEST_CASE("sums that are not row sums of a flattening view are left alone") {
+  Graph cols = flattened_row_sum({8, 128}, ScalarType::Float);
+  std::get<std::vector<int64_t>>(cols.nodes[2].args[1]) = {1};  // a sum over the columns
+  CHECK_FALSE(kiln::passes::stage_row_sums(cols));
+  Graph ints = flattened_row_sum({8, 128}, ScalarType::Long);  // integer sums promote: not rewritten
+  CHECK_FALSE(kiln::passes::stage_row_sums(ints));
+  Graph typed = flattened_row_sum({8, 128}, ScalarType::Float);
+  typed.nodes[2].args[3] = ScalarTypeArg{ScalarType::Double};
+  CHECK_FALSE(kiln::passes::stage_row_sums(typed));
 }

@@ -210,6 +210,28 @@ def test_reduction_with_epilogue_stays_in_one_kernel():
     check(lambda x: (x - x.amax(-1, keepdim=True)).exp().sum(-1) * 2, rand(9, 31), expect_kernels=1)
 
 
+def test_row_sum_of_a_flattened_value_is_summed_where_it_is_computed():
+    # A Linear's bias gradient on a 3-d input, x.view(-1, C).sum(0): the kernel computing x also stores it and sums
+    # each of its [6] blocks of rows; a second kernel sums those 6 partial rows.
+    def f(x, y):
+        g = F.gelu(x) * y
+        return g, g.view(-1, g.shape[-1]).sum(0, keepdim=True), g.reshape(-1, 72).sum(0)
+
+    summary = check(f, rand(6, 40, 72), rand(6, 40, 72))
+    fused = [k for k in summary["kernels"] if "gelu" in k]
+    assert len(fused) == 1 and "sum" in fused[0], summary["kernels"]
+    # the producer + one kernel for both second stages (the first stages are the same sum: CSE merged them)
+    assert len(summary["kernels"]) == 2, summary["kernels"]
+    # bfloat16: one sum over both leading dims (one rounding, as eager's), still in the producer's kernel. The terms
+    # are positive: kiln sums them unrounded, eager rounds each to bfloat16 first, which a cancelling sum would
+    # magnify beyond the table's tolerance.
+    def h(x, y):
+        g = F.gelu(x.abs()) * y.abs()
+        return g, g.view(-1, g.shape[-1]).sum(0, keepdim=True)
+
+    check(h, rand(6, 40, 72, dtype=torch.bfloat16), rand(6, 40, 72, dtype=torch.bfloat16), expect_kernels=1)
+
+
 def test_horizontal_fusion_of_independent_pointwise_ops():
     check(lambda x, y: (x.exp(), y.abs() + 1), rand(10, 10), rand(10, 10), kind="pointwise", expect_kernels=1)
 

@@ -563,16 +563,30 @@ class KernelEmitter {
     out << indent << "const int64_t first = block * " << block << ";\n";
     out << indent << "const int64_t count = " << columns << " - first < " << block << " ? " << columns << " - first : "
         << block << ";\n";
+    // Stores along the reduced loops that use no reduction (a fused producer's result the sum reads too) are
+    // made in the first reduction's walk over the rows.
+    const std::vector<bool> after_reduction = fusion::uses_reductions(k_);
+    auto along_reduced = [&](size_t s) { return depends_[k_.stores[s].expr] || strides_run_reduced(nest_.store_strides[s]); };
+    std::vector<size_t> early;
+    for (size_t s = 0; s < k_.stores.size(); ++s)
+      if (along_reduced(s) && !after_reduction[k_.stores[s].expr]) early.push_back(s);
+    bool first_reduction = true;
     for (size_t r = 0; r < k_.exprs.size(); ++r) {
       const Expr& x = k_.exprs[r];
       if (x.kind != ExprKind::Reduce) continue;
       const std::string acc = "acc" + std::to_string(r);
+      const std::vector<size_t> with = first_reduction ? early : std::vector<size_t>{};
+      first_reduction = false;
       out << indent << compute_type(x.dtype) << " " << acc << "[" << block << "];\n";
       column_walk(out, indent, total, [&](const std::string& in) { out << in << acc << "[j] = " << reduction_identity(x) << ";\n"; });
       column_walk(out, indent, outer, [&](const std::string& in) {
         std::vector<std::string> scope;
         emit_expr(x.operands[0], out, in, scope);
         const std::string v = names_[x.operands[0]];
+        for (size_t s : with) {
+          emit_expr(k_.stores[s].expr, out, in, scope);
+          emit_store(s, out, in);
+        }
         if (x.reduce_op == decomp::ReduceOp::Sum) {
           out << in << acc << "[j] += " << v << ";\n";
           return;
@@ -584,10 +598,12 @@ class KernelEmitter {
       });
       names_[r] = acc + "[j]";  // read by later reductions and the stores, inside their column loops
     }
-    // Stores once per column, then the stores along the reduced loops (both after every reduction).
+    // Stores once per column, then the other stores along the reduced loops (both after every reduction).
     std::vector<size_t> outer_stores, inner_stores;
-    for (size_t s = 0; s < k_.stores.size(); ++s)
-      (depends_[k_.stores[s].expr] || strides_run_reduced(nest_.store_strides[s]) ? inner_stores : outer_stores).push_back(s);
+    for (size_t s = 0; s < k_.stores.size(); ++s) {
+      if (!along_reduced(s)) outer_stores.push_back(s);
+      else if (std::find(early.begin(), early.end(), s) == early.end()) inner_stores.push_back(s);
+    }
     for (int pass = 0; pass < 2; ++pass) {
       const std::vector<size_t>& stores = pass == 0 ? outer_stores : inner_stores;
       if (stores.empty()) continue;

@@ -36,6 +36,7 @@ std::string parameters(const Kernel& k, const std::string& prefix, size_t first)
 KernelEmitter::KernelEmitter(const Kernel& k, const graph::Graph& g, bool device_function)
     : k_(k), g_(g), nest_(fusion::build_loop_nest(k)), device_function_(device_function) {
   depends_ = fusion::depends_on_reduced_loops(k, nest_);
+  uses_reductions_ = fusion::uses_reductions(k);
   for (const Expr& e : k.exprs) rows_ = rows_ || e.kind == ExprKind::Reduce;
   rows_ = rows_ || nest_.outer_count < static_cast<int>(nest_.loops.size());
   thread_row_ = rows_ && k.window_reduction && nest_.reduced_numel() <= kThreadRowLimit;

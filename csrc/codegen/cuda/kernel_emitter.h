@@ -49,7 +49,8 @@ class KernelEmitter {
   // 64-bit indices when any element index, or a loop index plus its grid-stride step, could reach 2^31 - 1.
   bool needs_64bit_index(const CudaKernelLaunch& launch) const;
   // A reduction kernel whose accesses walk the innermost output loop contiguously and never the reduced
-  // loops, with every store one value per output: the column strategy (see the file comment).
+  // loops: the column strategy (see the file comment). Its stores are one value per output, or values along
+  // the reduced loops that use no reduction (a fused producer's result), made in the first reduction's walk.
   bool column_shaped() const;
   // Elements per thread for 16-byte accesses, or 1. Vectors run along the innermost loop: every load
   // walks it with stride 0 or 1 and every store with stride 1. With outer loops too (a bias or a per-channel
@@ -93,6 +94,7 @@ class KernelEmitter {
   fusion::LoopNest nest_;
   const bool device_function_;
   std::vector<bool> depends_;
+  std::vector<bool> uses_reductions_;  // fusion::uses_reductions
   std::vector<std::string> names_;
   std::vector<int32_t> scope_;
   std::ostringstream* body_ = nullptr;

@@ -21,10 +21,10 @@ bool KernelEmitter::column_shaped() const {
     if (strides[inner] != 0 && strides[inner] != 1) return false;
     contiguous = contiguous || (strides[inner] == 1 && nest_.runs_reduced(strides));
   }
-  for (size_t s = 0; s < k_.stores.size(); ++s)
-    if (nest_.runs_reduced(nest_.store_strides[s]) || depends_[k_.stores[s].expr] ||
-        nest_.store_strides[s][inner] != 1)
-      return false;
+  for (size_t s = 0; s < k_.stores.size(); ++s) {
+    const bool along = nest_.runs_reduced(nest_.store_strides[s]) || depends_[k_.stores[s].expr];
+    if ((along && uses_reductions_[k_.stores[s].expr]) || nest_.store_strides[s][inner] != 1) return false;
+  }
   return contiguous;
 }
 
@@ -149,11 +149,22 @@ void KernelEmitter::emit_row_loop(int64_t rows, const std::string& base_indent) 
         << " + threadIdx.y; row < " << rows << "; row += static_cast<index_t>(gridDim.x) * " << rows_per_block << ") {\n";
   }
   decompose("row", 0, nest_.outer_count, indent);
+  auto along_reduced = [&](size_t s) { return depends_[k_.stores[s].expr] || nest_.runs_reduced(nest_.store_strides[s]); };
+  // The column strategy's stores along the reduced loops (a fused producer's result, which the reduction sums
+  // too) are made in the first reduction's walk: its loads are not repeated in a second one.
+  std::vector<size_t> early;
+  if (column_)
+    for (size_t s = 0; s < k_.stores.size(); ++s)
+      if (along_reduced(s) && !uses_reductions_[k_.stores[s].expr]) early.push_back(s);
+  bool first_reduction = true;
   for (size_t r = 0; r < k_.exprs.size(); ++r) {
     const Expr& x = k_.exprs[r];
     if (x.kind != ExprKind::Reduce) continue;
     const int32_t operand = x.operands[0];
     emit_row_values(operand, indent);
+    const std::vector<size_t> with = first_reduction ? early : std::vector<size_t>{};
+    for (size_t s : with) emit_row_values(k_.stores[s].expr, indent);
+    first_reduction = false;
     const std::string acc = "acc" + std::to_string(r);
     const std::string init = identity(x.reduce_op, x.dtype);
     out << indent << compute_type(x.dtype) << " " << acc << " = " << init << ";\n";
@@ -161,6 +172,10 @@ void KernelEmitter::emit_row_loop(int64_t rows, const std::string& base_indent) 
       emit_expr(operand, inner);
       out << inner << acc << " = " << combiner(x.reduce_op) << "::combine(" << acc << ", "
           << "static_cast<" << compute_type(x.dtype) << ">(" << names_[operand] << "));\n";
+      for (size_t s : with) {
+        emit_expr(k_.stores[s].expr, inner);
+        out << inner << "if (active) " << store_text(s, names_[k_.stores[s].expr], true) << "\n";
+      }
     });
     // (thread_per_row: the thread's own serial walk was the whole reduction)
     if (column_)
@@ -173,8 +188,8 @@ void KernelEmitter::emit_row_loop(int64_t rows, const std::string& base_indent) 
   std::vector<size_t> along;  // stores that run along the reduced loops
   for (size_t s = 0; s < k_.stores.size(); ++s) {
     const auto& st = k_.stores[s];
-    if (depends_[st.expr] || nest_.runs_reduced(nest_.store_strides[s])) {
-      along.push_back(s);
+    if (along_reduced(s)) {
+      if (std::find(early.begin(), early.end(), s) == early.end()) along.push_back(s);
       continue;
     }
     emit_row_values(st.expr, indent);

@@ -1,0 +1,122 @@
+// Row sums of flattened views taken over the unflattened value (passes/stage_row_sums.h).
+#include "passes/stage_row_sums.h"
+
+#include <algorithm>
+#include <optional>
+#include <unordered_map>
+
+#include "passes/graph_rewriter.h"
+
+namespace kiln::passes {
+
+using graph::Graph;
+using graph::Node;
+using graph::NodeIndex;
+using graph::ScalarType;
+using graph::TensorArg;
+using graph::ValueId;
+
+namespace {
+
+// Fewer rows than this per first-stage output and one sum is as good: the second stage would add a launch.
+constexpr int64_t kMinStageRows = 16;
+
+struct Plan {
+  ValueId base;     // x, the value the view flattens
+  int leading = 0;  // m: x's dims that the view's dim 0 merges
+};
+
+bool is_flattening_view(const Node& n) {
+  const std::string name = n.qualified_name();
+  return (name == "aten::view.default" || name == "aten::_unsafe_view.default" || name == "aten::reshape.default") &&
+         n.outputs.size() == 1 && !n.args.empty() && std::holds_alternative<TensorArg>(n.args[0]);
+}
+
+std::optional<Plan> plan(const Graph& g, const Node& n) {
+  if (n.qualified_name() != "aten::sum.dim_IntList" || n.args.size() != 4 || n.outputs.size() != 1) return std::nullopt;
+  const auto* self = std::get_if<TensorArg>(&n.args[0]);
+  const auto* dims = std::get_if<std::vector<int64_t>>(&n.args[1]);
+  if (!self || !dims || *dims != std::vector<int64_t>{0} || !std::holds_alternative<bool>(n.args[2]) ||
+      !std::holds_alternative<graph::NoneArg>(n.args[3]))
+    return std::nullopt;
+  const graph::Value& flat = g.values[self->id];
+  if (flat.producer < 0 || flat.meta.sizes.empty()) return std::nullopt;
+  const Node& view = g.nodes[flat.producer];
+  if (!is_flattening_view(view)) return std::nullopt;
+  const ValueId base = std::get<TensorArg>(view.args[0]).id;
+  const auto& bs = g.values[base].meta.sizes;
+  const auto& fs = flat.meta.sizes;
+  const ScalarType t = flat.meta.dtype;
+  const bool floating = t == ScalarType::Float || t == ScalarType::Double || t == ScalarType::Half || t == ScalarType::BFloat16;
+  if (!floating || g.values[base].meta.dtype != t || g.values[n.outputs[0]].meta.dtype != t || bs.size() <= fs.size())
+    return std::nullopt;
+  const int leading = static_cast<int>(bs.size() - fs.size()) + 1;
+  int64_t rows = 1;
+  for (int d = 0; d < leading; ++d) rows *= bs[d];
+  if (rows != fs[0]) return std::nullopt;
+  for (size_t d = 1; d < fs.size(); ++d)
+    if (bs[leading - 1 + d] != fs[d]) return std::nullopt;
+  return Plan{base, leading};
+}
+
+}  // namespace
+
+bool stage_row_sums(Graph& g) {
+  std::unordered_map<NodeIndex, Plan> plans;
+  for (NodeIndex i = 0; i < static_cast<NodeIndex>(g.nodes.size()); ++i)
+    if (auto p = plan(g, g.nodes[i])) plans.emplace(i, *p);
+  if (plans.empty()) return false;
+  GraphRewriter rewriter(g);
+  std::vector<Node> nodes = rewriter.take_nodes();
+  for (NodeIndex i = 0; i < static_cast<NodeIndex>(nodes.size()); ++i) {
+    auto it = plans.find(i);
+    if (it == plans.end()) {
+      rewriter.append(std::move(nodes[i]));
+      continue;
+    }
+    const Node& n = nodes[i];
+    const Plan& p = it->second;
+    const bool keepdim = std::get<bool>(n.args[2]);
+    const ValueId out = n.outputs[0];
+    graph::TensorMeta base = g.values[p.base].meta;
+    base.requires_grad = false;
+    base.storage_offset = 0;
+    auto sum = [&](ValueId of, std::vector<int64_t> dims, bool keep, ValueId reuse) {
+      graph::TensorMeta m = g.values[of].meta;
+      m.requires_grad = false;
+      m.storage_offset = 0;
+      std::vector<int64_t> sizes;
+      for (size_t d = 0; d < m.sizes.size(); ++d) {
+        const bool reduced = std::find(dims.begin(), dims.end(), static_cast<int64_t>(d)) != dims.end();
+        if (!reduced) sizes.push_back(m.sizes[d]);
+        else if (keep) sizes.push_back(1);
+      }
+      m.sizes = sizes;
+      m.strides = graph::contiguous_strides(sizes);
+      if (reuse >= 0) m = g.values[reuse].meta;
+      return rewriter.add("aten::sum", "dim_IntList", {TensorArg{of}, std::move(dims), keep, graph::NoneArg{}},
+                          {"self", "dim", "keepdim", "dtype"}, 3, m, false, reuse);
+    };
+    const ScalarType t = base.dtype;
+    int64_t inner_rows = 1;
+    for (int d = 1; d < p.leading; ++d) inner_rows *= base.sizes[d];
+    std::vector<int64_t> rest;
+    for (int d = 1; d < p.leading; ++d) rest.push_back(d);
+    if ((t == ScalarType::Float || t == ScalarType::Double) && base.sizes[0] >= 2 && inner_rows >= kMinStageRows) {
+      const ValueId partial = sum(p.base, rest, false, -1);
+      sum(partial, {0}, keepdim, out);
+      continue;
+    }
+    rest.insert(rest.begin(), 0);
+    if (!keepdim) {  // [C...]: the one sum defines the node's output itself
+      sum(p.base, rest, false, out);
+      continue;
+    }
+    const ValueId whole = sum(p.base, rest, false, -1);
+    const graph::TensorMeta& om = g.values[out].meta;
+    rewriter.add("aten::view", "default", {TensorArg{whole}, om.sizes}, {"self", "size"}, 2, om, true, out);
+  }
+  return true;
+}
+
+}  // namespace kiln::passes
