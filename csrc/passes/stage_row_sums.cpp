@@ -5,6 +5,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "decomp/decompositions.h"
 #include "passes/graph_rewriter.h"
 
 namespace kiln::passes {
@@ -25,6 +26,23 @@ struct Plan {
   ValueId base;     // x, the value the view flattens
   int leading = 0;  // m: x's dims that the view's dim 0 merges
 };
+
+// Whether fusion would likely put `v` in a kernel that already reduces (over other dims: a layer norm's gradient
+// added to the residual's), following the decomposed, non-view producers that kernel grows from. Then the first
+// stage could not join it, and one sum over the flattened rows (no second launch) is better.
+bool computed_with_a_reduction(const Graph& g, ValueId v, int depth = 0) {
+  const NodeIndex p = g.values[v].producer;
+  if (p < 0 || depth > 8) return false;
+  const Node& n = g.nodes[p];
+  if (n.is_view) return false;
+  const decomp::Decomposition* d = decomp::find_decomposition(g, n);
+  if (!d) return false;  // an extern call's result is a tensor: the sum loads it
+  if (d->reduction_dims || d->window_sizes) return true;
+  bool found = false;
+  for (const graph::ArgValue& arg : n.args)
+    graph::for_each_tensor(arg, [&](ValueId a) { found = found || computed_with_a_reduction(g, a, depth + 1); });
+  return found;
+}
 
 bool is_flattening_view(const Node& n) {
   const std::string name = n.qualified_name();
@@ -56,6 +74,11 @@ std::optional<Plan> plan(const Graph& g, const Node& n) {
   if (rows != fs[0]) return std::nullopt;
   for (size_t d = 1; d < fs.size(); ++d)
     if (bs[leading - 1 + d] != fs[d]) return std::nullopt;
+  // Only where the sum can join the kernel that computes x: x made there by decomposed ops, none of them a reduction.
+  const NodeIndex producer = g.values[base].producer;
+  if (producer < 0 || g.nodes[producer].is_view || !decomp::find_decomposition(g, g.nodes[producer]) ||
+      computed_with_a_reduction(g, base))
+    return std::nullopt;
   return Plan{base, leading};
 }
 

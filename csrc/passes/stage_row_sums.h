@@ -8,7 +8,9 @@
 namespace kiln::passes {
 
 /// Rewrites `aten::sum.dim_IntList(view(x, [R, C...]), [0], keepdim, dtype=None)`, where x is
-/// [d0, ..., dm-1, C...] with d0 * ... * dm-1 == R and m >= 2, into sums over x itself. For float32/float64 with
+/// [d0, ..., dm-1, C...] with d0 * ... * dm-1 == R and m >= 2, into sums over x itself, where x is computed by
+/// decomposed ops (fusion can put the sum in their kernel) none of which is a reduction (whose kernel reduces
+/// other dims already). For float32/float64 with
 /// d0 >= 2 and at least 16 rows per d0 it takes two stages, `x.sum([1..m-1]).sum(0, keepdim)`: the first has
 /// d0 times more outputs to spread over the device, and its rows are d0 times shorter. Otherwise one sum over
 /// dims [0..m-1] (half types keep one rounding, as eager's sum does), viewed back to the node's shape. The

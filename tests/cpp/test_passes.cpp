@@ -346,3 +346,29 @@ TEST_CASE("sums that are not row sums of a flattening view are left alone") {
   typed.nodes[2].args[3] = ScalarTypeArg{ScalarType::Double};
   CHECK_FALSE(kiln::passes::stage_row_sums(typed));
 }
+
+TEST_CASE("a row sum stays one sum where fusion could not put it with its value's producer") {
+  // x from an extern call (a matmul's result is a tensor the sum loads)
+  Graph mm = flattened_row_sum({8, 128}, ScalarType::Float);
+  mm.nodes[0].op = "aten::mm";
+  mm.nodes[0].args.push_back(mm.nodes[0].args[0]);
+  mm.nodes[0].arg_names = {"self", "mat2"};
+  CHECK_FALSE(kiln::passes::stage_row_sums(mm));
+  // x = relu(input) + (a sum over its last dim): its kernel reduces over C already
+  Graph g;
+  ValueId in = g.add_input(cuda({8, 128, 64}));
+  ValueId r = g.add_node(op("aten::relu", "default", {TensorArg{in}}, {"self"}, 1), {cuda({8, 128, 64})})[0];
+  ValueId s = g.add_node(op("aten::sum", "dim_IntList", {TensorArg{r}, std::vector<int64_t>{2}, true, NoneArg{}},
+                            {"self", "dim", "keepdim", "dtype"}, 3),
+                         {cuda({8, 128, 1})})[0];
+  ValueId x = g.add_node(op("aten::add", "Tensor", {TensorArg{r}, TensorArg{s}, int64_t{1}}, {"self", "other", "alpha"}, 2),
+                         {cuda({8, 128, 64})})[0];
+  Node view = op("aten::view", "default", {TensorArg{x}, std::vector<int64_t>{1024, 64}}, {"self", "size"}, 2);
+  view.is_view = true;
+  ValueId flat = g.add_node(view, {cuda({1024, 64})})[0];
+  ValueId total = g.add_node(op("aten::sum", "dim_IntList", {TensorArg{flat}, std::vector<int64_t>{0}, false, NoneArg{}},
+                                {"self", "dim", "keepdim", "dtype"}, 3),
+                             {cuda({64})})[0];
+  g.set_outputs({total});
+  CHECK_FALSE(kiln::passes::stage_row_sums(g));
+}

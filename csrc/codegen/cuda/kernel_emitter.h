@@ -33,6 +33,7 @@ constexpr int kKernelsPerPart = 4;
 constexpr int kMaxParts = 8;
 
 int64_t pow2_ceil(int64_t v);
+int64_t pow2_floor(int64_t v);
 // "// kernel_3_add covers graph nodes: 4:aten::add.Tensor ...": the same line as the C++ generator's, which
 // tools read to map kernels back to graph nodes.
 std::string covers_comment(const Kernel& k, const graph::Graph& g);
