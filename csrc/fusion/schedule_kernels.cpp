@@ -360,9 +360,10 @@ class Scheduler {
         if (home_[v].kernel >= 0) candidates.push_back(home_[v].kernel);
       });
     std::sort(candidates.rbegin(), candidates.rend());
+    const size_t operand_kernels = candidates.size();
     if (!schedule_.kernels.empty()) candidates.push_back(static_cast<int32_t>(schedule_.kernels.size()) - 1);
-    for (int32_t k : candidates)
-      if (try_fuse(k, n, *d)) return;
+    for (size_t c = 0; c < candidates.size(); ++c)
+      if (try_fuse(candidates[c], n, *d, /*horizontal=*/c >= operand_kernels)) return;
     // A fresh kernel over the node's own domain.
     Kernel fresh;
     if (d->reduction_dims) {
@@ -462,8 +463,11 @@ class Scheduler {
     for (ValueId out : node.outputs) available_[out] = step;
   }
 
-  // Checks that node n fits kernel k; if so, builds it there and returns true.
-  bool try_fuse(int32_t k, NodeIndex n, const decomp::Decomposition& d) {
+  // Checks that node n fits kernel k; if so, builds it there and returns true. `horizontal`: k computes none of
+  // n's operands. A pointwise node then never joins a reduction kernel along its reduced loops: it gains nothing
+  // there, and its own later reductions (over other dims) could not join it (a layer norm's input gradient after
+  // its weight gradient's column sums).
+  bool try_fuse(int32_t k, NodeIndex n, const decomp::Decomposition& d, bool horizontal = false) {
     const Node& node = g_.nodes[n];
     Kernel& kern = kernel(k);
     std::vector<bool> reduced = kern.reduced;
@@ -508,6 +512,7 @@ class Scheduler {
       return false;
     };
     const bool node_is_full = d.reduction_dims || d.window_sizes || runs_along_reduced(node_space, node_shape, 0);
+    if (horizontal && kern.has_reduction() && !d.reduction_dims && !d.window_sizes && node_is_full) return false;
     // Operands.
     const int32_t step = kernel_step_[k];
     bool ok = true;

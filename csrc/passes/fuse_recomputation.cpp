@@ -75,6 +75,10 @@ bool move_after_sibling(graph::Graph& g, NodeIndex a) {
     if (other.mutates_args) return false;
     if (reads_any(other, moved_values)) {  // depends on the node: moves with it
       if (!movable(g, other) || moved.size() == kMaxMoved) return false;
+      // A reduction moved into the sibling's kernel could not join it when that kernel reduces other dims (a
+      // layer norm's weight gradient, summed over rows, next to its input gradient, summed over columns).
+      const decomp::Decomposition* d = decomp::find_decomposition(g, other);
+      if (d && (d->reduction_dims || d->window_sizes)) return false;
       moved.push_back(b);
       for (ValueId out : other.outputs) moved_values[out] = true;
       continue;

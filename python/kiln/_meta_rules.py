@@ -8,7 +8,10 @@ dtype. The rules here produce what ATen's own kernels produce for the cases they
 - pointwise ops: the broadcast shape, the inputs' dtype (bool for comparisons) and TensorIterator's
   output layout (its fast paths for operands of one shape, else its stride-ordered permutation);
 - addmm / mm / bmm, reductions over dims, softmax, layer norm, convolution of contiguous inputs and
-  _unsafe_view of contiguous ones: contiguous outputs.
+  _unsafe_view of contiguous ones: contiguous outputs;
+- in-place pointwise ops and bernoulli_: the receiver; empty_like, training-mode native_dropout, embedding;
+- max / avg / adaptive-avg 2-d pooling: the input's suggested memory format; batch norm of dense inputs
+  (statistics as torch's meta kernel and CUDA give them).
 
 Any other case returns None and runs torch's meta kernel as before. tests/python/test_meta_rules.py
 compares every rule with eager on random shapes, layouts and dtypes.
@@ -250,12 +253,24 @@ _RULES.update({aten.addmm.default: _matmul, aten.mm.default: _matmul, aten.bmm.d
                aten.native_layer_norm.default: _layer_norm})
 
 
+_wrappers_patched = False
+
+
 def infer(func, args, kwargs):
     """func's result on meta tensors `args` / `kwargs` as ATen would produce it, or None where kiln has no
     rule for this op or these arguments (torch's meta kernel then runs)."""
     rule = _RULES.get(func)
     if rule is None:
         return None
+    global _wrappers_patched
+    if not _wrappers_patched and torch.is_grad_enabled() and \
+            any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        # A graph that needs grad gets its backward's metas from torch's meta kernels (MetaOracle in
+        # runtime/autograd_graph.cpp), not from these rules: patch torch's dynamo-disable wrappers first, as
+        # _fake does before the first op it leaves to them (else threshold_backward's imports torch._dynamo).
+        from kiln import _fake
+        _fake._avoid_dynamo_import()
+        _wrappers_patched = True
     try:
         return rule(func, args, kwargs)
     except (TypeError, ValueError, IndexError, AttributeError):
@@ -309,3 +324,354 @@ def _unsafe_view(func, args, kwargs):
 
 
 _RULES[aten._unsafe_view.default] = _unsafe_view
+
+
+# ---- in-place pointwise ops: the receiver itself, where the out-of-place rule gives its shape and dtype ----
+_INPLACE = {
+    aten.relu_.default: aten.relu.default, aten.sigmoid_.default: aten.sigmoid.default,
+    aten.tanh_.default: aten.tanh.default, aten.silu_.default: aten.silu.default,
+    aten.gelu_.default: aten.gelu.default, aten.hardtanh_.default: aten.hardtanh.default,
+    aten.hardswish_.default: aten.hardswish.default, aten.leaky_relu_.default: aten.leaky_relu.default,
+    aten.clamp_.default: aten.clamp.default, aten.clamp_min_.default: aten.clamp_min.default,
+    aten.clamp_max_.default: aten.clamp_max.default, aten.add_.Tensor: aten.add.Tensor,
+    aten.sub_.Tensor: aten.sub.Tensor, aten.mul_.Tensor: aten.mul.Tensor, aten.div_.Tensor: aten.div.Tensor,
+    aten.add_.Scalar: aten.add.Scalar, aten.sub_.Scalar: aten.sub.Scalar, aten.mul_.Scalar: aten.mul.Scalar,
+    aten.div_.Scalar: aten.div.Scalar,
+}
+_INTEGER_INPLACE = {aten.add_.Tensor, aten.sub_.Tensor, aten.mul_.Tensor, aten.add_.Scalar, aten.sub_.Scalar,
+                    aten.mul_.Scalar}
+_INTEGRAL = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def _inplace(func, args, kwargs):
+    """`self`, as torch's kernels return it. Floating receivers: the operands _pointwise accepts, broadcast to
+    self's shape. Integer receivers (BatchNorm's num_batches_tracked.add_(1)): add/sub/mul by Python ints.
+    A receiver with internal overlap (eager raises) is left to torch."""
+    x = args[0]
+    if any(size > 1 and stride == 0 for size, stride in zip(x.shape, x.stride())):
+        return None
+    if x.dtype in _FLOATING:
+        out = _pointwise(_INPLACE[func], args, kwargs)
+        if out is None or out.shape != x.shape or out.dtype != x.dtype:
+            return None
+        return x
+    if x.dtype in _INTEGRAL and func in _INTEGER_INPLACE:
+        others = list(args[1:]) + list(kwargs.values())
+        if all(type(v) is int for v in others):
+            return x
+    return None
+
+
+def _bernoulli_(func, args, kwargs):
+    x, p = args[0], args[1] if len(args) > 1 else 0.5
+    if x.dtype not in _FLOATING or not _plain_number(p) or not 0 <= p <= 1 or kwargs.get("generator") is not None:
+        return None
+    return x
+
+
+for _op in _INPLACE:
+    _RULES[_op] = _inplace
+_RULES[aten.bernoulli_.float] = _bernoulli_
+
+
+def _empty_like(func, args, kwargs):
+    """ATen's empty_like: preserve_format keeps a dense input's strides and gives others the dense strides of
+    their dimension order (infer_dense_strides, TensorIterator's permutation for one operand)."""
+    x = args[0]
+    dtype, layout, device = kwargs.get("dtype"), kwargs.get("layout"), kwargs.get("device")
+    pin, memory_format = kwargs.get("pin_memory"), kwargs.get("memory_format")
+    dtype = x.dtype if dtype is None else dtype
+    if dtype not in _FLOATING + _INTEGRAL + (torch.bool,) or layout not in (None, torch.strided) or pin:
+        return None
+    if device is not None and torch.device(device).type != "meta":
+        return None
+    if x.numel() == 0:
+        return None
+    if memory_format is torch.contiguous_format:
+        return _contiguous(x.shape, dtype)
+    if memory_format not in (None, torch.preserve_format):
+        return None
+    if _non_overlapping_and_dense(x):
+        return _empty(x.shape, x.stride(), dtype)
+    return _empty(x.shape, pointwise_strides(list(x.shape), [x]), dtype)
+
+
+_RULES[aten.empty_like.default] = _empty_like
+
+
+def _native_dropout(func, args, kwargs):
+    """Training-mode dropout of a dense input: output and bool mask laid out like the input. CUDA allocates both
+    with empty_like, CPU's output is TensorIterator's (other strides for size-1 dims): inputs where the two
+    differ, eval mode and p == 0 (torch's meta kernel returns the input itself) are left to torch."""
+    x, p, train = args[0], args[1], args[2]
+    if kwargs or train is not True or not _plain_number(p) or not 0 < p < 1 or x.dtype not in _FLOATING:
+        return None
+    if x.numel() == 0 or not _non_overlapping_and_dense(x) or list(x.stride()) != pointwise_strides(list(x.shape), [x]):
+        return None
+    return _empty(x.shape, x.stride(), x.dtype), _empty(x.shape, x.stride(), torch.bool)
+
+
+_RULES[aten.native_dropout.default] = _native_dropout
+
+
+def _safe_softmax(func, args, kwargs):
+    """softmax that gives 0 for rows of -inf (attention's math path): a contiguous result, as _softmax."""
+    x, dim = args[0], args[1]
+    dtype = args[2] if len(args) > 2 else kwargs.get("dtype")
+    if x.dtype not in _FLOATING or (dtype is not None and dtype != x.dtype) or x.dim() == 0:
+        return None
+    if not -x.dim() <= dim < x.dim():
+        return None
+    return _contiguous(x.shape, x.dtype)
+
+
+_RULES[aten._safe_softmax.default] = _safe_softmax
+
+
+def _embedding(func, args, kwargs):
+    """weight's rows gathered by index_select: contiguous, indices' shape plus the embedding dim."""
+    weight, indices = args[0], args[1]
+    if kwargs or weight.dim() != 2 or weight.dtype not in _FLOATING or indices.dtype not in (torch.int64, torch.int32):
+        return None
+    return _contiguous(list(indices.shape) + [weight.shape[1]], weight.dtype)
+
+
+_RULES[aten.embedding.default] = _embedding
+
+
+# ---- memory formats ------------------------------------------------------------------------------------
+def _strides_like_channels_last(t):
+    """c10's is_channels_last_strides_2d / _3d, which Tensor.suggest_memory_format() asks for 4-d / 5-d
+    tensors: dims ordered C, W, H, (D,) N by stride, ambiguous cases read as contiguous."""
+    shape, strides = t.shape, t.stride()
+    order = {4: (1, 3, 2, 0), 5: (1, 4, 3, 2, 0)}.get(t.dim())
+    if order is None or strides[1] == 0:
+        return False
+    smallest = 0
+    for d in order:
+        if shape[d] == 0 or strides[d] < smallest:
+            return False
+        if d == 0 and smallest == strides[1]:
+            return False
+        smallest = strides[d] * shape[d]
+    return True
+
+
+def _empty_suggested(shape, dtype, like):
+    """A tensor of `shape` in like.suggest_memory_format() (channels-last for 4-d inputs whose strides say so)."""
+    if like.dim() == 4 and _strides_like_channels_last(like):
+        return torch.empty(shape, dtype=dtype, device="meta", memory_format=torch.channels_last)
+    return _contiguous(shape, dtype)
+
+
+# ---- pooling ---------------------------------------------------------------------------------------------
+def _pair(value):
+    if type(value) is int:
+        return [value, value]
+    value = list(value)
+    if len(value) not in (1, 2) or any(type(v) is not int for v in value):
+        return None
+    return value * 2 if len(value) == 1 else value
+
+
+def _pooled_size(size, kernel, stride, pad, dilation, ceil_mode):
+    """ATen's pooling_output_shape."""
+    out = (size + 2 * pad - dilation * (kernel - 1) - 1 + (stride - 1 if ceil_mode else 0)) // stride + 1
+    if ceil_mode and (out - 1) * stride >= size + pad:
+        out -= 1
+    return out
+
+
+def _pool2d(func, args, kwargs):
+    """max_pool2d_with_indices and avg_pool2d on 3-d / 4-d inputs: pooling_output_shape sizes, the input's
+    suggested memory format (their shared structured meta functions); indices are int64."""
+    x = args[0]
+    if func is aten.max_pool2d_with_indices.default:
+        kernel, stride, padding, dilation, ceil_mode = args[1:6]
+    else:
+        kernel, stride, padding, ceil_mode, count_include_pad, divisor_override = args[1:7]
+        dilation = [1]
+        if divisor_override == 0 or not isinstance(count_include_pad, bool):
+            return None
+    if kwargs or x.dim() not in (3, 4) or 0 in x.shape or x.dtype not in _FLOATING or not isinstance(ceil_mode, bool):
+        return None
+    kernel = _pair(kernel)
+    stride = kernel if isinstance(stride, (list, tuple)) and len(stride) == 0 else _pair(stride)
+    padding, dilation = _pair(padding), _pair(dilation)
+    if None in (kernel, stride, padding, dilation):
+        return None
+    shape = list(x.shape[:-2])
+    for i in range(2):
+        k, s, p, d = kernel[i], stride[i], padding[i], dilation[i]
+        if k <= 0 or s <= 0 or d <= 0 or p < 0 or p > k // 2:
+            return None
+        size = _pooled_size(x.shape[i - 2], k, s, p, d, ceil_mode)
+        if size < 1:
+            return None
+        shape.append(size)
+    out = _empty_suggested(shape, x.dtype, x)
+    if func is aten.max_pool2d_with_indices.default:
+        return out, _empty(shape, out.stride(), torch.int64)
+    return out
+
+
+def _adaptive_avg_pool2d(func, args, kwargs):
+    x, output_size = args[0], _pair(args[1])
+    if kwargs or x.dim() not in (3, 4) or 0 in x.shape or x.dtype not in _FLOATING:
+        return None
+    if output_size is None or len(args[1]) != 2 or min(output_size) < 1:
+        return None
+    return _empty_suggested(list(x.shape[:-2]) + output_size, x.dtype, x)
+
+
+_RULES.update({aten.max_pool2d_with_indices.default: _pool2d, aten.avg_pool2d.default: _pool2d,
+               aten._adaptive_avg_pool2d.default: _adaptive_avg_pool2d})
+
+
+# ---- batch norm ------------------------------------------------------------------------------------------
+def _batch_norm_output(x):
+    """batch norm's output where eager CPU (contiguous unless channels-last contiguous), CUDA and cuDNN (the
+    suggested memory format) and torch's meta kernel (TensorIterator) lay it out alike; else None."""
+    like_channels_last = _strides_like_channels_last(x)
+    if x.is_contiguous() and not like_channels_last:
+        return _contiguous(x.shape, x.dtype)
+    if x.dim() == 4 and like_channels_last and not x.is_contiguous() and \
+            x.is_contiguous(memory_format=torch.channels_last):
+        return torch.empty(x.shape, dtype=x.dtype, device="meta", memory_format=torch.channels_last)
+    return None
+
+
+def _batch_norm(func, args, kwargs):
+    """native_batch_norm, its _native_batch_norm_legit* forms and cudnn_batch_norm.
+
+    The statistics follow torch's meta kernel, which is CUDA's: save_mean / save_invstd of [C] in the
+    accumulation dtype (float32 for half / bfloat16 inputs), in eval mode too, where CPU gives [0];
+    cudnn_batch_norm's are [0] in eval mode, with a [0] uint8 workspace. Dtype combinations whose statistics
+    differ between CPU and CUDA (half / bfloat16 parameters) are left to torch."""
+    cudnn = func is aten.cudnn_batch_norm.default
+    if func is aten._native_batch_norm_legit.no_stats:
+        x, weight, bias, training = args[:4]
+        running_mean = running_var = None
+    elif func is aten._native_batch_norm_legit_no_training.default:
+        x, weight, bias, running_mean, running_var = args[:5]
+        training = False
+    else:
+        x, weight, bias, running_mean, running_var, training = args[:6]
+    if kwargs or not isinstance(training, bool) or x.dim() < 2 or 0 in x.shape:
+        return None
+    channels = x.shape[1]
+    params = [t for t in (weight, bias, running_mean, running_var) if t is not None]
+    if any(list(t.shape) != [channels] for t in params) or (running_mean is None) != (running_var is None):
+        return None
+    if not training and running_mean is None:
+        return None
+    if training and x.numel() // channels <= 1:
+        return None  # torch's meta kernel divides by n - 1
+    if cudnn and (weight is None or bias is None):
+        return None
+    param_dtype = params[0].dtype if params else x.dtype
+    if any(t.dtype != param_dtype for t in params):
+        return None
+    if x.dtype in ((torch.float32,) if cudnn else (torch.float32, torch.float64)) and param_dtype == x.dtype:
+        stat_dtype = x.dtype
+    elif x.dtype in (torch.float16, torch.bfloat16) and param_dtype == torch.float32 and params:
+        stat_dtype = torch.float32
+    else:
+        return None
+    out = _batch_norm_output(x)
+    if out is None:
+        return None
+    stat_shape = [0] if cudnn and not training else [channels]
+    results = (out, _contiguous(stat_shape, stat_dtype), _contiguous(stat_shape, stat_dtype))
+    if cudnn:
+        return results + (_contiguous([0], torch.uint8),)
+    if func is aten._native_batch_norm_legit_functional.default:
+        return results + (_contiguous([channels], param_dtype), _contiguous([channels], param_dtype))
+    return results
+
+
+for _op in (aten.native_batch_norm.default, aten._native_batch_norm_legit.default,
+            aten._native_batch_norm_legit.no_stats, aten._native_batch_norm_legit_no_training.default,
+            aten._native_batch_norm_legit_functional.default, aten.cudnn_batch_norm.default):
+    _RULES[_op] = _batch_norm
+
+
+def _native_multi_head_attention(func, args, kwargs):
+    """nn.MultiheadAttention's inference fast path (self-attention, need_weights): a contiguous (B, T, E)
+    output and the attention weights, (B, T, T) averaged over heads or (B, heads, T, T). Without need_weights
+    eager returns no weights tensor, unlike torch's meta kernel: left to torch."""
+    query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias = args[:9]
+    need_weights, average = args[10], args[11]
+    if kwargs or need_weights is not True or not isinstance(average, bool) or query.dtype not in _FLOATING:
+        return None
+    if query.dim() != 3 or key.shape != query.shape or value.shape != query.shape or 0 in query.shape:
+        return None
+    batch, length, dim = query.shape
+    if dim != embed_dim or num_head < 1 or dim % num_head:
+        return None
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        return None
+    params = ((qkv_weight, [3 * dim, dim]), (qkv_bias, [3 * dim]), (proj_weight, [dim, dim]), (proj_bias, [dim]))
+    for t, shape in params:
+        if t.dtype != query.dtype or list(t.shape) != shape:
+            return None
+    weights = [batch, length, length] if average else [batch, num_head, length, length]
+    return _contiguous([batch, length, dim], query.dtype), _contiguous(weights, query.dtype)
+
+
+_RULES[aten._native_multi_head_attention.default] = _native_multi_head_attention
+
+
+# ---- fused attention kernels (recorded when autocast's device proxies make scaled_dot_product_attention pick
+# them): results as their kernels allocate them ----------------------------------------------------------------
+def _attention_operands(query, key, value, dtypes):
+    """(batch, heads, q_length, head_dim) of 4-d query / key / value of one dtype and matching dims, or None."""
+    if any(t.dim() != 4 or t.dtype != query.dtype or 0 in t.shape for t in (query, key, value)):
+        return None
+    if query.dtype not in dtypes or key.shape[:3] != value.shape[:3]:
+        return None
+    batch, heads, length, head_dim = query.shape
+    if key.shape[0] != batch or key.shape[1] != heads or key.shape[3] != head_dim:
+        return None
+    return batch, heads, length, head_dim
+
+
+def _flash_attention_for_cpu(func, args, kwargs):
+    """CPU's flash kernel: the output in query's layout (empty_like), logsumexp (batch, length, heads)
+    transposed to (batch, heads, length) in the accumulation dtype."""
+    query, key, value, dropout_p, is_causal = args[:5]
+    mask, scale = kwargs.get("attn_mask"), kwargs.get("scale")
+    dims = _attention_operands(query, key, value, _FLOATING)
+    if dims is None or set(kwargs) - {"attn_mask", "scale"} or dropout_p != 0 or value.shape[3] != query.shape[3] or \
+            not _non_overlapping_and_dense(query) or (scale is not None and not _plain_number(scale)):
+        return None
+    batch, heads, length, _ = dims
+    scores = [batch, heads, length, key.shape[2]]
+    if not isinstance(is_causal, bool) or (mask is not None and (
+            is_causal or mask.dtype != query.dtype or _broadcast_shape([mask.shape, scores]) != scores)):
+        return None  # (the kernel takes a mask of query's dtype only, and not with is_causal)
+    lse_dtype = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
+    return _empty(query.shape, query.stride(), query.dtype), _empty([batch, heads, length], [length * heads, 1, heads],
+                                                                    lse_dtype)
+
+
+def _efficient_attention(func, args, kwargs):
+    """CUDA's memory-efficient kernel (torch's meta kernel states it): the output (batch, length, heads, v_dim)
+    transposed to (batch, heads, length, v_dim), logsumexp (batch, heads, length rounded up to 32, or 0) in
+    float32, and 0-dim int64 seed and offset. ROCm's logsumexp differs: left to torch."""
+    query, key, value, attn_bias, compute_log_sumexp = args[:5]
+    scale = kwargs.get("scale")
+    dims = _attention_operands(query, key, value, (torch.float32, torch.float16, torch.bfloat16))
+    if dims is None or set(kwargs) - {"scale"} or (scale is not None and not _plain_number(scale)) or \
+            torch.version.hip or not isinstance(compute_log_sumexp, bool):
+        return None
+    batch, heads, length, _ = dims
+    v_dim = value.shape[3]
+    lse = [batch, heads, -(-length // 32) * 32 if compute_log_sumexp else 0]
+    seed, offset = _contiguous([], torch.int64), _contiguous([], torch.int64)
+    return (_empty([batch, heads, length, v_dim], [length * heads * v_dim, v_dim, heads * v_dim, 1], query.dtype),
+            _contiguous(lse, torch.float32), seed, offset)
+
+
+_RULES.update({aten._scaled_dot_product_flash_attention_for_cpu.default: _flash_attention_for_cpu,
+               aten._scaled_dot_product_efficient_attention.default: _efficient_attention})

@@ -512,7 +512,8 @@ class KernelEmitter {
     for (size_t i = 0; i < k_.exprs.size(); ++i) {
       if (k_.exprs[i].kind != ExprKind::Load || !depends_[i]) continue;
       const std::vector<int64_t>& strides = nest_.load_strides[i];
-      if (strides[total - 1] == 1 || strides[total - 1] == -1) return false;
+      // a value per row, the same for every column (a layer norm's mean), may walk the rows contiguously
+      if ((strides[total - 1] == 1 || strides[total - 1] == -1) && strides[outer - 1] != 0) return false;
       column_contiguous = column_contiguous || strides[outer - 1] == 1;
     }
     return column_contiguous;

@@ -16,8 +16,10 @@ bool KernelEmitter::column_shaped() const {
   for (size_t i = 0; i < k_.exprs.size(); ++i) {
     if (k_.exprs[i].kind != ExprKind::Load) continue;
     const auto& strides = nest_.load_strides[i];
+    // A value per row, the same for every column (a layer norm's mean and rstd), is read once per step by all
+    // of a warp's threads: it may walk the rows contiguously.
     for (size_t l = nest_.outer_count; l < strides.size(); ++l)
-      if (strides[l] == 1) return false;
+      if (strides[l] == 1 && strides[inner] != 0) return false;
     if (strides[inner] != 0 && strides[inner] != 1) return false;
     contiguous = contiguous || (strides[inner] == 1 && nest_.runs_reduced(strides));
   }
@@ -156,34 +158,49 @@ void KernelEmitter::emit_row_loop(int64_t rows, const std::string& base_indent) 
   if (column_)
     for (size_t s = 0; s < k_.stores.size(); ++s)
       if (along_reduced(s) && !uses_reductions_[k_.stores[s].expr]) early.push_back(s);
-  bool first_reduction = true;
+  // Walks over the reduced loops: the first computes every reduction whose operand uses no other reduction (a
+  // layer norm gradient's two row sums, a weight and a bias gradient's column sums: each element loaded once),
+  // each later one a reduction that needs an earlier one's result (softmax's sum after its max).
+  std::vector<std::vector<size_t>> walks(1);
   for (size_t r = 0; r < k_.exprs.size(); ++r) {
-    const Expr& x = k_.exprs[r];
-    if (x.kind != ExprKind::Reduce) continue;
-    const int32_t operand = x.operands[0];
-    emit_row_values(operand, indent);
-    const std::vector<size_t> with = first_reduction ? early : std::vector<size_t>{};
+    if (k_.exprs[r].kind != ExprKind::Reduce) continue;
+    if (uses_reductions_[k_.exprs[r].operands[0]]) walks.push_back({r});
+    else walks[0].push_back(r);
+  }
+  for (size_t w = 0; w < walks.size(); ++w) {
+    const std::vector<size_t>& reductions = walks[w];
+    if (reductions.empty()) continue;
+    const std::vector<size_t> with = w == 0 ? early : std::vector<size_t>{};
+    for (size_t r : reductions) emit_row_values(k_.exprs[r].operands[0], indent);
     for (size_t s : with) emit_row_values(k_.stores[s].expr, indent);
-    first_reduction = false;
-    const std::string acc = "acc" + std::to_string(r);
-    const std::string init = identity(x.reduce_op, x.dtype);
-    out << indent << compute_type(x.dtype) << " " << acc << " = " << init << ";\n";
+    for (size_t r : reductions)
+      out << indent << compute_type(k_.exprs[r].dtype) << " acc" << r << " = " << identity(k_.exprs[r].reduce_op, k_.exprs[r].dtype)
+          << ";\n";
     reduced_pass(indent, [&](const std::string& inner) {
-      emit_expr(operand, inner);
-      out << inner << acc << " = " << combiner(x.reduce_op) << "::combine(" << acc << ", "
-          << "static_cast<" << compute_type(x.dtype) << ">(" << names_[operand] << "));\n";
+      for (size_t r : reductions) {
+        const Expr& x = k_.exprs[r];
+        emit_expr(x.operands[0], inner);
+        out << inner << "acc" << r << " = " << combiner(x.reduce_op) << "::combine(acc" << r << ", "
+            << "static_cast<" << compute_type(x.dtype) << ">(" << names_[x.operands[0]] << "));\n";
+      }
       for (size_t s : with) {
         emit_expr(k_.stores[s].expr, inner);
         out << inner << "if (active) " << store_text(s, names_[k_.stores[s].expr], true) << "\n";
       }
     });
-    // (thread_per_row: the thread's own serial walk was the whole reduction)
-    if (column_)
-      out << indent << acc << " = kiln::column_reduce<" << combiner(x.reduce_op) << ", " << column_width_ << ">(" << acc
-          << ");\n";
-    else if (block_reduce_) out << indent << acc << " = kiln::block_reduce<" << combiner(x.reduce_op) << ">(" << acc << ", " << init << ");\n";
-    else if (!thread_row_) out << indent << acc << " = kiln::warp_reduce<" << combiner(x.reduce_op) << ">(" << acc << ");\n";
-    names_[r] = acc;
+    for (size_t r : reductions) {
+      const Expr& x = k_.exprs[r];
+      const std::string acc = "acc" + std::to_string(r);
+      // (thread_per_row: the thread's own serial walk was the whole reduction)
+      if (column_)
+        out << indent << acc << " = kiln::column_reduce<" << combiner(x.reduce_op) << ", " << column_width_ << ">(" << acc
+            << ");\n";
+      else if (block_reduce_)
+        out << indent << acc << " = kiln::block_reduce<" << combiner(x.reduce_op) << ">(" << acc << ", "
+            << identity(x.reduce_op, x.dtype) << ");\n";
+      else if (!thread_row_) out << indent << acc << " = kiln::warp_reduce<" << combiner(x.reduce_op) << ">(" << acc << ");\n";
+      names_[r] = acc;
+    }
   }
   std::vector<size_t> along;  // stores that run along the reduced loops
   for (size_t s = 0; s < k_.stores.size(); ++s) {
