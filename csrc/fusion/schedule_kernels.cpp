@@ -158,6 +158,9 @@ class Scheduler {
         view_root_(g.values.size(), -1), defining_node_(g.values.size(), -1), constants_(g.values.size()) {
     for (const graph::Value& v : g.values)
       if (v.is_input || v.is_constant) available_[v.id] = -1;
+    readers_.resize(g.values.size());
+    for (NodeIndex n = 0; n < static_cast<NodeIndex>(g.nodes.size()); ++n)
+      for (const graph::ArgValue& arg : g.nodes[n].args) graph::for_each_tensor(arg, [&](ValueId v) { readers_[v].push_back(n); });
   }
 
   Schedule run() {
@@ -463,10 +466,30 @@ class Scheduler {
     for (ValueId out : node.outputs) available_[out] = step;
   }
 
+  // Whether `v`, through the pointwise nodes that read it, feeds a reduction over a value of kern's domain but
+  // over other dims than kern's (a layer norm's x_hat: its input gradient sums rows, its weight gradient columns).
+  bool feeds_other_reduction(ValueId v, const Kernel& kern, int depth = 0) const {
+    if (depth > 8) return false;
+    for (NodeIndex r : readers_[v]) {
+      const Node& reader = g_.nodes[r];
+      const decomp::Decomposition* d = decomp::find_decomposition(g_, reader);
+      if (!d || reader.is_view || d->window_sizes || reader.outputs.empty()) continue;
+      if (d->reduction_dims) {
+        if (g_.value(std::get<graph::TensorArg>(reader.args[0]).id).meta.sizes != kern.domain) continue;
+        std::vector<bool> wanted(kern.domain.size(), false);
+        for (int64_t dim : d->reduction_dims(g_, reader)) wanted[dim] = true;
+        if (wanted != kern.reduced) return true;
+        continue;
+      }
+      if (feeds_other_reduction(reader.outputs[0], kern, depth + 1)) return true;
+    }
+    return false;
+  }
+
   // Checks that node n fits kernel k; if so, builds it there and returns true. `horizontal`: k computes none of
-  // n's operands. A pointwise node then never joins a reduction kernel along its reduced loops: it gains nothing
-  // there, and its own later reductions (over other dims) could not join it (a layer norm's input gradient after
-  // its weight gradient's column sums).
+  // n's operands. A pointwise node then joins a reduction kernel along its reduced loops only where its own later
+  // reductions could join it too (feeds_other_reduction: a layer norm's input gradient after its weight
+  // gradient's column sums could not).
   bool try_fuse(int32_t k, NodeIndex n, const decomp::Decomposition& d, bool horizontal = false) {
     const Node& node = g_.nodes[n];
     Kernel& kern = kernel(k);
@@ -512,7 +535,9 @@ class Scheduler {
       return false;
     };
     const bool node_is_full = d.reduction_dims || d.window_sizes || runs_along_reduced(node_space, node_shape, 0);
-    if (horizontal && kern.has_reduction() && !d.reduction_dims && !d.window_sizes && node_is_full) return false;
+    if (horizontal && kern.has_reduction() && !d.reduction_dims && !d.window_sizes && node_is_full &&
+        feeds_other_reduction(node.outputs[0], kern))
+      return false;
     // Operands.
     const int32_t step = kernel_step_[k];
     bool ok = true;
@@ -582,6 +607,7 @@ class Scheduler {
   std::vector<std::optional<std::pair<double, ScalarType>>> constants_;
   std::vector<int32_t> kernel_step_;  // per kernel: its step index
   std::vector<std::map<std::string, int32_t>> expr_keys_;
+  std::vector<std::vector<NodeIndex>> readers_;  // per value: the nodes that read it
 };
 
 Prim KernelPrimBuilder::arg(int arg_index) {
