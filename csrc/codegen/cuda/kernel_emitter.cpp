@@ -72,10 +72,15 @@ std::string KernelEmitter::emit(CudaKernelLaunch& launch) {
     launch.strategy = "column";
     column_width_ = outer >= 32 * kColumnBlocksWanted ? 32 : outer >= 16 * kColumnBlocksWanted ? 16 : 8;
     launch.block_x = static_cast<unsigned>(column_width_);
-    // About 16 rows per thread (at least): with 6 (a ViT's 197 rows over 32 threads), the block's shared-memory
-    // combine cost a fused producer + sum 86 us where 8 threads per column took 74 (H200, 32x197x3072,
-    // benchmarks/fused_column_sums_cuda.py).
-    launch.block_y = static_cast<unsigned>(std::clamp<int64_t>(pow2_floor(std::max<int64_t>(reduced / 16, 1)), 1, 1024 / column_width_));
+    // Threads along the rows: about 16 rows each where the outputs alone give the GPU enough threads (with 6, a
+    // ViT's 197 rows over 32 threads, the block's shared-memory combine cost a fused producer + sum 86 us where 8
+    // threads per column took 74: H200, 32x197x3072, benchmarks/fused_column_sums_cuda.py); more, down to 4 rows
+    // each, where they do not (bert's layer norm weight gradients: 6144 outputs of 128 rows ran 13 us with 8
+    // threads per column).
+    const int64_t by_rows = pow2_floor(std::max<int64_t>(reduced / 16, 1));
+    const int64_t by_threads = pow2_ceil((kColumnThreadsWanted + outer - 1) / outer);
+    const int64_t most = std::min<int64_t>(1024 / column_width_, pow2_floor(std::max<int64_t>(reduced / 4, 1)));
+    launch.block_y = static_cast<unsigned>(std::clamp<int64_t>(std::max(by_rows, by_threads), 1, most));
     launch.grid = static_cast<unsigned>(std::min<int64_t>((outer + column_width_ - 1) / column_width_, kMaxGrid));
     threads = launch.block_x * launch.block_y;
   } else if (reduced <= kWarpRowLimit) {
