@@ -60,6 +60,8 @@ class BackwardBuilder {
   /// Like emit_all for ops with one result.
   ValueId emit(const std::string& op, const std::string& overload, std::vector<Arg> args);
   const graph::TensorMeta& meta(ValueId backward_id) const { return backward_.value(backward_id).meta; }
+  /// The backward graph built so far.
+  const graph::Graph& graph() const { return backward_; }
 
   // ---- helpers shared by many rules -------------------------------------------------------------
   ValueId add(ValueId a, ValueId b);

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "decomp/decompositions.h"
 
 namespace kiln::autodiff {
 
@@ -303,6 +304,18 @@ void rule_log_softmax(RuleCall& c) {
 //   dx = rstd / N * (N * gw - sum(gw) - x_hat * sum(gw * x_hat))
 // (sums over the N normalized elements of a row). Half and bfloat16 keep ATen's kernel, which accumulates them
 // in float.
+// Whether `v` of the backward graph is a tensor before any generated kernel computes with it: an input (the
+// incoming gradient) or an extern call's result, through views.
+bool materialised(const graph::Graph& g, ValueId v) {
+  for (;;) {
+    const graph::NodeIndex p = g.value(v).producer;
+    if (p < 0) return true;
+    const graph::Node& n = g.nodes[p];
+    if (!n.is_view) return decomp::find_decomposition(g, n) == nullptr;
+    v = std::get<graph::TensorArg>(n.args.at(0)).id;
+  }
+}
+
 void layer_norm_back_decomposed(RuleCall& c) {
   const graph::TensorMeta& in = c.input_meta(0);
   const auto rank = static_cast<int64_t>(in.sizes.size());
@@ -318,14 +331,17 @@ void layer_norm_back_decomposed(RuleCall& c) {
   };
   auto sub = [&](ValueId a, ValueId b) { return c.b.emit("aten::sub", "Tensor", {tensor(a), tensor(b), int64_t{1}}); };
   ValueId g = c.grad();
-  // Weight and bias on CUDA: column sums over the leading dims, emitted before the input gradient, with x_hat
+  // Weight and bias on CUDA, where the incoming gradient is a tensor already (a matmul's result: pre-norm
+  // transformers; a gradient summed from several readers, a post-norm residual's, would be computed in the sums'
+  // kernel, and the input gradient's chain with it, stored for the input gradient's kernel): column sums over
+  // the leading dims, emitted before the input gradient, with x_hat
   // written as (x + -1 * mean) * rstd so that common-subexpression elimination keeps it apart from the input
   // gradient's. Fusion then gives the two sums a kernel of their own that recomputes x_hat from x, mean and rstd
   // (the input gradient's kernel reduces rows, and would have to store g * x_hat for them). ViT-base's layer norms
   // spent 28 us each in ATen's kernel on an H200 (6304 x 768 rows).
   std::vector<int64_t> lead;
   for (int64_t d = 0; d < rank - k; ++d) lead.push_back(d);
-  bool column_sums = in.device.type == graph::DeviceType::CUDA && !lead.empty();
+  bool column_sums = in.device.type == graph::DeviceType::CUDA && !lead.empty() && materialised(c.b.graph(), g);
   for (size_t arg : {2, 3})
     column_sums = column_sums && (!c.is_tensor(arg) || c.input_meta(arg).dtype == in.dtype);
   if (column_sums && c.needs(2)) {

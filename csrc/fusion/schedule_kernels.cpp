@@ -363,9 +363,10 @@ class Scheduler {
         if (home_[v].kernel >= 0) candidates.push_back(home_[v].kernel);
       });
     std::sort(candidates.rbegin(), candidates.rend());
+    const size_t operand_kernels = candidates.size();
     if (!schedule_.kernels.empty()) candidates.push_back(static_cast<int32_t>(schedule_.kernels.size()) - 1);
-    for (int32_t k : candidates)
-      if (try_fuse(k, n, *d)) return;
+    for (size_t c = 0; c < candidates.size(); ++c)
+      if (try_fuse(candidates[c], n, *d, /*horizontal=*/c >= operand_kernels)) return;
     // A fresh kernel over the node's own domain.
     Kernel fresh;
     if (d->reduction_dims) {
@@ -485,11 +486,11 @@ class Scheduler {
     return false;
   }
 
-  // Checks that node n fits kernel k; if so, builds it there and returns true. A pointwise node joins a reduction
-  // kernel along its reduced loops only where its own later reductions could join it too (feeds_other_reduction:
-  // a layer norm's input gradient, next to its weight gradient's column sums, could not; its operand, the
-  // incoming gradient, is then stored by that kernel and loaded by the input gradient's).
-  bool try_fuse(int32_t k, NodeIndex n, const decomp::Decomposition& d) {
+  // Checks that node n fits kernel k; if so, builds it there and returns true. `horizontal`: k computes none of
+  // n's operands. A pointwise node then joins a reduction kernel along its reduced loops only where its own later
+  // reductions could join it too (feeds_other_reduction: a layer norm's input gradient, next to its weight
+  // gradient's column sums, could not).
+  bool try_fuse(int32_t k, NodeIndex n, const decomp::Decomposition& d, bool horizontal = false) {
     const Node& node = g_.nodes[n];
     Kernel& kern = kernel(k);
     std::vector<bool> reduced = kern.reduced;
@@ -534,7 +535,7 @@ class Scheduler {
       return false;
     };
     const bool node_is_full = d.reduction_dims || d.window_sizes || runs_along_reduced(node_space, node_shape, 0);
-    if (kern.has_reduction() && !d.reduction_dims && !d.window_sizes && node_is_full &&
+    if (horizontal && kern.has_reduction() && !d.reduction_dims && !d.window_sizes && node_is_full &&
         feeds_other_reduction(node.outputs[0], kern))
       return false;
     // Operands.

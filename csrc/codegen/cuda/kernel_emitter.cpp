@@ -72,11 +72,11 @@ std::string KernelEmitter::emit(CudaKernelLaunch& launch) {
     launch.strategy = "column";
     column_width_ = outer >= 32 * kColumnBlocksWanted ? 32 : outer >= 16 * kColumnBlocksWanted ? 16 : 8;
     launch.block_x = static_cast<unsigned>(column_width_);
-    // Threads along the rows: about 16 rows each where the outputs alone give the GPU enough threads (with 6, a
-    // ViT's 197 rows over 32 threads, the block's shared-memory combine cost a fused producer + sum 86 us where 8
-    // threads per column took 74: H200, 32x197x3072, benchmarks/fused_column_sums_cuda.py); more, down to 4 rows
-    // each, where they do not (bert's layer norm weight gradients: 6144 outputs of 128 rows ran 13 us with 8
-    // threads per column).
+    // Threads along the rows: about 16 rows each (with 6, a ViT's 197 rows over 32 threads, the block's
+    // shared-memory combine cost a fused producer + sum 86 us where 8 threads per column took 74: H200,
+    // 32x197x3072, benchmarks/fused_column_sums_cuda.py; 12 rows over 16 threads made ViT's layer norm weight
+    // gradients 28% slower than 25 over 8), more (down to 4 rows each) where there are too few outputs to give
+    // kColumnThreadsWanted threads.
     const int64_t by_rows = pow2_floor(std::max<int64_t>(reduced / 16, 1));
     const int64_t by_threads = pow2_ceil((kColumnThreadsWanted + outer - 1) / outer);
     const int64_t most = std::min<int64_t>(1024 / column_width_, pow2_floor(std::max<int64_t>(reduced / 4, 1)));

@@ -23,7 +23,7 @@ using graph::ScalarType;
 constexpr unsigned kPointwiseBlock = 256;
 constexpr unsigned kRowsPerBlock = 8;       // warp_per_row: one warp per row, 8 warps per block
 constexpr int64_t kWarpRowLimit = 512;      // rows up to this long reduce within one warp
-constexpr int64_t kColumnThreadsWanted = 132 * 2048;  // column strategy: threads that fill an H100/H200
+constexpr int64_t kColumnThreadsWanted = 65536;  // column strategy: more threads along the rows below this many
 constexpr int64_t kColumnBlocksWanted = 256;  // column strategy: narrower blocks until about this many
 constexpr int64_t kThreadRowLimit = 64;     // pooling windows up to this size are walked by one thread
 constexpr int64_t kMaxGrid = int64_t{1} << 20;  // grid-stride loops cover the rest
