@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 
 #include <Python.h>
 #include <c10/core/GradMode.h>
@@ -342,6 +343,10 @@ void build_plan(KilnGraph& kg, const fusion::Schedule& schedule) {
 // their layout: passes/channels_last.h).
 std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> original, const ConstantsOf& constants_of,
                                            bool training_half) {
+  const auto started = std::chrono::steady_clock::now();
+  auto ms_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+  };
   auto optimised = std::make_shared<graph::Graph>(*original);
   std::string why;
   const graph::Device device = *graph_device(*optimised, why);  // checked by unsupported_reason
@@ -358,6 +363,8 @@ std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> o
   fusion::Schedule schedule = fusion::schedule_kernels(*optimised);
   if (passes::verify_enabled())
     for (const auto& k : schedule.kernels) fusion::verify_kernel(k);
+  const double schedule_ms = ms_since(started);
+  double codegen_ms = 0;
   auto kg = std::make_shared<KilnGraph>();
   kg->graph_ = optimised;
   kg->constants_ = constants_of(*optimised);
@@ -370,6 +377,7 @@ std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> o
     const std::vector<int32_t> group =
         fusion::hoist_input_kernels(schedule, *optimised, kMaxGroupBuffers, /*keep_peak=*/training_half);
     codegen::cuda::CudaSource cuda = codegen::cuda::emit_cuda_source(schedule, *optimised, group);
+    codegen_ms = ms_since(started) - schedule_ms;
     kg->summary.source = cuda.source;
     for (const auto& launch : cuda.kernels) kg->summary.strategies.push_back(launch.strategy);
     KILN_LOG(output_code) << "kiln backend (CUDA): " << schedule.summary() << "\n" << kg->summary.source;
@@ -384,6 +392,7 @@ std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> o
     kg->cuda_group_members_ = std::move(cuda.group_members);
   } else if (has_kernels) {
     codegen::cpp::CppSource cpp = codegen::cpp::emit_cpp_source(schedule, *optimised);
+    codegen_ms = ms_since(started) - schedule_ms;
     kg->summary.source = std::move(cpp.text);
     kg->cpp_functions_ = std::move(cpp.functions);
     KILN_LOG(output_code) << "kiln backend: " << schedule.summary() << "\n" << kg->summary.source;
@@ -393,6 +402,12 @@ std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> o
     kg->library_ = codegen::cpp::compile_cpp_library(kg->summary.source, "torch " + built_torch_version());
   }
   build_plan(*kg, schedule);
+  size_t kernel_steps = 0;
+  for (const auto& step : schedule.steps) kernel_steps += step.kind == fusion::Step::Kind::Kernel;
+  KILN_LOG(perf) << "kiln backend: " << kernel_steps << " kernels, " << schedule.steps.size() - kernel_steps
+                 << " extern calls; passes and fusion "
+                 << static_cast<int64_t>(schedule_ms + 0.5) << " ms, code generation " << static_cast<int64_t>(codegen_ms + 0.5)
+                 << " ms, compiler or cache " << static_cast<int64_t>(ms_since(started) - schedule_ms - codegen_ms + 0.5) << " ms";
   return kg;
 }
 

@@ -379,6 +379,10 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
     if (tree) return tree;
     return tracer ? std::shared_ptr<guards::GuardTree>(tracer->take_guards()) : nullptr;
   };
+  const auto started = std::chrono::steady_clock::now();
+  auto ms_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+  };
   try {
     tracer = std::make_unique<Tracer>(input);
     std::optional<BreakPlan> plan;
@@ -412,8 +416,11 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
     spec.globals = frame.globals;
     spec.builtins = frame.builtins;
     spec.name = PyUnicode_AsUTF8(frame.code->co_qualname);
+    const double trace_ms = ms_since(started);
+    const auto backend_started = std::chrono::steady_clock::now();
     auto compiled = runtime::compile_graph_object(traced.graph, options_.backend, traced.example_inputs,
                                                   options_.user_backend);
+    const double backend_ms = ms_since(backend_started);
     // The program is created before the code that calls it; the code passes arguments then free vars.
     PyObject* program = nullptr;
     {
@@ -446,6 +453,9 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
     entry->label = where(frame.code) + " #" + std::to_string(own.size());
 
     stats().frames_compiled++;
+    KILN_LOG(perf) << "compiled " << entry->label << " in " << static_cast<int64_t>(ms_since(started) + 0.5) << " ms: trace "
+                   << static_cast<int64_t>(trace_ms + 0.5) << " ms (" << traced.num_ops << " ops), backend '"
+                   << options_.backend << "' " << static_cast<int64_t>(backend_ms + 0.5) << " ms";
     if (log::enabled(log::Category::graph)) {
       PyObject* text = PyObject_Str(traced.graph);
       KILN_LOG(graph) << "graph for " << entry->label << " (" << traced.num_ops << " ops)\n"

@@ -336,6 +336,17 @@ def test_kiln_logs_print_graph_guards_recompiles():
     assert "[kiln:" not in run_with_logs(None)
 
 
+def test_kiln_logs_perf_times_each_compile():
+    # one line per compiled frame (trace and backend times) and one per kiln-backend graph (its phases)
+    stderr = run_with_logs("perf")
+    compiled = [line for line in stderr.splitlines() if line.startswith("[kiln:perf] compiled ")]
+    assert len(compiled) == 2, stderr  # the float32 entry, then the float64 recompile
+    assert all(" ms: trace " in line and "(2 ops)" in line and "backend 'kiln'" in line for line in compiled), stderr
+    assert "<string>:3" in compiled[0], compiled[0]  # f's file:line
+    phases = [line for line in stderr.splitlines() if line.startswith("[kiln:perf] kiln backend: 1 kernels, 0 extern")]
+    assert len(phases) == 2 and all("code generation" in line and "compiler or cache" in line for line in phases), stderr
+
+
 # --- backends -----------------------------------------------------------------------------------
 
 def test_eager_backend(fresh_kiln):
