@@ -322,6 +322,28 @@ def test_odd_sizes_parallel_path():
     check(lambda x: (torch.relu((x + 1) * 2), torch.softmax(x, -1), x.sum(0)), rand(257, 263))
 
 
+def test_views_returned_by_a_compiled_graph_alias_like_eager():
+    # Views a compiled graph returns (extern calls on inputs and on a kernel's result) share their base's storage,
+    # with eager's sizes, strides and offsets, and see later writes to it.
+    def f(x, w):
+        return w.t(), x[1:, ::2], (x * 2).view(-1), w.unsqueeze(0).expand(3, *w.shape), x.transpose(0, 1)[2:]
+
+    x, w = rand(6, 8), rand(4, 5)
+    with torch.no_grad():
+        expected = f(x, w)
+        actual = kiln.compile(f)(x, w)
+        for a, e in zip(actual, expected):
+            assert a.shape == e.shape and a.stride() == e.stride() and a.storage_offset() == e.storage_offset()
+            assert a._is_view() == e._is_view()
+            torch.testing.assert_close(a, e)
+        assert actual[0].untyped_storage().data_ptr() == w.untyped_storage().data_ptr()
+        assert actual[1].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+        x.add_(1)
+        torch.testing.assert_close(actual[1], x[1:, ::2])
+        torch.testing.assert_close(actual[4], x.transpose(0, 1)[2:])
+    kiln.reset()
+
+
 def test_views_of_intermediates_are_materialised():
     check(lambda x: ((x + 1).t() * 2, (x * 3).reshape(-1).sum()), rand(5, 7))
 
