@@ -192,11 +192,12 @@ def test_long_column_reductions_match_eager(rows, columns):
         torch.testing.assert_close(a, e, equal_nan=True, rtol=1e-4, atol=1e-4 * rows ** 0.5)
 
 
-@pytest.mark.parametrize("shape", [(32, 197, 768), (3, 37, 100), (2, 1000, 8)])
+@pytest.mark.parametrize("shape", [(32, 197, 768), (64, 40, 1024), (3, 37, 100), (2, 1000, 8)])
 def test_bias_gradient_is_summed_by_the_kernel_that_computes_it(shape):
     """A Linear's bias gradient on a 3-d input, g.view(-1, C).sum(0): the kernel computing g stores it and sums
-    each of its shape[0] blocks of rows in the same walk (the column strategy with stores); a second kernel sums
-    the partial rows. Integer-valued floats, so every summation order gives eager's result exactly."""
+    each of its shape[0] blocks of rows in the same walk (the column strategy with stores; 64x40x1024 has enough
+    outputs for four columns per thread, float4 accesses); a second kernel sums the partial rows. Integer-valued
+    floats, so every summation order gives eager's result exactly."""
     fn = lambda x, y: (lambda g: (g, g.view(-1, g.shape[-1]).sum(0, keepdim=True)))(x * y + x)  # noqa: E731
     summary = check(fn, integral(*shape), integral(*shape), fresh=integral)
     assert summary["strategies"] == ["column", "column"], summary

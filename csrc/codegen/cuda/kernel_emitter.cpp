@@ -70,7 +70,9 @@ std::string KernelEmitter::emit(CudaKernelLaunch& launch) {
     // an H200's 132 multiprocessors (14 us for 4096 rows, where the copy bound is 3 us). Narrower blocks (8
     // floats still fill a 32-byte sector) with more threads per column keep more of the GPU busy.
     launch.strategy = "column";
-    column_width_ = outer >= 32 * kColumnBlocksWanted ? 32 : outer >= 16 * kColumnBlocksWanted ? 16 : 8;
+    column_vec_ = column_vector_width();
+    const int64_t groups = outer / column_vec_;  // each thread's outputs: column_vec_ neighbouring columns
+    column_width_ = groups >= 32 * kColumnBlocksWanted ? 32 : groups >= 16 * kColumnBlocksWanted ? 16 : 8;
     launch.block_x = static_cast<unsigned>(column_width_);
     // Threads along the rows: about 16 rows each (with 6, a ViT's 197 rows over 32 threads, the block's
     // shared-memory combine cost a fused producer + sum 86 us where 8 threads per column took 74: H200,
@@ -78,10 +80,10 @@ std::string KernelEmitter::emit(CudaKernelLaunch& launch) {
     // gradients 28% slower than 25 over 8), more (down to 4 rows each) where there are too few outputs to give
     // kColumnThreadsWanted threads.
     const int64_t by_rows = pow2_floor(std::max<int64_t>(reduced / 16, 1));
-    const int64_t by_threads = pow2_ceil((kColumnThreadsWanted + outer - 1) / outer);
+    const int64_t by_threads = pow2_ceil((kColumnThreadsWanted + groups - 1) / groups);
     const int64_t most = std::min<int64_t>(1024 / column_width_, pow2_floor(std::max<int64_t>(reduced / 4, 1)));
     launch.block_y = static_cast<unsigned>(std::clamp<int64_t>(std::max(by_rows, by_threads), 1, most));
-    launch.grid = static_cast<unsigned>(std::min<int64_t>((outer + column_width_ - 1) / column_width_, kMaxGrid));
+    launch.grid = static_cast<unsigned>(std::min<int64_t>((groups + column_width_ - 1) / column_width_, kMaxGrid));
     threads = launch.block_x * launch.block_y;
   } else if (reduced <= kWarpRowLimit) {
     launch.strategy = "warp_per_row";
@@ -195,7 +197,9 @@ std::string KernelEmitter::expression(int32_t e) const {
   switch (x.kind) {
     case ExprKind::Load: {
       const std::string buffer = "buf" + std::to_string(x.buffer);
-      if (lane_ >= 0 && nest_.load_strides[e].back() == 1) return "kiln::load(lv" + std::to_string(e) + ".v[" + std::to_string(lane_) + "])";
+      const size_t lane_axis = column_lanes_ ? static_cast<size_t>(nest_.outer_count - 1) : nest_.load_strides[e].size() - 1;
+      if (lane_ >= 0 && nest_.load_strides[e][lane_axis] == 1)
+        return "kiln::load(lv" + std::to_string(e) + ".v[" + std::to_string(lane_) + "])";
       const std::string load = "kiln::load(" + buffer + "[" + index(nest_.load_strides[e], x.index.offset) + "])";
       return x.operands[0] < 0 ? load : guarded_load_text(name(0), load, x.constant, x.dtype);
     }

@@ -23,6 +23,7 @@ using graph::ScalarType;
 constexpr unsigned kPointwiseBlock = 256;
 constexpr unsigned kRowsPerBlock = 8;       // warp_per_row: one warp per row, 8 warps per block
 constexpr int64_t kWarpRowLimit = 512;      // rows up to this long reduce within one warp
+constexpr int64_t kColumnVectorOutputsWanted = 65536;  // column strategy: 4 columns per thread from this many outputs
 constexpr int64_t kColumnThreadsWanted = 65536;  // column strategy: more threads along the rows below this many
 constexpr int64_t kColumnBlocksWanted = 256;  // column strategy: narrower blocks until about this many
 constexpr int64_t kThreadRowLimit = 64;     // pooling windows up to this size are walked by one thread
@@ -91,6 +92,12 @@ class KernelEmitter {
   void reduced_pass(const std::string& indent, Body body, const std::vector<size_t>& vector_stores = {});
   void emit_rows(int64_t rows);
   void emit_row_loop(int64_t rows, const std::string& base_indent);
+  // Outputs per thread of the column strategy: 4 (2 for 8-byte types) neighbouring columns with vector accesses
+  // where every access that walks the columns does so contiguously and along the rows too, every reduction reads
+  // only loads, and every per-column store is a reduction's result; else 1.
+  int column_vector_width() const;
+  // The column strategy's loop with column_vec_ outputs per thread (after emit_rows' alignment test).
+  void emit_column_vector_loop(int64_t rows, const std::string& base_indent);
   const Kernel& k_;
   const graph::Graph& g_;
   fusion::LoopNest nest_;
@@ -104,7 +111,9 @@ class KernelEmitter {
   bool rows_ = false;
   bool block_reduce_ = false;
   bool column_ = false;  // the column strategy (column_shaped)
-  int column_width_ = 32;  // outputs per block of the column strategy
+  int column_width_ = 32;  // threads along the columns per block of the column strategy
+  int column_vec_ = 1;     // columns per thread of the column strategy (column_vector_width)
+  bool column_lanes_ = false;  // emitting lanes along the columns (vector loads are along the innermost outer loop)
   bool thread_row_ = false;  // the thread_per_row strategy (small pooling windows)
   int vector_width_ = 1;
   int lane_ = -1;  // the vector lane being emitted, or -1 for scalar code
