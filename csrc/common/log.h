@@ -1,6 +1,8 @@
 #pragma once
 // Logging by category, switched on by KILN_LOGS=graph,guards,recompiles,... (see options.h).
 // `KILN_LOG(graph) << text;` costs one branch on a cached bit when the category is off.
+#include <chrono>
+#include <cstdint>
 #include <sstream>
 #include <string>
 
@@ -33,6 +35,18 @@ void configure(const std::string& spec);
 const char* name(Category c);
 /// Writes one record to stderr, prefixed with "[kiln:<category>] ".
 void emit(Category c, const std::string& text);
+
+/// Milliseconds since construction, for `perf` records.
+class Stopwatch {
+ public:
+  double ms() const { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count(); }
+
+ private:
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+/// `ms` rounded to whole milliseconds, as `perf` records print them.
+inline int64_t whole_ms(double ms) { return static_cast<int64_t>(ms + 0.5); }
 
 class Line {
  public:

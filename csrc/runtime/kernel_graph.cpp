@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 
 #include <Python.h>
 #include <c10/core/GradMode.h>
@@ -343,10 +342,7 @@ void build_plan(KilnGraph& kg, const fusion::Schedule& schedule) {
 // their layout: passes/channels_last.h).
 std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> original, const ConstantsOf& constants_of,
                                            bool training_half) {
-  const auto started = std::chrono::steady_clock::now();
-  auto ms_since = [](std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
-  };
+  const log::Stopwatch started;
   auto optimised = std::make_shared<graph::Graph>(*original);
   std::string why;
   const graph::Device device = *graph_device(*optimised, why);  // checked by unsupported_reason
@@ -363,7 +359,7 @@ std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> o
   fusion::Schedule schedule = fusion::schedule_kernels(*optimised);
   if (passes::verify_enabled())
     for (const auto& k : schedule.kernels) fusion::verify_kernel(k);
-  const double schedule_ms = ms_since(started);
+  const double schedule_ms = started.ms();
   double codegen_ms = 0;
   auto kg = std::make_shared<KilnGraph>();
   kg->graph_ = optimised;
@@ -377,7 +373,7 @@ std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> o
     const std::vector<int32_t> group =
         fusion::hoist_input_kernels(schedule, *optimised, kMaxGroupBuffers, /*keep_peak=*/training_half);
     codegen::cuda::CudaSource cuda = codegen::cuda::emit_cuda_source(schedule, *optimised, group);
-    codegen_ms = ms_since(started) - schedule_ms;
+    codegen_ms = started.ms() - schedule_ms;
     kg->summary.source = cuda.source;
     for (const auto& launch : cuda.kernels) kg->summary.strategies.push_back(launch.strategy);
     KILN_LOG(output_code) << "kiln backend (CUDA): " << schedule.summary() << "\n" << kg->summary.source;
@@ -392,7 +388,7 @@ std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> o
     kg->cuda_group_members_ = std::move(cuda.group_members);
   } else if (has_kernels) {
     codegen::cpp::CppSource cpp = codegen::cpp::emit_cpp_source(schedule, *optimised);
-    codegen_ms = ms_since(started) - schedule_ms;
+    codegen_ms = started.ms() - schedule_ms;
     kg->summary.source = std::move(cpp.text);
     kg->cpp_functions_ = std::move(cpp.functions);
     KILN_LOG(output_code) << "kiln backend: " << schedule.summary() << "\n" << kg->summary.source;
@@ -406,8 +402,8 @@ std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> o
   for (const auto& step : schedule.steps) kernel_steps += step.kind == fusion::Step::Kind::Kernel;
   KILN_LOG(perf) << "kiln backend: " << kernel_steps << " kernels, " << schedule.steps.size() - kernel_steps
                  << " extern calls; passes and fusion "
-                 << static_cast<int64_t>(schedule_ms + 0.5) << " ms, code generation " << static_cast<int64_t>(codegen_ms + 0.5)
-                 << " ms, compiler or cache " << static_cast<int64_t>(ms_since(started) - schedule_ms - codegen_ms + 0.5) << " ms";
+                 << log::whole_ms(schedule_ms) << " ms, code generation " << log::whole_ms(codegen_ms)
+                 << " ms, compiler or cache " << log::whole_ms(started.ms() - schedule_ms - codegen_ms) << " ms";
   return kg;
 }
 

@@ -379,10 +379,7 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
     if (tree) return tree;
     return tracer ? std::shared_ptr<guards::GuardTree>(tracer->take_guards()) : nullptr;
   };
-  const auto started = std::chrono::steady_clock::now();
-  auto ms_since = [](std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
-  };
+  const log::Stopwatch started;
   try {
     tracer = std::make_unique<Tracer>(input);
     std::optional<BreakPlan> plan;
@@ -416,11 +413,11 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
     spec.globals = frame.globals;
     spec.builtins = frame.builtins;
     spec.name = PyUnicode_AsUTF8(frame.code->co_qualname);
-    const double trace_ms = ms_since(started);
-    const auto backend_started = std::chrono::steady_clock::now();
+    const double trace_ms = started.ms();
+    const log::Stopwatch backend_started;
     auto compiled = runtime::compile_graph_object(traced.graph, options_.backend, traced.example_inputs,
                                                   options_.user_backend);
-    const double backend_ms = ms_since(backend_started);
+    const double backend_ms = backend_started.ms();
     // The program is created before the code that calls it; the code passes arguments then free vars.
     PyObject* program = nullptr;
     {
@@ -453,9 +450,9 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
     entry->label = where(frame.code) + " #" + std::to_string(own.size());
 
     stats().frames_compiled++;
-    KILN_LOG(perf) << "compiled " << entry->label << " in " << static_cast<int64_t>(ms_since(started) + 0.5) << " ms: trace "
-                   << static_cast<int64_t>(trace_ms + 0.5) << " ms (" << traced.num_ops << " ops), backend '"
-                   << options_.backend << "' " << static_cast<int64_t>(backend_ms + 0.5) << " ms";
+    KILN_LOG(perf) << "compiled " << entry->label << " in " << log::whole_ms(started.ms()) << " ms: trace "
+                   << log::whole_ms(trace_ms) << " ms (" << traced.num_ops << " ops), backend '" << options_.backend
+                   << "' " << log::whole_ms(backend_ms) << " ms";
     if (log::enabled(log::Category::graph)) {
       PyObject* text = PyObject_Str(traced.graph);
       KILN_LOG(graph) << "graph for " << entry->label << " (" << traced.num_ops << " ops)\n"

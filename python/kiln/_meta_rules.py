@@ -253,24 +253,12 @@ _RULES.update({aten.addmm.default: _matmul, aten.mm.default: _matmul, aten.bmm.d
                aten.native_layer_norm.default: _layer_norm})
 
 
-_wrappers_patched = False
-
-
 def infer(func, args, kwargs):
     """func's result on meta tensors `args` / `kwargs` as ATen would produce it, or None where kiln has no
     rule for this op or these arguments (torch's meta kernel then runs)."""
     rule = _RULES.get(func)
     if rule is None:
         return None
-    global _wrappers_patched
-    if not _wrappers_patched and torch.is_grad_enabled() and \
-            any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-        # A graph that needs grad gets its backward's metas from torch's meta kernels (MetaOracle in
-        # runtime/autograd_graph.cpp), not from these rules: patch torch's dynamo-disable wrappers first, as
-        # _fake does before the first op it leaves to them (else threshold_backward's imports torch._dynamo).
-        from kiln import _fake
-        _fake._avoid_dynamo_import()
-        _wrappers_patched = True
     try:
         return rule(func, args, kwargs)
     except (TypeError, ValueError, IndexError, AttributeError):

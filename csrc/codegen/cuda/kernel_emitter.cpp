@@ -322,21 +322,22 @@ std::string KernelEmitter::vec_type(int buffer, int width) const {
   return "kiln::vec<" + std::string(storage_type(k_.buffers[buffer].dtype)) + ", " + std::to_string(width) + ">";
 }
 
-std::string KernelEmitter::alignment_test(int width) const {
+std::string KernelEmitter::alignment_test(int width, int axis) const {
+  const size_t along = axis < 0 ? nest_.loops.size() - 1 : static_cast<size_t>(axis);
   std::vector<std::string> checks;
   auto check = [&](int buffer, int64_t offset) {
     checks.push_back("kiln::aligned_to(buf" + std::to_string(buffer) + " + " + std::to_string(offset) + ", sizeof(" +
                      vec_type(buffer, width) + "))");
   };
   for (size_t i = 0; i < k_.exprs.size(); ++i)
-    if (k_.exprs[i].kind == ExprKind::Load && nest_.load_strides[i].back() == 1) check(k_.exprs[i].buffer, k_.exprs[i].index.offset);
+    if (k_.exprs[i].kind == ExprKind::Load && nest_.load_strides[i][along] == 1) check(k_.exprs[i].buffer, k_.exprs[i].index.offset);
   for (size_t s = 0; s < k_.stores.size(); ++s)
-    if (nest_.store_strides[s].back() == 1) check(k_.stores[s].buffer, k_.stores[s].index.offset);
+    if (nest_.store_strides[s][along] == 1) check(k_.stores[s].buffer, k_.stores[s].index.offset);
   std::sort(checks.begin(), checks.end());
   checks.erase(std::unique(checks.begin(), checks.end()), checks.end());
   std::string test;
   for (const std::string& c : checks) test += (test.empty() ? "" : " && ") + c;
-  return test;
+  return test.empty() ? "true" : test;
 }
 
 }  // namespace kiln::codegen::cuda

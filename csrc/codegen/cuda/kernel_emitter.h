@@ -81,10 +81,14 @@ class KernelEmitter {
   int row_vector_width() const;
   bool contiguous_along_reduced(const std::vector<int64_t>& strides) const { return strides.back() == 1 && nest_.runs_reduced(strides); }
   std::string vec_type(int buffer, int width) const;
-  // The run-time test that every access walking the innermost loop contiguously starts on a `width`-element
-  // vector boundary (`a && b && ...`). Outer strides are multiples of the width already (vector_width,
-  // row_vector_width), so the first element's address decides for all.
-  std::string alignment_test(int width) const;
+  // The run-time test that every access walking loop `axis` (default: the innermost) contiguously starts on a
+  // `width`-element vector boundary (`a && b && ...`). The other strides are multiples of the width already
+  // (vector_width, row_vector_width, column_vector_width), so the first element's address decides for all.
+  std::string alignment_test(int width, int axis = -1) const;
+  // Store s writes along the reduced loops (a value per element, not one per output).
+  bool store_along_reduced(size_t s) const {
+    return depends_[k_.stores[s].expr] || nest_.runs_reduced(nest_.store_strides[s]);
+  }
   // Opens a pass over the reduced loops, lanes striding (by row_width_ elements at a time); calls
   // `body(indent)` once per element of the step (lane_ set when vectorised) and stores the vectors of
   // `vector_stores` after it; closes the pass.

@@ -24,8 +24,7 @@ bool KernelEmitter::column_shaped() const {
     contiguous = contiguous || (strides[inner] == 1 && nest_.runs_reduced(strides));
   }
   for (size_t s = 0; s < k_.stores.size(); ++s) {
-    const bool along = nest_.runs_reduced(nest_.store_strides[s]) || depends_[k_.stores[s].expr];
-    if ((along && uses_reductions_[k_.stores[s].expr]) || nest_.store_strides[s][inner] != 1) return false;
+    if ((store_along_reduced(s) && uses_reductions_[k_.stores[s].expr]) || nest_.store_strides[s][inner] != 1) return false;
   }
   return contiguous;
 }
@@ -53,8 +52,7 @@ int KernelEmitter::column_vector_width() const {
   }
   for (size_t s = 0; s < k_.stores.size(); ++s) {
     const fusion::Store& st = k_.stores[s];
-    const bool along = depends_[st.expr] || nest_.runs_reduced(nest_.store_strides[s]);
-    if (along) {
+    if (store_along_reduced(s)) {
       width = std::min(width, 16 / type_info(k_.buffers[st.buffer].dtype).bytes);
       contiguous.push_back({&nest_.store_strides[s], st.index.offset});
       continue;
@@ -91,7 +89,7 @@ void KernelEmitter::emit_column_vector_loop(int64_t rows, const std::string& bas
   for (size_t r = 0; r < k_.exprs.size(); ++r)
     if (k_.exprs[r].kind == ExprKind::Reduce) reductions.push_back(r);
   for (size_t s = 0; s < k_.stores.size(); ++s)
-    (depends_[k_.stores[s].expr] || nest_.runs_reduced(nest_.store_strides[s]) ? early : per_column).push_back(s);
+    (store_along_reduced(s) ? early : per_column).push_back(s);
   auto acc = [](size_t r, int l) { return "acc" + std::to_string(r) + "_" + std::to_string(l); };
   for (size_t r : reductions)
     for (int l = 0; l < v; ++l)
@@ -230,22 +228,8 @@ void KernelEmitter::emit_rows(int64_t rows) {
     out << "  const index_t group = blockDim." << (column_ ? "y" : "x") << ";\n";
   }
   if (column_ && column_vec_ > 1) {
-    // Vector accesses need every contiguous access aligned; otherwise the scalar columns.
-    std::vector<std::string> checks;
-    const int inner = nest_.outer_count - 1;
-    auto check = [&](int buffer, int64_t offset) {
-      checks.push_back("kiln::aligned_to(buf" + std::to_string(buffer) + " + " + std::to_string(offset) + ", sizeof(" +
-                       vec_type(buffer, column_vec_) + "))");
-    };
-    for (size_t i = 0; i < k_.exprs.size(); ++i)
-      if (k_.exprs[i].kind == ExprKind::Load && nest_.load_strides[i][inner] == 1) check(k_.exprs[i].buffer, k_.exprs[i].index.offset);
-    for (size_t s = 0; s < k_.stores.size(); ++s)
-      if (depends_[k_.stores[s].expr] || nest_.runs_reduced(nest_.store_strides[s])) check(k_.stores[s].buffer, k_.stores[s].index.offset);
-    std::sort(checks.begin(), checks.end());
-    checks.erase(std::unique(checks.begin(), checks.end()), checks.end());
-    std::string test = checks.empty() ? "true" : "";
-    for (const std::string& c : checks) test += (test.empty() ? "" : " && ") + c;
-    out << "  if (" << test << ") {\n";
+    // Vector accesses need every access along the columns aligned; otherwise the scalar columns.
+    out << "  if (" << alignment_test(column_vec_, nest_.outer_count - 1) << ") {\n";
     emit_column_vector_loop(rows, "    ");
     for (auto& name : names_) name.clear();
     out << "  } else {\n";
@@ -288,13 +272,12 @@ void KernelEmitter::emit_row_loop(int64_t rows, const std::string& base_indent) 
         << " + threadIdx.y; row < " << rows << "; row += static_cast<index_t>(gridDim.x) * " << rows_per_block << ") {\n";
   }
   decompose("row", 0, nest_.outer_count, indent);
-  auto along_reduced = [&](size_t s) { return depends_[k_.stores[s].expr] || nest_.runs_reduced(nest_.store_strides[s]); };
   // The column strategy's stores along the reduced loops (a fused producer's result, which the reduction sums
   // too) are made in the first reduction's walk: its loads are not repeated in a second one.
   std::vector<size_t> early;
   if (column_)
     for (size_t s = 0; s < k_.stores.size(); ++s)
-      if (along_reduced(s) && !uses_reductions_[k_.stores[s].expr]) early.push_back(s);
+      if (store_along_reduced(s) && !uses_reductions_[k_.stores[s].expr]) early.push_back(s);
   // Walks over the reduced loops: the first computes every reduction whose operand uses no other reduction (a
   // layer norm gradient's two row sums, a weight and a bias gradient's column sums: each element loaded once),
   // each later one a reduction that needs an earlier one's result (softmax's sum after its max).
@@ -342,7 +325,7 @@ void KernelEmitter::emit_row_loop(int64_t rows, const std::string& base_indent) 
   std::vector<size_t> along;  // stores that run along the reduced loops
   for (size_t s = 0; s < k_.stores.size(); ++s) {
     const auto& st = k_.stores[s];
-    if (along_reduced(s)) {
+    if (store_along_reduced(s)) {
       if (std::find(early.begin(), early.end(), s) == early.end()) along.push_back(s);
       continue;
     }
