@@ -27,6 +27,7 @@ void register_compiler(py::module_& m) {
         d["memory_hits"] = c.memory_hits;
         d["corrupt_entries"] = c.corrupt_entries;
         d["compile_failures"] = c.compile_failures;
+        d["graph_cache_hits"] = c.graph_hits;
         d["graphs_compiled"] = b.graphs_compiled;
         d["graphs_fallback"] = b.graphs_fallback;
         d["graphs_autograd"] = b.graphs_autograd;
@@ -36,7 +37,8 @@ void register_compiler(py::module_& m) {
         return d;
       },
       "counters of the kiln backend: kernels_compiled (C++ compiler runs), cache_hits (libraries loaded from "
-      "KILN_CACHE_DIR), memory_hits, corrupt_entries, compile_failures, graphs_compiled, graphs_fallback, "
+      "KILN_CACHE_DIR), memory_hits, corrupt_entries, compile_failures, graph_cache_hits (whole compiled graphs read from KILN_CACHE_DIR: "
+      "no passes, code generation or compiler), graphs_compiled, graphs_fallback, "
       "last_fallback_reason, autograd_saved_bytes (saved forward intermediates of compiled autograd graphs, graph "
       "inputs excluded), autograd_recomputed_nodes (forward nodes their backward graphs recompute)");
   m.def(

@@ -80,7 +80,7 @@ CacheStats& stats() {
   return s;
 }
 
-std::optional<std::string> lookup(const std::string& kind, const std::string& key, const std::string& suffix) {
+std::optional<std::string> read_entry(const std::string& kind, const std::string& key, const std::string& suffix) {
   const std::string path = entry_dir(kind) + "/" + key + suffix;
   std::string content, recorded;
   if (!read_file(path, content)) return std::nullopt;
@@ -88,7 +88,12 @@ std::optional<std::string> lookup(const std::string& kind, const std::string& ke
     stats().corrupt_entries++;
     return std::nullopt;
   }
-  return path;
+  return content;
+}
+
+std::optional<std::string> lookup(const std::string& kind, const std::string& key, const std::string& suffix) {
+  if (!read_entry(kind, key, suffix)) return std::nullopt;
+  return entry_dir(kind) + "/" + key + suffix;
 }
 
 std::string temporary_path(const std::string& kind, const std::string& key, const std::string& suffix) {
@@ -109,6 +114,15 @@ void write_file_atomically(const std::string& path, const std::string& text) {
   }
   KILN_CHECK(std::rename(temp.c_str(), path.c_str()) == 0)
       << "cannot move " << temp << " to " << path << ": " << std::strerror(errno);
+}
+
+std::string publish_content(const std::string& kind, const std::string& key, const std::string& suffix,
+                            const std::string& content) {
+  make_dirs(entry_dir(kind));
+  const std::string path = entry_dir(kind) + "/" + key + suffix;
+  write_file_atomically(path, content);
+  write_file_atomically(path + ".sum", checksum(content));
+  return path;
 }
 
 std::string publish(const std::string& kind, const std::string& key, const std::string& suffix, const std::string& built) {

@@ -30,11 +30,19 @@ struct CacheStats {
   int64_t memory_hits = 0;       // libraries already loaded in this process
   int64_t corrupt_entries = 0;   // entries whose checksum failed (then rebuilt)
   int64_t compile_failures = 0;  // compiler runs that failed (the graph then runs on the eager interpreter)
+  int64_t graph_hits = 0;        // compiled graphs read back whole (graph_cache.h): no passes, codegen or compiler
 };
 CacheStats& stats();
 
 /// The path of a valid entry, or nullopt (missing, or corrupt: then it is counted and ignored).
 std::optional<std::string> lookup(const std::string& kind, const std::string& key, const std::string& suffix);
+
+/// The content of a valid entry, or nullopt (missing, or corrupt: then it is counted and ignored).
+std::optional<std::string> read_entry(const std::string& kind, const std::string& key, const std::string& suffix);
+
+/// Writes `content` as the entry for `key` (atomically, then its checksum); returns the entry's path.
+std::string publish_content(const std::string& kind, const std::string& key, const std::string& suffix,
+                            const std::string& content);
 
 /// A fresh path in the entry's directory for building the artefact (unique per process and call).
 std::string temporary_path(const std::string& kind, const std::string& key, const std::string& suffix);

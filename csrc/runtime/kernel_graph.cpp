@@ -18,9 +18,11 @@
 #include <cstdlib>
 #include <fstream>
 #include <optional>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "autodiff/functionalize_buffer_updates.h"
+#include "cache/graph_cache.h"
 #include "cache/kernel_cache.h"
 #include "codegen/cpp/compile_cpp.h"
 #include "codegen/cpp/emit_cpp.h"
@@ -249,17 +251,17 @@ void check_cuda_ptx(const fusion::Schedule& schedule, const graph::Graph& g) {
   }
 }
 
-void build_plan(KilnGraph& kg, const fusion::Schedule& schedule) {
+void build_plan(KilnGraph& kg, const cache::GraphRecord& record) {
   const graph::Graph& g = *kg.graph_;
   std::vector<int32_t> last_use(g.values.size(), -1);
-  for (const fusion::Step& step : schedule.steps) {
+  for (const fusion::Step& step : record.steps) {
     PlanStep plan_step;
     const auto position = static_cast<int32_t>(kg.plan_.size());
     if (step.kind == fusion::Step::Kind::Kernel) {
       const bool grouped = std::find(kg.cuda_group_members_.begin(), kg.cuda_group_members_.end(), step.index) !=
                            kg.cuda_group_members_.end();
       if (grouped && step.index != kg.cuda_group_members_.front()) continue;  // launched with the first member
-      const fusion::Kernel& k = schedule.kernels[step.index];
+      const cache::PlannedKernel& k = record.kernels[step.index];
       KernelCall call;
       call.name = grouped ? kg.cuda_group_.name : k.name;
       if (kg.cuda_device_ >= 0) {
@@ -277,7 +279,7 @@ void build_plan(KilnGraph& kg, const fusion::Schedule& schedule) {
       // a launch group passes its members' buffers one after the other (emit_cuda_source)
       const std::vector<int32_t> members = grouped ? kg.cuda_group_members_ : std::vector<int32_t>{step.index};
       for (int32_t member : members) {
-        for (const auto& buf : schedule.kernels[member].buffers) {
+        for (const auto& buf : record.kernels[member].buffers) {
           call.buffers.push_back(buf.value);
           call.is_output.push_back(buf.is_output);
           if (buf.is_output) {
@@ -286,9 +288,9 @@ void build_plan(KilnGraph& kg, const fusion::Schedule& schedule) {
             last_use[buf.value] = position;
           }
         }
-        kg.summary.kernels.push_back(schedule.kernels[member].name);
+        kg.summary.kernels.push_back(record.kernels[member].name);
       }
-      if (!grouped) call.in_place_from = fusion::in_place_sources(k);  // a group's members may run at once
+      if (!grouped) call.in_place_from = k.in_place_from;  // a group's members may run at once
       plan_step.kernel = static_cast<int32_t>(kg.kernels_.size());
       kg.kernels_.push_back(std::move(call));
     } else {
@@ -338,72 +340,145 @@ void build_plan(KilnGraph& kg, const fusion::Schedule& schedule) {
     }
 }
 
+// What compile_kernels makes of a graph before loading anything: graph passes, the schedule and its source.
 // `training_half`: the graph is the forward or backward of a compiled training step (its CPU convolutions keep
 // their layout: passes/channels_last.h).
-std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> original, const ConstantsOf& constants_of,
-                                           bool training_half) {
-  const log::Stopwatch started;
-  auto optimised = std::make_shared<graph::Graph>(*original);
-  std::string why;
-  const graph::Device device = *graph_device(*optimised, why);  // checked by unsupported_reason
-  passes::lower_inference_batch_norm(*optimised);
+cache::GraphRecord build_record(const graph::Graph& original, const graph::Device& device, bool training_half,
+                                const log::Stopwatch& started, double& schedule_ms, double& codegen_ms) {
+  cache::GraphRecord record;
+  record.optimised = original;
+  graph::Graph& optimised = record.optimised;
+  passes::lower_inference_batch_norm(optimised);
   if (device.type == graph::DeviceType::CUDA &&
-      passes::split_addmm_bias(*optimised, cuda::multiprocessor_count(std::max<int>(device.index, 0))))
+      passes::split_addmm_bias(optimised, cuda::multiprocessor_count(std::max<int>(device.index, 0))))
     KILN_LOG(perf) << "kiln backend: addmm bias adds fused after plain matmuls";
-  if (passes::stage_row_sums(*optimised)) KILN_LOG(perf) << "kiln backend: row sums of flattened views staged";
-  if (passes::relayout_convolutions_channels_last(*optimised, /*cpu=*/!training_half)) {
+  if (passes::stage_row_sums(optimised)) KILN_LOG(perf) << "kiln backend: row sums of flattened views staged";
+  if (passes::relayout_convolutions_channels_last(optimised, /*cpu=*/!training_half)) {
     KILN_LOG(perf) << "kiln backend: convolutions run channels-last";
-    if (passes::verify_enabled()) optimised->verify();
+    if (passes::verify_enabled()) optimised.verify();
   }
-  passes::run_graph_passes(*optimised);
-  fusion::Schedule schedule = fusion::schedule_kernels(*optimised);
+  passes::run_graph_passes(optimised);
+  fusion::Schedule schedule = fusion::schedule_kernels(optimised);
   if (passes::verify_enabled())
     for (const auto& k : schedule.kernels) fusion::verify_kernel(k);
-  const double schedule_ms = started.ms();
-  double codegen_ms = 0;
+  schedule_ms = started.ms();
+  bool has_kernels = false;
+  for (const auto& step : schedule.steps) has_kernels = has_kernels || step.kind == fusion::Step::Kind::Kernel;
+  if (has_kernels && device.type == graph::DeviceType::CUDA) {
+    const std::vector<int32_t> group =
+        fusion::hoist_input_kernels(schedule, optimised, kMaxGroupBuffers, /*keep_peak=*/training_half);
+    codegen::cuda::CudaSource cuda = codegen::cuda::emit_cuda_source(schedule, optimised, group);
+    record.cuda_parts = std::move(cuda.parts);
+    record.cuda_launches = std::move(cuda.kernels);
+    record.cuda_group = std::move(cuda.group);
+    record.cuda_group_members = std::move(cuda.group_members);
+  } else if (has_kernels) {
+    codegen::cpp::CppSource cpp = codegen::cpp::emit_cpp_source(schedule, optimised);
+    record.cpp_source = std::move(cpp.text);
+    record.cpp_functions = std::move(cpp.functions);
+    check_cuda_ptx(schedule, optimised);
+  }
+  codegen_ms = started.ms() - schedule_ms;
+  KILN_LOG(output_code) << "kiln backend: " << schedule.summary();
+  record.steps = schedule.steps;
+  for (const fusion::Kernel& k : schedule.kernels)
+    record.kernels.push_back({k.name, k.buffers, fusion::in_place_sources(k)});
+  // Constants by the captured graph's ids (passes may renumber values), so a record read back finds its tensors.
+  std::unordered_map<PyObject*, ValueId> captured_constants;
+  for (const graph::Value& v : original.values)
+    if (v.is_constant) captured_constants.emplace(v.constant.get(), v.id);
+  record.constant_sources.assign(optimised.values.size(), -1);
+  for (const graph::Value& v : optimised.values)
+    if (v.is_constant) record.constant_sources[v.id] = captured_constants.at(v.constant.get());
+  return record;
+}
+
+// Attaches the captured graph's constant tensors to a record read from the cache; false when they do not match.
+bool attach_constants(cache::GraphRecord& record, const graph::Graph& captured) {
+  graph::Graph& g = record.optimised;
+  if (record.constant_sources.size() != g.values.size()) return false;
+  for (graph::Value& v : g.values) {
+    if (!v.is_constant) continue;
+    const ValueId source = record.constant_sources[v.id];
+    if (source < 0 || source >= static_cast<ValueId>(captured.values.size())) return false;
+    const graph::Value& c = captured.values[source];
+    if (!c.is_constant || c.meta.sizes != v.meta.sizes || c.meta.strides != v.meta.strides || c.meta.dtype != v.meta.dtype)
+      return false;
+    v.constant = c.constant;
+  }
+  return true;
+}
+
+// The source text of a record, as logs, debug dumps and summaries show it.
+std::string record_source(const cache::GraphRecord& record) {
+  std::string source = record.cpp_source;
+  for (const std::string& part : record.cuda_parts) source += part;
+  return source;
+}
+
+// The KilnGraph a record describes: its programs compiled or found in their caches, and its run plan.
+std::shared_ptr<KilnGraph> instantiate(cache::GraphRecord record, const graph::Device& device, const ConstantsOf& constants_of) {
   auto kg = std::make_shared<KilnGraph>();
+  auto optimised = std::make_shared<graph::Graph>(std::move(record.optimised));
   kg->graph_ = optimised;
   kg->constants_ = constants_of(*optimised);
   kg->constants_.resize(optimised->values.size());
   kg->summary.backend = "kiln";
-  bool has_kernels = false;
-  for (const auto& step : schedule.steps) has_kernels = has_kernels || step.kind == fusion::Step::Kind::Kernel;
   kg->summary.device = device.type == graph::DeviceType::CUDA ? "cuda:" + std::to_string(device.index) : "cpu";
-  if (has_kernels && device.type == graph::DeviceType::CUDA) {
-    const std::vector<int32_t> group =
-        fusion::hoist_input_kernels(schedule, *optimised, kMaxGroupBuffers, /*keep_peak=*/training_half);
-    codegen::cuda::CudaSource cuda = codegen::cuda::emit_cuda_source(schedule, *optimised, group);
-    codegen_ms = started.ms() - schedule_ms;
-    kg->summary.source = cuda.source;
-    for (const auto& launch : cuda.kernels) kg->summary.strategies.push_back(launch.strategy);
-    KILN_LOG(output_code) << "kiln backend (CUDA): " << schedule.summary() << "\n" << kg->summary.source;
+  kg->summary.source = record_source(record);
+  if (!record.cuda_parts.empty()) {
+    for (const auto& launch : record.cuda_launches) kg->summary.strategies.push_back(launch.strategy);
+    KILN_LOG(output_code) << "kiln backend (CUDA):\n" << kg->summary.source;
     dump_debug("kiln_" + cache::hash_hex(kg->summary.source).substr(0, 12), optimised->to_string(), kg->summary.source);
     codegen::cuda::nvrtc_version();  // opens NVRTC with the GIL held: its search may ask importlib
     codegen::cuda::cuda_device_headers();
     WithoutGil no_gil;
     kg->cuda_device_ = device.index;
-    kg->cuda_programs_ = codegen::cuda::cuda_programs_for_device(device.index, cuda.parts, "kiln_graph");
-    kg->cuda_launches_ = std::move(cuda.kernels);
-    kg->cuda_group_ = std::move(cuda.group);
-    kg->cuda_group_members_ = std::move(cuda.group_members);
-  } else if (has_kernels) {
-    codegen::cpp::CppSource cpp = codegen::cpp::emit_cpp_source(schedule, *optimised);
-    codegen_ms = started.ms() - schedule_ms;
-    kg->summary.source = std::move(cpp.text);
-    kg->cpp_functions_ = std::move(cpp.functions);
-    KILN_LOG(output_code) << "kiln backend: " << schedule.summary() << "\n" << kg->summary.source;
+    kg->cuda_programs_ = codegen::cuda::cuda_programs_for_device(device.index, record.cuda_parts, "kiln_graph");
+    kg->cuda_launches_ = std::move(record.cuda_launches);
+    kg->cuda_group_ = std::move(record.cuda_group);
+    kg->cuda_group_members_ = std::move(record.cuda_group_members);
+  } else if (!record.cpp_source.empty()) {
+    kg->cpp_functions_ = std::move(record.cpp_functions);
+    KILN_LOG(output_code) << "kiln backend:\n" << kg->summary.source;
     dump_debug("kiln_" + cache::hash_hex(kg->summary.source).substr(0, 12), optimised->to_string(), kg->summary.source);
-    check_cuda_ptx(schedule, *optimised);
     WithoutGil no_gil;
     kg->library_ = codegen::cpp::compile_cpp_library(kg->summary.source, "torch " + built_torch_version());
   }
-  build_plan(*kg, schedule);
-  size_t kernel_steps = 0;
-  for (const auto& step : schedule.steps) kernel_steps += step.kind == fusion::Step::Kind::Kernel;
-  KILN_LOG(perf) << "kiln backend: " << kernel_steps << " kernels, " << schedule.steps.size() - kernel_steps
-                 << " extern calls; passes and fusion "
-                 << log::whole_ms(schedule_ms) << " ms, code generation " << log::whole_ms(codegen_ms)
-                 << " ms, compiler or cache " << log::whole_ms(started.ms() - schedule_ms - codegen_ms) << " ms";
+  build_plan(*kg, record);
+  return kg;
+}
+
+// `training_half`: the graph is the forward or backward of a compiled training step (build_record).
+std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> original, const ConstantsOf& constants_of,
+                                           bool training_half) {
+  const log::Stopwatch started;
+  std::string why;
+  const graph::Device device = *graph_device(*original, why);  // checked by unsupported_reason
+  std::string context = "torch " + built_torch_version() + (training_half ? ", training half" : "");
+  if (device.type == graph::DeviceType::CUDA)
+    context += ", cuda with " + std::to_string(cuda::multiprocessor_count(std::max<int>(device.index, 0))) + " SMs";
+  const std::string key = cache::graph_key(*original, context);
+  // The PTX check (a test switch) needs the schedule, so it always builds.
+  std::optional<cache::GraphRecord> cached = g_cuda_ptx_check ? std::nullopt : cache::load_graph_record(key);
+  if (cached && !attach_constants(*cached, *original)) cached.reset();
+  if (cached) {
+    const double read_ms = started.ms();
+    auto kg = instantiate(std::move(*cached), device, constants_of);
+    cache::stats().graph_hits++;
+    KILN_LOG(perf) << "kiln backend: found in the graph cache (" << kg->kernels_.size() << " kernels, "
+                   << kg->externs_.size() << " extern calls); read " << log::whole_ms(read_ms)
+                   << " ms, compiler or cache " << log::whole_ms(started.ms() - read_ms) << " ms";
+    return kg;
+  }
+  double schedule_ms = 0, codegen_ms = 0;
+  cache::GraphRecord record = build_record(*original, device, training_half, started, schedule_ms, codegen_ms);
+  cache::store_graph_record(key, record);
+  auto kg = instantiate(std::move(record), device, constants_of);
+  KILN_LOG(perf) << "kiln backend: " << kg->summary.kernels.size() << " kernels, " << kg->externs_.size()
+                 << " extern calls; passes and fusion " << log::whole_ms(schedule_ms) << " ms, code generation "
+                 << log::whole_ms(codegen_ms) << " ms, compiler or cache "
+                 << log::whole_ms(started.ms() - schedule_ms - codegen_ms) << " ms";
   return kg;
 }
 

@@ -316,8 +316,10 @@ f(torch.randn(4)); f(torch.randn(4)); f(torch.randn(4, dtype=torch.float64))
 """
 
 
-def run_with_logs(logs):
+def run_with_logs(logs, cache_dir=None):
     env = dict(os.environ, PYTHONPATH=KILN_PARENT_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if cache_dir is not None:
+        env["KILN_CACHE_DIR"] = str(cache_dir)
     env.pop("KILN_LOGS", None)
     if logs is not None:
         env["KILN_LOGS"] = logs
@@ -336,15 +338,19 @@ def test_kiln_logs_print_graph_guards_recompiles():
     assert "[kiln:" not in run_with_logs(None)
 
 
-def test_kiln_logs_perf_times_each_compile():
+def test_kiln_logs_perf_times_each_compile(tmp_path):
     # one line per compiled frame (trace and backend times) and one per kiln-backend graph (its phases)
-    stderr = run_with_logs("perf")
+    stderr = run_with_logs("perf", cache_dir=tmp_path)
     compiled = [line for line in stderr.splitlines() if line.startswith("[kiln:perf] compiled ")]
     assert len(compiled) == 2, stderr  # the float32 entry, then the float64 recompile
     assert all(" ms: trace " in line and "(2 ops)" in line and "backend 'kiln'" in line for line in compiled), stderr
     assert "<string>:3" in compiled[0], compiled[0]  # f's file:line
     phases = [line for line in stderr.splitlines() if line.startswith("[kiln:perf] kiln backend: 1 kernels, 0 extern")]
     assert len(phases) == 2 and all("code generation" in line and "compiler or cache" in line for line in phases), stderr
+    # a new process finds both graphs whole in the cache: no passes, code generation or compiler
+    stderr = run_with_logs("perf", cache_dir=tmp_path)
+    found = [line for line in stderr.splitlines() if line.startswith("[kiln:perf] kiln backend: found in the graph cache")]
+    assert len(found) == 2 and "code generation" not in stderr, stderr
 
 
 # --- backends -----------------------------------------------------------------------------------

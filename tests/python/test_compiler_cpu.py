@@ -496,7 +496,7 @@ CHILD = textwrap.dedent("""
         out = kiln.compile(f)(x)
     ok = torch.allclose(out, f(x), atol=1e-5)
     s = kiln._C.compiler_stats()
-    print(ok, s["kernels_compiled"], s["cache_hits"], s["corrupt_entries"], s["graphs_fallback"])
+    print(ok, s["kernels_compiled"], s["cache_hits"], s["corrupt_entries"], s["graphs_fallback"], s["graph_cache_hits"])
 """)
 
 
@@ -513,8 +513,8 @@ def run_child(cache_dir, tag, env_extra=None, background=False):
 
 def test_second_process_hits_the_cache(tmp_path):
     cache = str(tmp_path / "cache")
-    assert run_child(cache, 2) == ["True", "1", "0", "0", "0"]   # compiled once
-    assert run_child(cache, 2) == ["True", "0", "1", "0", "0"]   # loaded, compiler not run
+    assert run_child(cache, 2) == ["True", "1", "0", "0", "0", "0"]   # compiled once
+    assert run_child(cache, 2) == ["True", "0", "1", "0", "0", "1"]   # graph and library loaded: no codegen, no compiler
 
 
 def test_corrupt_entry_is_rebuilt(tmp_path):
@@ -525,8 +525,58 @@ def test_corrupt_entry_is_rebuilt(tmp_path):
     with open(libraries[0], "r+b") as f:
         f.seek(100)
         f.write(b"garbage!")
-    assert run_child(cache, 3) == ["True", "1", "0", "1", "0"]
-    assert run_child(cache, 3) == ["True", "0", "1", "0", "0"]
+    # the graph record is fine, the library it names is not: rebuilt from the record's source
+    assert run_child(cache, 3) == ["True", "1", "0", "1", "0", "1"]
+    assert run_child(cache, 3) == ["True", "0", "1", "0", "0", "1"]
+
+
+def test_corrupt_graph_record_is_rebuilt(tmp_path):
+    cache = str(tmp_path / "cache")
+    assert run_child(cache, 5)[:2] == ["True", "1"]
+    records = [os.path.join(cache, "graphs", n) for n in os.listdir(os.path.join(cache, "graphs")) if n.endswith(".kgraph")]
+    assert len(records) == 1
+    with open(records[0], "r+b") as f:
+        f.seek(10)
+        f.write(b"garbage!")
+    # passes and code generation run again; the library is still found by its source
+    assert run_child(cache, 5) == ["True", "0", "1", "1", "0", "0"]
+    assert run_child(cache, 5) == ["True", "0", "1", "0", "0", "1"]
+
+
+WARM_CHILD = textwrap.dedent('''
+    import sys, torch, kiln
+    sys.path.insert(0, {bench!r})
+    import seed_models
+    torch.manual_seed(0)
+    SCALE = torch.randn(24)   # a module-level tensor the graph reads
+
+    def block(x):
+        h = torch.nn.functional.layer_norm(x, (24,)) * SCALE
+        return torch.softmax(h @ h.transpose(-1, -2), -1) @ h + x
+
+    model = seed_models.TransformerBlock(d_model=32, nhead=4, dim_feedforward=64).eval()
+    cases = [(block, torch.randn(2, 5, 24)), (model, torch.randn(2, 6, 32))]
+    ok = True
+    with torch.no_grad():
+        for fn, x in cases:
+            ok = ok and torch.allclose(kiln.compile(fn)(x), fn(x), rtol=1e-4, atol=1e-4)
+    s = kiln._C.compiler_stats()
+    print(ok, s["graphs_compiled"], s["graph_cache_hits"], s["kernels_compiled"])
+''')
+
+
+def test_whole_graphs_with_externs_and_constants_come_back_from_the_cache(tmp_path):
+    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=os.path.join(REPO_ROOT, "python"))
+    code = WARM_CHILD.format(bench=os.path.dirname(os.path.abspath(seed_models.__file__)))
+    outputs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout.split())
+    ok, compiled, hits, built = outputs[0]
+    assert ok == "True" and int(compiled) >= 2 and hits == "0" and int(built) >= 1
+    ok, compiled2, hits, built = outputs[1]
+    assert ok == "True" and compiled2 == compiled and hits == compiled and built == "0"
 
 
 def test_two_processes_compiling_at_once_both_succeed(tmp_path):
@@ -541,7 +591,7 @@ def test_two_processes_compiling_at_once_both_succeed(tmp_path):
 
 def test_broken_compiler_falls_back_to_eager(tmp_path):
     cache = str(tmp_path / "cache")
-    ok, compiled, hits, corrupt, fallbacks = run_child(cache, 5, {"CXX": "/bin/false"})
+    ok, compiled, hits, corrupt, fallbacks, graph_hits = run_child(cache, 5, {"CXX": "/bin/false"})
     assert (ok, compiled, fallbacks) == ("True", "0", "1")
 
 

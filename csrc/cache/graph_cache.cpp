@@ -1,0 +1,175 @@
+// Whole compiled graphs on disk (see graph_cache.h).
+#include "cache/graph_cache.h"
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+
+#include "cache/kernel_cache.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "graph/graph_bytes.h"
+
+namespace kiln::cache {
+
+namespace {
+
+constexpr const char* kKind = "graphs";
+constexpr const char* kSuffix = ".kgraph";
+constexpr int64_t kRecordFormat = 1;
+constexpr int64_t kLimit = 1 << 30;
+
+void write_launch(graph::ByteWriter& w, const codegen::cuda::CudaKernelLaunch& launch) {
+  w.text(launch.name);
+  w.integer(launch.grid);
+  w.integer(launch.block_x);
+  w.integer(launch.block_y);
+  w.text(launch.strategy);
+  w.integer(launch.part);
+}
+
+codegen::cuda::CudaKernelLaunch read_launch(graph::ByteReader& r, int64_t num_parts) {
+  codegen::cuda::CudaKernelLaunch launch;
+  launch.name = r.text();
+  launch.grid = static_cast<unsigned>(r.count(0xffffffffLL));
+  launch.block_x = static_cast<unsigned>(r.count(1024));
+  launch.block_y = static_cast<unsigned>(r.count(1024));
+  launch.strategy = r.text();
+  launch.part = static_cast<int>(r.count(std::max<int64_t>(num_parts - 1, 0)));
+  return launch;
+}
+
+void write_texts(graph::ByteWriter& w, const std::vector<std::string>& texts) {
+  w.integer(static_cast<int64_t>(texts.size()));
+  for (const std::string& t : texts) w.text(t);
+}
+
+std::vector<std::string> read_texts(graph::ByteReader& r) {
+  std::vector<std::string> texts(r.count(kLimit));
+  for (std::string& t : texts) t = r.text();
+  return texts;
+}
+
+std::string encode(const GraphRecord& record) {
+  graph::ByteWriter w;
+  w.integer(kRecordFormat);
+  graph::write_graph(w, record.optimised);
+  w.integer(static_cast<int64_t>(record.steps.size()));
+  for (const fusion::Step& step : record.steps) {
+    w.integer(step.kind == fusion::Step::Kind::Kernel);
+    w.integer(step.index);
+  }
+  w.integer(static_cast<int64_t>(record.kernels.size()));
+  for (const PlannedKernel& k : record.kernels) {
+    w.text(k.name);
+    w.integer(static_cast<int64_t>(k.buffers.size()));
+    for (const fusion::KernelBuffer& b : k.buffers) {
+      w.integer(b.value);
+      w.integer(static_cast<int64_t>(b.dtype));
+      w.integer(b.is_output);
+    }
+    w.integers(std::vector<int64_t>(k.in_place_from.begin(), k.in_place_from.end()));
+  }
+  w.text(record.cpp_source);
+  write_texts(w, record.cpp_functions);
+  write_texts(w, record.cuda_parts);
+  w.integer(static_cast<int64_t>(record.cuda_launches.size()));
+  for (const auto& launch : record.cuda_launches) write_launch(w, launch);
+  write_launch(w, record.cuda_group);
+  w.integers(std::vector<int64_t>(record.cuda_group_members.begin(), record.cuda_group_members.end()));
+  w.integers(std::vector<int64_t>(record.constant_sources.begin(), record.constant_sources.end()));
+  return w.take();
+}
+
+GraphRecord decode(const std::string& bytes) {
+  graph::ByteReader r(bytes);
+  KILN_CHECK_EQ(r.integer(), kRecordFormat) << "record format";
+  GraphRecord record;
+  record.optimised = graph::read_graph(r);
+  const auto num_values = static_cast<int64_t>(record.optimised.values.size());
+  record.steps.resize(r.count(kLimit));
+  for (fusion::Step& step : record.steps) {
+    step.kind = r.integer() ? fusion::Step::Kind::Kernel : fusion::Step::Kind::Extern;
+    step.index = static_cast<int32_t>(r.count(kLimit));
+  }
+  record.kernels.resize(r.count(kLimit));
+  for (PlannedKernel& k : record.kernels) {
+    k.name = r.text();
+    k.buffers.resize(r.count(kLimit));
+    for (fusion::KernelBuffer& b : k.buffers) {
+      b.value = static_cast<graph::ValueId>(r.count(num_values - 1));
+      b.dtype = static_cast<graph::ScalarType>(r.integer());
+      b.is_output = r.integer() != 0;
+    }
+    for (int64_t from : r.integers()) {
+      KILN_CHECK(from >= -1 && from < static_cast<int64_t>(k.buffers.size())) << "in-place source " << from;
+      k.in_place_from.push_back(static_cast<int32_t>(from));
+    }
+  }
+  record.cpp_source = r.text();
+  record.cpp_functions = read_texts(r);
+  record.cuda_parts = read_texts(r);
+  const auto num_parts = static_cast<int64_t>(record.cuda_parts.size());
+  record.cuda_launches.resize(r.count(kLimit));
+  for (auto& launch : record.cuda_launches) launch = read_launch(r, num_parts);
+  record.cuda_group = read_launch(r, num_parts);
+  const auto num_kernels = static_cast<int64_t>(record.kernels.size());
+  for (int64_t member : r.integers()) {
+    KILN_CHECK(member >= 0 && member < num_kernels) << "launch group member " << member;
+    record.cuda_group_members.push_back(static_cast<int32_t>(member));
+  }
+  for (int64_t source : r.integers()) record.constant_sources.push_back(static_cast<graph::ValueId>(source));
+  KILN_CHECK(r.at_end()) << "trailing bytes";
+  // What the run plan indexes must exist.
+  const auto num_nodes = static_cast<int64_t>(record.optimised.nodes.size());
+  for (const fusion::Step& step : record.steps)
+    KILN_CHECK(step.index < (step.kind == fusion::Step::Kind::Kernel ? num_kernels : num_nodes)) << "step " << step.index;
+  KILN_CHECK(record.cpp_functions.empty() || record.cpp_functions.size() == record.kernels.size()) << "function count";
+  KILN_CHECK(record.cuda_launches.empty() || record.cuda_launches.size() == record.kernels.size()) << "launch count";
+  return record;
+}
+
+}  // namespace
+
+std::string graph_key(const graph::Graph& captured, const std::string& context) {
+  graph::ByteWriter w;
+  w.text("kiln graph record " + std::to_string(kSchemaVersion) + "." + std::to_string(kRecordFormat));
+  w.text(build_identity());
+  w.text(context);
+  graph::write_graph(w, captured);
+  return hash_hex(w.bytes());
+}
+
+std::optional<GraphRecord> load_graph_record(const std::string& key) {
+  if (build_identity().empty()) return std::nullopt;
+  std::optional<std::string> bytes = read_entry(kKind, key, kSuffix);
+  if (!bytes) return std::nullopt;
+  try {
+    return decode(*bytes);
+  } catch (const std::exception& e) {
+    stats().corrupt_entries++;
+    KILN_LOG(fallbacks) << "kiln graph cache: ignoring the unreadable entry " << key << " (" << e.what() << ")";
+    return std::nullopt;
+  }
+}
+
+void store_graph_record(const std::string& key, const GraphRecord& record) {
+  if (build_identity().empty()) return;
+  try {
+    publish_content(kKind, key, kSuffix, encode(record));
+  } catch (const std::exception& e) {
+    KILN_LOG(fallbacks) << "kiln graph cache: not stored: " << e.what();
+  }
+}
+
+const std::string& build_identity() {
+  static const std::string identity = [] {
+    Dl_info info{};
+    if (!dladdr(reinterpret_cast<const void*>(&build_identity), &info) || !info.dli_fname) return std::string();
+    struct stat st {};
+    if (::stat(info.dli_fname, &st) != 0) return std::string();
+    return std::to_string(st.st_size) + "-" + std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec);
+  }();
+  return identity;
+}
+
+}  // namespace kiln::cache

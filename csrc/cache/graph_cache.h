@@ -1,0 +1,57 @@
+#pragma once
+// Whole compiled graphs on disk (DESIGN.md "Cache keys"): what the kiln backend made of a captured graph (the
+// optimised graph, the run plan's kernels and steps, the generated source and how to launch each kernel),
+// found again in a new process from the captured graph alone, so that a warm start runs no graph passes, no
+// scheduling and no code generation. The compiled library or CUDA images themselves stay in their own caches
+// (codegen/cpp, codegen/cuda), keyed by the source this record holds.
+//
+// Keys hash the captured graph's exact bytes (graph_bytes.h) with everything else compilation depends on: kiln's
+// build (its library's size and modification time), the torch version, the device and the backend's flags. An
+// entry that fails its checksum or does not parse is ignored (counted in cache::stats) and rebuilt.
+//
+// Torch-free.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "codegen/cuda/emit_cuda.h"
+#include "fusion/loop_ir.h"
+#include "graph/graph.h"
+
+namespace kiln::cache {
+
+/// One generated kernel of the run plan (CUDA: a launch group's members are separate entries).
+struct PlannedKernel {
+  std::string name;
+  std::vector<fusion::KernelBuffer> buffers;  // the kernel's parameters, in order
+  std::vector<int32_t> in_place_from;         // fusion::in_place_sources
+};
+
+struct GraphRecord {
+  graph::Graph optimised;  // constants carry no tensor when read back: the caller attaches the captured graph's
+  /// Per value of `optimised`: for a constant, the id of the same constant in the captured graph; else -1.
+  std::vector<graph::ValueId> constant_sources;
+  std::vector<fusion::Step> steps;
+  std::vector<PlannedKernel> kernels;  // per Step::Kind::Kernel index
+  std::string cpp_source;                  // CPU
+  std::vector<std::string> cpp_functions;  // CPU: per kernel
+  std::vector<std::string> cuda_parts;     // CUDA: the NVRTC programs (codegen/cuda/emit_cuda.h)
+  std::vector<codegen::cuda::CudaKernelLaunch> cuda_launches;  // CUDA: per kernel
+  codegen::cuda::CudaKernelLaunch cuda_group;
+  std::vector<int32_t> cuda_group_members;
+};
+
+/// The key of `captured` compiled under `context` (device, flags: whatever else the result depends on).
+std::string graph_key(const graph::Graph& captured, const std::string& context);
+
+/// The record stored under `key`, or nullopt when there is none or it is unreadable (then it is counted as a
+/// corrupt entry and logged under `fallbacks`).
+std::optional<GraphRecord> load_graph_record(const std::string& key);
+
+/// Stores `record` under `key`. I/O errors are logged, never thrown: the cache is an optimisation.
+void store_graph_record(const std::string& key, const GraphRecord& record);
+
+/// "<size>-<mtime ns>" of the shared library this code is linked into (kiln's build), "" when unknown.
+const std::string& build_identity();
+
+}  // namespace kiln::cache

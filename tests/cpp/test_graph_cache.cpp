@@ -1,0 +1,184 @@
+// graph/graph_bytes and cache/graph_cache: graphs and compiled-graph records survive the trip to disk exactly,
+// and bad entries are refused, never half-read.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "cache/graph_cache.h"
+#include "cache/kernel_cache.h"
+#include "common/error.h"
+#include "graph/graph_bytes.h"
+
+using namespace kiln;
+using namespace kiln::graph;
+
+namespace {
+
+TensorMeta meta(std::vector<int64_t> sizes, ScalarType dtype = ScalarType::Float) {
+  TensorMeta m;
+  m.strides = contiguous_strides(sizes);
+  m.sizes = std::move(sizes);
+  m.dtype = dtype;
+  return m;
+}
+
+// One node per argument kind, with the doubles that text formats lose (NaN, infinities, -0.0, 0.1).
+Graph every_argument_kind() {
+  Graph g;
+  TensorMeta in = meta({4, 6});
+  in.device = Device{DeviceType::CUDA, 1};
+  in.requires_grad = true;
+  in.storage_offset = 3;
+  in.strides = {1, 4};
+  const ValueId x = g.add_input(in);
+  // A constant as read_graph gives it back: no tensor (add_constant wants one, and this test has no Python).
+  Value constant;
+  constant.id = static_cast<ValueId>(g.values.size());
+  constant.meta = meta({6}, ScalarType::BFloat16);
+  constant.is_constant = true;
+  g.values.push_back(constant);
+  const ValueId c = constant.id;
+  Node n;
+  n.op = "aten::fake";
+  n.overload = "every_kind";
+  n.args = {NoneArg{},
+            TensorArg{x},
+            TensorListArg{{x, std::nullopt, c}},
+            true,
+            int64_t{-(int64_t{1} << 62)},
+            -0.0,
+            std::complex<double>(std::numeric_limits<double>::quiet_NaN(), -INFINITY),
+            std::string("reduce\0mean", 11),
+            std::vector<int64_t>{-1, 0, 1 << 20},
+            std::vector<double>{INFINITY, 0.1, -1e-300},
+            std::vector<bool>{true, false, true},
+            ScalarTypeArg{ScalarType::Half},
+            LayoutArg{2},
+            MemoryFormatArg{1},
+            Device{DeviceType::CUDA, 3}};
+  for (size_t i = 0; i < n.args.size(); ++i) n.arg_names.push_back("a" + std::to_string(i));
+  n.num_positional = 5;
+  n.returns_list = true;
+  n.mutates_args = true;
+  n.is_view = true;
+  const auto outs = g.add_node(n, {meta({2, 6}), meta({2, 6}, ScalarType::Long)});
+  g.set_outputs({outs[1], x, c});
+  return g;
+}
+
+std::string bytes_of(const Graph& g) {
+  ByteWriter w;
+  write_graph(w, g);
+  return w.take();
+}
+
+Graph read_back(const std::string& bytes) {
+  ByteReader r(bytes);
+  Graph g = read_graph(r);
+  REQUIRE(r.at_end());
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("graph bytes read back to the same graph, every argument kind and odd double included") {
+  const Graph g = every_argument_kind();
+  const std::string bytes = bytes_of(g);
+  const Graph back = read_back(bytes);
+  CHECK(bytes_of(back) == bytes);  // bit for bit, NaN and -0.0 included
+  CHECK(back.to_string() == g.to_string());
+  CHECK_THROWS_AS(back.verify(), Error);  // until the caller attaches the constant's tensor
+  REQUIRE(back.values.size() == g.values.size());
+  CHECK(back.values[1].is_constant);
+  CHECK(!back.values[1].constant);  // tensors are the caller's to attach
+  CHECK(back.values[0].meta.storage_offset == 3);
+  CHECK(back.values[0].meta.device == (Device{DeviceType::CUDA, 1}));
+  const Node& n = back.nodes.at(0);
+  CHECK(std::signbit(std::get<double>(n.args[5])));
+  CHECK(std::isnan(std::get<std::complex<double>>(n.args[6]).real()));
+  CHECK(std::get<std::string>(n.args[7]).size() == 11);
+  CHECK(!std::get<TensorListArg>(n.args[2]).ids[1].has_value());
+  CHECK(n.num_positional == 5);
+  CHECK((n.returns_list && n.mutates_args && n.is_view));
+}
+
+TEST_CASE("graph bytes that differ in one double differ") {
+  Graph a = every_argument_kind(), b = every_argument_kind();
+  b.nodes[0].args[5] = 0.0;  // -0.0 before
+  CHECK(bytes_of(a) != bytes_of(b));
+  CHECK(cache::graph_key(a, "cpu") != cache::graph_key(b, "cpu"));
+  CHECK(cache::graph_key(a, "cpu") != cache::graph_key(a, "cuda"));
+  CHECK(cache::graph_key(a, "cpu") == cache::graph_key(every_argument_kind(), "cpu"));
+}
+
+TEST_CASE("truncated or damaged graph bytes throw instead of reading garbage") {
+  const std::string bytes = bytes_of(every_argument_kind());
+  for (size_t cut : {size_t{0}, size_t{1}, bytes.size() / 2, bytes.size() - 1}) {
+    std::string prefix = bytes.substr(0, cut);
+    ByteReader reader(prefix);
+    CHECK_THROWS_AS(read_graph(reader), Error);
+  }
+  std::string damaged = bytes;
+  damaged[0] = static_cast<char>(0x7f);  // a value count far beyond the data
+  ByteReader reader(damaged);
+  CHECK_THROWS_AS(read_graph(reader), Error);
+}
+
+TEST_CASE("a graph record is stored and read back whole; a damaged entry is a miss") {
+  const auto dir = std::filesystem::temp_directory_path() / ("kiln_graph_cache_test_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  ::setenv("KILN_CACHE_DIR", dir.c_str(), 1);
+  cache::GraphRecord record;
+  record.optimised = every_argument_kind();
+  record.constant_sources = {-1, 1, -1, -1};
+  record.steps = {{fusion::Step::Kind::Kernel, 0}, {fusion::Step::Kind::Extern, 0}, {fusion::Step::Kind::Kernel, 1}};
+  record.kernels = {{"kernel_0_add", {{0, ScalarType::Float, false}, {2, ScalarType::Float, true}}, {-1, 0}},
+                    {"kernel_1_mul", {{3, ScalarType::Long, true}}, {-1}}};
+  record.cuda_parts = {"// part 0", "// part 1"};
+  record.cuda_launches = {{"kernel_0_add", 4096, 256, 1, "pointwise_vec4", 0}, {"kernel_1_mul", 1, 32, 8, "column", 1}};
+  record.cuda_group = {"group_0", 7, 128, 1, "group", 0};
+  record.cuda_group_members = {0};
+  const std::string key = cache::graph_key(record.optimised, "test");
+  REQUIRE(!cache::build_identity().empty());
+  CHECK(!cache::load_graph_record(key));
+  cache::store_graph_record(key, record);
+  std::optional<cache::GraphRecord> back = cache::load_graph_record(key);
+  REQUIRE(back);
+  CHECK(bytes_of(back->optimised) == bytes_of(record.optimised));
+  CHECK(back->constant_sources == record.constant_sources);
+  REQUIRE(back->steps.size() == 3);
+  CHECK(back->steps[1].kind == fusion::Step::Kind::Extern);
+  CHECK(back->steps[2].index == 1);
+  REQUIRE(back->kernels.size() == 2);
+  CHECK(back->kernels[0].in_place_from == std::vector<int32_t>{-1, 0});
+  CHECK(back->kernels[0].buffers[1].is_output);
+  CHECK(back->kernels[1].buffers[0].dtype == ScalarType::Long);
+  CHECK(back->cuda_parts == record.cuda_parts);
+  CHECK(back->cuda_launches[1].block_y == 8);
+  CHECK(back->cuda_launches[1].part == 1);
+  CHECK(back->cuda_launches[0].strategy == "pointwise_vec4");
+  CHECK(back->cuda_group.grid == 7);
+  CHECK(back->cuda_group_members == std::vector<int32_t>{0});
+
+  // Damage the entry: its checksum fails, so it reads as missing and is counted.
+  const auto entry = dir / "graphs" / (key + ".kgraph");
+  REQUIRE(std::filesystem::exists(entry));
+  const int64_t corrupt_before = cache::stats().corrupt_entries;
+  {
+    std::fstream f(entry, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(5);
+    f.write("garbage!", 8);
+  }
+  CHECK(!cache::load_graph_record(key));
+  CHECK(cache::stats().corrupt_entries == corrupt_before + 1);
+  // A well-formed entry whose content does not parse (a checksum that matches garbage) is refused too.
+  cache::publish_content("graphs", key, ".kgraph", "not a record");
+  CHECK(!cache::load_graph_record(key));
+  CHECK(cache::stats().corrupt_entries == corrupt_before + 2);
+  ::unsetenv("KILN_CACHE_DIR");
+  std::filesystem::remove_all(dir);
+}
