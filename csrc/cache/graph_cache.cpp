@@ -15,7 +15,7 @@ namespace {
 
 constexpr const char* kKind = "graphs";
 constexpr const char* kSuffix = ".kgraph";
-constexpr int64_t kRecordFormat = 1;
+constexpr int64_t kRecordFormat = 2;
 constexpr int64_t kLimit = 1 << 30;
 
 void write_launch(graph::ByteWriter& w, const codegen::cuda::CudaKernelLaunch& launch) {
@@ -68,6 +68,7 @@ std::string encode(const GraphRecord& record) {
       w.integer(b.is_output);
     }
     w.integers(std::vector<int64_t>(k.in_place_from.begin(), k.in_place_from.end()));
+    w.integer(k.gathers);
   }
   w.text(record.cpp_source);
   write_texts(w, record.cpp_functions);
@@ -104,6 +105,7 @@ GraphRecord decode(const std::string& bytes) {
       KILN_CHECK(from >= -1 && from < static_cast<int64_t>(k.buffers.size())) << "in-place source " << from;
       k.in_place_from.push_back(static_cast<int32_t>(from));
     }
+    k.gathers = r.integer() != 0;
   }
   record.cpp_source = r.text();
   record.cpp_functions = read_texts(r);

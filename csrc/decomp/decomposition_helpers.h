@@ -176,6 +176,7 @@ void add_math_decompositions(std::map<std::string, Decomposition>& table);
 void add_composite_decompositions(std::map<std::string, Decomposition>& table);
 /// Adds the entries that read padded or windowed operands (constant_pad_nd, max and average pooling).
 void add_window_decompositions(std::map<std::string, Decomposition>& table);
+void add_gather_decompositions(std::map<std::string, Decomposition>& table);
 /// Adds the derivative ops the backward graphs hold (gelu_backward, softmax's backward, ...).
 void add_backward_decompositions(std::map<std::string, Decomposition>& table);
 

@@ -270,6 +270,7 @@ std::map<std::string, Decomposition> make_table() {
   add_math_decompositions(t);
   add_composite_decompositions(t);
   add_window_decompositions(t);
+  add_gather_decompositions(t);
   add_backward_decompositions(t);
   return t;
 }

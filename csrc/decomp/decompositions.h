@@ -27,6 +27,9 @@ struct Decomposition {
   /// True when the builder reads its tensor arguments through padded_arg only (pooling, padding): each output
   /// element reads other elements of them than its own, so they cannot be values of the same loop.
   bool padded_reads = false;
+  /// True when the builder reads its tensor arguments through gather only (embedding, gather, index_select): they
+  /// must be tensors before the kernel runs, never values of the same loop.
+  bool gathered_reads = false;
   /// Windowed ops only (pooling): the sizes of the window dims, appended to the output's shape to make the
   /// node's index space; reduce() combines over them. Unset for every other op.
   std::function<std::vector<int64_t>(const graph::Graph&, const graph::Node&)> window_sizes;

@@ -75,6 +75,12 @@ class PrimBuilder {
   virtual Prim padded_arg(int arg_index, const std::vector<DimAccess>& dims, double fill) = 0;
   /// Bool: true where every source index of `dims` lies in [0, extents[d]) (counting a window's elements).
   virtual Prim in_bounds(const std::vector<DimAccess>& dims, const std::vector<int64_t>& extents) = 0;
+  /// A gathered read (Decomposition::gathered_reads): tensor argument `source_arg` read at the element whose index
+  /// along its dim `source_dim` is the value of integer tensor argument `index_arg`. `source_dims[j]` is the node dim
+  /// that source dim j runs along (ignored for source_dim); `index_dims[j]` the node dim that index dim j runs along.
+  /// Index values outside the source dim are errors (they never read outside it).
+  virtual Prim gather(int source_arg, int source_dim, const std::vector<int>& source_dims, int index_arg,
+                      const std::vector<int>& index_dims) = 0;
   virtual Prim constant(double value, graph::ScalarType dtype) = 0;
   virtual Prim unary(PrimOp op, Prim a) = 0;
   virtual Prim binary(PrimOp op, Prim a, Prim b) = 0;

@@ -112,6 +112,17 @@ static inline kiln_half kiln_to_half(float f) {
 
 template <typename T> static inline T kiln_load(T v) { return v; }
 
+// Set when a gathered load (embedding, gather, index_select) met an index outside its dim; the run plan reads it
+// after each such kernel and raises the error eager would have. The load then reads element 0, never outside.
+extern "C" { __attribute__((visibility("default"))) int kiln_index_error = 0; }
+static inline int64_t kiln_gather_index(int64_t i, int64_t extent) {
+  if (static_cast<uint64_t>(i) >= static_cast<uint64_t>(extent)) {
+    __atomic_store_n(&kiln_index_error, 1, __ATOMIC_RELAXED);
+    return 0;
+  }
+  return i;
+}
+
 template <typename T> struct kiln_store_as { template <typename S> static T from(S v) { return static_cast<T>(v); } };
 template <> struct kiln_store_as<bool> { template <typename S> static bool from(S v) { return v != 0; } };
 template <> struct kiln_store_as<kiln_bf16> { template <typename S> static kiln_bf16 from(S v) { return kiln_to_bf16(static_cast<float>(v)); } };

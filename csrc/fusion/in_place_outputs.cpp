@@ -45,7 +45,7 @@ std::vector<int32_t> in_place_sources(const Kernel& k) {
         const Expr& x = k.exprs[e];
         if (x.kind != ExprKind::Load || x.buffer != static_cast<int32_t>(in)) continue;
         loaded = true;
-        qualifies = qualifies && x.operands[0] < 0 && same_index(x.index, st.index) && emitted[e];
+        qualifies = qualifies && x.operands[0] < 0 && x.operands[1] < 0 && same_index(x.index, st.index) && emitted[e];
       }
       if (loaded && qualifies) {
         source[out] = static_cast<int32_t>(in);

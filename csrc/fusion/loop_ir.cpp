@@ -30,6 +30,9 @@ void verify_kernel(const Kernel& k) {
       KILN_ASSERT_EQ(e.index.strides.size(), k.domain.size()) << "kernel " << k.name << ": index rank of load " << i;
       KILN_ASSERT(e.operands[0] < 0 || k.exprs[e.operands[0]].dtype == ScalarType::Bool)
           << "kernel " << k.name << ": load " << i << " is guarded by a value that is not bool";
+      KILN_ASSERT(e.operands[1] < 0 || (!graph::is_floating_or_complex(k.exprs[e.operands[1]].dtype) &&
+                                        k.exprs[e.operands[1]].dtype != ScalarType::Bool && e.gather_extent > 0))
+          << "kernel " << k.name << ": gathered load " << i << " needs an integer index and an extent";
     }
     if (e.kind == ExprKind::InBounds) {
       KILN_ASSERT(!e.bounds.empty()) << "kernel " << k.name << ": bounds predicate " << i << " has no bounds";

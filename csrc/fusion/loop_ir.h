@@ -13,6 +13,11 @@
 // affine indices) and loads guarded by it (`mask ? buf[index] : fill`), so a read at a shifted or windowed
 // index never touches memory outside its buffer. A pooling window is a set of reduced dims of the domain.
 //
+// Embedding, gather and index_select add *gathered loads*: a load whose index has one more term, a run-time
+// integer (another expression's value) times a stride, `buf[affine index + value * gather_stride]`. The value is
+// checked against [0, gather_extent) before the read: CPU kernels then read element 0 and raise the graph's
+// index error flag (the run plan turns it into an exception), CUDA kernels trap, as eager's device-side assert.
+//
 // Torch-free.
 #include <cstdint>
 #include <string>
@@ -53,6 +58,10 @@ struct Expr {
   double constant = 0;  // Constant; a guarded Load's value where its guard is false
   int32_t buffer = -1;  // Load; operands[0] is its guard (a bool expression), -1 when unguarded
   IndexExpr index;      // Load
+  // Gathered Load: operands[1] is the integer expression whose value selects the element along the gathered dim
+  // (-1: an affine load); gather_stride is that dim's stride, gather_extent its size.
+  int64_t gather_stride = 0;
+  int64_t gather_extent = 0;
   std::vector<Bound> bounds;  // InBounds: true when every bound holds
 };
 
@@ -78,11 +87,14 @@ struct Kernel {
       if (r) return true;
     return false;
   }
-  bool has_bounds_checks() const {
+  /// Bounds predicates or gathered loads: code generators emit such kernels with scalar loads only (a guarded or
+  /// gathered load's address is known only once its guard or index value is computed, element by element).
+  bool scalar_loads_only() const {
     for (const Expr& e : exprs)
-      if (e.kind == ExprKind::InBounds) return true;
+      if (e.kind == ExprKind::InBounds || is_gathered(e)) return true;
     return false;
   }
+  static bool is_gathered(const Expr& e) { return e.kind == ExprKind::Load && e.operands[1] >= 0; }
 };
 
 /// One step of a compiled graph, in execution order.

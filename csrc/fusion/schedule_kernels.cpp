@@ -108,6 +108,8 @@ class KernelPrimBuilder final : public decomp::PrimBuilder {
   Prim arg(int arg_index) override;
   Prim padded_arg(int arg_index, const std::vector<decomp::DimAccess>& dims, double fill) override;
   Prim in_bounds(const std::vector<decomp::DimAccess>& dims, const std::vector<int64_t>& extents) override;
+  Prim gather(int source_arg, int source_dim, const std::vector<int>& source_dims, int index_arg,
+              const std::vector<int>& index_dims) override;
   Prim constant(double value, ScalarType dtype) override {
     Expr e{ExprKind::Constant, dtype};
     e.constant = value;
@@ -198,6 +200,33 @@ class Scheduler {
     return add_expr(k, std::move(e));
   }
 
+  // Load of tensor `v` into kernel k with its dims placed explicitly: v's dim j runs along node dim dims[j] (-1: not
+  // at all, for a gathered dim). `gathered_dim` >= 0 makes it a gathered load along that dim, at `index`'s value.
+  Prim mapped_load(int32_t k, ValueId v, const DimMap& node_space, const std::vector<int>& dims, int gathered_dim = -1,
+                   Prim index = -1) {
+    const ValueId root = view_root_[v] >= 0 ? view_root_[v] : v;
+    need_tensor(root);
+    Kernel& kern = kernel(k);
+    const auto& vm = g_.value(v).meta;
+    KILN_ASSERT_EQ(dims.size(), vm.sizes.size()) << "mapped load of %" << v << ": one node dim per dim";
+    Expr e{ExprKind::Load, vm.dtype};
+    e.index.offset = vm.storage_offset - g_.value(root).meta.storage_offset;
+    e.index.strides.assign(kern.domain.size(), 0);
+    for (size_t j = 0; j < vm.sizes.size(); ++j) {
+      if (static_cast<int>(j) == gathered_dim) {
+        e.operands[1] = index;
+        e.gather_stride = vm.strides[j];
+        e.gather_extent = vm.sizes[j];
+        continue;
+      }
+      if (vm.sizes[j] == 1 || dims[j] < 0) continue;
+      const int d = node_space.at(dims[j]);
+      if (d >= 0) e.index.strides[d] += vm.strides[j];
+    }
+    e.buffer = buffer_for(k, root, false);
+    return add_expr(k, std::move(e));
+  }
+
   // Padded or windowed read of tensor `v` into kernel k (decomp::PrimBuilder::padded_arg): its pointwise
   // producer recomputed through `map` (recompute_instead), or the tensor loaded through the bounds guard.
   Prim padded_load(int32_t k, ValueId v, const WindowMap& map, double fill) {
@@ -252,7 +281,7 @@ class Scheduler {
     std::ostringstream key;
     key << static_cast<int>(e.kind) << ',' << static_cast<int>(e.dtype) << ',' << static_cast<int>(e.op) << ','
         << static_cast<int>(e.reduce_op) << ',' << e.operands[0] << ',' << e.operands[1] << ',' << e.operands[2]
-        << ',' << e.buffer << ',' << e.index.offset;
+        << ',' << e.buffer << ',' << e.index.offset << ',' << e.gather_stride << ',' << e.gather_extent;
     key.precision(17);
     key << ',' << e.constant;
     for (int64_t s : e.index.strides) key << ',' << s;
@@ -544,6 +573,10 @@ class Scheduler {
     for (const graph::ArgValue& arg : node.args) {
       graph::for_each_tensor(arg, [&](ValueId v) {
         if (!ok || constants_[v]) return;
+        if (d.gathered_reads) {  // read at run-time indices: a tensor before this kernel
+          ok = home_[v].kernel != k && load_step(v, k) < step;
+          return;
+        }
         if (d.padded_reads) {  // read at other elements than the node's own: never a value of this loop
           ok = recompute_instead(v, k) || (home_[v].kernel != k && load_step(v, k) < step);
           return;
@@ -650,6 +683,23 @@ Prim KernelPrimBuilder::in_bounds(const std::vector<decomp::DimAccess>& dims, co
   Expr e{ExprKind::InBounds, ScalarType::Bool};
   e.bounds = std::move(bounds);
   return add(std::move(e));
+}
+
+Prim KernelPrimBuilder::gather(int source_arg, int source_dim, const std::vector<int>& source_dims, int index_arg,
+                               const std::vector<int>& index_dims) {
+  auto tensor = [&](int i) {
+    auto* t = std::get_if<graph::TensorArg>(&node_.args[i]);
+    KILN_ASSERT(t) << "decomposition of " << node_.qualified_name() << " gathers through argument " << i << ", not a tensor";
+    return t->id;
+  };
+  const ValueId index_value = tensor(index_arg);
+  Prim index;
+  if (const auto& c = s_.constant(index_value)) {
+    index = constant(c->first, c->second);
+  } else {
+    index = s_.mapped_load(kernel_, index_value, node_space_, index_dims);
+  }
+  return s_.mapped_load(kernel_, tensor(source_arg), node_space_, source_dims, source_dim, index);
 }
 
 Prim KernelPrimBuilder::cast(Prim a, ScalarType t) {

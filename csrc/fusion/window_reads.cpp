@@ -59,7 +59,7 @@ int recompute_size(const Kernel& from, int32_t root) {
     const int32_t e = todo.back();
     todo.pop_back();
     if (!seen.insert(e).second) continue;
-    if (from.exprs[e].kind == ExprKind::Reduce) return -1;
+    if (from.exprs[e].kind == ExprKind::Reduce || Kernel::is_gathered(from.exprs[e])) return -1;
     for (int32_t op : from.exprs[e].operands)
       if (op >= 0) todo.push_back(op);
   }

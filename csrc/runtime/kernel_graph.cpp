@@ -70,6 +70,7 @@ struct KernelCall {
   // Per buffer: the input buffer whose storage this output takes when nothing else holds it (in_place_outputs.h
   // and build_plan), or -1.
   std::vector<int32_t> in_place_from;
+  int* index_error = nullptr;  // CPU kernels with gathered loads: the library's flag for an index out of range
 };
 
 struct PlanStep {
@@ -134,6 +135,12 @@ class KilnGraph final : public CompiledGraph {
         }
         if (k.fn) {
           k.fn(pointers.data());
+          if (k.index_error && *k.index_error) {
+            *k.index_error = 0;
+            // eager's error, type and message: "index out of range in self" (an IndexError in Python)
+            TORCH_CHECK_INDEX(false, "index out of range in self (kiln kernel ", k.name,
+                              ": an embedding, gather or index_select index outside its dim)");
+          }
         } else if (k.launch.grid.x > 0) {
           arguments.resize(pointers.size());
           for (size_t b = 0; b < pointers.size(); ++b) arguments[b] = &pointers[b];
@@ -273,6 +280,7 @@ void build_plan(KilnGraph& kg, const cache::GraphRecord& record) {
         call.launch.block.y = launch.block_y;
       } else {
         call.fn = reinterpret_cast<KernelFn>(kg.library_->symbol(kg.cpp_functions_[step.index]));
+        if (k.gathers) call.index_error = static_cast<int*>(kg.library_->symbol("kiln_index_error"));
       }
       const at::Device device = kg.cuda_device_ >= 0 ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(kg.cuda_device_))
                                                       : at::Device(at::kCPU);
@@ -291,6 +299,7 @@ void build_plan(KilnGraph& kg, const cache::GraphRecord& record) {
         kg.summary.kernels.push_back(record.kernels[member].name);
       }
       if (!grouped) call.in_place_from = k.in_place_from;  // a group's members may run at once
+      kg.summary.plan.push_back(call.name);
       plan_step.kernel = static_cast<int32_t>(kg.kernels_.size());
       kg.kernels_.push_back(std::move(call));
     } else {
@@ -299,6 +308,7 @@ void build_plan(KilnGraph& kg, const cache::GraphRecord& record) {
       plan_step.external = static_cast<int32_t>(kg.externs_.size());
       kg.externs_.push_back(prepare_node(g, node, kg.constants_));
       kg.summary.externs.push_back(node.qualified_name());
+      kg.summary.plan.push_back(node.qualified_name());
     }
     kg.plan_.push_back(std::move(plan_step));
   }
@@ -381,8 +391,11 @@ cache::GraphRecord build_record(const graph::Graph& original, const graph::Devic
   codegen_ms = started.ms() - schedule_ms;
   KILN_LOG(output_code) << "kiln backend: " << schedule.summary();
   record.steps = schedule.steps;
-  for (const fusion::Kernel& k : schedule.kernels)
-    record.kernels.push_back({k.name, k.buffers, fusion::in_place_sources(k)});
+  for (const fusion::Kernel& k : schedule.kernels) {
+    bool gathers = false;
+    for (const fusion::Expr& e : k.exprs) gathers = gathers || fusion::Kernel::is_gathered(e);
+    record.kernels.push_back({k.name, k.buffers, fusion::in_place_sources(k), gathers});
+  }
   // Constants by the captured graph's ids (passes may renumber values), so a record read back finds its tensors.
   std::unordered_map<PyObject*, ValueId> captured_constants;
   for (const graph::Value& v : original.values)

@@ -27,6 +27,7 @@ struct KilnGraphSummary {
   std::string fallback_reason;  // why it fell back, "" otherwise
   std::vector<std::string> kernels;  // kernel names in execution order
   std::vector<std::string> externs;  // op overloads of extern calls, in order
+  std::vector<std::string> plan;     // the run plan's steps in order: a kernel's (or launch group's) name, an extern's op
   std::string source;                // the generated C++ or CUDA C ("" on fallback)
   std::string device;                // "cpu" or "cuda:N" ("" on fallback)
   std::vector<std::string> strategies;  // CUDA: per kernel, how it maps onto threads (emit_cuda.h)

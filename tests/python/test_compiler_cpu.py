@@ -461,6 +461,77 @@ def test_grad_mode_with_requires_grad_falls_back():
     torch.testing.assert_close(x.grad, (x + 1 > 0).float())
 
 
+# ---- gathered reads: embedding, gather, index_select (decomp/decompose_gather.cpp) --------------------------
+def embeddings_model(vocab=50, seq=16, hidden=32, dtype=torch.float32):
+    """BERT's embedding block: word + token type (through a gather of a buffer) + position, then layer norm."""
+    word, kinds, positions = (random_tensor(n, hidden, dtype=dtype) for n in (vocab, 2, seq))
+    weight, bias = random_tensor(hidden, dtype=dtype), random_tensor(hidden, dtype=dtype)
+    kind_buffer = torch.randint(0, 2, (1, seq))
+    position_ids = torch.arange(seq).unsqueeze(0)
+
+    def embed(ids):
+        batch, length = ids.shape
+        kind = torch.gather(kind_buffer.expand(batch, -1), 1, position_ids[:, :length].expand(batch, -1))
+        x = F.embedding(ids, word) + F.embedding(kind, kinds) + F.embedding(position_ids[:, :length], positions)
+        return F.layer_norm(x, (hidden,), weight, bias)
+    return embed
+
+
+@pytest.mark.parametrize("dtype,index_dtype", [(torch.float32, torch.int64), (torch.bfloat16, torch.int32)])
+def test_embeddings_are_read_inside_the_kernels_that_use_them(dtype, index_dtype):
+    embed = embeddings_model(dtype=dtype)
+    ids = torch.randint(0, 50, (4, 16), dtype=index_dtype)
+    compiled, summary, example_inputs = compile_kiln(embed, ids)
+    assert summary["backend"] == "kiln", summary["fallback_reason"]
+    # no embedding or gather runs as an extern call: the gather, the first two embeddings with their add, the
+    # position embedding (one row per position: its own domain), then the add with the layer norm
+    assert not any("embedding" in e or "gather" in e for e in summary["externs"]), summary["plan"]
+    assert len(summary["kernels"]) == 4, summary["plan"]
+    with torch.no_grad():
+        assert_matches(compiled(example_inputs), embed(ids), "general")
+        kiln.reset()
+        fn = kiln.compile(embed)
+        for _ in range(2):  # fresh indices through the guarded entry
+            new = torch.randint(0, 50, (4, 16), dtype=index_dtype)
+            assert_matches(fn(new), embed(new), "general")
+    kiln.reset()
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_index_select_and_gather_as_generated_code(dim):
+    x = rand(6, 7, 5)
+    size = x.shape[dim]
+    index = torch.randint(0, size, (9,))
+    where = torch.randint(0, size, tuple(4 if d == (dim % 3) else n for d, n in enumerate(x.shape)))
+
+    def fn(x, index, where):
+        return torch.index_select(x, dim, index) * 2 + 1, torch.gather(x, dim, where).relu()
+    compiled, summary, example_inputs = compile_kiln(fn, x, index, where)
+    assert summary["externs"] == [], summary["plan"]
+    assert any("index_select" in k for k in summary["kernels"]) and any("gather" in k for k in summary["kernels"])
+    with torch.no_grad():
+        assert_matches(compiled(example_inputs), fn(x, index, where), "general")
+        kiln.reset()
+        new = (rand(6, 7, 5), torch.randint(0, size, index.shape), torch.randint(0, size, where.shape))
+        assert_matches(kiln.compile(fn)(*new), fn(*new), "general")
+    kiln.reset()
+
+
+@pytest.mark.parametrize("bad", [50, -1])
+def test_an_index_out_of_range_raises_index_error_as_in_eager(bad):
+    word = rand(50, 8)
+    fn = kiln.compile(lambda ids: F.embedding(ids, word) * 2)
+    ids = torch.tensor([[1, 2, 3]])
+    torch.testing.assert_close(fn(ids), F.embedding(ids, word) * 2)
+    with pytest.raises(IndexError, match="index out of range"):
+        F.embedding(torch.tensor([[1, bad, 3]]), word)
+    with pytest.raises(IndexError, match="index out of range"):
+        fn(torch.tensor([[1, bad, 3]]))
+    # the flag is cleared: the next call with good indices runs normally
+    torch.testing.assert_close(fn(ids), F.embedding(ids, word) * 2)
+    kiln.reset()
+
+
 # ---- whole models through kiln.compile (the default backend) ------------------------------------------------
 @pytest.mark.parametrize("make", [
     lambda: (seed_models.MLP(), (32, 100)),

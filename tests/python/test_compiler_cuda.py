@@ -300,6 +300,77 @@ def test_runs_on_a_side_stream_after_its_work():
     kiln.reset()
 
 
+@pytest.mark.parametrize("dtype,index_dtype", [(torch.float32, torch.int64), (torch.bfloat16, torch.int32)])
+def test_embeddings_are_read_inside_the_kernels_that_use_them(dtype, index_dtype):
+    hidden, seq = 768, 128
+    word, kinds, positions = (random_tensor(n, hidden, dtype=dtype, device="cuda") for n in (3000, 2, seq))
+    weight, bias = (random_tensor(hidden, dtype=dtype, device="cuda") for _ in range(2))
+    kind_buffer = torch.randint(0, 2, (1, seq), device="cuda")
+    position_ids = torch.arange(seq, device="cuda").unsqueeze(0)
+
+    def embed(ids):
+        batch, length = ids.shape
+        kind = torch.gather(kind_buffer.expand(batch, -1), 1, position_ids[:, :length].expand(batch, -1))
+        x = F.embedding(ids, word) + F.embedding(kind, kinds) + F.embedding(position_ids[:, :length], positions)
+        return F.layer_norm(x, (hidden,), weight, bias)
+
+    ids = torch.randint(0, 3000, (8, seq), dtype=index_dtype, device="cuda")
+    graph, example_inputs = capture(embed, ids)
+    compiled = kiln._C.compile_graph(graph, "kiln", example_inputs)
+    summary = kiln._C.compiled_graph_summary(compiled)
+    assert not any("embedding" in e or "gather" in e for e in summary["externs"]), summary["plan"]
+    assert len(summary["kernels"]) == 4, summary["plan"]
+    with torch.no_grad():
+        assert_matches(compiled(example_inputs), embed(ids), "general")
+        kiln.reset()
+        fn = kiln.compile(embed)
+        for _ in range(2):
+            new = torch.randint(0, 3000, (8, seq), dtype=index_dtype, device="cuda")
+            assert_matches(fn(new), embed(new), "general")
+    kiln.reset()
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_index_select_and_gather_as_generated_code(dim):
+    x = rand(6, 70, 33)
+    size = x.shape[dim]
+    index = torch.randint(0, size, (9,), device="cuda")
+    where = torch.randint(0, size, tuple(4 if d == (dim % 3) else n for d, n in enumerate(x.shape)), device="cuda")
+
+    def fn(x, index, where):
+        return torch.index_select(x, dim, index) * 2 + 1, torch.gather(x, dim, where).relu()
+    graph, example_inputs = capture(fn, x, index, where)
+    compiled = kiln._C.compile_graph(graph, "kiln", example_inputs)
+    summary = kiln._C.compiled_graph_summary(compiled)
+    assert summary["externs"] == [], summary["plan"]
+    with torch.no_grad():
+        assert_matches(compiled(example_inputs), fn(x, index, where), "general")
+    kiln.reset()
+
+
+def test_an_index_out_of_range_fails_loudly_as_in_eager():
+    # eager's device-side assert ends the CUDA context; kiln's kernel traps: so both are tried in child processes
+    script = textwrap.dedent("""
+        import sys, torch, kiln
+        import torch.nn.functional as F
+        word = torch.randn(50, 8, device="cuda")
+        fn = (lambda f: f) if sys.argv[1] == "eager" else kiln.compile
+        f = fn(lambda ids: F.embedding(ids, word) * 2)
+        f(torch.tensor([[1, 2]], device="cuda"))
+        torch.cuda.synchronize()
+        try:
+            f(torch.tensor([[1, 50]], device="cuda"))
+            torch.cuda.synchronize()
+            print("no error")
+        except Exception as e:
+            print("raised", type(e).__name__)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO_ROOT, "python"))
+    for system in ("eager", "kiln"):
+        done = subprocess.run([sys.executable, "-c", script, system], env=env, capture_output=True, text=True, timeout=300)
+        assert "raised" in done.stdout, (system, done.stdout, done.stderr[-2000:])
+
+
 def test_a_new_process_loads_kernels_from_the_disk_cache(kiln_cache_dir):
     script = textwrap.dedent("""
         import torch, kiln

@@ -163,6 +163,7 @@ class KernelEmitter {
   // against 0.6 ms for the convolution). Returns that other loop, or -1.
   int transposing_loop() const {
     const int outer = nest_.outer_count;
+    if (k_.scalar_loads_only()) return -1;
     if (outer < 2 || static_cast<int>(nest_.loops.size()) != outer) return -1;
     const int inner = outer - 1;
     if (nest_.loops[inner].size < kTile) return -1;
@@ -276,7 +277,11 @@ class KernelEmitter {
     auto name = [&](int i) { return names_[x.operands[i]]; };
     switch (x.kind) {
       case ExprKind::Load: {
-        const std::string load = "kiln_load(buf" + std::to_string(x.buffer) + "[" + index(nest_.load_strides[e], x.index.offset) + "])";
+        std::string address = index(nest_.load_strides[e], x.index.offset);
+        if (x.operands[1] >= 0)  // gathered: the index value, checked (kiln_gather_index), times its stride
+          address += " + kiln_gather_index(" + name(1) + ", " + std::to_string(x.gather_extent) + "ll) * " +
+                     std::to_string(x.gather_stride);
+        const std::string load = "kiln_load(buf" + std::to_string(x.buffer) + "[" + address + "])";
         if (x.operands[0] < 0) return load;
         return "(" + name(0) + " ? " + load + " : " + literal(x.constant, x.dtype) + ")";
       }

@@ -131,7 +131,9 @@ bool KernelEmitter::needs_64bit_index(const CudaKernelLaunch& launch) const {
     return e;
   };
   for (size_t i = 0; i < k_.exprs.size(); ++i)
-    if (k_.exprs[i].kind == ExprKind::Load) largest = std::max(largest, extent(nest_.load_strides[i], k_.exprs[i].index.offset));
+    if (k_.exprs[i].kind == ExprKind::Load)
+      largest = std::max<int64_t>(largest, extent(nest_.load_strides[i], k_.exprs[i].index.offset) +
+                                      std::llabs(k_.exprs[i].gather_stride) * std::max<int64_t>(k_.exprs[i].gather_extent - 1, 0));
   for (size_t s = 0; s < k_.stores.size(); ++s)
     largest = std::max(largest, extent(nest_.store_strides[s], k_.stores[s].index.offset));
   for (size_t i = 0; i < k_.exprs.size(); ++i)
@@ -142,7 +144,7 @@ bool KernelEmitter::needs_64bit_index(const CudaKernelLaunch& launch) const {
 
 int KernelEmitter::vector_width() const {
   const size_t loops = nest_.loops.size();
-  if (loops == 0 || k_.has_bounds_checks()) return 1;  // guarded loads are scalar
+  if (loops == 0 || k_.scalar_loads_only()) return 1;  // guarded and gathered loads are scalar
   const size_t inner = loops - 1;
   int width = 8;
   bool any = false;
@@ -200,7 +202,11 @@ std::string KernelEmitter::expression(int32_t e) const {
       const size_t lane_axis = column_lanes_ ? static_cast<size_t>(nest_.outer_count - 1) : nest_.load_strides[e].size() - 1;
       if (lane_ >= 0 && nest_.load_strides[e][lane_axis] == 1)
         return "kiln::load(lv" + std::to_string(e) + ".v[" + std::to_string(lane_) + "])";
-      const std::string load = "kiln::load(" + buffer + "[" + index(nest_.load_strides[e], x.index.offset) + "])";
+      std::string address = index(nest_.load_strides[e], x.index.offset);
+      if (x.operands[1] >= 0)  // gathered: the index value, checked (a trap, as eager's device-side assert), times its stride
+        address += " + static_cast<index_t>(kiln::gather_index(" + name(1) + ", " + std::to_string(x.gather_extent) + "ll)) * " +
+                   std::to_string(x.gather_stride);
+      const std::string load = "kiln::load(" + buffer + "[" + address + "])";
       return x.operands[0] < 0 ? load : guarded_load_text(name(0), load, x.constant, x.dtype);
     }
     case ExprKind::InBounds:

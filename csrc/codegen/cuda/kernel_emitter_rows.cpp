@@ -30,7 +30,7 @@ bool KernelEmitter::column_shaped() const {
 }
 
 int KernelEmitter::column_vector_width() const {
-  if (!column_ || k_.has_bounds_checks()) return 1;
+  if (!column_ || k_.scalar_loads_only()) return 1;
   // Four columns per thread leave a quarter of the threads: on an H200 that paid only with 98304 outputs (vit_train's
   // fused gelu gradient + bias sums, 97 -> 85 us); with 24576 (its layer norm sums, 12.2 -> 17.4 us) or 768 (bias
   // sums of 6304 rows, 9.8 -> 17.8 us) it lost.
@@ -153,7 +153,7 @@ void KernelEmitter::emit_row_values(int32_t e, const std::string& indent) {
 }
 
 int KernelEmitter::row_vector_width() const {
-  if (static_cast<int>(nest_.loops.size()) != nest_.outer_count + 1 || k_.has_bounds_checks()) return 1;
+  if (static_cast<int>(nest_.loops.size()) != nest_.outer_count + 1 || k_.scalar_loads_only()) return 1;
   const size_t red = nest_.loops.size() - 1;
   int width = 8;
   std::vector<std::pair<const std::vector<int64_t>*, int64_t>> contiguous;

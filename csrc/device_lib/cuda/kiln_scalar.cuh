@@ -17,6 +17,13 @@ __device__ __forceinline__ float load(bf16_t v) { return __uint_as_float(static_
 template <typename T>
 __device__ __forceinline__ T load(T v) { return v; }
 
+// The index of a gathered load (embedding, gather, index_select), checked: out of [0, extent) the kernel traps,
+// as eager's device-side assert does, instead of reading outside the tensor.
+__device__ __forceinline__ long long gather_index(long long i, long long extent) {
+  if (static_cast<unsigned long long>(i) >= static_cast<unsigned long long>(extent)) __trap();
+  return i;
+}
+
 __device__ __forceinline__ half_t to_half(float f) {
   half_t h;
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(f));
