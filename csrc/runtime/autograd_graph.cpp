@@ -107,7 +107,36 @@ struct JointProgram final : torch::CustomClassHolder {
   autodiff::JointGraphs joint;
   std::shared_ptr<CompiledGraph> forward;
   std::shared_ptr<CompiledGraph> backward;
+  // reaches[i][j]: backward output i (a captured input's gradient) depends on the gradient of differentiable output j.
+  std::vector<std::vector<bool>> reaches;
 };
+
+// Which gradients of the backward graph depend on which incoming output gradients (its first inputs), by walking its
+// nodes in order. An input whose gradient depends only on outputs that got none (an unused output, as BERT's pooler
+// output under a loss of the hidden states) gets none either, as eager's engine never reaches it: a zero gradient
+// instead would give AdamW a parameter to decay that eager leaves alone.
+std::vector<std::vector<bool>> gradient_reach(const graph::Graph& backward, size_t incoming) {
+  std::vector<std::vector<bool>> reach(backward.values.size());
+  for (size_t j = 0; j < incoming; ++j) {
+    reach[backward.inputs.at(j)].assign(incoming, false);
+    reach[backward.inputs[j]][j] = true;
+  }
+  for (const graph::Node& node : backward.nodes) {
+    std::vector<bool> from(incoming, false);
+    for (const graph::ArgValue& arg : node.args)
+      graph::for_each_tensor(arg, [&](graph::ValueId id) {
+        for (size_t j = 0; j < reach[id].size(); ++j) from[j] = from[j] || reach[id][j];
+      });
+    for (graph::ValueId out : node.outputs) reach[out] = from;
+  }
+  std::vector<std::vector<bool>> result;
+  for (graph::ValueId out : backward.outputs) {
+    std::vector<bool> r = reach[out];
+    r.resize(incoming, false);
+    result.push_back(std::move(r));
+  }
+  return result;
+}
 
 // A tensor with exactly the sizes and strides `meta` promises (copied only when it differs). A workspace
 // (autodiff::is_opaque_workspace: cuDNN's batch-norm reserve) has the size its kernel chose and passes as it
@@ -187,6 +216,7 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
     for (size_t i = 0; i < outputs.size(); ++i)
       if (!joint.output_differentiable[i]) non_differentiable.push_back(outputs[i]);
     if (!non_differentiable.empty()) ctx->mark_non_differentiable(non_differentiable);
+    ctx->set_materialize_grads(false);  // an output nothing used arrives undefined (backward: no gradient from it)
     return outputs;
   }
 
@@ -203,11 +233,19 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
     if (consume) ctx->saved_data["private"] = c10::List<at::Tensor>();
     std::vector<at::Tensor> inputs;
     inputs.reserve(bg.inputs.size());
+    std::vector<bool> arrived;  // per differentiable output: whether a gradient came for it
     for (size_t i = 0; i < joint.num_outputs; ++i) {
       if (!joint.output_differentiable[i]) continue;
       const graph::TensorMeta& meta = bg.values[bg.inputs[inputs.size()]].meta;
-      KILN_ASSERT(grad_outputs[i].defined()) << "the autograd engine passed no gradient for output " << i;
-      inputs.push_back(conform(grad_outputs[i], meta, false));
+      arrived.push_back(grad_outputs[i].defined());
+      if (grad_outputs[i].defined()) {
+        inputs.push_back(conform(grad_outputs[i], meta, false));
+      } else {
+        const auto options = at::TensorOptions()
+                                 .dtype(static_cast<at::ScalarType>(meta.dtype))
+                                 .device(static_cast<c10::DeviceType>(meta.device.type), meta.device.index);
+        inputs.push_back(at::empty_strided(meta.sizes, meta.strides, options).zero_());
+      }
     }
     grad_outputs.clear();
     size_t next_reference = 0, next_private = 0;
@@ -220,7 +258,17 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
     // One gradient per forward argument: the inputs (undefined where none flows), then the program.
     const size_t num_inputs = joint.forward->inputs.size();
     variable_list result(num_inputs + 1);
-    for (size_t i = 0; i < joint.grad_inputs.size(); ++i) result[joint.grad_inputs[i]] = grads[i];
+    for (size_t i = 0; i < joint.grad_inputs.size(); ++i) {
+      // A gradient the walk found independent of every incoming one (a structural zero written as a constant) is
+      // kept whenever any gradient came: eager's engine reaches its input along the path the graph elides.
+      bool reached = false, depends = false;
+      for (size_t j = 0; j < arrived.size(); ++j) {
+        reached = reached || (arrived[j] && program->reaches[i][j]);
+        depends = depends || program->reaches[i][j];
+      }
+      if (!depends) reached = std::find(arrived.begin(), arrived.end(), true) != arrived.end();
+      if (reached) result[joint.grad_inputs[i]] = grads[i];
+    }
     return result;
   }
 };
@@ -281,6 +329,10 @@ std::shared_ptr<AutogradGraph> compile_autograd_graph(std::shared_ptr<const grap
                   << " bytes), recomputes " << joint.recomputed_nodes << " nodes; was "
                   << joint.saved_bytes_before_partition << " bytes";
   KILN_LOG(graph) << "kiln autograd: forward\n" << joint.forward->to_string() << "backward\n" << joint.backward->to_string();
+  size_t incoming = 0;
+  for (bool differentiable : joint.output_differentiable) incoming += differentiable;
+  program->reaches = gradient_reach(*joint.backward, incoming);
+  KILN_ASSERT_EQ(program->reaches.size(), joint.grad_inputs.size()) << "backward outputs";
   program->forward = compile_part(joint.forward);
   program->backward = compile_part(joint.backward);
   kiln_backend_stats().autograd_saved_bytes += joint.saved_bytes;

@@ -157,6 +157,47 @@ def test_autograd_grad():
     assert_compiled_autograd()
 
 
+class TwoHeads(nn.Module):
+    """BERT's shape of outputs: hidden states and a pooler output that the loss may leave unused."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(8, 8)
+        self.pooler = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = torch.tanh(self.body(x))
+        return h, self.pooler(h[:, 0])
+
+
+def test_an_unused_output_gives_its_parameters_no_gradient_as_in_eager():
+    # eager's engine never reaches the pooler: its grads stay None and AdamW leaves it alone (no weight decay)
+    x = random_tensor(4, 3, 8)
+    models = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = TwoHeads()
+        run = kiln.compile(model) if compiled else model
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            hidden, _ = run(x)
+            hidden.pow(2).mean().backward()
+            opt.step()
+        assert model.pooler.weight.grad is None and model.pooler.bias.grad is None, compiled
+        assert model.body.weight.grad is not None
+        models.append(model)
+    for (name, eager), compiled in zip(models[0].named_parameters(), models[1].parameters()):
+        torch.testing.assert_close(compiled, eager, msg=name)
+    # both outputs used: both heads get gradients
+    torch.manual_seed(0)
+    model = TwoHeads()
+    hidden, pooled = kiln.compile(model)(x)
+    (hidden.sum() + pooled.sum()).backward()
+    assert model.pooler.weight.grad is not None
+    assert_compiled_autograd()
+
+
 def test_no_grad_call_runs_forward_only():
     fn = kiln.compile(lambda a: torch.relu(a) * 3)
     x = r(4, 5)
