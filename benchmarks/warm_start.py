@@ -38,7 +38,7 @@ with torch.no_grad():
     again = time.perf_counter() - start
 stats = kiln._C.compiler_stats()
 cuda = kiln._C.cuda.program_cache_stats() if {device!r} == "cuda" else {{}}
-print(json.dumps({{"seconds": seconds, "again_s": again, "sympy_imported": "sympy" in sys.modules, "cpp_compiled": stats["kernels_compiled"], "cpp_cache_hits": stats["cache_hits"],
+print(json.dumps({{"seconds": seconds, "again_s": again, "sympy_imported": "sympy" in sys.modules, "cpp_compiled": stats["kernels_compiled"], "cpp_cache_hits": stats["cache_hits"], "graph_cache_hits": stats["graph_cache_hits"],
                   "nvrtc_compiled": cuda.get("compiled", 0), "cubin_cache_hits": cuda.get("disk_hits", 0)}}))
 """
 
