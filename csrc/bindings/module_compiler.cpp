@@ -28,6 +28,7 @@ void register_compiler(py::module_& m) {
         d["corrupt_entries"] = c.corrupt_entries;
         d["compile_failures"] = c.compile_failures;
         d["graph_cache_hits"] = c.graph_hits;
+        d["joint_cache_hits"] = c.joint_hits;
         d["graphs_compiled"] = b.graphs_compiled;
         d["graphs_fallback"] = b.graphs_fallback;
         d["graphs_autograd"] = b.graphs_autograd;
@@ -38,7 +39,8 @@ void register_compiler(py::module_& m) {
       },
       "counters of the kiln backend: kernels_compiled (C++ compiler runs), cache_hits (libraries loaded from "
       "KILN_CACHE_DIR), memory_hits, corrupt_entries, compile_failures, graph_cache_hits (whole compiled graphs read from KILN_CACHE_DIR: "
-      "no passes, code generation or compiler), graphs_compiled, graphs_fallback, "
+      "no passes, code generation or compiler), joint_cache_hits (autodiff's forward and backward graphs read "
+      "back: no autodiff), graphs_compiled, graphs_fallback, "
       "last_fallback_reason, autograd_saved_bytes (saved forward intermediates of compiled autograd graphs, graph "
       "inputs excluded), autograd_recomputed_nodes (forward nodes their backward graphs recompute)");
   m.def(

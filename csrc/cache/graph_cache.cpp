@@ -4,6 +4,8 @@
 #include <dlfcn.h>
 #include <sys/stat.h>
 
+#include <unordered_map>
+
 #include "cache/kernel_cache.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -158,6 +160,47 @@ void store_graph_record(const std::string& key, const GraphRecord& record) {
   if (build_identity().empty()) return;
   try {
     publish_content(kKind, key, kSuffix, encode(record));
+  } catch (const std::exception& e) {
+    KILN_LOG(fallbacks) << "kiln graph cache: not stored: " << e.what();
+  }
+}
+
+std::vector<graph::ValueId> constant_sources(const graph::Graph& captured, const graph::Graph& derived) {
+  std::unordered_map<PyObject*, graph::ValueId> by_tensor;
+  for (const graph::Value& v : captured.values)
+    if (v.is_constant) by_tensor.emplace(v.constant.get(), v.id);
+  std::vector<graph::ValueId> sources(derived.values.size(), -1);
+  for (const graph::Value& v : derived.values) {
+    if (!v.is_constant) continue;
+    auto it = by_tensor.find(v.constant.get());
+    sources[v.id] = it == by_tensor.end() ? kUnknownConstant : it->second;
+  }
+  return sources;
+}
+
+bool attach_constants(graph::Graph& derived, const std::vector<graph::ValueId>& sources, const graph::Graph& captured) {
+  if (sources.size() != derived.values.size()) return false;
+  for (graph::Value& v : derived.values) {
+    if (!v.is_constant) continue;
+    const graph::ValueId source = sources[v.id];
+    if (source < 0 || source >= static_cast<graph::ValueId>(captured.values.size())) return false;
+    const graph::Value& c = captured.values[source];
+    if (!c.is_constant || c.meta.sizes != v.meta.sizes || c.meta.strides != v.meta.strides || c.meta.dtype != v.meta.dtype)
+      return false;
+    v.constant = c.constant;
+  }
+  return true;
+}
+
+std::optional<std::string> load_record_bytes(const std::string& kind, const std::string& key) {
+  if (build_identity().empty()) return std::nullopt;
+  return read_entry(kind, key, kSuffix);
+}
+
+void store_record_bytes(const std::string& kind, const std::string& key, const std::string& bytes) {
+  if (build_identity().empty()) return;
+  try {
+    publish_content(kind, key, kSuffix, bytes);
   } catch (const std::exception& e) {
     KILN_LOG(fallbacks) << "kiln graph cache: not stored: " << e.what();
   }

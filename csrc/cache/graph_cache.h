@@ -52,6 +52,20 @@ std::optional<GraphRecord> load_graph_record(const std::string& key);
 /// Stores `record` under `key`. I/O errors are logged, never thrown: the cache is an optimisation.
 void store_graph_record(const std::string& key, const GraphRecord& record);
 
+/// Per value of `derived` (a graph built from `captured`: passes may renumber values): for a constant, the id of the
+/// constant of `captured` holding the same tensor (kUnknownConstant when none does: such a graph is not stored); else -1.
+constexpr graph::ValueId kUnknownConstant = -2;
+std::vector<graph::ValueId> constant_sources(const graph::Graph& captured, const graph::Graph& derived);
+
+/// Gives the constants of `derived`, read back without tensors, the tensors of the constants of `captured` that
+/// `sources` names; false (nothing to use) when they do not match.
+bool attach_constants(graph::Graph& derived, const std::vector<graph::ValueId>& sources, const graph::Graph& captured);
+
+/// Other records kept under the same rules as graph records (checksums, atomic writes, kiln's build in the key):
+/// `kind` names their folder ("joints": autodiff's forward and backward graphs). nullopt when missing or corrupt.
+std::optional<std::string> load_record_bytes(const std::string& kind, const std::string& key);
+void store_record_bytes(const std::string& kind, const std::string& key, const std::string& bytes);
+
 /// "<size>-<mtime ns>" of the shared library this code is linked into (kiln's build), "" when unknown.
 const std::string& build_identity();
 

@@ -17,10 +17,14 @@
 #include <torch/csrc/autograd/graph_task.h>
 
 #include "autodiff/build_joint_graphs.h"
+#include "cache/graph_cache.h"
+#include "cache/kernel_cache.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "graph/graph_bytes.h"
 #include "runtime/kernel_graph.h"
 #include "runtime/node_call.h"
+#include "runtime/torch_info.h"
 
 namespace kiln::runtime {
 
@@ -296,6 +300,68 @@ class JointGraph final : public AutogradGraph {
   c10::intrusive_ptr<JointProgram> program_;
 };
 
+// ---- the joint graphs on disk ----------------------------------------------------------------------------
+// After its halves' own records (kernel_graph.cpp), building the joint graphs is most of a training graph's warm
+// compile (the partition, and torch's meta kernels for every backward op): a new process reads them back instead,
+// keyed by the captured graph (cache::graph_key) with the torch version and cuDNN's batch-norm conditions.
+constexpr const char* kJointKind = "joints";
+
+void write_ids(graph::ByteWriter& w, const std::vector<int32_t>& ids) {
+  w.integers(std::vector<int64_t>(ids.begin(), ids.end()));
+}
+
+std::vector<int32_t> read_ids(graph::ByteReader& r) {
+  std::vector<int32_t> ids;
+  for (int64_t v : r.integers()) ids.push_back(static_cast<int32_t>(v));
+  return ids;
+}
+
+// Null when a half holds a constant the captured graph does not (then nothing is stored).
+std::optional<std::string> encode_joint(const autodiff::JointGraphs& j, const graph::Graph& captured) {
+  graph::ByteWriter w;
+  for (const auto* half : {j.forward.get(), j.backward.get()}) {
+    const std::vector<graph::ValueId> sources = cache::constant_sources(captured, *half);
+    if (std::find(sources.begin(), sources.end(), cache::kUnknownConstant) != sources.end()) return std::nullopt;
+    graph::write_graph(w, *half);
+    write_ids(w, sources);
+  }
+  w.integer(static_cast<int64_t>(j.num_outputs));
+  write_ids(w, j.updated_inputs);
+  w.integers(std::vector<int64_t>(j.output_differentiable.begin(), j.output_differentiable.end()));
+  write_ids(w, j.saved_from_input);
+  write_ids(w, j.grad_inputs);
+  for (int64_t v : {j.saved_bytes, j.saved_tensors, j.saved_bytes_before_partition, j.recomputed_nodes}) w.integer(v);
+  return w.take();
+}
+
+// The joint graphs stored for `captured`, with its constant tensors attached, or nullopt.
+std::optional<autodiff::JointGraphs> decode_joint(const std::string& bytes, const graph::Graph& captured) {
+  try {
+    graph::ByteReader r(bytes);
+    autodiff::JointGraphs j;
+    for (auto* half : {&j.forward, &j.backward}) {
+      auto g = std::make_shared<graph::Graph>(graph::read_graph(r));
+      if (!cache::attach_constants(*g, read_ids(r), captured)) return std::nullopt;
+      g->verify();
+      *half = std::move(g);
+    }
+    j.num_outputs = static_cast<size_t>(r.count(1 << 30));
+    j.updated_inputs = read_ids(r);
+    for (int64_t v : r.integers()) j.output_differentiable.push_back(v != 0);
+    j.saved_from_input = read_ids(r);
+    j.grad_inputs = read_ids(r);
+    for (int64_t* v : {&j.saved_bytes, &j.saved_tensors, &j.saved_bytes_before_partition, &j.recomputed_nodes}) *v = r.integer();
+    KILN_CHECK(r.at_end()) << "trailing bytes";
+    KILN_CHECK(j.output_differentiable.size() == j.num_outputs && j.grad_inputs.size() == j.backward->outputs.size())
+        << "inconsistent joint record";
+    return j;
+  } catch (const std::exception& e) {
+    cache::stats().corrupt_entries++;
+    KILN_LOG(fallbacks) << "kiln graph cache: ignoring an unreadable joint record (" << e.what() << ")";
+    return std::nullopt;
+  }
+}
+
 }  // namespace
 
 autodiff::CudnnBatchNorm cudnn_batch_norm_here() {
@@ -318,11 +384,21 @@ std::shared_ptr<const graph::Graph> with_cudnn_batch_norm(std::shared_ptr<const 
 
 std::shared_ptr<AutogradGraph> compile_autograd_graph(std::shared_ptr<const graph::Graph> g,
                                                       const CompileGradFreeGraph& compile_part) {
-  MetaOracle oracle;
   auto program = c10::make_intrusive<JointProgram>();
-  {
+  const autodiff::CudnnBatchNorm cudnn = cudnn_batch_norm_here();
+  const std::string key = cache::graph_key(*g, "joint graphs, torch " + built_torch_version() + ", cudnn batch norm " +
+                                                   std::to_string(cudnn.available) + " " + std::to_string(cudnn.min_epsilon));
+  std::optional<autodiff::JointGraphs> cached;
+  if (std::optional<std::string> bytes = cache::load_record_bytes(kJointKind, key)) cached = decode_joint(*bytes, *g);
+  if (cached) {
+    program->joint = std::move(*cached);
+    cache::stats().joint_hits++;
+    KILN_LOG(perf) << "kiln autograd: forward and backward graphs found in the graph cache";
+  } else {
+    MetaOracle oracle;
     at::NoGradGuard no_grad;
-    program->joint = autodiff::build_joint_graphs(*g, oracle, cudnn_batch_norm_here());
+    program->joint = autodiff::build_joint_graphs(*g, oracle, cudnn);
+    if (std::optional<std::string> bytes = encode_joint(program->joint, *g)) cache::store_record_bytes(kJointKind, key, *bytes);
   }
   const autodiff::JointGraphs& joint = program->joint;
   KILN_LOG(graph) << "kiln autograd partition: saves " << joint.saved_tensors << " tensors (" << joint.saved_bytes

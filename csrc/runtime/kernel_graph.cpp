@@ -18,7 +18,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <optional>
-#include <unordered_map>
 #include <unordered_set>
 
 #include "autodiff/functionalize_buffer_updates.h"
@@ -397,29 +396,8 @@ cache::GraphRecord build_record(const graph::Graph& original, const graph::Devic
     record.kernels.push_back({k.name, k.buffers, fusion::in_place_sources(k), gathers});
   }
   // Constants by the captured graph's ids (passes may renumber values), so a record read back finds its tensors.
-  std::unordered_map<PyObject*, ValueId> captured_constants;
-  for (const graph::Value& v : original.values)
-    if (v.is_constant) captured_constants.emplace(v.constant.get(), v.id);
-  record.constant_sources.assign(optimised.values.size(), -1);
-  for (const graph::Value& v : optimised.values)
-    if (v.is_constant) record.constant_sources[v.id] = captured_constants.at(v.constant.get());
+  record.constant_sources = cache::constant_sources(original, optimised);
   return record;
-}
-
-// Attaches the captured graph's constant tensors to a record read from the cache; false when they do not match.
-bool attach_constants(cache::GraphRecord& record, const graph::Graph& captured) {
-  graph::Graph& g = record.optimised;
-  if (record.constant_sources.size() != g.values.size()) return false;
-  for (graph::Value& v : g.values) {
-    if (!v.is_constant) continue;
-    const ValueId source = record.constant_sources[v.id];
-    if (source < 0 || source >= static_cast<ValueId>(captured.values.size())) return false;
-    const graph::Value& c = captured.values[source];
-    if (!c.is_constant || c.meta.sizes != v.meta.sizes || c.meta.strides != v.meta.strides || c.meta.dtype != v.meta.dtype)
-      return false;
-    v.constant = c.constant;
-  }
-  return true;
 }
 
 // The source text of a record, as logs, debug dumps and summaries show it.
@@ -474,7 +452,7 @@ std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> o
   const std::string key = cache::graph_key(*original, context);
   // The PTX check (a test switch) needs the schedule, so it always builds.
   std::optional<cache::GraphRecord> cached = g_cuda_ptx_check ? std::nullopt : cache::load_graph_record(key);
-  if (cached && !attach_constants(*cached, *original)) cached.reset();
+  if (cached && !cache::attach_constants(cached->optimised, cached->constant_sources, *original)) cached.reset();
   if (cached) {
     const double read_ms = started.ms();
     auto kg = instantiate(std::move(*cached), device, constants_of);
@@ -486,7 +464,9 @@ std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> o
   }
   double schedule_ms = 0, codegen_ms = 0;
   cache::GraphRecord record = build_record(*original, device, training_half, started, schedule_ms, codegen_ms);
-  cache::store_graph_record(key, record);
+  if (std::find(record.constant_sources.begin(), record.constant_sources.end(), cache::kUnknownConstant) ==
+      record.constant_sources.end())
+    cache::store_graph_record(key, record);
   auto kg = instantiate(std::move(record), device, constants_of);
   KILN_LOG(perf) << "kiln backend: " << kg->summary.kernels.size() << " kernels, " << kg->externs_.size()
                  << " extern calls; passes and fusion " << log::whole_ms(schedule_ms) << " ms, code generation "

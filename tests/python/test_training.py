@@ -198,6 +198,41 @@ def test_an_unused_output_gives_its_parameters_no_gradient_as_in_eager():
     assert_compiled_autograd()
 
 
+JOINT_CHILD = """
+import sys, torch, kiln
+sys.path.insert(0, {bench!r})
+import seed_models
+torch.manual_seed(0)
+model = torch.nn.Sequential(*[seed_models.TransformerBlock(32, 4, 64) for _ in range(2)])
+x = torch.randn(3, 5, 32)
+kiln.compile(model)(x).pow(2).mean().backward()
+compiled = [p.grad.clone() for p in model.parameters()]
+model.zero_grad()
+model(x).pow(2).mean().backward()
+ok = all(torch.allclose(a, p.grad, rtol=1e-4, atol=1e-5) for a, p in zip(compiled, model.parameters()))
+s = kiln._C.compiler_stats()
+print(ok, s["joint_cache_hits"], s["graph_cache_hits"], s["graphs_fallback"], "sympy" in sys.modules)
+"""
+
+
+def test_a_new_process_reads_the_joint_graphs_back(tmp_path):
+    # the second process runs no autodiff (no torch meta kernels: no sympy) and no code generation, same gradients
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path / "shared_cache"),
+               PYTHONPATH=os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "python"))
+    code = JOINT_CHILD.format(bench=os.path.dirname(os.path.abspath(seed_models.__file__)))
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(done.stdout.split())
+    assert runs[0][:4] == ["True", "0", "0", "0"], runs
+    assert runs[1][:4] == ["True", "1", "2", "0"], runs  # the joint graphs, then both halves
+    assert runs[1][4] == "False", "a warm training compile imported sympy"
+
+
 def test_no_grad_call_runs_forward_only():
     fn = kiln.compile(lambda a: torch.relu(a) * 3)
     x = r(4, 5)
