@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <unordered_map>
 
 #include "cache/kernel_cache.h"
@@ -143,26 +144,23 @@ std::string graph_key(const graph::Graph& captured, const std::string& context) 
   return hash_hex(w.bytes());
 }
 
-std::optional<GraphRecord> load_graph_record(const std::string& key) {
-  if (build_identity().empty()) return std::nullopt;
-  std::optional<std::string> bytes = read_entry(kKind, key, kSuffix);
+std::optional<GraphRecord> load_graph_record(const std::string& key, const graph::Graph& captured) {
+  std::optional<std::string> bytes = load_record_bytes(kKind, key);
   if (!bytes) return std::nullopt;
   try {
-    return decode(*bytes);
+    GraphRecord record = decode(*bytes);
+    if (!attach_constants(record.optimised, record.constant_sources, captured)) return std::nullopt;
+    return record;
   } catch (const std::exception& e) {
-    stats().corrupt_entries++;
-    KILN_LOG(fallbacks) << "kiln graph cache: ignoring the unreadable entry " << key << " (" << e.what() << ")";
+    ignore_unreadable(kKind, key, e);
     return std::nullopt;
   }
 }
 
 void store_graph_record(const std::string& key, const GraphRecord& record) {
-  if (build_identity().empty()) return;
-  try {
-    publish_content(kKind, key, kSuffix, encode(record));
-  } catch (const std::exception& e) {
-    KILN_LOG(fallbacks) << "kiln graph cache: not stored: " << e.what();
-  }
+  const auto& sources = record.constant_sources;
+  if (std::find(sources.begin(), sources.end(), kUnknownConstant) != sources.end()) return;
+  store_record_bytes(kKind, key, encode(record));
 }
 
 std::vector<graph::ValueId> constant_sources(const graph::Graph& captured, const graph::Graph& derived) {
@@ -195,6 +193,11 @@ bool attach_constants(graph::Graph& derived, const std::vector<graph::ValueId>& 
 std::optional<std::string> load_record_bytes(const std::string& kind, const std::string& key) {
   if (build_identity().empty()) return std::nullopt;
   return read_entry(kind, key, kSuffix);
+}
+
+void ignore_unreadable(const std::string& kind, const std::string& key, const std::exception& e) {
+  stats().corrupt_entries++;
+  KILN_LOG(fallbacks) << "kiln graph cache: ignoring the unreadable " << kind << " entry " << key << " (" << e.what() << ")";
 }
 
 void store_record_bytes(const std::string& kind, const std::string& key, const std::string& bytes) {

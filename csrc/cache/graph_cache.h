@@ -10,6 +10,7 @@
 // entry that fails its checksum or does not parse is ignored (counted in cache::stats) and rebuilt.
 //
 // Torch-free.
+#include <exception>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,11 +46,13 @@ struct GraphRecord {
 /// The key of `captured` compiled under `context` (device, flags: whatever else the result depends on).
 std::string graph_key(const graph::Graph& captured, const std::string& context);
 
-/// The record stored under `key`, or nullopt when there is none or it is unreadable (then it is counted as a
-/// corrupt entry and logged under `fallbacks`).
-std::optional<GraphRecord> load_graph_record(const std::string& key);
+/// The record stored under `key` with the tensors of `captured`'s constants attached (attach_constants), or nullopt
+/// when there is none, its constants do not match, or it is unreadable (then it is counted as a corrupt entry and
+/// logged under `fallbacks`).
+std::optional<GraphRecord> load_graph_record(const std::string& key, const graph::Graph& captured);
 
-/// Stores `record` under `key`. I/O errors are logged, never thrown: the cache is an optimisation.
+/// Stores `record` under `key`, unless one of its constants has no source in the captured graph. I/O errors are
+/// logged, never thrown: the cache is an optimisation.
 void store_graph_record(const std::string& key, const GraphRecord& record);
 
 /// Per value of `derived` (a graph built from `captured`: passes may renumber values): for a constant, the id of the
@@ -65,6 +68,8 @@ bool attach_constants(graph::Graph& derived, const std::vector<graph::ValueId>& 
 /// `kind` names their folder ("joints": autodiff's forward and backward graphs). nullopt when missing or corrupt.
 std::optional<std::string> load_record_bytes(const std::string& kind, const std::string& key);
 void store_record_bytes(const std::string& kind, const std::string& key, const std::string& bytes);
+/// For a record whose bytes passed their checksum but do not decode: counted as corrupt, logged, then rebuilt.
+void ignore_unreadable(const std::string& kind, const std::string& key, const std::exception& e);
 
 /// "<size>-<mtime ns>" of the shared library this code is linked into (kiln's build), "" when unknown.
 const std::string& build_identity();

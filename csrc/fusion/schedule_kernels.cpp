@@ -179,25 +179,13 @@ class Scheduler {
   void set_home(ValueId v, KernelHome h) { home_[v] = std::move(h); }
   const std::optional<std::pair<double, ScalarType>>& constant(ValueId v) const { return constants_[v]; }
 
-  // Load of tensor `v` (a view or a materialised value) into kernel k at the node's index space.
+  // Load of tensor `v` (a view or a materialised value) into kernel k at the node's index space, broadcast: v's
+  // dims are the node's last ones.
   Prim load(int32_t k, ValueId v, const DimMap& node_space, const std::vector<int64_t>& node_shape) {
-    const ValueId root = view_root_[v] >= 0 ? view_root_[v] : v;
-    need_tensor(root);
-    Kernel& kern = kernel(k);
-    const auto& vm = g_.value(v).meta;
-    IndexExpr index;
-    index.offset = vm.storage_offset - g_.value(root).meta.storage_offset;
-    index.strides.assign(kern.domain.size(), 0);
-    const size_t shift = node_shape.size() - vm.sizes.size();
-    for (size_t j = 0; j < vm.sizes.size(); ++j) {
-      const int d = node_space[j + shift];
-      if (vm.sizes[j] == 1 || d < 0) continue;
-      index.strides[d] += vm.strides[j];
-    }
-    Expr e{ExprKind::Load, vm.dtype};
-    e.buffer = buffer_for(k, root, false);
-    e.index = std::move(index);
-    return add_expr(k, std::move(e));
+    const size_t rank = g_.value(v).meta.sizes.size();
+    std::vector<int> dims(rank);
+    for (size_t j = 0; j < rank; ++j) dims[j] = static_cast<int>(node_shape.size() - rank + j);
+    return mapped_load(k, v, node_space, dims);
   }
 
   // Load of tensor `v` into kernel k with its dims placed explicitly: v's dim j runs along node dim dims[j] (-1: not

@@ -245,10 +245,8 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
       if (grad_outputs[i].defined()) {
         inputs.push_back(conform(grad_outputs[i], meta, false));
       } else {
-        const auto options = at::TensorOptions()
-                                 .dtype(static_cast<at::ScalarType>(meta.dtype))
-                                 .device(static_cast<c10::DeviceType>(meta.device.type), meta.device.index);
-        inputs.push_back(at::empty_strided(meta.sizes, meta.strides, options).zero_());
+        const c10::Device device(static_cast<c10::DeviceType>(meta.device.type), meta.device.index);
+        inputs.push_back(at::empty_strided(meta.sizes, meta.strides, options_of(meta, device)).zero_());
       }
     }
     grad_outputs.clear();
@@ -335,7 +333,7 @@ std::optional<std::string> encode_joint(const autodiff::JointGraphs& j, const gr
 }
 
 // The joint graphs stored for `captured`, with its constant tensors attached, or nullopt.
-std::optional<autodiff::JointGraphs> decode_joint(const std::string& bytes, const graph::Graph& captured) {
+std::optional<autodiff::JointGraphs> decode_joint(const std::string& bytes, const std::string& key, const graph::Graph& captured) {
   try {
     graph::ByteReader r(bytes);
     autodiff::JointGraphs j;
@@ -356,8 +354,7 @@ std::optional<autodiff::JointGraphs> decode_joint(const std::string& bytes, cons
         << "inconsistent joint record";
     return j;
   } catch (const std::exception& e) {
-    cache::stats().corrupt_entries++;
-    KILN_LOG(fallbacks) << "kiln graph cache: ignoring an unreadable joint record (" << e.what() << ")";
+    cache::ignore_unreadable(kJointKind, key, e);
     return std::nullopt;
   }
 }
@@ -389,7 +386,7 @@ std::shared_ptr<AutogradGraph> compile_autograd_graph(std::shared_ptr<const grap
   const std::string key = cache::graph_key(*g, "joint graphs, torch " + built_torch_version() + ", cudnn batch norm " +
                                                    std::to_string(cudnn.available) + " " + std::to_string(cudnn.min_epsilon));
   std::optional<autodiff::JointGraphs> cached;
-  if (std::optional<std::string> bytes = cache::load_record_bytes(kJointKind, key)) cached = decode_joint(*bytes, *g);
+  if (std::optional<std::string> bytes = cache::load_record_bytes(kJointKind, key)) cached = decode_joint(*bytes, key, *g);
   if (cached) {
     program->joint = std::move(*cached);
     cache::stats().joint_hits++;

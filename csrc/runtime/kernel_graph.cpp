@@ -417,10 +417,12 @@ std::shared_ptr<KilnGraph> instantiate(cache::GraphRecord record, const graph::D
   kg->summary.backend = "kiln";
   kg->summary.device = device.type == graph::DeviceType::CUDA ? "cuda:" + std::to_string(device.index) : "cpu";
   kg->summary.source = record_source(record);
+  if (!kg->summary.source.empty()) {
+    KILN_LOG(output_code) << "kiln backend (" << kg->summary.device << "):\n" << kg->summary.source;
+    dump_debug("kiln_" + cache::hash_hex(kg->summary.source).substr(0, 12), optimised->to_string(), kg->summary.source);
+  }
   if (!record.cuda_parts.empty()) {
     for (const auto& launch : record.cuda_launches) kg->summary.strategies.push_back(launch.strategy);
-    KILN_LOG(output_code) << "kiln backend (CUDA):\n" << kg->summary.source;
-    dump_debug("kiln_" + cache::hash_hex(kg->summary.source).substr(0, 12), optimised->to_string(), kg->summary.source);
     codegen::cuda::nvrtc_version();  // opens NVRTC with the GIL held: its search may ask importlib
     codegen::cuda::cuda_device_headers();
     WithoutGil no_gil;
@@ -431,8 +433,6 @@ std::shared_ptr<KilnGraph> instantiate(cache::GraphRecord record, const graph::D
     kg->cuda_group_members_ = std::move(record.cuda_group_members);
   } else if (!record.cpp_source.empty()) {
     kg->cpp_functions_ = std::move(record.cpp_functions);
-    KILN_LOG(output_code) << "kiln backend:\n" << kg->summary.source;
-    dump_debug("kiln_" + cache::hash_hex(kg->summary.source).substr(0, 12), optimised->to_string(), kg->summary.source);
     WithoutGil no_gil;
     kg->library_ = codegen::cpp::compile_cpp_library(kg->summary.source, "torch " + built_torch_version());
   }
@@ -451,22 +451,19 @@ std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> o
     context += ", cuda with " + std::to_string(cuda::multiprocessor_count(std::max<int>(device.index, 0))) + " SMs";
   const std::string key = cache::graph_key(*original, context);
   // The PTX check (a test switch) needs the schedule, so it always builds.
-  std::optional<cache::GraphRecord> cached = g_cuda_ptx_check ? std::nullopt : cache::load_graph_record(key);
-  if (cached && !cache::attach_constants(cached->optimised, cached->constant_sources, *original)) cached.reset();
+  std::optional<cache::GraphRecord> cached = g_cuda_ptx_check ? std::nullopt : cache::load_graph_record(key, *original);
   if (cached) {
     const double read_ms = started.ms();
     auto kg = instantiate(std::move(*cached), device, constants_of);
     cache::stats().graph_hits++;
-    KILN_LOG(perf) << "kiln backend: found in the graph cache (" << kg->kernels_.size() << " kernels, "
+    KILN_LOG(perf) << "kiln backend: found in the graph cache (" << kg->summary.kernels.size() << " kernels, "
                    << kg->externs_.size() << " extern calls); read " << log::whole_ms(read_ms)
                    << " ms, compiler or cache " << log::whole_ms(started.ms() - read_ms) << " ms";
     return kg;
   }
   double schedule_ms = 0, codegen_ms = 0;
   cache::GraphRecord record = build_record(*original, device, training_half, started, schedule_ms, codegen_ms);
-  if (std::find(record.constant_sources.begin(), record.constant_sources.end(), cache::kUnknownConstant) ==
-      record.constant_sources.end())
-    cache::store_graph_record(key, record);
+  cache::store_graph_record(key, record);
   auto kg = instantiate(std::move(record), device, constants_of);
   KILN_LOG(perf) << "kiln backend: " << kg->summary.kernels.size() << " kernels, " << kg->externs_.size()
                  << " extern calls; passes and fusion " << log::whole_ms(schedule_ms) << " ms, code generation "

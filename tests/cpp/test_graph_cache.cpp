@@ -144,9 +144,9 @@ TEST_CASE("a graph record is stored and read back whole; a damaged entry is a mi
   record.cuda_group_members = {0};
   const std::string key = cache::graph_key(record.optimised, "test");
   REQUIRE(!cache::build_identity().empty());
-  CHECK(!cache::load_graph_record(key));
+  CHECK(!cache::load_graph_record(key, record.optimised));
   cache::store_graph_record(key, record);
-  std::optional<cache::GraphRecord> back = cache::load_graph_record(key);
+  std::optional<cache::GraphRecord> back = cache::load_graph_record(key, record.optimised);
   REQUIRE(back);
   CHECK(bytes_of(back->optimised) == bytes_of(record.optimised));
   CHECK(back->constant_sources == record.constant_sources);
@@ -173,11 +173,11 @@ TEST_CASE("a graph record is stored and read back whole; a damaged entry is a mi
     f.seekp(5);
     f.write("garbage!", 8);
   }
-  CHECK(!cache::load_graph_record(key));
+  CHECK(!cache::load_graph_record(key, record.optimised));
   CHECK(cache::stats().corrupt_entries == corrupt_before + 1);
   // A well-formed entry whose content does not parse (a checksum that matches garbage) is refused too.
   cache::publish_content("graphs", key, ".kgraph", "not a record");
-  CHECK(!cache::load_graph_record(key));
+  CHECK(!cache::load_graph_record(key, record.optimised));
   CHECK(cache::stats().corrupt_entries == corrupt_before + 2);
   ::unsetenv("KILN_CACHE_DIR");
   std::filesystem::remove_all(dir);
