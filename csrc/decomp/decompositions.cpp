@@ -313,7 +313,7 @@ bool is_affine_view(const Graph& g, const Node& node) {
                                        "aten::squeeze.default", "aten::squeeze.dim", "aten::squeeze.dims",
                                        "aten::permute.default", "aten::transpose.int", "aten::t.default",
                                        "aten::slice.Tensor", "aten::select.int", "aten::alias.default",
-                                       "aten::numpy_T.default"};
+                                       "aten::numpy_T.default", "aten::as_strided.default"};
   static const char* const contiguous_only[] = {"aten::reshape.default", "aten::_unsafe_view.default",
                                                 "aten::_reshape_alias.default"};
   if (node.outputs.size() != 1 || node.mutates_args || node.args.empty()) return false;

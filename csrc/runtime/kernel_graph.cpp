@@ -38,6 +38,7 @@
 #include "passes/functionalize.h"
 #include "passes/lower_batch_norm.h"
 #include "passes/pipeline.h"
+#include "passes/sink_into_copies.h"
 #include "passes/split_addmm.h"
 #include "passes/stage_row_sums.h"
 #include "runtime/autograd_graph.h"
@@ -361,6 +362,7 @@ cache::GraphRecord build_record(const graph::Graph& original, const graph::Devic
   if (device.type == graph::DeviceType::CUDA &&
       passes::split_addmm_bias(optimised, cuda::multiprocessor_count(std::max<int>(device.index, 0))))
     KILN_LOG(perf) << "kiln backend: addmm bias adds fused after plain matmuls";
+  if (passes::sink_pointwise_into_copies(optimised)) KILN_LOG(perf) << "kiln backend: pointwise ops computed in their copies' layout";
   if (passes::stage_row_sums(optimised)) KILN_LOG(perf) << "kiln backend: row sums of flattened views staged";
   if (passes::relayout_convolutions_channels_last(optimised, /*cpu=*/!training_half)) {
     KILN_LOG(perf) << "kiln backend: convolutions run channels-last";

@@ -125,6 +125,29 @@ def test_transposed_copy_of_a_layer_norm_is_its_kernel_store():
     check(g, rand(4, 6, 16), rand(16), rand(16), expect_kernels=1)
 
 
+def split_qkv(x, w, b):
+    """nn.MultiheadAttention's general path: the in-projection's bias add, then q, k and v split off by views and
+    one contiguous copy (test_compiler_cuda uses it too)."""
+    proj = x @ w.t() + b
+    proj = proj.unflatten(-1, (3, w.shape[1])).unsqueeze(0).transpose(0, -2).squeeze(-2).contiguous()
+    return proj[0] * 2, proj[1], proj[2]
+
+
+def test_pointwise_op_before_a_permuting_copy_computes_in_the_copy():
+    # The add runs in the copy's kernel, which stores only the copy.
+    E = 16
+    summary = check(split_qkv, rand(4, 8, E), rand(3 * E, E), rand(3 * E))
+    assert "kernel_0_add_clone" in summary["kernels"], summary["kernels"]
+    assert not any(k.endswith("_add") for k in summary["kernels"]), summary["kernels"]
+    # a broadcast operand along a permuted dim, a scalar operand, and an offset view of the result's storage
+    check(lambda x, y: (x * y).permute(2, 0, 1).contiguous(), rand(3, 5, 7), rand(1, 5, 1), expect_kernels=1)
+    check(lambda x: (x - 1.5).transpose(0, 1).contiguous(), rand(6, 9), expect_kernels=1)
+    check(lambda x, y: (x / y)[1].t().contiguous(), rand(3, 4, 6), rand(6))
+    # left alone: the sum is used twice; the view slices (not dense)
+    check(lambda x, y: ((x + y).t().contiguous(), (x + y).sum()), rand(5, 6), rand(6))
+    check(lambda x, y: (x + y)[:, 2:5].t().contiguous(), rand(5, 6), rand(6))
+
+
 def test_transposing_kernel_writes_register_transposed_tiles():
     # A channels-last value written back in the default layout (after a channels-last convolution): whole 16 x 16
     # tiles go through the prelude's register transpose, the edge tiles (19 channels, 37 x 41 pixels) through

@@ -105,6 +105,16 @@ def test_broadcast_and_transposed_operands():
     check(lambda x, y: (x.unsqueeze(1) - y.unsqueeze(0)).abs(), rand(9, 5), rand(7, 5), kind="pointwise")
 
 
+def test_bias_add_before_the_qkv_split_runs_in_the_copy():
+    # nn.MultiheadAttention's general path on CUDA: bias add, views, one contiguous copy -> one kernel that
+    # reads the product once and stores the copy (passes/sink_into_copies.h)
+    from test_compiler_cpu import split_qkv
+    E = 64
+    summary = check(split_qkv, rand(4, 32, E), rand(3 * E, E), rand(3 * E))
+    assert "kernel_0_add_clone" in summary["kernels"], summary["kernels"]
+    assert not any(k.endswith("_add") for k in summary["kernels"]), summary["kernels"]
+
+
 def test_empty_tensor():
     check(lambda x: x * 2 + 1, rand(0, 5), kind="pointwise")
 
@@ -132,8 +142,8 @@ def test_casts_between_dtypes():
 
 
 # ---- reductions ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("shape,strategy", [((8, 100), "warp_per_row"), ((64, 1024), "block_per_row"),
-                                            ((3, 5000), "block_per_row"), ((1000, 17), "warp_per_row")])
+@pytest.mark.parametrize("shape,strategy", [((8, 100), "warp_per_row_cached"), ((64, 1024), "block_per_row_cached"),
+                                            ((3, 5000), "block_per_row_cached"), ((1000, 17), "warp_per_row")])
 def test_softmax_is_one_kernel(shape, strategy):
     check(lambda x: torch.softmax(x, -1), rand(*shape), expect_kernels=1, expect_strategies=[strategy])
 
@@ -146,6 +156,17 @@ def test_log_softmax_over_a_middle_dim():
 def test_layer_norm_is_one_kernel(hidden):
     w, b = rand(hidden), rand(hidden)
     check(lambda x: F.layer_norm(x, (hidden,), w, b), rand(4, 5, hidden), expect_kernels=1)
+
+
+@pytest.mark.parametrize("hidden,cached", [(100, True), (768, True), (4096, True), (5000, True), (16384, False)])
+def test_layer_norm_rows_held_in_registers(hidden, cached):
+    # Rows whose vector loads fit in registers are read once, before the passes (the `_cached` strategies);
+    # 16384 columns of four loads do not fit. A misaligned input takes the same kernel's scalar passes.
+    w, b = rand(hidden), rand(hidden)
+    fn = lambda x, r: F.layer_norm(x + r, (hidden,), w, b)  # noqa: E731
+    summary = check(fn, rand(6, hidden), rand(6, hidden), expect_kernels=1)
+    assert summary["strategies"][0].endswith("_cached") == cached, summary["strategies"]
+    check(fn, rand(6 * hidden + 1)[1:].view(6, hidden), rand(6, hidden), expect_kernels=1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -90,13 +90,18 @@ std::string KernelEmitter::emit(CudaKernelLaunch& launch) {
     launch.block_x = 32;
     launch.block_y = kRowsPerBlock;
     launch.grid = static_cast<unsigned>(std::min<int64_t>((outer + kRowsPerBlock - 1) / kRowsPerBlock, kMaxGrid));
+    row_vec_ = row_vector_width();
+    cached_chunks_ = cached_row_chunks(row_vec_, 32);
   } else {
     launch.strategy = "block_per_row";
-    threads = static_cast<unsigned>(std::min<int64_t>(1024, std::max<int64_t>(64, pow2_ceil((reduced + 3) / 4))));
+    row_vec_ = row_vector_width();
+    threads = static_cast<unsigned>(block_row_threads(row_vec_));
     launch.block_x = threads;
     launch.grid = static_cast<unsigned>(std::min<int64_t>(outer, kMaxGrid));
+    cached_chunks_ = cached_row_chunks(row_vec_, threads);
   }
   block_reduce_ = launch.strategy == "block_per_row";
+  if (cached_chunks_ > 0) launch.strategy += "_cached";
   if (outer == 0) launch.grid = 0;
   index_type_ = needs_64bit_index(launch) ? "long long" : "int";
 

@@ -27,6 +27,9 @@ constexpr int64_t kColumnVectorOutputsWanted = 65536;  // column strategy: 4 col
 constexpr int64_t kColumnThreadsWanted = 65536;  // column strategy: more threads along the rows below this many
 constexpr int64_t kColumnBlocksWanted = 256;  // column strategy: narrower blocks until about this many
 constexpr int64_t kThreadRowLimit = 64;     // pooling windows up to this size are walked by one thread
+constexpr int64_t kRowBlockVectors = 512;   // block_per_row with vectors: at most this many threads per row
+constexpr int64_t kCachedRowChunks = 8;     // cached rows: at most this many vectors of each load per thread
+constexpr int64_t kCachedRowWords = 64;     // cached rows: at most this many 32-bit registers of loads per thread
 constexpr int64_t kMaxGrid = int64_t{1} << 20;  // grid-stride loops cover the rest
 constexpr int64_t kIndex32Limit = (int64_t{1} << 31) - 1;
 // A graph's kernels are split into up to kMaxParts NVRTC programs of about kKernelsPerPart distinct kernels,
@@ -92,8 +95,21 @@ class KernelEmitter {
   // Opens a pass over the reduced loops, lanes striding (by row_width_ elements at a time); calls
   // `body(indent)` once per element of the step (lane_ set when vectorised) and stores the vectors of
   // `vector_stores` after it; closes the pass.
+  // Passes over the reduced loops that emit_row_loop makes: one per walk of reductions, one for the stores
+  // along the reduced loops.
+  int row_passes() const;
+  // Cached rows: when a row takes several passes and its vector loads fit in registers (at most
+  // kCachedRowChunks vectors per load and thread, kCachedRowWords registers in all), each thread reads its
+  // part of the row once, before the first pass, and every pass takes the values from registers. Returns
+  // the vectors per thread and load (the passes' unrolled steps), or 0 where the passes read memory.
+  int cached_row_chunks(int width, int64_t threads_per_row) const;
+  // The threads of a block_per_row kernel: for vectors of `width` elements (width > 1), the fewest warps that
+  // cover the row in as few steps as kRowBlockVectors threads would; otherwise about four elements each.
+  int64_t block_row_threads(int width) const;
   template <typename Body>
   void reduced_pass(const std::string& indent, Body body, const std::vector<size_t>& vector_stores = {});
+  // Cached rows: each thread's vectors of every contiguous load of the row, read into `lc<i>[chunk]`.
+  void emit_row_cache(const std::string& indent);
   void emit_rows(int64_t rows);
   void emit_row_loop(int64_t rows, const std::string& base_indent);
   // Outputs per thread of the column strategy: 4 (2 for 8-byte types) neighbouring columns with vector accesses
@@ -122,6 +138,8 @@ class KernelEmitter {
   int vector_width_ = 1;
   int lane_ = -1;  // the vector lane being emitted, or -1 for scalar code
   int row_width_ = 1;  // elements per lane and step in the row passes being emitted
+  int row_vec_ = 1;    // the row passes' vector width when the alignment test passes (row_vector_width)
+  int cached_chunks_ = 0;  // cached rows (cached_row_chunks): vector steps per pass, each unrolled
 };
 
 }  // namespace kiln::codegen::cuda
