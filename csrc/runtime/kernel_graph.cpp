@@ -17,6 +17,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <optional>
 #include <unordered_set>
 
@@ -58,6 +59,9 @@ using KernelFn = void (*)(void* const*);
 
 // Parameters of one launch group: 8 bytes each, well inside the 4 KiB every CUDA architecture accepts.
 constexpr size_t kMaxGroupBuffers = 256;
+
+// Held while a CPU kernel with gathered loads runs and its library's index-error flag is read (Kernels::run).
+std::mutex g_gathering_kernels;
 
 struct KernelCall {
   KernelFn fn = nullptr;               // CPU
@@ -133,14 +137,21 @@ class KilnGraph final : public CompiledGraph {
           }
           pointers[b] = t.data_ptr();
         }
-        if (k.fn) {
-          k.fn(pointers.data());
-          if (k.index_error && *k.index_error) {
+        if (k.fn && k.index_error) {
+          // The flag is the library's: two threads running its gathering kernels at once (the GIL is released
+          // here) would read each other's error, so such a kernel and the read of the flag hold one lock.
+          bool out_of_range = false;
+          {
+            std::lock_guard<std::mutex> lock(g_gathering_kernels);
+            k.fn(pointers.data());
+            out_of_range = *k.index_error != 0;
             *k.index_error = 0;
-            // eager's error, type and message: "index out of range in self" (an IndexError in Python)
-            TORCH_CHECK_INDEX(false, "index out of range in self (kiln kernel ", k.name,
-                              ": an embedding, gather or index_select index outside its dim)");
           }
+          // eager's error, type and message: "index out of range in self" (an IndexError in Python)
+          TORCH_CHECK_INDEX(!out_of_range, "index out of range in self (kiln kernel ", k.name,
+                            ": an embedding, gather or index_select index outside its dim)");
+        } else if (k.fn) {
+          k.fn(pointers.data());
         } else if (k.launch.grid.x > 0) {
           arguments.resize(pointers.size());
           for (size_t b = 0; b < pointers.size(); ++b) arguments[b] = &pointers[b];

@@ -555,6 +555,41 @@ def test_an_index_out_of_range_raises_index_error_as_in_eager(bad):
     kiln.reset()
 
 
+def test_threads_running_one_gathering_graph_see_only_their_own_index_errors():
+    # The library's index-error flag is read under a lock with its kernel (the GIL is released while a graph
+    # runs): a thread with good indices never raises, one with a bad index always does.
+    import threading
+    word = rand(4000, 64)
+    fn = lambda ids: F.embedding(ids, word) * 2  # noqa: E731
+    good = torch.randint(0, 4000, (256, 512))  # long enough (8M outputs) for the two threads' kernels to overlap
+    bad = good.clone()
+    bad[255, 511] = 4000
+    compiled, summary, examples = compile_kiln(fn, good)
+    assert summary["externs"] == [], summary
+    expected = fn(good)
+    wrong = []
+
+    def run(ids, should_raise):
+        inputs = [ids if t is good else t for t in examples]  # the table is an input of the graph too
+        for _ in range(30):
+            try:
+                out = compiled(inputs)[0]
+                if should_raise or not torch.equal(out, expected):
+                    wrong.append("no error" if should_raise else "wrong values")
+            except IndexError:
+                if not should_raise:
+                    wrong.append("another thread's error")
+            except Exception as e:  # noqa: BLE001 (reported by the assertion below)
+                wrong.append(repr(e))
+
+    threads = [threading.Thread(target=run, args=(good, False)), threading.Thread(target=run, args=(bad, True))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == [], wrong[:5]
+
+
 # ---- whole models through kiln.compile (the default backend) ------------------------------------------------
 @pytest.mark.parametrize("make", [
     lambda: (seed_models.MLP(), (32, 100)),
