@@ -181,4 +181,29 @@ PyObject* Source::resolve(const SourceRoots& roots) const {
   return v;
 }
 
+SourceWalker::~SourceWalker() { truncate(0); }
+
+void SourceWalker::truncate(size_t n) {
+  while (path_.size() > n) {
+    Py_DECREF(path_.back().second);
+    path_.pop_back();
+  }
+}
+
+PyObject* SourceWalker::resolve(const Source& source) {
+  chain_.clear();
+  for (const Source* s = &source; s; s = s->base().get()) chain_.push_back(s);
+  // the longest prefix (from the root) already walked
+  size_t shared = 0;
+  while (shared < path_.size() && shared < chain_.size() && path_[shared].first->same_step(*chain_[chain_.size() - 1 - shared])) ++shared;
+  truncate(shared);
+  for (size_t i = shared; i < chain_.size(); ++i) {
+    const Source* step = chain_[chain_.size() - 1 - i];
+    PyObject* v = i == 0 ? step->resolve(roots_) : step->resolve_from(path_.back().second, roots_);
+    if (!v) return nullptr;
+    path_.emplace_back(step, v);
+  }
+  return Py_NewRef(path_.back().second);
+}
+
 }  // namespace kiln

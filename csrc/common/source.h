@@ -7,6 +7,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace kiln {
 
@@ -71,6 +73,13 @@ class Source {
   PyObject* resolve(const SourceRoots& roots) const;
   /// One step from an already resolved base value (new reference or NULL + error).
   PyObject* resolve_from(PyObject* base_value, const SourceRoots& roots) const;
+  /// The same last step as `other` (kind, index, interned name and slot, object): two sources whose steps
+  /// are the same from their roots reach the same value. The tracer makes a new source at each access, so
+  /// equal paths are seldom the same objects.
+  bool same_step(const Source& other) const {
+    return kind_ == other.kind_ && index_ == other.index_ && py_name_ == other.py_name_ && py_slot_ == other.py_slot_ &&
+           object_ == other.object_;
+  }
 
   ~Source();
   Source(const Source&) = delete;
@@ -87,6 +96,27 @@ class Source {
   PyObject* py_name_ = nullptr;
   PyObject* py_slot_ = nullptr;
   PyObject* object_ = nullptr;
+};
+
+/// Resolves many sources one after the other, keeping the values of the bases the last one went through: a
+/// model's parameters share their paths (`self._modules['layer1']._modules['0']...`), so each source costs
+/// only the steps below the prefix it shares with the one before (resnet50's 320 graph inputs: six steps
+/// each, one or two with the walker). The values are read once per walker, at the time of the first source
+/// that needs them; a walker lives for one call.
+class SourceWalker {
+ public:
+  explicit SourceWalker(const SourceRoots& roots) : roots_(roots) {}
+  ~SourceWalker();
+  SourceWalker(const SourceWalker&) = delete;
+  SourceWalker& operator=(const SourceWalker&) = delete;
+  /// New reference, or NULL with a Python error set (as Source::resolve).
+  PyObject* resolve(const Source& source);
+
+ private:
+  void truncate(size_t n);
+  const SourceRoots& roots_;
+  std::vector<std::pair<const Source*, PyObject*>> path_;  ///< root first; owned references (steps compared by same_step)
+  std::vector<const Source*> chain_;                       ///< scratch: the source's path, leaf first
 };
 
 }  // namespace kiln

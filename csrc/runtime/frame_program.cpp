@@ -242,8 +242,9 @@ PyObject* program_call(PyObject* self, PyObject* const* args, size_t nargsf, PyO
   try {
     std::vector<at::Tensor> inputs;
     inputs.reserve(spec.inputs.size());
+    SourceWalker walker(roots);
     for (const SourcePtr& source : spec.inputs) {
-      PyObject* v = source->resolve(roots);
+      PyObject* v = walker.resolve(*source);
       if (!v) return nullptr;
       if (!THPVariable_Check(v)) {
         Py_DECREF(v);

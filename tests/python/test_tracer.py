@@ -929,3 +929,41 @@ def test_class_attributes_read_through_type_are_guarded():
     for _ in range(4):
         compiled_g(x)
     assert _Scaled.made == 4
+
+
+def test_parameters_sharing_paths_are_read_afresh_on_every_call():
+    # A call reads its graph inputs through paths that share prefixes (self.mids.0.leaves.3.w); each value is
+    # the one the path reaches now: in-place updates, a replaced parameter, a replaced submodule.
+    class Leaf(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4))
+
+    class Mid(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.leaves = nn.ModuleList([Leaf() for _ in range(3)])
+
+    class Top(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mids = nn.ModuleList([Mid() for _ in range(3)])
+
+        def forward(self, x):
+            for i, m in enumerate(self.mids):
+                for leaf in m.leaves:
+                    x = x * (i + 1) + leaf.w
+            return x
+
+    model = Top()
+    compiled = kiln.compile(model)
+    x = torch.randn(4)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+        model.mids[1].leaves[2].w.mul_(3)
+        torch.testing.assert_close(compiled(x), model(x))
+        model.mids[2].leaves[0].w = nn.Parameter(torch.randn(4))
+        torch.testing.assert_close(compiled(x), model(x))
+        model.mids[0] = Mid()
+        torch.testing.assert_close(compiled(x), model(x))
+    kiln.reset()
