@@ -70,6 +70,7 @@ bool same_check(const Check& a, const Check& b) {
     case CheckKind::kId: return a.object == b.object;
     case CheckKind::kLength: return a.length == b.length;
     case CheckKind::kHasNoAttr: return a.name == b.name;
+    case CheckKind::kNoModuleHooks: return true;
     default: return false;  // constants, tensors and keys on one path come once from the tracer
   }
 }
@@ -83,6 +84,7 @@ std::string describe_check(const std::string& path, const Check& c) {
     case CheckKind::kLength: return "len(" + path + ") == " + std::to_string(c.length);
     case CheckKind::kDictKeys: return "list(" + path + ".keys()) == " + repr(c.object);
     case CheckKind::kHasNoAttr: return path + " has no attribute " + c.name;
+    case CheckKind::kNoModuleHooks: return path + " has no forward, forward-pre or backward hooks";
   }
   return path;
 }
@@ -149,6 +151,20 @@ bool run_check(const Check& c, PyObject* value, std::string* why) {
       if (!has) return true;
       if (why) *why = "attribute " + c.name + " appeared";
       return false;
+    }
+    case CheckKind::kNoModuleHooks: {
+      static PyObject* const names[] = {PyUnicode_InternFromString("_forward_hooks"),
+                                        PyUnicode_InternFromString("_forward_pre_hooks"),
+                                        PyUnicode_InternFromString("_backward_hooks")};
+      PyObject** dictptr = _PyObject_GetDictPtr(value);
+      for (PyObject* name : names) {
+        PyObject* hooks = dictptr && *dictptr ? PyDict_GetItemWithError(*dictptr, name) : nullptr;
+        if (!hooks && PyErr_Occurred()) PyErr_Clear();
+        if (hooks && PyDict_Check(hooks) && PyDict_GET_SIZE(hooks) == 0) continue;
+        if (why) *why = std::string(PyUnicode_AsUTF8(name)) + (hooks ? " is no longer empty" : " is missing");
+        return false;
+      }
+      return true;
     }
   }
   return false;
@@ -276,6 +292,8 @@ void GuardTree::add_has_no_attr(const SourcePtr& s, const std::string& name) {
   c.name = name;
   add(node_for(s), std::move(c));
 }
+
+void GuardTree::add_no_module_hooks(const SourcePtr& s) { add(node_for(s), Check{CheckKind::kNoModuleHooks}); }
 
 void GuardTree::add_dict_keys(const SourcePtr& s, PyObject* keys_tuple) {
   Check c{CheckKind::kDictKeys};

@@ -35,6 +35,7 @@ enum class CheckKind : unsigned char {
   kLength,     ///< len(v) == length (tuples, lists, dicts)
   kDictKeys,   ///< list(v.keys()) == `object` (a tuple of keys, in order)
   kHasNoAttr,  ///< v has no attribute/dict entry `name` (a module attribute that must stay absent)
+  kNoModuleHooks,  ///< v.__dict__'s `_forward_hooks`, `_forward_pre_hooks` and `_backward_hooks` are empty dicts
 };
 
 struct Check {
@@ -85,6 +86,9 @@ class GuardTree {
   void add_dict_keys(const SourcePtr& s, PyObject* keys_tuple);
   /// The value at `s` must still lack attribute `name` (hasattr() answered False at trace time).
   void add_has_no_attr(const SourcePtr& s, const std::string& name);
+  /// The module `s` reaches has no forward, forward-pre or backward hooks: one check reading its __dict__
+  /// once, where three length checks walked a node each (a ViT's 263 modules made 789 of its 1821 checks).
+  void add_no_module_hooks(const SourcePtr& s);
   void add_globals_identity(PyObject* globals);
   /// `a` and `b` must lead to the same object (one tensor reached through two paths).
   void add_same_object(const SourcePtr& a, const SourcePtr& b);

@@ -352,8 +352,7 @@ VarPtr Tracer::call_module(const VarPtr& module, std::vector<VarPtr> args, KwArg
   if (kind == "hooks") KILN_UNSUPPORTED() << "calling a module with hooks or a replaced forward (" << Py_TYPE(m)->tp_name << ")";
   if (module->source) {
     // Hooks added later must invalidate the trace: the hook dicts stay empty.
-    for (const char* hooks : {"_forward_hooks", "_forward_pre_hooks", "_backward_hooks"})
-      guards_->add_length(Source::instance_dict(module->source, hooks), 0);
+    guards_->add_no_module_hooks(module->source);
   }
   if (kind == "sequential") {
     if (args.size() != 1 || !kwargs.empty()) KILN_UNSUPPORTED() << "nn.Sequential called with several arguments";

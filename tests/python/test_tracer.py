@@ -967,3 +967,32 @@ def test_parameters_sharing_paths_are_read_afresh_on_every_call():
         model.mids[0] = Mid()
         torch.testing.assert_close(compiled(x), model(x))
     kiln.reset()
+
+
+@pytest.mark.parametrize("kind", ["forward", "forward_pre", "full_backward"])
+def test_a_hook_added_after_compiling_runs(kind):
+    # The traced modules' hook dicts are guarded empty: a hook registered later on a submodule makes the next call
+    # miss the compiled code, and the hook runs as in eager; removed again, the calls match eager again.
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    compiled = kiln.compile(model)
+    x = torch.randn(3, 4, requires_grad=kind == "full_backward")
+    torch.testing.assert_close(compiled(x), model(x))
+    calls = []
+    if kind == "forward":
+        handle = model[0].register_forward_hook(lambda m, args, out: calls.append(1) or out * 2)
+    elif kind == "forward_pre":
+        handle = model[0].register_forward_pre_hook(lambda m, args: calls.append(1) or (args[0] + 1,))
+    else:
+        handle = model[0].register_full_backward_hook(lambda m, gin, gout: calls.append(1))
+    out = compiled(x)
+    if kind == "full_backward":
+        out.sum().backward()
+    assert calls == [1]
+    calls.clear()
+    expected = model(x)
+    if kind != "full_backward":
+        assert calls == [1]
+    torch.testing.assert_close(out, expected)
+    handle.remove()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
