@@ -85,8 +85,31 @@ std::string describe_check(const std::string& path, const Check& c) {
     case CheckKind::kDictKeys: return "list(" + path + ".keys()) == " + repr(c.object);
     case CheckKind::kHasNoAttr: return path + " has no attribute " + c.name;
     case CheckKind::kNoModuleHooks: return path + " has no forward, forward-pre or backward hooks";
+    case CheckKind::kDictConstants: {
+      std::string text;
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(c.object); ++i) {
+        PyObject* pair = PyTuple_GET_ITEM(c.object, i);
+        text += std::string(i ? ", " : "") + path + "." + PyUnicode_AsUTF8(PyTuple_GET_ITEM(pair, 0)) + " == " +
+                repr(PyTuple_GET_ITEM(pair, 1));
+      }
+      return text;
+    }
   }
   return path;
+}
+
+// kConstant's test: the same type and ==.
+bool equal_constant(PyObject* value, PyObject* expected, std::string* why) {
+  if (value == expected) return true;
+  if (Py_TYPE(value) != Py_TYPE(expected)) {
+    if (why) *why = std::string("expected ") + repr(expected) + ", got " + repr(value);
+    return false;
+  }
+  int eq = PyObject_RichCompareBool(value, expected, Py_EQ);
+  if (eq < 0) PyErr_Clear();
+  if (eq == 1) return true;
+  if (why) *why = "expected " + repr(expected) + ", got " + repr(value);
+  return false;
 }
 
 // Returns true when `value` passes; writes the reason on failure when `why` is set.
@@ -107,18 +130,7 @@ bool run_check(const Check& c, PyObject* value, std::string* why) {
       if (why) *why = object ? "a different object than the one traced" : "the object traced has been freed";
       return false;
     }
-    case CheckKind::kConstant: {
-      if (value == c.object) return true;
-      if (Py_TYPE(value) != Py_TYPE(c.object)) {
-        if (why) *why = std::string("expected ") + repr(c.object) + ", got " + repr(value);
-        return false;
-      }
-      int eq = PyObject_RichCompareBool(value, c.object, Py_EQ);
-      if (eq < 0) PyErr_Clear();
-      if (eq == 1) return true;
-      if (why) *why = "expected " + repr(c.object) + ", got " + repr(value);
-      return false;
-    }
+    case CheckKind::kConstant: return equal_constant(value, c.object, why);
     case CheckKind::kTensor: return tensor_matches(value, c.tensor, why);
     case CheckKind::kLength: {
       Py_ssize_t n = PyObject_Length(value);
@@ -163,6 +175,24 @@ bool run_check(const Check& c, PyObject* value, std::string* why) {
         if (hooks && PyDict_Check(hooks) && PyDict_GET_SIZE(hooks) == 0) continue;
         if (why) *why = std::string(PyUnicode_AsUTF8(name)) + (hooks ? " is no longer empty" : " is missing");
         return false;
+      }
+      return true;
+    }
+    case CheckKind::kDictConstants: {
+      PyObject** dictptr = _PyObject_GetDictPtr(value);
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(c.object); ++i) {
+        PyObject* pair = PyTuple_GET_ITEM(c.object, i);
+        PyObject* name = PyTuple_GET_ITEM(pair, 0);
+        PyObject* item = dictptr && *dictptr ? PyDict_GetItemWithError(*dictptr, name) : nullptr;
+        if (!item) {
+          if (PyErr_Occurred()) PyErr_Clear();
+          if (why) *why = std::string("attribute ") + PyUnicode_AsUTF8(name) + " is gone";
+          return false;
+        }
+        if (!equal_constant(item, PyTuple_GET_ITEM(pair, 1), why)) {
+          if (why) *why = std::string(PyUnicode_AsUTF8(name)) + ": " + *why;
+          return false;
+        }
       }
       return true;
     }
@@ -294,6 +324,12 @@ void GuardTree::add_has_no_attr(const SourcePtr& s, const std::string& name) {
 }
 
 void GuardTree::add_no_module_hooks(const SourcePtr& s) { add(node_for(s), Check{CheckKind::kNoModuleHooks}); }
+
+void GuardTree::add_dict_constants(const SourcePtr& s, PyObject* pairs) {
+  Check c{CheckKind::kDictConstants};
+  c.object = pairs;
+  add(node_for(s), std::move(c));
+}
 
 void GuardTree::add_dict_keys(const SourcePtr& s, PyObject* keys_tuple) {
   Check c{CheckKind::kDictKeys};

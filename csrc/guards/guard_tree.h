@@ -36,6 +36,7 @@ enum class CheckKind : unsigned char {
   kDictKeys,   ///< list(v.keys()) == `object` (a tuple of keys, in order)
   kHasNoAttr,  ///< v has no attribute/dict entry `name` (a module attribute that must stay absent)
   kNoModuleHooks,  ///< v.__dict__'s `_forward_hooks`, `_forward_pre_hooks` and `_backward_hooks` are empty dicts
+  kDictConstants,  ///< v.__dict__[name] == value for each (name, value) pair of `object` (a tuple of pairs)
 };
 
 struct Check {
@@ -89,6 +90,10 @@ class GuardTree {
   /// The module `s` reaches has no forward, forward-pre or backward hooks: one check reading its __dict__
   /// once, where three length checks walked a node each (a ViT's 263 modules made 789 of its 1821 checks).
   void add_no_module_hooks(const SourcePtr& s);
+  /// Each (interned name, value) pair of `pairs` (a tuple, taken over) must stay in the __dict__ of the object
+  /// `s` reaches, equal as for add_constant: a built-in module's plain attributes (in_features, eps, training)
+  /// in one check that reads the __dict__ once, where each was a node of its own.
+  void add_dict_constants(const SourcePtr& s, PyObject* pairs);
   void add_globals_identity(PyObject* globals);
   /// `a` and `b` must lead to the same object (one tensor reached through two paths).
   void add_same_object(const SourcePtr& a, const SourcePtr& b);

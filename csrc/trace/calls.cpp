@@ -386,10 +386,33 @@ VarPtr Tracer::call_module(const VarPtr& module, std::vector<VarPtr> args, KwArg
       VarPtr t = wrap(PyTuple_GET_ITEM(entry, 1), s);
       PyDict_SetItemString(fakes, dotted.c_str(), t->value);
     }
+    // The module's own __dict__ entries in one check; attributes elsewhere (a class default, a submodule's) each
+    // keep a node of their own.
+    PyObject* own = PyList_New(0);
+    PyObject** module_dict = _PyObject_GetDictPtr(m);
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(constants); ++i) {
       PyObject* entry = PyList_GET_ITEM(constants, i);
-      guards_->add_constant(path_source(PyTuple_GET_ITEM(entry, 0), nullptr), PyTuple_GET_ITEM(entry, 1));
+      PyObject* path = PyTuple_GET_ITEM(entry, 0);
+      PyObject* value = PyTuple_GET_ITEM(entry, 1);
+      if (PyList_GET_SIZE(path) == 1 && module_dict && *module_dict) {
+        PyObject* step = PyList_GET_ITEM(path, 0);
+        PyObject* name = PyTuple_GET_ITEM(step, 1);
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(step, 0), "__dict__") == 0 &&
+            PyDict_GetItemWithError(*module_dict, name) == value) {
+          Py_INCREF(name);
+          PyUnicode_InternInPlace(&name);
+          PyObject* pair = PyTuple_Pack(2, name, value);
+          Py_DECREF(name);
+          PyList_Append(own, pair);
+          Py_DECREF(pair);
+          continue;
+        }
+        if (PyErr_Occurred()) PyErr_Clear();
+      }
+      guards_->add_constant(path_source(path, nullptr), value);
     }
+    if (PyList_GET_SIZE(own) > 0) guards_->add_dict_constants(module->source, PyList_AsTuple(own));
+    Py_DECREF(own);
     Py_DECREF(state);
     PyObject* py_args = PyTuple_New(args.size());
     for (size_t i = 0; i < args.size(); ++i) PyTuple_SET_ITEM(py_args, i, to_python(args[i]));

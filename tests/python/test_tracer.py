@@ -996,3 +996,20 @@ def test_a_hook_added_after_compiling_runs(kind):
     handle.remove()
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_a_changed_attribute_of_a_built_in_module_recompiles():
+    # A built-in module's plain attributes are guarded together (one check of its __dict__): each change is seen.
+    model = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Dropout(0.5)).eval()
+    compiled = kiln.compile(model)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+        model[1].eps = 0.5
+        torch.testing.assert_close(compiled(x), model(x))
+        model[2].p = 0.0
+        model.train()  # dropout with p = 0 in training mode: the identity, as in eager
+        torch.testing.assert_close(compiled(x), model(x))
+        model[0].out_features = 8  # the same value: no change
+        torch.testing.assert_close(compiled(x), model(x))
+    assert stats()["recompiles"] >= 2, stats()
