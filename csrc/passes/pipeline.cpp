@@ -8,6 +8,7 @@
 #include "passes/eliminate_common_subexpressions.h"
 #include "passes/fuse_recomputation.h"
 #include "passes/remove_dead_nodes.h"
+#include "passes/simplify_algebra.h"
 
 namespace kiln::passes {
 
@@ -27,7 +28,10 @@ void run_graph_passes(graph::Graph& g) {
     }
   };
   after("(input)");
-  // CSE first: merged duplicates become dead, and the dead-node sweep below collects them.
+  // Identities first: their readers then read the operand, which CSE may merge further.
+  simplify_algebra(g);
+  after("simplify_algebra");
+  // CSE next: merged duplicates become dead, and the dead-node sweep below collects them.
   eliminate_common_subexpressions(g);
   after("eliminate_common_subexpressions");
   remove_dead_nodes(g);

@@ -10,6 +10,7 @@
 #include "passes/channels_last.h"
 #include "passes/lower_batch_norm.h"
 #include "passes/remove_dead_nodes.h"
+#include "passes/simplify_algebra.h"
 #include "passes/split_addmm.h"
 #include "passes/stage_row_sums.h"
 
@@ -371,4 +372,41 @@ TEST_CASE("a row sum stays one sum where fusion could not put it with its value'
                              {cuda({64})})[0];
   g.set_outputs({total});
   CHECK_FALSE(kiln::passes::stage_row_sums(g));
+}
+
+TEST_CASE("exact identities read their operand; promotions, outputs and graphs that write in place keep them") {
+  Graph g;
+  ValueId x = g.add_input(cuda({4, 5}));
+  auto binary = [&](const std::string& name, const std::string& overload, ValueId a, ArgValue other, TensorMeta meta) {
+    return g.add_node(op(name, overload, {TensorArg{a}, other}, {"self", "other"}, 2), {meta})[0];
+  };
+  ValueId a = binary("aten::mul", "Tensor", x, int64_t{1}, cuda({4, 5}));
+  ValueId b = binary("aten::div", "Tensor", a, 1.0, cuda({4, 5}));
+  ValueId c = binary("aten::sub", "Tensor", b, int64_t{0}, cuda({4, 5}));
+  ValueId d = binary("aten::add", "Tensor", c, int64_t{0}, cuda({4, 5}));  // not exact for -0.0: kept
+  ValueId e = binary("aten::mul", "Tensor", d, 2.0, cuda({4, 5}));         // not an identity
+  ValueId f = binary("aten::mul", "Tensor", e, int64_t{1}, cuda({4, 5}));  // a graph output: kept
+  g.set_outputs({f});
+  CHECK(kiln::passes::simplify_algebra(g) == 3);
+  CHECK(std::get<TensorArg>(g.nodes[3].args[0]).id == x);  // the add reads x
+  kiln::passes::remove_dead_nodes(g);
+  CHECK(names(g) == std::vector<std::string>{"aten::add.Tensor", "aten::mul.Tensor", "aten::mul.Tensor"});
+  g.verify();
+
+  Graph h;  // a promotion: bool * 1 is int64
+  ValueId m = h.add_input(cuda({3}, ScalarType::Bool));
+  ValueId p = h.add_node(op("aten::mul", "Tensor", {TensorArg{m}, int64_t{1}}, {"self", "other"}, 2), {cuda({3}, ScalarType::Long)})[0];
+  ValueId q = h.add_node(op("aten::add", "Tensor", {TensorArg{p}, int64_t{2}}, {"self", "other"}, 2), {cuda({3}, ScalarType::Long)})[0];
+  h.set_outputs({q});
+  CHECK(kiln::passes::simplify_algebra(h) == 0);
+
+  Graph w;  // y = x * 1; x.add_(1); y + 0.5
+  ValueId wx = w.add_input(cuda({3}));
+  ValueId wy = w.add_node(op("aten::mul", "Tensor", {TensorArg{wx}, int64_t{1}}, {"self", "other"}, 2), {cuda({3})})[0];
+  Node write = op("aten::add_", "Tensor", {TensorArg{wx}, int64_t{1}}, {"self", "other"}, 2);
+  write.mutates_args = true;
+  w.add_node(write, {cuda({3})});
+  ValueId wz = w.add_node(op("aten::add", "Tensor", {TensorArg{wy}, 0.5}, {"self", "other"}, 2), {cuda({3})})[0];
+  w.set_outputs({wz});
+  CHECK(kiln::passes::simplify_algebra(w) == 0);
 }

@@ -125,6 +125,31 @@ def test_transposed_copy_of_a_layer_norm_is_its_kernel_store():
     check(g, rand(4, 6, 16), rand(16), rand(16), expect_kernels=1)
 
 
+def test_exact_identities_are_removed():
+    # x * 1, x / 1, x - 0 and x ** 1 are x bit for bit (passes/simplify_algebra.h): the chain leaves one kernel with
+    # the add and the returned `* 1` (a graph output stays a new tensor, as in eager).
+    def chain(x, y):
+        return ((((x * 1) / 1.0 - 0).pow(1)) + y) * 1
+
+    x = torch.tensor([float("nan"), float("inf"), -0.0, 1.5, -2.0, 0.0])
+    summary = check(chain, x, rand(6))
+    assert summary["kernels"] == ["kernel_0_add_mul"], summary["kernels"]
+    out = kiln.compile(lambda x: x * 1)(x)
+    assert out.data_ptr() != x.data_ptr() and torch.equal(out.isnan(), x.isnan())
+    kiln.reset()
+    # left alone: a dtype promotion (bool * 1 is int64); a graph that writes its operand in place later
+    check(lambda b: (b * 1) + 2, torch.rand(5) > 0.5)
+
+    def written_later(x):
+        y = x * 1
+        x.add_(1)
+        return y + 0.5
+
+    expected = written_later(x.clone())
+    torch.testing.assert_close(kiln.compile(written_later)(x.clone()), expected, equal_nan=True)
+    kiln.reset()
+
+
 def split_qkv(x, w, b):
     """nn.MultiheadAttention's general path: the in-projection's bias add, then q, k and v split off by views and
     one contiguous copy (test_compiler_cuda uses it too)."""

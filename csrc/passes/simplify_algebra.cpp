@@ -1,0 +1,64 @@
+// Exact algebraic identities removed from the ATen graph (passes/simplify_algebra.h).
+#include "passes/simplify_algebra.h"
+
+#include <string>
+#include <vector>
+
+namespace kiln::passes {
+
+using graph::Node;
+using graph::ValueId;
+
+namespace {
+
+bool is_number(const graph::ArgValue& a, double value) {
+  if (const auto* i = std::get_if<int64_t>(&a)) return static_cast<double>(*i) == value;
+  if (const auto* d = std::get_if<double>(&a)) return *d == value;
+  return false;
+}
+
+// The operand whose value the node's result equals, or -1.
+ValueId identity_operand(const Node& n) {
+  if (n.outputs.size() != 1 || n.mutates_args || n.is_view || n.args.size() < 2) return -1;
+  const auto* x = std::get_if<graph::TensorArg>(&n.args[0]);
+  if (!x) return -1;
+  const std::string name = n.qualified_name();
+  const bool identity = ((name == "aten::mul.Tensor" || name == "aten::mul.Scalar" || name == "aten::div.Tensor" ||
+                          name == "aten::div.Scalar" || name == "aten::pow.Tensor_Scalar") &&
+                         is_number(n.args[1], 1.0)) ||
+                        ((name == "aten::sub.Tensor" || name == "aten::sub.Scalar") && is_number(n.args[1], 0.0));
+  return identity ? x->id : -1;
+}
+
+}  // namespace
+
+int simplify_algebra(graph::Graph& g) {
+  // A graph that writes a tensor in place could change the operand after the identity's result was taken.
+  for (const Node& n : g.nodes)
+    if (n.mutates_args) return 0;
+  std::vector<std::vector<graph::NodeIndex>> readers(g.values.size());
+  for (graph::NodeIndex i = 0; i < static_cast<graph::NodeIndex>(g.nodes.size()); ++i)
+    for (const graph::ArgValue& arg : g.nodes[i].args) graph::for_each_tensor(arg, [&](ValueId v) { readers[v].push_back(i); });
+  std::vector<bool> is_output(g.values.size(), false);
+  for (ValueId out : g.outputs) is_output[out] = true;
+  std::vector<ValueId> replacement(g.values.size());
+  for (size_t i = 0; i < replacement.size(); ++i) replacement[i] = static_cast<ValueId>(i);
+  int replaced = 0;
+  for (Node& n : g.nodes) {
+    for (graph::ArgValue& arg : n.args) graph::remap_tensors(arg, [&](ValueId id) { return replacement[id]; });
+    const ValueId x = identity_operand(n);
+    if (x < 0) continue;
+    const ValueId out = n.outputs[0];
+    const graph::TensorMeta& xm = g.values[x].meta;
+    const graph::TensorMeta& om = g.values[out].meta;
+    if (is_output[out] || xm.dtype != om.dtype || xm.sizes != om.sizes || xm.strides != om.strides) continue;
+    bool plain_readers = true;
+    for (graph::NodeIndex r : readers[out]) plain_readers = plain_readers && !g.nodes[r].is_view && !g.nodes[r].mutates_args;
+    if (!plain_readers) continue;
+    replacement[out] = x;
+    ++replaced;
+  }
+  return replaced;
+}
+
+}  // namespace kiln::passes
