@@ -168,6 +168,12 @@ def test_pointwise_op_before_a_permuting_copy_computes_in_the_copy():
     check(lambda x, y: (x * y).permute(2, 0, 1).contiguous(), rand(3, 5, 7), rand(1, 5, 1), expect_kernels=1)
     check(lambda x: (x - 1.5).transpose(0, 1).contiguous(), rand(6, 9), expect_kernels=1)
     check(lambda x, y: (x / y)[1].t().contiguous(), rand(3, 4, 6), rand(6))
+    # an operand at an offset of its storage: a slice inside the graph, and an input that is such a view
+    def offset_operand(x, b):
+        return (x[1:] + b).unflatten(-1, (3, 8)).transpose(0, 1).contiguous()
+
+    check(offset_operand, rand(5, 24), rand(24), expect_kernels=1)
+    check(offset_operand, rand(50 * 24 + 7)[7:].view(50, 24), rand(24), expect_kernels=1)
     # left alone: the sum is used twice; the view slices (not dense)
     check(lambda x, y: ((x + y).t().contiguous(), (x + y).sum()), rand(5, 6), rand(6))
     check(lambda x, y: (x + y)[:, 2:5].t().contiguous(), rand(5, 6), rand(6))
