@@ -117,6 +117,23 @@ std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
   return strides;
 }
 
+std::vector<int64_t> broadcast_strides(const TensorMeta& meta, const std::vector<int64_t>& sizes) {
+  KILN_ASSERT(meta.sizes.size() <= sizes.size()) << "broadcast to fewer dims";
+  const size_t lead = sizes.size() - meta.sizes.size();
+  std::vector<int64_t> strides(sizes.size(), 0);
+  for (size_t d = 0; d < meta.sizes.size(); ++d) {
+    KILN_ASSERT(meta.sizes[d] == sizes[lead + d] || meta.sizes[d] == 1) << "broadcast of a non-broadcastable dim";
+    strides[lead + d] = meta.sizes[d] == 1 ? 0 : meta.strides[d];
+  }
+  return strides;
+}
+
+bool is_number(const ArgValue& arg, double value) {
+  if (const auto* i = std::get_if<int64_t>(&arg)) return static_cast<double>(*i) == value;
+  if (const auto* d = std::get_if<double>(&arg)) return *d == value;
+  return false;
+}
+
 ValueId Graph::add_input(TensorMeta meta) {
   Value v;
   v.id = static_cast<ValueId>(values.size());

@@ -165,6 +165,11 @@ class Graph {
 std::string meta_to_string(const TensorMeta& meta);
 /// Row-major contiguous strides for `sizes`.
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes);
+/// `meta`'s strides when broadcast to `sizes` (its dims aligned to the right): 0 along dims it lacks or has as 1.
+/// `meta` must broadcast to `sizes`.
+std::vector<int64_t> broadcast_strides(const TensorMeta& meta, const std::vector<int64_t>& sizes);
+/// True when the argument is a Python number (int or float) equal to `value`.
+bool is_number(const ArgValue& arg, double value);
 /// Bytes of a dense tensor with `meta`'s sizes and dtype.
 int64_t nbytes(const TensorMeta& meta);
 /// True when some node argument or a graph output refers to `v` (linear in the graph's size).

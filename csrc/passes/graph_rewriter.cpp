@@ -45,15 +45,8 @@ ValueId GraphRewriter::add(const std::string& op, const std::string& overload, s
 
 ValueId GraphRewriter::expand(ValueId v, const std::vector<int64_t>& expanded_sizes) {
   graph::TensorMeta m = g_.values[v].meta;
-  KILN_ASSERT(m.sizes.size() <= expanded_sizes.size()) << "expand to fewer dims";
-  const size_t lead = expanded_sizes.size() - m.sizes.size();
-  std::vector<int64_t> strides(expanded_sizes.size(), 0);
-  for (size_t d = 0; d < m.sizes.size(); ++d) {
-    KILN_ASSERT(m.sizes[d] == expanded_sizes[lead + d] || m.sizes[d] == 1) << "expand of a non-broadcastable dim";
-    strides[lead + d] = m.sizes[d] == 1 ? 0 : m.strides[d];
-  }
+  m.strides = graph::broadcast_strides(m, expanded_sizes);
   m.sizes = expanded_sizes;
-  m.strides = std::move(strides);
   return add("aten::expand", "default", {TensorArg{v}, expanded_sizes, false}, {"self", "size", "implicit"}, 2, m,
              true);
 }

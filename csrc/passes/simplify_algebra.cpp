@@ -11,12 +11,6 @@ using graph::ValueId;
 
 namespace {
 
-bool is_number(const graph::ArgValue& a, double value) {
-  if (const auto* i = std::get_if<int64_t>(&a)) return static_cast<double>(*i) == value;
-  if (const auto* d = std::get_if<double>(&a)) return *d == value;
-  return false;
-}
-
 // The operand whose value the node's result equals, or -1.
 ValueId identity_operand(const Node& n) {
   if (n.outputs.size() != 1 || n.mutates_args || n.is_view || n.args.size() < 2) return -1;
@@ -25,8 +19,8 @@ ValueId identity_operand(const Node& n) {
   const std::string name = n.qualified_name();
   const bool identity = ((name == "aten::mul.Tensor" || name == "aten::mul.Scalar" || name == "aten::div.Tensor" ||
                           name == "aten::div.Scalar" || name == "aten::pow.Tensor_Scalar") &&
-                         is_number(n.args[1], 1.0)) ||
-                        ((name == "aten::sub.Tensor" || name == "aten::sub.Scalar") && is_number(n.args[1], 0.0));
+                         graph::is_number(n.args[1], 1.0)) ||
+                        ((name == "aten::sub.Tensor" || name == "aten::sub.Scalar") && graph::is_number(n.args[1], 0.0));
   return identity ? x->id : -1;
 }
 

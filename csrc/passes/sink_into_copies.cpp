@@ -80,8 +80,10 @@ bool dense(const TensorMeta& m) {
 }
 
 struct Sink {
-  NodeIndex op;         // the pointwise op
-  ValueId viewed;       // the clone's operand (the end of the view chain)
+  Node op;                     // the pointwise op (a copy: the rewrite appends the original, dead, first)
+  ValueId viewed;              // the clone's operand (the end of the view chain)
+  std::vector<DimWalk> walks;  // walks_of(viewed, op's result)
+  std::vector<int64_t> digits;
 };
 
 }  // namespace
@@ -117,32 +119,28 @@ bool sink_pointwise_into_copies(Graph& g) {
     const TensorMeta& e = g.value(operand->id).meta;
     if (!sinkable_op(g.nodes[op]) || y.storage_offset != 0 || y.strides != graph::contiguous_strides(y.sizes) || !dense(e)) continue;
     std::vector<int64_t> digits;
-    if (!walks_of(e, y, digits)) continue;
-    sinks[c] = Sink{op, operand->id};
+    std::optional<std::vector<DimWalk>> walks = walks_of(e, y, digits);
+    if (!walks) continue;
+    sinks[c] = Sink{g.nodes[op], operand->id, std::move(*walks), std::move(digits)};
     any = true;
   }
   if (!any) return false;
 
   GraphRewriter rewriter(g);
   std::vector<Node> nodes = rewriter.take_nodes();
-  const std::vector<Node> originals = nodes;  // the ops are appended (dead) before their clones are reached
   for (NodeIndex c = 0; c < static_cast<NodeIndex>(nodes.size()); ++c) {
     if (sinks[c]) {
-      const Node& op = originals[sinks[c]->op];
+      const Node& op = sinks[c]->op;
+      const std::vector<DimWalk>& walks = sinks[c]->walks;
+      const std::vector<int64_t>& digits = sinks[c]->digits;
       const TensorMeta y = g.value(op.outputs[0]).meta;
       const TensorMeta e = g.value(sinks[c]->viewed).meta;
-      std::vector<int64_t> digits;
-      const std::vector<DimWalk> walks = *walks_of(e, y, digits);
       std::vector<graph::ArgValue> args = op.args;
       for (graph::ArgValue& arg : args) {
         auto* t = std::get_if<TensorArg>(&arg);
         if (!t) continue;
         TensorMeta x = g.value(t->id).meta;
-        // x's strides broadcast over y (0 along dims x lacks or has as 1)
-        std::vector<int64_t> b(y.sizes.size(), 0);
-        const size_t lead = y.sizes.size() - x.sizes.size();
-        for (size_t d = 0; d < x.sizes.size(); ++d)
-          if (x.sizes[d] != 1) b[lead + d] = x.strides[d];
+        const std::vector<int64_t> b = graph::broadcast_strides(x, y.sizes);
         int64_t offset = x.storage_offset;
         for (size_t k = 0; k < y.sizes.size(); ++k) offset += digits[k] * b[k];
         std::vector<int64_t> strides(e.sizes.size(), 0);

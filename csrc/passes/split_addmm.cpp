@@ -29,18 +29,13 @@ namespace {
 // split even when the add runs alone; transformer6's 4096x1536 ones were as fast either way.
 constexpr int64_t kLtTileElements = 128 * 64;
 
-bool is_one(const graph::ArgValue& a) {
-  if (const auto* i = std::get_if<int64_t>(&a)) return *i == 1;
-  if (const auto* d = std::get_if<double>(&a)) return *d == 1.0;
-  return false;
-}
 
 bool qualifies(const Graph& g, const Node& n) {
   if (n.qualified_name() != "aten::addmm.default" || n.args.size() != 5 || n.outputs.size() != 1) return false;
   const auto* bias = std::get_if<TensorArg>(&n.args[0]);
   const auto* a = std::get_if<TensorArg>(&n.args[1]);
   const auto* b = std::get_if<TensorArg>(&n.args[2]);
-  if (!bias || !a || !b || !is_one(n.args[3]) || !is_one(n.args[4])) return false;
+  if (!bias || !a || !b || !graph::is_number(n.args[3], 1) || !graph::is_number(n.args[4], 1)) return false;
   const graph::TensorMeta& out = g.values[n.outputs[0]].meta;
   const graph::TensorMeta& bm = g.values[bias->id].meta;
   return out.device.type == graph::DeviceType::CUDA && out.dtype == graph::ScalarType::Float &&

@@ -60,7 +60,7 @@ using KernelFn = void (*)(void* const*);
 // Parameters of one launch group: 8 bytes each, well inside the 4 KiB every CUDA architecture accepts.
 constexpr size_t kMaxGroupBuffers = 256;
 
-// Held while a CPU kernel with gathered loads runs and its library's index-error flag is read (Kernels::run).
+// Held while a CPU kernel with gathered loads runs and its library's index-error flag is read (KilnGraph::execute).
 std::mutex g_gathering_kernels;
 
 struct KernelCall {

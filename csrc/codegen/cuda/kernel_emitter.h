@@ -92,9 +92,6 @@ class KernelEmitter {
   bool store_along_reduced(size_t s) const {
     return depends_[k_.stores[s].expr] || nest_.runs_reduced(nest_.store_strides[s]);
   }
-  // Opens a pass over the reduced loops, lanes striding (by row_width_ elements at a time); calls
-  // `body(indent)` once per element of the step (lane_ set when vectorised) and stores the vectors of
-  // `vector_stores` after it; closes the pass.
   // Passes over the reduced loops that emit_row_loop makes: one per walk of reductions, one for the stores
   // along the reduced loops.
   int row_passes() const;
@@ -106,6 +103,12 @@ class KernelEmitter {
   // The threads of a block_per_row kernel: for vectors of `width` elements (width > 1), the fewest warps that
   // cover the row in as few steps as kRowBlockVectors threads would; otherwise about four elements each.
   int64_t block_row_threads(int width) const;
+  // Cached rows: opens the unrolled loop over a thread's vectors and the test that one is inside the row
+  // (`red` is its first element); returns the indent of the step's body. The caller closes both braces.
+  std::string open_cached_steps(const std::string& indent);
+  // Opens a pass over the reduced loops, lanes striding (by row_width_ elements at a time); calls
+  // `body(indent)` once per element of the step (lane_ set when vectorised) and stores the vectors of
+  // `vector_stores` after it; closes the pass.
   template <typename Body>
   void reduced_pass(const std::string& indent, Body body, const std::vector<size_t>& vector_stores = {});
   // Cached rows: each thread's vectors of every contiguous load of the row, read into `lc<i>[chunk]`.

@@ -220,6 +220,14 @@ int64_t KernelEmitter::block_row_threads(int width) const {
   return ((vectors + steps - 1) / steps + 31) / 32 * 32;
 }
 
+std::string KernelEmitter::open_cached_steps(const std::string& indent) {
+  const std::string inner = indent + "  ";
+  *body_ << indent << "#pragma unroll\n" << indent << "for (int chunk = 0; chunk < " << cached_chunks_ << "; ++chunk) {\n";
+  *body_ << inner << "const index_t red = (lane + chunk * group) * " << row_width_ << ";\n";
+  *body_ << inner << "if (red < " << nest_.reduced_numel() << ") {\n";
+  return inner + "  ";
+}
+
 template <typename Body>
 void KernelEmitter::reduced_pass(const std::string& indent, Body body, const std::vector<size_t>& vector_stores) {
   const int w = row_width_;
@@ -237,11 +245,7 @@ void KernelEmitter::reduced_pass(const std::string& indent, Body body, const std
   }
   std::string step = inner;  // the body's indent
   if (cached_chunks_ > 0) {
-    // cached rows: the steps unrolled, so that the registers holding the row are indexed by constants
-    *body_ << indent << "#pragma unroll\n" << indent << "for (int chunk = 0; chunk < " << cached_chunks_ << "; ++chunk) {\n";
-    *body_ << inner << "const index_t red = (lane + chunk * group) * " << w << ";\n";
-    *body_ << inner << "if (red < " << nest_.reduced_numel() << ") {\n";
-    step = inner + "  ";
+    step = open_cached_steps(indent);  // unrolled, so that the registers holding the row are indexed by constants
   } else {
     *body_ << indent << "for (index_t red = lane * " << w << "; red < " << nest_.reduced_numel() << "; red += group * " << w << ") {\n";
   }
@@ -270,21 +274,18 @@ void KernelEmitter::reduced_pass(const std::string& indent, Body body, const std
 
 void KernelEmitter::emit_row_cache(const std::string& indent) {
   const int w = row_width_;
-  const std::string inner = indent + "  ", step = inner + "  ";
   std::vector<size_t> loads;
   for (size_t i = 0; i < k_.exprs.size(); ++i)
     if (k_.exprs[i].kind == ExprKind::Load && contiguous_along_reduced(nest_.load_strides[i])) loads.push_back(i);
   for (size_t i : loads) *body_ << indent << vec_type(k_.exprs[i].buffer, w) << " lc" << i << "[" << cached_chunks_ << "];\n";
-  *body_ << indent << "#pragma unroll\n" << indent << "for (int chunk = 0; chunk < " << cached_chunks_ << "; ++chunk) {\n";
-  *body_ << inner << "const index_t red = (lane + chunk * group) * " << w << ";\n";
-  *body_ << inner << "if (red < " << nest_.reduced_numel() << ") {\n";
+  const std::string step = open_cached_steps(indent);
   decompose("red", nest_.outer_count, static_cast<int>(nest_.loops.size()), step);
   for (size_t i : loads) {
     const Expr& e = k_.exprs[i];
     *body_ << step << "lc" << i << "[chunk] = *reinterpret_cast<const " << vec_type(e.buffer, w) << "*>(buf" << e.buffer << " + "
            << index(nest_.load_strides[i], e.index.offset) << ");\n";
   }
-  *body_ << inner << "}\n" << indent << "}\n";
+  *body_ << indent << "  }\n" << indent << "}\n";
 }
 
 void KernelEmitter::emit_rows(int64_t rows) {
