@@ -65,11 +65,12 @@ void register_compiler(py::module_& m) {
         d["strategies"] = s->strategies;
         d["in_place"] = s->in_place;
         d["plan"] = s->plan;
+        d["folded"] = s->folded;
         return d;
       },
       py::arg("compiled"),
       "for a graph compiled by the kiln backend: {backend: 'kiln'|'eager', fallback_reason, kernels: [names], "
-      "externs: [op overloads], plan: the run plan's steps in order (kernel names and extern op overloads), source: generated C++ or CUDA C, device: 'cpu'|'cuda:N', strategies: per CUDA "
+      "externs: [op overloads], plan: the run plan's steps in order (kernel names and extern op overloads), folded: [values computed at compile time], source: generated C++ or CUDA C, device: 'cpu'|'cuda:N', strategies: per CUDA "
       "kernel}; None for other backends");
   m.def("set_cuda_ptx_check", &runtime::set_cuda_ptx_check, py::arg("on"),
         "test switch: also emit every CPU graph's kernels as CUDA C and compile them to PTX with NVRTC");

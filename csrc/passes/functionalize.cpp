@@ -47,6 +47,7 @@ const std::unordered_set<std::string>& convertible() {
       "aten::index_fill_.int_Tensor", "aten::index_fill_.int_Scalar", "aten::index_copy_.default",
       "aten::masked_scatter_.default", "aten::bitwise_and_.Tensor", "aten::bitwise_and_.Scalar",
       "aten::bitwise_or_.Tensor", "aten::bitwise_or_.Scalar", "aten::bitwise_xor_.Tensor", "aten::bitwise_xor_.Scalar",
+      "aten::triu_.default", "aten::tril_.default",
       // random fills of a fresh tensor: the functional op draws the same numbers from the same generator
       "aten::cauchy_.default", "aten::exponential_.default", "aten::geometric_.default", "aten::log_normal_.default",
       "aten::uniform_.default", "aten::normal_.default", "aten::bernoulli_.float",
@@ -81,8 +82,11 @@ bool any_operand_dtype(const std::string& name) {
 
 class Functionalize {
  public:
-  explicit Functionalize(Graph& g) : g_(g), current_(g.values.size()) {
+  explicit Functionalize(Graph& g) : g_(g), current_(g.values.size()), readers_(g.values.size(), 0) {
     for (size_t v = 0; v < current_.size(); ++v) current_[v] = static_cast<ValueId>(v);
+    for (const Node& node : g.nodes)
+      for (const ArgValue& arg : node.args) graph::for_each_tensor(arg, [&](ValueId id) { ++readers_[id]; });
+    for (ValueId out : g.outputs) ++readers_[out];
   }
 
   bool run() {
@@ -104,6 +108,20 @@ class Functionalize {
   bool fresh(ValueId id) const {
     const graph::Value& v = g_.values[id];
     if (v.is_input || v.is_constant || v.producer < 0 || viewed_.count(id)) return false;
+    const Node& producer = g_.nodes[v.producer];
+    // A factory's result reaches the graph through the detach the recorder puts after it (`torch.zeros(n)`):
+    // when that detach is all that reads it, the detach's result is as fresh as the factory's.
+    if (producer.qualified_name() == "aten::detach.default" && !producer.args.empty()) {
+      const auto* base = std::get_if<TensorArg>(&producer.args[0]);
+      return base && readers_[base->id] == 1 && produced_fresh(base->id);
+    }
+    return produced_fresh(id);
+  }
+
+  // Made by a node that neither views nor writes anything.
+  bool produced_fresh(ValueId id) const {
+    const graph::Value& v = g_.values[id];
+    if (v.is_input || v.is_constant || v.producer < 0) return false;
     const Node& producer = g_.nodes[v.producer];
     return !producer.is_view && !producer.mutates_args && !producer.returns_list;
   }
@@ -140,6 +158,7 @@ class Functionalize {
   Graph& g_;
   std::vector<ValueId> current_;
   std::unordered_set<ValueId> viewed_;
+  std::vector<int32_t> readers_;  // nodes (and graph outputs) reading each value of the graph as given
   bool changed_ = false;
 };
 

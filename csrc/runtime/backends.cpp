@@ -137,6 +137,8 @@ std::vector<at::Tensor> tensors_from_python(PyObject* sequence, const char* what
   return tensors;
 }
 
+PyObject* tensor_to_python(const at::Tensor& tensor) { return THPVariable_Wrap(tensor); }
+
 PyObject* tensors_to_python(const std::vector<at::Tensor>& tensors) {
   PyObject* list = PyList_New(static_cast<Py_ssize_t>(tensors.size()));
   if (!list) throw py::error_already_set();

@@ -46,6 +46,7 @@
 #include "runtime/cuda_driver.h"
 #include "runtime/cuda_launch.h"
 #include "runtime/eager_interpreter.h"
+#include "runtime/fold_graph_constants.h"
 #include "runtime/host_buffers.h"
 #include "runtime/node_call.h"
 #include "runtime/torch_info.h"
@@ -593,6 +594,9 @@ std::shared_ptr<CompiledGraph> compile_kiln_graph(std::shared_ptr<const graph::G
       g = std::move(functional);
     }
   }
+  // After functionalization: a mask built in place (`torch.full(...).triu_(1)`) is functional by now.
+  std::vector<std::string> folded;
+  g = fold_graph_constants(std::move(g), constants_of, folded);
   std::string reason;
   if (needs_eager_for_grad_mode(*g)) {
     reason = "the graph switches grad mode over values that require grad (eager_interpreter.h)";
@@ -623,6 +627,7 @@ std::shared_ptr<CompiledGraph> compile_kiln_graph(std::shared_ptr<const graph::G
   if (reason.empty()) {
     try {
       auto kg = compile_kernels(g, constants_of, training_half);
+      kg->summary.folded = folded;
       kiln_backend_stats().graphs_compiled++;
       return kg;
     } catch (const std::exception& e) {
@@ -635,6 +640,7 @@ std::shared_ptr<CompiledGraph> compile_kiln_graph(std::shared_ptr<const graph::G
   auto kg = std::make_shared<KilnGraph>();
   kg->summary.backend = "eager";
   kg->summary.fallback_reason = reason;
+  kg->summary.folded = folded;
   if (needs_autograd(*g)) g = with_cudnn_batch_norm(std::move(g));
   kg->fallback_ = make_eager_interpreter(g, constants_of(*g));
   return kg;

@@ -32,6 +32,7 @@ struct KilnGraphSummary {
   std::string device;                // "cpu" or "cuda:N" ("" on fallback)
   std::vector<std::string> strategies;  // CUDA: per kernel, how it maps onto threads (emit_cuda.h)
   std::vector<std::string> in_place;    // "kernel: %out into %in" for outputs that may take an input's storage
+  std::vector<std::string> folded;      // "%7 = f32[8, 8] from aten::triu.default": values computed at compile time
 };
 
 /// The summary of a graph compiled by compile_kiln_graph, or nullptr for any other CompiledGraph.

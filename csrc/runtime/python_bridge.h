@@ -12,6 +12,8 @@ namespace kiln::runtime {
 
 /// A list/tuple of torch.Tensor -> tensors (a user error names the first non-tensor).
 std::vector<at::Tensor> tensors_from_python(PyObject* sequence, const char* what);
+/// New reference to the tensor as a torch.Tensor.
+PyObject* tensor_to_python(const at::Tensor& tensor);
 /// New reference to a Python list of the tensors.
 PyObject* tensors_to_python(const std::vector<at::Tensor>& tensors);
 /// New reference to {"dtypes": {torch.dtype: code}, "layouts": {...}, "memory_formats": {...},

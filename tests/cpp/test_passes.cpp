@@ -8,6 +8,7 @@
 #include "decomp/decompositions.h"
 #include "graph/graph.h"
 #include "passes/channels_last.h"
+#include "passes/fold_constants.h"
 #include "passes/lower_batch_norm.h"
 #include "passes/remove_dead_nodes.h"
 #include "passes/simplify_algebra.h"
@@ -409,4 +410,57 @@ TEST_CASE("exact identities read their operand; promotions, outputs and graphs t
   ValueId wz = w.add_node(op("aten::add", "Tensor", {TensorArg{wy}, 0.5}, {"self", "other"}, 2), {cuda({3})})[0];
   w.set_outputs({wz});
   CHECK(kiln::passes::simplify_algebra(w) == 0);
+}
+
+TEST_CASE("constant folding plans the work that reads no input; fills, views, outputs and written storage stay") {
+  Graph g;
+  ValueId x = g.add_input(cuda({4, 4}));
+  auto node = [&](const std::string& name, const std::string& overload, std::vector<ArgValue> args, TensorMeta meta) {
+    std::vector<std::string> arg_names;
+    for (size_t i = 0; i < args.size(); ++i) arg_names.push_back("a" + std::to_string(i));
+    const auto positional = static_cast<int32_t>(args.size());
+    Node n = op(name, overload, std::move(args), std::move(arg_names), positional);
+    n.is_view = name == "aten::unsqueeze";
+    return g.add_node(std::move(n), {std::move(meta)})[0];
+  };
+  ValueId full = node("aten::full", "default", {std::vector<int64_t>{4, 4}, -1.0}, cuda({4, 4}));
+  ValueId mask = node("aten::triu", "default", {TensorArg{full}, int64_t{1}}, cuda({4, 4}));       // folded
+  ValueId y = node("aten::add", "Tensor", {TensorArg{x}, TensorArg{mask}}, cuda({4, 4}));
+  ValueId kept_fill = node("aten::full", "default", {std::vector<int64_t>{4, 4}, 2.0}, cuda({4, 4}));  // a fill: kept
+  ValueId y2 = node("aten::mul", "Tensor", {TensorArg{y}, TensorArg{kept_fill}}, cuda({4, 4}));
+  ValueId range = node("aten::arange", "default", {int64_t{4}}, cuda({4}, ScalarType::Long));
+  ValueId half = node("aten::mul", "Tensor", {TensorArg{range}, 0.5}, cuda({4}));               // folded
+  ValueId row = node("aten::unsqueeze", "default", {TensorArg{half}, int64_t{1}}, cuda({4, 1}));  // a view: kept
+  ValueId y3 = node("aten::add", "Tensor", {TensorArg{y2}, TensorArg{row}}, cuda({4, 4}));
+  ValueId noise = node("aten::rand", "default", {std::vector<int64_t>{4, 4}}, cuda({4, 4}));    // random: never
+  ValueId y4 = node("aten::add", "Tensor", {TensorArg{y3}, TensorArg{noise}}, cuda({4, 4}));
+  ValueId zeros = node("aten::zeros", "default", {std::vector<int64_t>{4, 4}}, cuda({4, 4}));
+  ValueId sums = node("aten::cumsum", "default", {TensorArg{zeros}, int64_t{0}}, cuda({4, 4}));  // reads written storage
+  ValueId y5 = node("aten::add", "Tensor", {TensorArg{y4}, TensorArg{sums}}, cuda({4, 4}));
+  Node write = op("aten::add_", "Tensor", {TensorArg{zeros}, TensorArg{x}}, {"self", "other"}, 2);
+  write.mutates_args = true;
+  ValueId written = g.add_node(write, {cuda({4, 4})})[0];
+  ValueId returned = node("aten::arange", "default", {int64_t{4}}, cuda({4}, ScalarType::Long));  // an output: never
+  g.set_outputs({y5, written, returned});
+
+  const kiln::passes::ConstantFolding plan = kiln::passes::plan_constant_folding(g, 1 << 20);
+  CHECK(plan.values == std::vector<ValueId>{mask, half});
+  CHECK(plan.nodes.size() == 4);  // full, triu, arange, mul
+  CHECK(kiln::passes::plan_constant_folding(g, 32).values == std::vector<ValueId>{half});  // the 64-byte mask is too large
+
+  kiln::passes::fold_constants(g, plan, {nullptr, nullptr});  // no tensors here: the verifier would refuse them
+  CHECK(names(g) == std::vector<std::string>{"aten::add.Tensor", "aten::full.default", "aten::mul.Tensor",
+                                             "aten::unsqueeze.default", "aten::add.Tensor", "aten::rand.default",
+                                             "aten::add.Tensor", "aten::zeros.default", "aten::cumsum.default",
+                                             "aten::add.Tensor", "aten::add_.Tensor", "aten::arange.default"});
+  int constants = 0;
+  for (const Value& v : g.values) constants += v.is_constant;
+  CHECK(constants == 2);
+  // Every read is of an input, a constant or an earlier node's result.
+  for (NodeIndex i = 0; i < static_cast<NodeIndex>(g.nodes.size()); ++i)
+    for (const ArgValue& arg : g.nodes[i].args)
+      for_each_tensor(arg, [&](ValueId v) {
+        const Value& read = g.value(v);
+        CHECK((read.is_input || read.is_constant || (read.producer >= 0 && read.producer < i)));
+      });
 }

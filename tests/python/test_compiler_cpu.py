@@ -621,6 +621,98 @@ def test_threads_running_one_gathering_graph_see_only_their_own_index_errors():
     assert wrong == [], wrong[:5]
 
 
+# ---- constant folding (passes/fold_constants.h) -------------------------------------------------------------
+def causal_scores(x):
+    n = x.shape[-1]
+    mask = torch.triu(torch.full((n, n), float("-inf")), diagonal=1)
+    weights = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    position = torch.arange(n).float() * 0.5
+    return torch.softmax(x + mask, -1) * weights.sum() + position[:, None]
+
+
+def test_work_that_reads_no_input_is_folded_into_constants():
+    summary = check(causal_scores, rand(6, 6), expect_kernels=1)
+    assert summary["externs"] == []  # triu and arange ran once, at compile time
+    assert [line.split(" from ")[1] for line in summary["folded"]] == ["aten::triu.default", "aten::mul.Tensor",
+                                                                     "aten::sum.default"]
+
+
+def test_a_mask_built_in_place_is_folded():
+    def f(x):
+        mask = torch.full((x.shape[-1], x.shape[-1]), float("-inf"))
+        mask.triu_(1)
+        return torch.softmax(x + mask, -1)
+
+    summary = check(f, rand(5, 7, 7), expect_kernels=1)
+    assert len(summary["folded"]) == 1 and summary["externs"] == []
+
+
+def test_random_values_are_never_folded():
+    def f(x):
+        return x + torch.rand(x.shape[-1]) * torch.arange(x.shape[-1])
+
+    compiled, summary, inputs = compile_kiln(f, rand(3, 8))
+    assert [line.split(" from ")[1] for line in summary["folded"]] == ["aten::arange.default"]
+    torch.manual_seed(7)
+    first = compiled(inputs)[0]
+    torch.manual_seed(7)
+    assert torch.equal(compiled(inputs)[0], first)  # the generator's draws, per call
+    torch.manual_seed(7)
+    assert_matches(first, f(inputs[0]), "general")
+    assert not torch.equal(compiled(inputs)[0], first)
+
+
+def test_a_returned_tensor_is_never_a_folded_constant():
+    def f(x):
+        table = torch.arange(4).float() * 2
+        return x * table, table[None], table.sum()
+
+    compiled = kiln.compile(f)
+    x = rand(3, 4)
+    with torch.no_grad():
+        _, row, total = compiled(x)
+        row.add_(100)  # the caller owns what it was given
+        total.add_(100)
+        assert_matches(compiled(x), f(x), "general")
+    kiln.reset()
+
+
+def test_storage_written_in_place_is_not_folded_and_matches_eager():
+    def f(x):
+        acc = torch.zeros(x.shape[-1])
+        before = acc.cumsum(0) + 1
+        acc.add_(x[0])
+        return x * before + acc
+
+    check(f, rand(4, 9))
+
+
+def test_a_constant_over_16_mib_stays_a_node():
+    def f(x):
+        n = x.shape[-1]
+        return x + torch.triu(torch.full((n, n), -1.0), diagonal=1)
+
+    assert check(f, rand(2100, 2100))["folded"] == []  # 17.6 MB
+    assert len(check(f, rand(200, 200))["folded"]) == 1
+
+
+def test_folded_constants_in_a_training_graph_give_eager_gradients():
+    def f(x, w):
+        n = x.shape[-1]
+        mask = torch.tril(torch.ones(n, n)) * torch.arange(1.0, n + 1)
+        return ((x @ w) * mask).sum()
+
+    x, w = rand(7, 7), rand(7, 7)
+    grads = []
+    for fn in (f, kiln.compile(f)):
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        fn(xs, ws).backward()
+        grads.append((xs.grad, ws.grad))
+    kiln.reset()
+    for actual, expected in zip(grads[1], grads[0]):
+        assert_matches(actual, expected, "general")
+
+
 # ---- whole models through kiln.compile (the default backend) ------------------------------------------------
 @pytest.mark.parametrize("make", [
     lambda: (seed_models.MLP(), (32, 100)),
@@ -714,8 +806,12 @@ WARM_CHILD = textwrap.dedent('''
         h = torch.nn.functional.layer_norm(x, (24,)) * SCALE
         return torch.softmax(h @ h.transpose(-1, -2), -1) @ h + x
 
+    def causal(x):  # a mask folded into a constant at compile time, and again in the second process
+        mask = torch.full((x.shape[-1], x.shape[-1]), float("-inf")).triu(1)
+        return torch.softmax(x + mask, -1)
+
     model = seed_models.TransformerBlock(d_model=32, nhead=4, dim_feedforward=64).eval()
-    cases = [(block, torch.randn(2, 5, 24)), (model, torch.randn(2, 6, 32))]
+    cases = [(block, torch.randn(2, 5, 24)), (model, torch.randn(2, 6, 32)), (causal, torch.randn(3, 7, 7))]
     ok = True
     with torch.no_grad():
         for fn, x in cases:
@@ -734,7 +830,7 @@ def test_whole_graphs_with_externs_and_constants_come_back_from_the_cache(tmp_pa
         assert done.returncode == 0, done.stderr
         outputs.append(done.stdout.split())
     ok, compiled, hits, built = outputs[0]
-    assert ok == "True" and int(compiled) >= 2 and hits == "0" and int(built) >= 1
+    assert ok == "True" and int(compiled) >= 3 and hits == "0" and int(built) >= 1
     ok, compiled2, hits, built = outputs[1]
     assert ok == "True" and compiled2 == compiled and hits == compiled and built == "0"
 

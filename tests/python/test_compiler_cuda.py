@@ -115,6 +115,18 @@ def test_bias_add_before_the_qkv_split_runs_in_the_copy():
     assert not any(k.endswith("_add") for k in summary["kernels"]), summary["kernels"]
 
 
+def test_a_causal_mask_and_a_position_table_are_folded_into_constants():
+    # built on the device once, at compile time (passes/fold_constants.h): the kernel reads them
+    def f(x):
+        n = x.shape[-1]
+        mask = torch.full((n, n), float("-inf"), device=x.device).triu(1)
+        position = torch.arange(n, device=x.device).float() / n
+        return torch.softmax(x + mask, -1) + position
+
+    summary = check(f, rand(4, 8, 128, 128), expect_kernels=1)
+    assert summary["externs"] == [] and len(summary["folded"]) == 2, summary
+
+
 def test_empty_tensor():
     check(lambda x: x * 2 + 1, rand(0, 5), kind="pointwise")
 
