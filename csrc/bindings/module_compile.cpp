@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "frame/frame.h"
+#include "guards/guard_tree.h"
 #include "runtime/backends.h"
 #include "runtime/host_buffers.h"
 #include "trace/compile_frame.h"
@@ -63,11 +64,14 @@ void register_compile(py::module_& m) {
     d["recompiles"] = s.recompiles;
     d["graph_breaks"] = s.graph_breaks;
     d["fallbacks"] = s.fallbacks;
+    d["guard_snapshot_hits"] = guards::snapshot_stats().hits;
+    d["guard_snapshots_stale"] = guards::snapshot_stats().stale;
     return d;
   });
   m.def("reset", [] {
     frame::reset_all();
     trace::stats() = trace::Stats();
+    guards::snapshot_stats() = guards::SnapshotStats();
     runtime::release_host_buffers();
   });
   m.def("host_buffer_stats", [] {

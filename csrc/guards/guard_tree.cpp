@@ -1,6 +1,8 @@
 #include "guards/guard_tree.h"
 
 #include <algorithm>
+#include <array>
+#include <unordered_set>
 #include <cstdio>
 
 #include "common/error.h"
@@ -63,18 +65,6 @@ void release(Check& c) {
   c.weak = c.object = nullptr;
 }
 
-bool same_check(const Check& a, const Check& b) {
-  if (a.kind != b.kind) return false;
-  switch (a.kind) {
-    case CheckKind::kType:
-    case CheckKind::kId: return a.object == b.object;
-    case CheckKind::kLength: return a.length == b.length;
-    case CheckKind::kHasNoAttr: return a.name == b.name;
-    case CheckKind::kNoModuleHooks: return true;
-    default: return false;  // constants, tensors and keys on one path come once from the tracer
-  }
-}
-
 std::string describe_check(const std::string& path, const Check& c) {
   switch (c.kind) {
     case CheckKind::kType: return "type(" + path + ") is " + c.name + (expected_object(c) ? "" : " (a freed class)");
@@ -98,6 +88,14 @@ std::string describe_check(const std::string& path, const Check& c) {
   return path;
 }
 
+// The module __dict__ entries kNoModuleHooks reads.
+const std::array<PyObject*, 3>& hook_dict_names() {
+  static const std::array<PyObject*, 3> names = {PyUnicode_InternFromString("_forward_hooks"),
+                                                 PyUnicode_InternFromString("_forward_pre_hooks"),
+                                                 PyUnicode_InternFromString("_backward_hooks")};
+  return names;
+}
+
 // kConstant's test: the same type and ==.
 bool equal_constant(PyObject* value, PyObject* expected, std::string* why) {
   if (value == expected) return true;
@@ -110,6 +108,30 @@ bool equal_constant(PyObject* value, PyObject* expected, std::string* why) {
   if (eq == 1) return true;
   if (why) *why = "expected " + repr(expected) + ", got " + repr(value);
   return false;
+}
+
+bool same_check(const Check& a, const Check& b) {
+  if (a.kind != b.kind) return false;
+  switch (a.kind) {
+    case CheckKind::kType:
+    case CheckKind::kId: return a.object == b.object;
+    case CheckKind::kLength: return a.length == b.length;
+    case CheckKind::kHasNoAttr: return a.name == b.name;
+    case CheckKind::kNoModuleHooks: return true;
+    case CheckKind::kDictConstants: {  // a module called several times (one ReLU for three activations)
+      const Py_ssize_t n = PyTuple_GET_SIZE(a.object);
+      if (PyTuple_GET_SIZE(b.object) != n) return false;
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* x = PyTuple_GET_ITEM(a.object, i);
+        PyObject* y = PyTuple_GET_ITEM(b.object, i);
+        if (PyTuple_GET_ITEM(x, 0) != PyTuple_GET_ITEM(y, 0) ||
+            !equal_constant(PyTuple_GET_ITEM(x, 1), PyTuple_GET_ITEM(y, 1), nullptr))
+          return false;
+      }
+      return true;
+    }
+    default: return false;  // constants, tensors and keys on one path come once from the tracer
+  }
 }
 
 // Returns true when `value` passes; writes the reason on failure when `why` is set.
@@ -165,11 +187,8 @@ bool run_check(const Check& c, PyObject* value, std::string* why) {
       return false;
     }
     case CheckKind::kNoModuleHooks: {
-      static PyObject* const names[] = {PyUnicode_InternFromString("_forward_hooks"),
-                                        PyUnicode_InternFromString("_forward_pre_hooks"),
-                                        PyUnicode_InternFromString("_backward_hooks")};
       PyObject** dictptr = _PyObject_GetDictPtr(value);
-      for (PyObject* name : names) {
+      for (PyObject* name : hook_dict_names()) {
         PyObject* hooks = dictptr && *dictptr ? PyDict_GetItemWithError(*dictptr, name) : nullptr;
         if (!hooks && PyErr_Occurred()) PyErr_Clear();
         if (hooks && PyDict_Check(hooks) && PyDict_GET_SIZE(hooks) == 0) continue;
@@ -409,7 +428,256 @@ bool GuardTree::evaluate(const SourceRoots& roots, std::string* why) const {
   return check_same_objects(roots, why);
 }
 
-bool GuardTree::check(const SourceRoots& roots) const { return evaluate(roots, nullptr); }
+// ---- snapshots (guard_tree.h, GuardTree::Snapshot) ----------------------------------------------------------
+namespace {
+
+// Dict version tags exist up to CPython 3.13 (deprecated since 3.12, without a replacement that a reader can
+// poll); newer versions walk the whole tree every call.
+#if PY_VERSION_HEX < 0x030E0000
+constexpr bool kSnapshots = true;
+unsigned long long dict_version(PyObject* dict) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  return reinterpret_cast<PyDictObject*>(dict)->ma_version_tag;
+#pragma GCC diagnostic pop
+}
+#else
+constexpr bool kSnapshots = false;
+unsigned long long dict_version(PyObject*) { return 0; }
+#endif
+
+// Snapshots in a row dropped by the call after them before a tree stops taking any (a model that sets an
+// attribute of one of its modules in every call); a snapshot that passes resets the count.
+constexpr int kMaxStaleSnapshots = 8;
+
+PyObject* instance_dict(PyObject* object) {
+  PyObject** dictptr = _PyObject_GetDictPtr(object);
+  return dictptr && *dictptr && PyDict_Check(*dictptr) ? *dictptr : nullptr;
+}
+
+class SnapshotBuilder {
+ public:
+  explicit SnapshotBuilder(GuardTree::Snapshot& s) : s_(s) {}
+
+  // Records `dict`, reached by a lookup in a dict recorded before, with its version tag.
+  void add_dict(PyObject* dict) {
+    if (seen_.insert(dict).second) s_.steps.push_back({nullptr, dict, dict_version(dict)});
+  }
+  // Records that `object`'s entries are read from its current __dict__; false when it has none.
+  bool add_owner(PyObject* object) {
+    PyObject* dict = instance_dict(object);
+    if (!dict) return false;
+    if (seen_.insert(object).second) {
+      seen_.insert(dict);
+      s_.steps.push_back({object, dict, dict_version(dict)});
+    }
+    return true;
+  }
+  // The value `child` reaches from `base` when that step reads dicts only (recorded), else nullptr.
+  PyObject* dict_step(const Source& child, PyObject* base) {
+    switch (child.kind()) {
+      case SourceKind::kModuleSlot: {
+        PyObject* dict = instance_dict(base);
+        PyObject* slot = dict ? PyDict_GetItemWithError(dict, child.py_slot()) : nullptr;
+        PyObject* item = slot && PyDict_Check(slot) ? PyDict_GetItemWithError(slot, child.py_name()) : nullptr;
+        if (!item) break;
+        add_owner(base);
+        add_dict(slot);
+        return item;
+      }
+      case SourceKind::kInstanceDict: {
+        PyObject* dict = instance_dict(base);
+        PyObject* item = dict ? PyDict_GetItemWithError(dict, child.py_name()) : nullptr;
+        if (!item) break;
+        add_owner(base);
+        return item;
+      }
+      case SourceKind::kDictKey: {
+        PyObject* item = PyDict_Check(base) ? PyDict_GetItemWithError(base, child.py_name()) : nullptr;
+        if (!item) break;
+        add_dict(base);
+        return item;
+      }
+      case SourceKind::kIndex:  // a tuple never changes
+        if (PyTuple_CheckExact(base) && child.index() >= 0 && child.index() < PyTuple_GET_SIZE(base))
+          return PyTuple_GET_ITEM(base, child.index());
+        break;
+      default: break;
+    }
+    if (PyErr_Occurred()) PyErr_Clear();
+    return nullptr;
+  }
+  // True when the unchanged dicts recorded for `value` make `c` pass again; records what that needs.
+  bool covers(const Check& c, PyObject* value) {
+    switch (c.kind) {
+      case CheckKind::kId:        // the value is the object its dicts (or the root's identity) pin
+      case CheckKind::kConstant:  // ... and constants are immutable
+        return true;
+      case CheckKind::kDictConstants: return add_owner(value);
+      case CheckKind::kNoModuleHooks: {
+        PyObject* dict = instance_dict(value);
+        std::array<PyObject*, 3> hooks{};
+        for (size_t i = 0; dict && i < hooks.size(); ++i) {
+          hooks[i] = PyDict_GetItemWithError(dict, hook_dict_names()[i]);
+          if (!hooks[i] || !PyDict_Check(hooks[i])) dict = nullptr;
+        }
+        if (!dict) {
+          if (PyErr_Occurred()) PyErr_Clear();
+          return false;
+        }
+        add_owner(value);  // before the hook dicts: they are reached through it
+        for (PyObject* h : hooks) add_dict(h);
+        return true;
+      }
+      case CheckKind::kDictKeys:
+        if (!PyDict_Check(value)) return false;
+        add_dict(value);
+        return true;
+      default: return false;  // tensors, types, lengths of lists, absent attributes: checked each call
+    }
+  }
+
+ private:
+  GuardTree::Snapshot& s_;
+  std::unordered_set<PyObject*> seen_;
+};
+
+// A check that cannot run Python code on `value` (no __eq__, __len__ or __getattr__ of a user class).
+bool runs_no_python(const Check& c, PyObject* value) {
+  switch (c.kind) {
+    case CheckKind::kType:
+    case CheckKind::kTensor:
+    case CheckKind::kNoModuleHooks: return true;
+    case CheckKind::kLength: return PyList_CheckExact(value) || PyTuple_CheckExact(value) || PyDict_CheckExact(value);
+    default: return false;
+  }
+}
+
+// Records node `n`, whose value `value` is pinned, and below it.
+void snapshot_node(SnapshotBuilder& b, GuardTree::Snapshot& s, const GuardTree::Node& n, PyObject* value) {
+  for (const Check& c : n.checks) {
+    if (b.covers(c, value)) continue;
+    (runs_no_python(c, value) ? s.rechecks : s.python_rechecks).push_back({&c, value});
+  }
+  for (const GuardTree::Node* child : n.children) {
+    if (PyObject* v = b.dict_step(*child->source, value)) {
+      snapshot_node(b, s, *child, v);
+    } else {
+      s.subtrees.push_back({child, value});
+    }
+  }
+}
+
+// Strong references for the part of a snapshot check that may run Python code (which could drop the last other
+// reference to an object the snapshot reads).
+class Held {
+ public:
+  void add(PyObject* o) {
+    Py_INCREF(o);
+    objects_.push_back(o);
+  }
+  ~Held() {
+    for (PyObject* o : objects_) Py_DECREF(o);
+  }
+
+ private:
+  std::vector<PyObject*> objects_;
+};
+
+}  // namespace
+
+void GuardTree::build_snapshot(const SourceRoots& roots) const {
+  if (!kSnapshots || stale_snapshots_ >= kMaxStaleSnapshots) return;
+  auto s = std::make_shared<Snapshot>();
+  SnapshotBuilder builder(*s);
+  for (const Node* n : roots_) {
+    const Check* identity = nullptr;
+    for (const Check& c : n->checks)
+      if (c.kind == CheckKind::kId && !identity) identity = &c;
+    if (!identity) {
+      s->other_roots.push_back(n);
+      continue;
+    }
+    PyObject* v = n->source->resolve(roots);
+    if (!v) {
+      PyErr_Clear();
+      return;
+    }
+    s->pinned_roots.emplace_back(n, identity);
+    snapshot_node(builder, *s, *n, v);
+    Py_DECREF(v);  // the frame holds it; each call compares the root with its identity check first
+  }
+  snapshot_ = std::move(s);
+}
+
+int GuardTree::check_snapshot(const SourceRoots& roots) const {
+  const std::shared_ptr<const Snapshot> keep = snapshot_;
+  const Snapshot& s = *keep;
+  for (const auto& [n, identity] : s.pinned_roots) {
+    PyObject* v = n->source->resolve(roots);  // a root's lookup runs no Python code
+    if (!v) {
+      PyErr_Clear();
+      return 0;
+    }
+    const bool same = run_check(*identity, v, nullptr);
+    Py_DECREF(v);
+    if (!same) return 0;
+  }
+  for (const Snapshot::Step& step : s.steps)
+    if ((step.object && instance_dict(step.object) != step.dict) || dict_version(step.dict) != step.version) {
+      snapshot_.reset();
+      ++stale_snapshots_;
+      return -1;
+    }
+  for (const Snapshot::Recheck& r : s.rechecks)
+    if (!run_check(*r.check, r.value, nullptr)) return 0;
+  Held held;
+  for (const Snapshot::Recheck& r : s.python_rechecks) held.add(r.value);
+  for (const Snapshot::Subtree& t : s.subtrees) held.add(t.parent);
+  for (const Snapshot::Recheck& r : s.python_rechecks)
+    if (!run_check(*r.check, r.value, nullptr)) return 0;
+  for (const Snapshot::Subtree& t : s.subtrees) {
+    PyObject* v = t.node->source->resolve_from(t.parent, roots);
+    if (!v) {
+      PyErr_Clear();
+      return 0;
+    }
+    const bool ok = check_node(*t.node, v, roots, nullptr);
+    Py_DECREF(v);
+    if (!ok) return 0;
+  }
+  for (const Node* n : s.other_roots) {
+    PyObject* v = n->source->resolve(roots);
+    if (!v) {
+      PyErr_Clear();
+      return 0;
+    }
+    const bool ok = check_node(*n, v, roots, nullptr);
+    Py_DECREF(v);
+    if (!ok) return 0;
+  }
+  if (!check_same_objects(roots, nullptr)) return 0;
+  stale_snapshots_ = 0;
+  return 1;
+}
+
+SnapshotStats& snapshot_stats() {
+  static SnapshotStats stats;
+  return stats;
+}
+
+bool GuardTree::check(const SourceRoots& roots) const {
+  if (snapshot_) {
+    if (globals_ && roots.globals != globals_) return false;
+    if (!(GlobalState::current() == state_)) return false;
+    const int verdict = check_snapshot(roots);
+    ++(verdict >= 0 ? snapshot_stats().hits : snapshot_stats().stale);
+    if (verdict >= 0) return verdict == 1;
+  }
+  if (!evaluate(roots, nullptr)) return false;
+  build_snapshot(roots);
+  return true;
+}
 
 std::string GuardTree::explain_failure(const SourceRoots& roots) const {
   std::string why;

@@ -110,6 +110,8 @@ class GuardTree {
   const SourcePtr& instance_source() const { return instance_source_; }
 
   /// True when every check passes. Never raises: a path that cannot be resolved fails the check.
+  /// After a call whose checks all passed, the tree keeps a snapshot (see Snapshot below) that the next calls
+  /// check instead of the whole walk while the dicts it read are unchanged.
   bool check(const SourceRoots& roots) const;
   /// The first failing check, in words ("x: expected dtype float32, got float64").
   std::string explain_failure(const SourceRoots& roots) const;
@@ -133,7 +135,55 @@ class GuardTree {
   std::vector<std::pair<SourcePtr, SourcePtr>> same_objects_;
   bool check_same_objects(const SourceRoots& roots, std::string* why) const;
   bool evaluate(const SourceRoots& roots, std::string* why) const;
+
+
+ public:
+  /// What a passing walk found below the roots that carry an identity check (the traced `self`, a global
+  /// module): an object reached from such a root only through dict lookups (`__dict__`, `_modules`,
+  /// `_parameters`, ...) is the same object for as long as each dict on its way keeps its version tag (PEP 509:
+  /// every change to a dict gives it a new one) and each object still has that `__dict__`. Its identity, its
+  /// constants, its `__dict__` entries and its empty hook dicts hold as long as those dicts are unchanged; only
+  /// what a dict cannot pin runs again (tensor metadata, types, list lengths, attributes read through
+  /// descriptors). Any changed dict drops the snapshot for the whole walk, and a tree whose snapshots keep going
+  /// stale stops taking them.
+  struct Snapshot {
+    // In the order the walk met them, so that each is reachable through the ones before it: every pointer is
+    // borrowed, and is only read once the steps before it showed it alive.
+    struct Step {
+      PyObject* object;  // an object whose __dict__ must still be `dict`, or nullptr for a dict read by a lookup
+      PyObject* dict;
+      unsigned long long version;
+    };
+    struct Recheck {
+      const Check* check;
+      PyObject* value;
+    };
+    struct Subtree {  // a child reached otherwise (a getattr, a list item): walked whole from its parent
+      const Node* node;
+      PyObject* parent;
+    };
+    std::vector<std::pair<const Node*, const Check*>> pinned_roots;  // a root and its identity check
+    std::vector<const Node*> other_roots;                            // walked whole each call
+    std::vector<Step> steps;
+    std::vector<Recheck> rechecks;         // run no Python code: tensors, types, hook dicts, built-in lengths
+    std::vector<Recheck> python_rechecks;  // may run Python code: their values are held while they run
+    std::vector<Subtree> subtrees;         // likewise
+  };
+
+ private:
+  void build_snapshot(const SourceRoots& roots) const;
+  /// 1: every check passes, 0: one fails, -1: the snapshot is stale (it was dropped).
+  int check_snapshot(const SourceRoots& roots) const;
+  mutable std::shared_ptr<const Snapshot> snapshot_;  // shared: a check holds it while Python code may run
+  mutable int stale_snapshots_ = 0;  // snapshots in a row dropped by the next call; past a few, none are taken
 };
+
+/// Process-wide: guard checks a snapshot answered, and snapshots dropped because a dict they read changed.
+struct SnapshotStats {
+  long long hits = 0;
+  long long stale = 0;
+};
+SnapshotStats& snapshot_stats();
 
 /// Checks one tensor against a spec; on mismatch writes the reason if `why` is set.
 bool tensor_matches(PyObject* value, const TensorSpec& spec, std::string* why);

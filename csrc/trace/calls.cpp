@@ -351,8 +351,10 @@ VarPtr Tracer::call_module(const VarPtr& module, std::vector<VarPtr> args, KwArg
   Py_DECREF(kind_obj);
   if (kind == "hooks") KILN_UNSUPPORTED() << "calling a module with hooks or a replaced forward (" << Py_TYPE(m)->tp_name << ")";
   if (module->source) {
-    // Hooks added later must invalidate the trace: the hook dicts stay empty.
+    // Hooks added later must invalidate the trace: the hook dicts stay empty. Its class must stay too: the trace
+    // inlined this class's forward, and `module.__class__ = Other` keeps the object (and its identity check).
     guards_->add_no_module_hooks(module->source);
+    guards_->add_type(module->source, Py_TYPE(m));
   }
   if (kind == "sequential") {
     if (args.size() != 1 || !kwargs.empty()) KILN_UNSUPPORTED() << "nn.Sequential called with several arguments";

@@ -105,7 +105,9 @@ def reset():
 
 
 def stats():
-    """Counters since the last reset: frames_compiled, cache_hits, recompiles, graph_breaks, fallbacks."""
+    """Counters since the last reset: frames_compiled, cache_hits, recompiles, graph_breaks, fallbacks,
+    guard_snapshot_hits (guard checks answered by a snapshot of the module tree's dicts) and guard_snapshots_stale
+    (snapshots dropped because one of those dicts changed)."""
     return dict(_C.stats())
 
 

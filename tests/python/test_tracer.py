@@ -1013,3 +1013,65 @@ def test_a_changed_attribute_of_a_built_in_module_recompiles():
         model[0].out_features = 8  # the same value: no change
         torch.testing.assert_close(compiled(x), model(x))
     assert stats()["recompiles"] >= 2, stats()
+
+
+def _swap_class(module, cls):
+    module.__class__ = cls
+
+
+def _replace_dict(module, **changes):
+    module.__dict__ = dict(module.__dict__, **changes)
+
+
+SNAPSHOT_CHANGES = {
+    "constant": lambda m: setattr(m[1], "eps", 0.5),
+    "training flag": lambda m: m.train(),
+    "submodule": lambda m: m.__setitem__(3, nn.Tanh()),
+    "parameter object": lambda m: setattr(m[0], "weight", nn.Parameter(torch.randn(8, 4))),
+    "parameter shape": lambda m: setattr(m[0].weight, "data", torch.randn(8, 1).expand(8, 4)),
+    "requires_grad": lambda m: m[0].weight.requires_grad_(False),
+    "forward hook": lambda m: m[1].register_forward_hook(lambda mod, args, out: out * 2),
+    "class": lambda m: _swap_class(m[3], nn.Tanh),
+    "__dict__ replaced": lambda m: _replace_dict(m[1], eps=0.5),
+}
+
+
+@pytest.mark.parametrize("change", list(SNAPSHOT_CHANGES))
+def test_a_change_after_guards_were_snapshotted_is_seen(change):
+    # After a call whose guards pass, the next calls check a snapshot (guard_tree.h, GuardTree::Snapshot): the
+    # module tree's dicts by version tag, tensors and types again. Each change below, made after several calls
+    # on the snapshot, must give eager's result on the next call.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Dropout(0.0), nn.ReLU(), nn.Linear(8, 2)).eval()
+    compiled = kiln.compile(model)
+    x = torch.randn(3, 4)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), model(x))
+    assert stats()["guard_snapshot_hits"] >= 1, stats()  # the third call was checked on the snapshot
+    SNAPSHOT_CHANGES[change](model)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), model(x))
+    kiln.reset()
+
+
+def test_a_module_attribute_set_every_call_keeps_results_right():
+    # A dict of the module tree changing between every two calls makes each snapshot stale at once: the guards
+    # walk the tree instead (and stop taking snapshots), with eager's results throughout.
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+        def forward(self, x):
+            return self.body(x)
+
+    model = Net().eval()
+    compiled = kiln.compile(model)
+    for step in range(20):
+        model.step = step  # not read by forward: not guarded, but its __dict__ changes
+        if step == 10:
+            model.body[1].inplace = True
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(compiled(x), model(x))
+    assert stats()["guard_snapshots_stale"] >= 1, stats()
+    kiln.reset()
