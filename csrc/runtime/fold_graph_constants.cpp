@@ -3,6 +3,7 @@
 
 #include <Python.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <sstream>
 
@@ -44,6 +45,13 @@ std::shared_ptr<const graph::Graph> fold_graph_constants(std::shared_ptr<const g
                                  graph::meta_to_string(g->values[v].meta));
       results.push_back(env[v]);
     }
+    // A later call may run on another stream: the constants are finished before any kernel can read them.
+    for (const at::Tensor& t : results)
+      if (t.is_cuda()) {
+        const c10::impl::DeviceGuardImplInterface* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+        cuda->synchronizeStream(cuda->getStream(t.device()));
+        break;
+      }
   } catch (const std::exception& e) {
     KILN_LOG(fallbacks) << "kiln backend: not folding constants (the graph computes them per call): " << e.what();
     return g;
