@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <array>
-#include <unordered_set>
 #include <cstdio>
+#include <unordered_set>
 
 #include "common/error.h"
 
