@@ -2,7 +2,6 @@
 #include "fusion/launch_groups.h"
 
 #include <algorithm>
-#include <optional>
 
 namespace kiln::fusion {
 
@@ -33,18 +32,7 @@ bool reads_only_inputs(const Kernel& k, const graph::Graph& g) {
 std::vector<int64_t> live_bytes_per_step(const Schedule& schedule, const graph::Graph& g, bool count_inputs) {
   const size_t num_values = g.values.size();
   const int num_steps = static_cast<int>(schedule.steps.size());
-  std::vector<graph::ValueId> root(num_values);
-  for (size_t v = 0; v < num_values; ++v) root[v] = static_cast<graph::ValueId>(v);
-  for (const graph::Node& node : g.nodes) {  // execution order: an argument's root is final before its use
-    if (!node.is_view && !node.mutates_args) continue;
-    std::optional<graph::ValueId> base;
-    for (const graph::ArgValue& arg : node.args)
-      graph::for_each_tensor(arg, [&](graph::ValueId id) {
-        if (!base) base = root[id];
-      });
-    if (base)
-      for (graph::ValueId out : node.outputs) root[out] = *base;
-  }
+  const std::vector<graph::ValueId> root = graph::storage_roots(g);
   std::vector<int> birth(num_values, -1), death(num_values, -1);
   auto counted = [&](graph::ValueId r) {
     return g.values[r].producer >= 0 || (count_inputs && g.values[r].is_input);

@@ -68,6 +68,22 @@ const TensorMeta* tensor_meta(const Graph& g, const ArgValue& arg) {
   return t ? &g.value(t->id).meta : nullptr;
 }
 
+std::vector<ValueId> storage_roots(const Graph& g) {
+  std::vector<ValueId> root(g.values.size());
+  for (size_t v = 0; v < root.size(); ++v) root[v] = static_cast<ValueId>(v);
+  for (const Node& node : g.nodes) {  // execution order: an argument's root is final before its use
+    if (!node.is_view && !node.mutates_args) continue;
+    ValueId base = -1;
+    for (const ArgValue& arg : node.args)
+      for_each_tensor(arg, [&](ValueId id) {
+        if (base < 0) base = root[id];
+      });
+    if (base >= 0)
+      for (ValueId out : node.outputs) root[out] = base;
+  }
+  return root;
+}
+
 bool is_read(const Graph& g, ValueId v) {
   if (std::find(g.outputs.begin(), g.outputs.end(), v) != g.outputs.end()) return true;
   for (const Node& node : g.nodes)

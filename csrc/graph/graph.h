@@ -174,6 +174,9 @@ bool is_number(const ArgValue& arg, double value);
 int64_t nbytes(const TensorMeta& meta);
 /// True when some node argument or a graph output refers to `v` (linear in the graph's size).
 bool is_read(const Graph& g, ValueId v);
+/// Per value, the value whose storage it shares first: a view's or an in-place node's results alias the first
+/// tensor among its arguments (its root); every other value is its own.
+std::vector<ValueId> storage_roots(const Graph& g);
 /// The meta of the tensor an argument holds, or nullptr when it holds anything else (None, a number, a list).
 const TensorMeta* tensor_meta(const Graph& g, const ArgValue& arg);
 /// Calls `fn(ValueId)` for every tensor an argument refers to.

@@ -96,6 +96,25 @@ const std::array<PyObject*, 3>& hook_dict_names() {
   return names;
 }
 
+// The object's __dict__, or nullptr.
+PyObject* instance_dict(PyObject* object) {
+  PyObject** dictptr = _PyObject_GetDictPtr(object);
+  return dictptr && *dictptr && PyDict_Check(*dictptr) ? *dictptr : nullptr;
+}
+
+// Reads a module's hook dicts (hook_dict_names) from its __dict__ into `hooks`; returns the index of the first one
+// that is missing or not a dict, or -1.
+int read_hook_dicts(PyObject* module, std::array<PyObject*, 3>& hooks) {
+  PyObject* dict = instance_dict(module);
+  for (size_t i = 0; i < hooks.size(); ++i) {
+    hooks[i] = dict ? PyDict_GetItemWithError(dict, hook_dict_names()[i]) : nullptr;
+    if (hooks[i] && PyDict_Check(hooks[i])) continue;
+    if (PyErr_Occurred()) PyErr_Clear();
+    return static_cast<int>(i);
+  }
+  return -1;
+}
+
 // kConstant's test: the same type and ==.
 bool equal_constant(PyObject* value, PyObject* expected, std::string* why) {
   if (value == expected) return true;
@@ -187,22 +206,25 @@ bool run_check(const Check& c, PyObject* value, std::string* why) {
       return false;
     }
     case CheckKind::kNoModuleHooks: {
-      PyObject** dictptr = _PyObject_GetDictPtr(value);
-      for (PyObject* name : hook_dict_names()) {
-        PyObject* hooks = dictptr && *dictptr ? PyDict_GetItemWithError(*dictptr, name) : nullptr;
-        if (!hooks && PyErr_Occurred()) PyErr_Clear();
-        if (hooks && PyDict_Check(hooks) && PyDict_GET_SIZE(hooks) == 0) continue;
-        if (why) *why = std::string(PyUnicode_AsUTF8(name)) + (hooks ? " is no longer empty" : " is missing");
+      std::array<PyObject*, 3> hooks;
+      const int missing = read_hook_dicts(value, hooks);
+      if (missing >= 0) {
+        if (why) *why = std::string(PyUnicode_AsUTF8(hook_dict_names()[missing])) + " is missing";
         return false;
       }
+      for (size_t i = 0; i < hooks.size(); ++i)
+        if (PyDict_GET_SIZE(hooks[i]) != 0) {
+          if (why) *why = std::string(PyUnicode_AsUTF8(hook_dict_names()[i])) + " is no longer empty";
+          return false;
+        }
       return true;
     }
     case CheckKind::kDictConstants: {
-      PyObject** dictptr = _PyObject_GetDictPtr(value);
+      PyObject* dict = instance_dict(value);
       for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(c.object); ++i) {
         PyObject* pair = PyTuple_GET_ITEM(c.object, i);
         PyObject* name = PyTuple_GET_ITEM(pair, 0);
-        PyObject* item = dictptr && *dictptr ? PyDict_GetItemWithError(*dictptr, name) : nullptr;
+        PyObject* item = dict ? PyDict_GetItemWithError(dict, name) : nullptr;
         if (!item) {
           if (PyErr_Occurred()) PyErr_Clear();
           if (why) *why = std::string("attribute ") + PyUnicode_AsUTF8(name) + " is gone";
@@ -450,11 +472,6 @@ unsigned long long dict_version(PyObject*) { return 0; }
 // attribute of one of its modules in every call); a snapshot that passes resets the count.
 constexpr int kMaxStaleSnapshots = 8;
 
-PyObject* instance_dict(PyObject* object) {
-  PyObject** dictptr = _PyObject_GetDictPtr(object);
-  return dictptr && *dictptr && PyDict_Check(*dictptr) ? *dictptr : nullptr;
-}
-
 class SnapshotBuilder {
  public:
   explicit SnapshotBuilder(GuardTree::Snapshot& s) : s_(s) {}
@@ -515,16 +532,8 @@ class SnapshotBuilder {
         return true;
       case CheckKind::kDictConstants: return add_owner(value);
       case CheckKind::kNoModuleHooks: {
-        PyObject* dict = instance_dict(value);
-        std::array<PyObject*, 3> hooks{};
-        for (size_t i = 0; dict && i < hooks.size(); ++i) {
-          hooks[i] = PyDict_GetItemWithError(dict, hook_dict_names()[i]);
-          if (!hooks[i] || !PyDict_Check(hooks[i])) dict = nullptr;
-        }
-        if (!dict) {
-          if (PyErr_Occurred()) PyErr_Clear();
-          return false;
-        }
+        std::array<PyObject*, 3> hooks;
+        if (read_hook_dicts(value, hooks) >= 0) return false;
         add_owner(value);  // before the hook dicts: they are reached through it
         for (PyObject* h : hooks) add_dict(h);
         return true;

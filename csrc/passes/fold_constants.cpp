@@ -32,28 +32,8 @@ bool is_cheap_to_keep(const Node& n) {
   static const std::set<std::string> fills = {
       "aten::full.default", "aten::full_like.default", "aten::new_full.default", "aten::zeros.default",
       "aten::zeros_like.default", "aten::new_zeros.default", "aten::ones.default", "aten::ones_like.default",
-      "aten::new_ones.default", "aten::scalar_tensor.default", "aten::empty.memory_format",
-      "aten::empty_strided.default", "aten::empty_like.default", "aten::new_empty.default"};
-  return n.is_view || fills.count(n.qualified_name()) > 0;
-}
-
-// The value each value shares storage with first: a view's result aliases its (first) operand, an in-place
-// result the tensor it wrote.
-std::vector<ValueId> storage_roots(const graph::Graph& g) {
-  std::vector<ValueId> root(g.values.size());
-  for (size_t v = 0; v < root.size(); ++v) root[v] = static_cast<ValueId>(v);
-  for (const Node& n : g.nodes) {
-    if (!n.is_view && !n.mutates_args) continue;
-    ValueId first = -1;
-    for (const graph::ArgValue& arg : n.args)
-      if (const auto* t = std::get_if<graph::TensorArg>(&arg)) {
-        first = t->id;
-        break;
-      }
-    if (first < 0) continue;
-    for (ValueId out : n.outputs) root[out] = root[first];
-  }
-  return root;
+      "aten::new_ones.default", "aten::scalar_tensor.default"};
+  return n.is_view || is_allocation(n) || fills.count(n.qualified_name()) > 0;
 }
 
 }  // namespace
@@ -61,7 +41,7 @@ std::vector<ValueId> storage_roots(const graph::Graph& g) {
 ConstantFolding plan_constant_folding(const graph::Graph& g, int64_t max_bytes) {
   const auto num_values = g.values.size();
   // Storage some node writes in place (through any alias) is not constant.
-  const std::vector<ValueId> root = storage_roots(g);
+  const std::vector<ValueId> root = graph::storage_roots(g);
   std::vector<bool> written(num_values, false);
   for (const Node& n : g.nodes)
     if (n.mutates_args)
@@ -83,7 +63,7 @@ ConstantFolding plan_constant_folding(const graph::Graph& g, int64_t max_bytes) 
         ++tensor_args;
         ok = ok && foldable[v];
       });
-    // A view of several tensors may alias any of them (storage_roots follows the first only).
+    // A view of several tensors may alias any of them (graph::storage_roots follows the first only).
     if (n.is_view && tensor_args > 1) ok = false;
     for (ValueId out : n.outputs) {
       const graph::Value& v = g.values[out];
@@ -97,7 +77,6 @@ ConstantFolding plan_constant_folding(const graph::Graph& g, int64_t max_bytes) 
   // Foldable values the rest of the graph reads, walked from the last: each becomes a constant, or keeps its
   // producer (a cheap or too large one), whose own foldable operands are then read by a kept node.
   std::vector<bool> demanded(num_values, false);
-  std::vector<bool> kept(g.nodes.size(), false);
   for (NodeIndex i = 0; i < static_cast<NodeIndex>(g.nodes.size()); ++i)
     if (!node_foldable[i])
       for (const graph::ArgValue& arg : g.nodes[i].args) graph::for_each_tensor(arg, [&](ValueId v) { demanded[v] = true; });
@@ -113,7 +92,6 @@ ConstantFolding plan_constant_folding(const graph::Graph& g, int64_t max_bytes) 
     }
     if (!needed) continue;
     if (is_cheap_to_keep(n) || too_large) {
-      kept[i] = true;
       for (const graph::ArgValue& arg : n.args) graph::for_each_tensor(arg, [&](ValueId v) { demanded[v] = true; });
       continue;
     }
@@ -121,8 +99,7 @@ ConstantFolding plan_constant_folding(const graph::Graph& g, int64_t max_bytes) 
   }
 
   // The nodes that compute the targets: every foldable node a target depends on.
-  std::vector<bool> in_cone(num_values, false);
-  for (size_t v = 0; v < num_values; ++v) in_cone[v] = target[v];
+  std::vector<bool> in_cone = target;
   std::vector<bool> evaluate(g.nodes.size(), false);
   for (NodeIndex i = static_cast<NodeIndex>(g.nodes.size()); i-- > 0;) {
     if (!node_foldable[i]) continue;

@@ -107,7 +107,7 @@ class Functionalize {
 
   bool fresh(ValueId id) const {
     const graph::Value& v = g_.values[id];
-    if (v.is_input || v.is_constant || v.producer < 0 || viewed_.count(id)) return false;
+    if (v.producer < 0 || viewed_.count(id)) return false;  // inputs and constants have no producer
     const Node& producer = g_.nodes[v.producer];
     // A factory's result reaches the graph through the detach the recorder puts after it (`torch.zeros(n)`):
     // when that detach is all that reads it, the detach's result is as fresh as the factory's.
@@ -121,7 +121,7 @@ class Functionalize {
   // Made by a node that neither views nor writes anything.
   bool produced_fresh(ValueId id) const {
     const graph::Value& v = g_.values[id];
-    if (v.is_input || v.is_constant || v.producer < 0) return false;
+    if (v.producer < 0) return false;
     const Node& producer = g_.nodes[v.producer];
     return !producer.is_view && !producer.mutates_args && !producer.returns_list;
   }

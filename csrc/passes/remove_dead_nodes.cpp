@@ -8,13 +8,16 @@
 
 namespace kiln::passes {
 
+bool is_allocation(const graph::Node& node) {
+  static const std::set<std::string> allocations = {"aten::empty.memory_format", "aten::empty_strided.default",
+                                                    "aten::empty_like.default"};
+  return allocations.count(node.qualified_name()) > 0;
+}
+
 bool is_pure_node(const graph::Graph& g, const graph::Node& node) {
   if (node.mutates_args) return false;
   if (node.is_view) return true;  // aliases its input and does nothing else (the recorded detach after ReLU)
-  // Allocations (batch norm's meta path records an empty reserve per call): nothing but a fresh tensor.
-  static const std::set<std::string> allocations = {"aten::empty.memory_format", "aten::empty_strided.default",
-                                                    "aten::empty_like.default"};
-  if (allocations.count(node.qualified_name())) return true;
+  if (is_allocation(node)) return true;  // batch norm's meta path records an empty reserve per call
   // Extern ops known to do nothing but compute their result (the backward builder leaves unread gradient
   // pieces of these behind when it merges them: autodiff/build_joint_graphs.cpp).
   static const std::set<std::string> pure_externs = {"aten::select_backward.default", "aten::slice_backward.default"};

@@ -15,4 +15,7 @@ void renumber_producers(graph::Graph& g);
 /// True for nodes the passes may drop or merge: no side effects, result determined by the arguments.
 bool is_pure_node(const graph::Graph& g, const graph::Node& node);
 
+/// `empty`, `empty_strided`, `empty_like`: nothing but a fresh, uninitialised tensor.
+bool is_allocation(const graph::Node& node);
+
 }  // namespace kiln::passes
