@@ -49,6 +49,33 @@ def live_at_peak(trace):
     return peak, peak_live, peak_index
 
 
+def rounding_by_owner(snapshot, model, opt):
+    """Blocks held after the step, by owner (parameters, their gradients, optimizer state, the rest): the bytes
+    the tensors asked for and the bytes of the blocks that hold them. max_memory_allocated counts blocks, so a
+    tensor placed in a larger free block that could not be split counts the whole block."""
+    owners = {}
+    for p in model.parameters():
+        owners[p.untyped_storage().data_ptr()] = "param"
+        if p.grad is not None:
+            owners[p.grad.untyped_storage().data_ptr()] = "grad"
+        for value in (opt.state.get(p, {}) if opt is not None else {}).values():
+            if torch.is_tensor(value) and value.is_cuda:
+                owners[value.untyped_storage().data_ptr()] = "optimizer_state"
+    totals = collections.defaultdict(lambda: [0, 0, 0])
+    for segment in snapshot["segments"]:
+        address = segment["address"]
+        for block in segment["blocks"]:
+            if block["state"] == "active_allocated":
+                t = totals[owners.get(address, "other")]
+                t[0] += 1
+                t[1] += block.get("requested_size", block["size"])
+                t[2] += block["size"]
+            address += block["size"]
+    return {owner: {"blocks": n, "requested_mb": round(req / 2**20, 2), "block_mb": round(size / 2**20, 2),
+                    "rounding_mb": round((size - req) / 2**20, 2)}
+            for owner, (n, req, size) in sorted(totals.items())}
+
+
 def measure(name, system, top):
     torch.manual_seed(0)
     seed_models.DEVICE[0] = "cuda"
@@ -93,6 +120,7 @@ def measure(name, system, top):
                 held[block["size"]] += 1
     print("   held after the step (block size x count, largest totals first):",
           ", ".join(f"{size}x{count}" for size, count in sorted(held.items(), key=lambda kv: -kv[0] * kv[1])[:24]))
+    print("   " + json.dumps(rounding_by_owner(snapshot, model, opt)), flush=True)
     del model, opt, fn
     torch.cuda.empty_cache()
 

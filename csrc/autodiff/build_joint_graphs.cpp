@@ -32,7 +32,7 @@ void check_supported(const graph::Graph& g) {
   std::set<graph::ValueId> seen;
   for (graph::ValueId id : g.outputs) {
     const graph::Value& v = g.value(id);
-    if (v.is_input || v.is_constant) KILN_UNSUPPORTED() << "a graph output is a graph input or constant";
+    if (v.is_input || v.is_constant) KILN_UNSUPPORTED() << "a graph output is a graph constant";
     if (v.producer >= 0 && g.nodes[v.producer].is_view)
       KILN_UNSUPPORTED() << "a graph output is a view (" << g.nodes[v.producer].qualified_name() << ")";
     if (!seen.insert(id).second) KILN_UNSUPPORTED() << "a value is returned twice";
@@ -42,6 +42,23 @@ void check_supported(const graph::Graph& g) {
     const DerivativeRule* rule = find_derivative_rule(node.qualified_name());
     if (!rule || !rule->mutates_only_buffers) KILN_UNSUPPORTED() << "in-place op " << node.qualified_name();
   }
+}
+
+// Outputs that are graph inputs (`return y, x`; `x.contiguous()` of a contiguous x) leave the graph's outputs: the
+// runtime returns the caller's own tensor in their place, which is what eager returns (the same object, with its
+// own autograd history), and the joint program computes the rest. Returns JointGraphs::output_inputs.
+std::vector<int32_t> pass_inputs_through(graph::Graph& g) {
+  std::vector<int32_t> output_inputs;
+  std::vector<graph::ValueId> computed;
+  for (graph::ValueId id : g.outputs) {
+    const graph::Value& v = g.value(id);
+    output_inputs.push_back(v.is_input ? v.input_index : -1);
+    if (!v.is_input) computed.push_back(id);
+  }
+  if (computed.size() == g.outputs.size()) return {};
+  if (computed.empty()) KILN_UNSUPPORTED() << "every graph output is a graph input";
+  g.set_outputs(computed);
+  return output_inputs;
 }
 
 // The value a chain of views starts from (itself when it is not a view).
@@ -196,8 +213,9 @@ JointGraphs build_joint_graphs(const graph::Graph& graph_with_updates, OpOracle&
   // kernel, as eager's does. CPU convolutions keep their layout in training (passes/channels_last.h says why).
   passes::relayout_convolutions_channels_last(captured, /*cpu=*/false);
   use_cudnn_batch_norm(captured, oracle, cudnn);
-  check_supported(captured);
   JointGraphs joint;
+  joint.output_inputs = pass_inputs_through(captured);
+  check_supported(captured);
   joint.backward = std::make_shared<graph::Graph>();
   BackwardBuilder b(captured, *joint.backward, oracle);
 

@@ -19,7 +19,10 @@ struct JointGraphs {
   /// Inputs: one gradient per differentiable captured output (in output order), then the saved values.
   /// Outputs: one gradient per captured input that requires grad (in input order).
   std::shared_ptr<graph::Graph> backward;
-  size_t num_outputs = 0;                 // captured outputs (the forward graph's first outputs)
+  size_t num_outputs = 0;                 // computed captured outputs (the forward graph's first outputs)
+  /// Per captured output: the captured input it is (the runtime returns the caller's tensor itself, as eager
+  /// does), or -1 for the computed outputs, which follow in order. Empty when no output is an input.
+  std::vector<int32_t> output_inputs;
   /// Captured inputs the forward updates in place (BatchNorm's num_batches_tracked): after the forward
   /// runs, input updated_inputs[i] receives forward output num_outputs + i (the runtime copies it in).
   std::vector<int32_t> updated_inputs;
@@ -37,7 +40,7 @@ struct JointGraphs {
   int64_t recomputed_nodes = 0;
 };
 
-/// Builds the joint graphs. The backward reads forward values as saved tensors or recomputes them
+/// Builds the joint graphs. Outputs that are graph inputs stay out of both graphs (output_inputs). The backward reads forward values as saved tensors or recomputes them
 /// (views from their base; cheap pointwise chains from cheaper saved values, chosen by a min cut:
 /// partition.h); inputs are saved by reference (no forward output needed). Throws kiln::Error of kind Unsupported (naming the op) when
 /// a node on a gradient path has no derivative rule, a non-differentiable result receives a gradient,

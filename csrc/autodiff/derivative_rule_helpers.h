@@ -20,7 +20,21 @@ graph::ArgValue optional_tensor(RuleCall& c, size_t index);
 void set_masked(RuleCall& c, const std::vector<ValueId>& grads, const std::vector<size_t>& args,
                 const std::vector<bool>& mask);
 
+/// The reduced dims of a (self, dims?, keepdim) reduction whose dims are argument `dims_arg` (None or empty:
+/// all), their element count, and self's sizes with them kept as 1.
+struct Reduced {
+  std::vector<int64_t> dims;
+  int64_t count = 1;
+  std::vector<int64_t> kept_sizes;
+};
+Reduced reduced_dims(RuleCall& c, size_t dims_arg);
+/// `v` (a result of the reduction or its gradient) viewed with the reduced dims kept as size 1, so that it
+/// broadcasts against self; `v` itself when the reduction kept them.
+ValueId kept(RuleCall& c, ValueId v, const Reduced& r, bool keepdim);
+
 /// Adds the rules of derivative_rules_more.cpp.
 void add_more_rules(std::map<std::string, DerivativeRule>& table);
+/// Adds the rules of derivative_rules_math.cpp (after the others: the *_copy ops take their view op's rule).
+void add_math_rules(std::map<std::string, DerivativeRule>& table);
 
 }  // namespace kiln::autodiff::detail

@@ -638,6 +638,7 @@ const std::map<std::string, DerivativeRule>& rule_table() {
       {"aten::_scaled_dot_product_flash_attention_for_cpu.default", {rule_flash_attention_cpu}},
     };
     detail::add_more_rules(t);
+    detail::add_math_rules(t);
     return t;
   }();
   return table;

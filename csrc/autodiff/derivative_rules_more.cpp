@@ -9,6 +9,23 @@
 
 namespace kiln::autodiff::detail {
 
+Reduced reduced_dims(RuleCall& c, size_t dims_arg) {
+  const std::vector<int64_t>& sizes = c.input_meta(0).sizes;
+  Reduced r;
+  std::vector<int64_t> dims = c.is_none(dims_arg) ? std::vector<int64_t>{} : c.ints_arg(dims_arg);
+  std::set<int64_t> set;
+  for (int64_t d : dims) set.insert(normalize_dim(d, sizes.size()));
+  r.kept_sizes = sizes;
+  for (size_t i = 0; i < sizes.size(); ++i)
+    if (set.empty() || set.count(static_cast<int64_t>(i))) {
+      r.dims.push_back(static_cast<int64_t>(i));
+      r.kept_sizes[i] = 1;
+      r.count *= sizes[i];
+    }
+  return r;
+}
+ValueId kept(RuleCall& c, ValueId v, const Reduced& r, bool keepdim) { return keepdim ? v : c.b.reshape(v, r.kept_sizes); }
+
 namespace {
 
 // ---- more pointwise math (formulas of derivatives.yaml) -----------------------------------------------
@@ -207,41 +224,6 @@ void rule_bce_with_logits(RuleCall& c) {
   c.set(0, g);
 }
 
-// The reduced dims of a (self, dims?, keepdim) reduction and a view of `v` (the result or its gradient) with
-// them kept as size 1, so that it broadcasts against self.
-struct Reduced {
-  std::vector<int64_t> dims;
-  int64_t count = 1;
-  std::vector<int64_t> kept_sizes;
-};
-Reduced reduced_dims(RuleCall& c, size_t dims_arg) {
-  const std::vector<int64_t>& sizes = c.input_meta(0).sizes;
-  Reduced r;
-  std::vector<int64_t> dims = c.is_none(dims_arg) ? std::vector<int64_t>{} : c.ints_arg(dims_arg);
-  std::set<int64_t> set;
-  for (int64_t d : dims) set.insert(normalize_dim(d, sizes.size()));
-  r.kept_sizes = sizes;
-  for (size_t i = 0; i < sizes.size(); ++i)
-    if (set.empty() || set.count(static_cast<int64_t>(i))) {
-      r.dims.push_back(static_cast<int64_t>(i));
-      r.kept_sizes[i] = 1;
-      r.count *= sizes[i];
-    }
-  return r;
-}
-ValueId kept(RuleCall& c, ValueId v, const Reduced& r, bool keepdim) { return keepdim ? v : c.b.reshape(v, r.kept_sizes); }
-
-// linalg_vector_norm(self, ord, dim?, keepdim, *, dtype?), ord 2: self * grad / norm (0 where the norm is 0).
-void rule_vector_norm(RuleCall& c) {
-  if (!c.needs(0)) return;
-  if (c.number_arg(1) != 2.0 || !c.is_none(4)) KILN_UNSUPPORTED() << "linalg_vector_norm other than ord=2";
-  const Reduced r = reduced_dims(c, 2);
-  ValueId norm = kept(c, c.result(0), r, c.bool_arg(3));
-  ValueId scale = c.b.div(kept(c, c.grad(), r, c.bool_arg(3)), norm);
-  scale = emit1(c, "aten::masked_fill", {tensor(scale), tensor(emit1(c, "aten::eq", {tensor(norm), 0.0}, "Scalar")), 0.0}, "Scalar");
-  c.set(0, c.b.mul(c.input(0), scale));
-}
-
 // var.correction / std.correction(self, dim?, *, correction?, keepdim):
 // var: grad * 2 (x - mean) / (N - correction); std: the same with grad / (2 std), 0 where std is 0.
 void variance_back(RuleCall& c, bool std_dev) {
@@ -379,7 +361,6 @@ void add_more_rules(std::map<std::string, DerivativeRule>& t) {
       {"aten::smooth_l1_loss.default", {rule_smooth_l1_loss}},
       {"aten::huber_loss.default", {rule_huber_loss}},
       {"aten::binary_cross_entropy_with_logits.default", {rule_bce_with_logits}},
-      {"aten::linalg_vector_norm.default", {rule_vector_norm}},
       {"aten::var.correction", {rule_var}},
       {"aten::std.correction", {rule_std}},
       {"aten::amax.default", {rule_amax_amin}},

@@ -283,18 +283,33 @@ class JointGraph final : public AutogradGraph {
     bool needs_grad = false;
     if (at::GradMode::is_enabled())
       for (const at::Tensor& t : inputs) needs_grad = needs_grad || (t.defined() && t.requires_grad());
-    // A TensorList (not a vector) so that Function::apply sees each input as a variable.
-    if (needs_grad) return KilnFunction::apply(at::TensorList(inputs), program_);
-    std::vector<at::Tensor> results = program_->forward->run(inputs);
-    write_back_updated_inputs(program_->joint, inputs, results);
-    results.resize(program_->joint.num_outputs);
-    return results;
+    std::vector<at::Tensor> results;
+    if (needs_grad) {
+      // A TensorList (not a vector) so that Function::apply sees each input as a variable.
+      results = KilnFunction::apply(at::TensorList(inputs), program_);
+    } else {
+      results = program_->forward->run(inputs);
+      write_back_updated_inputs(program_->joint, inputs, results);
+      results.resize(program_->joint.num_outputs);
+    }
+    return with_inputs_passed_through(inputs, std::move(results));
   }
   const CompiledGraph& forward() const override { return *program_->forward; }
   const CompiledGraph& backward() const override { return *program_->backward; }
   std::vector<int32_t> updated_inputs() const override { return program_->joint.updated_inputs; }
 
  private:
+  // The captured outputs: the computed ones, with the caller's tensors where an output is an input.
+  std::vector<at::Tensor> with_inputs_passed_through(const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> computed) const {
+    const std::vector<int32_t>& output_inputs = program_->joint.output_inputs;
+    if (output_inputs.empty()) return computed;
+    std::vector<at::Tensor> outputs;
+    outputs.reserve(output_inputs.size());
+    size_t next = 0;
+    for (int32_t input : output_inputs) outputs.push_back(input >= 0 ? inputs.at(input) : std::move(computed.at(next++)));
+    return outputs;
+  }
+
   c10::intrusive_ptr<JointProgram> program_;
 };
 
@@ -328,6 +343,7 @@ std::optional<std::string> encode_joint(const autodiff::JointGraphs& j, const gr
   w.integers(std::vector<int64_t>(j.output_differentiable.begin(), j.output_differentiable.end()));
   write_ids(w, j.saved_from_input);
   write_ids(w, j.grad_inputs);
+  write_ids(w, j.output_inputs);
   for (int64_t v : {j.saved_bytes, j.saved_tensors, j.saved_bytes_before_partition, j.recomputed_nodes}) w.integer(v);
   return w.take();
 }
@@ -348,6 +364,7 @@ std::optional<autodiff::JointGraphs> decode_joint(const std::string& bytes, cons
     for (int64_t v : r.integers()) j.output_differentiable.push_back(v != 0);
     j.saved_from_input = read_ids(r);
     j.grad_inputs = read_ids(r);
+    j.output_inputs = read_ids(r);
     for (int64_t* v : {&j.saved_bytes, &j.saved_tensors, &j.saved_bytes_before_partition, &j.recomputed_nodes}) *v = r.integer();
     KILN_CHECK(r.at_end()) << "trailing bytes";
     KILN_CHECK(j.output_differentiable.size() == j.num_outputs && j.grad_inputs.size() == j.backward->outputs.size())

@@ -88,11 +88,105 @@ RULE_CASES = [
     ("group_norm_log_sigmoid", lambda x, w, b: F.logsigmoid(F.group_norm(x, 2, w, b)), [(2, 4, 3), (4,), (4,)]),
 ]
 
+# Session 15's rules (autodiff/derivative_rules_math.cpp), with the inputs where their formulas have edges: zeros in a
+# product (one per row, and two in one row), ties for the maximum, a zero base under a tensor power, clamp bounds that
+# cross (min > max), norms of rows that are all zero, NaN skipped by nansum, sinc at 0.
+_ZEROS = torch.tensor([[1.0, 0.0, 1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+                       [0.0, 1.0, 1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0, 1.0, 0.0]])
+_ZERO_ROW = torch.tensor([[1.0], [0.0], [1.0], [1.0]])
+_NAN_AT = _ZEROS == 0
+_COLUMNS = torch.tensor([[0, 2], [1, 3], [5, 4], [2, 0]])
+_ROWS = torch.tensor([0, 2])
+RULE_CASES += [
+    ("trig_hyperbolic", lambda x: torch.tan(x * 0.5) + torch.sinh(x) + torch.cosh(x) + torch.asin(x.tanh() * 0.9)
+     + torch.acos(x.sigmoid() * 0.9) + torch.atan(x) + torch.asinh(x) + torch.acosh(x.abs() + 1.5)
+     + torch.atanh(x.tanh() * 0.9), [(4, 6)]),
+    ("logs_exps_special", lambda x: torch.log2(x.abs() + 1) + torch.log10(x.abs() + 1) + torch.exp2(x) + torch.erfc(x)
+     + torch.erfinv(x.tanh() * 0.9) + torch.lgamma(x.abs() + 0.5) + torch.digamma(x.abs() + 0.5)
+     + torch.special.ndtri(x.sigmoid()) + torch.special.log_ndtr(x) + torch.special.erfcx(x)
+     + torch.special.entr(x.abs() + 0.1) + torch.sinc(x * _ZEROS) + torch.special.i0e(x) + torch.special.i1(x * _ZEROS)
+     + torch.special.i1e(x) + torch.i0(x) + torch.logit(x.sigmoid()) + torch.rad2deg(x) + torch.deg2rad(x)
+     + torch.frac(x * 3) + torch.nan_to_num(x) + torch.polygamma(2, x.abs() + 1), [(4, 6)]),
+    ("binary_math", lambda x, y: torch.atan2(x, y) + torch.hypot(x, y) + torch.fmax(x, y) + torch.fmin(x, y)
+     + torch.copysign(x * _ZEROS, y) + torch.logaddexp(x, y) + torch.logaddexp2(x, y)
+     + torch.xlogy(x.abs() * _ZEROS, y.abs() + 0.5) + torch.special.xlog1py(x.abs(), y.abs()), [(4, 6), (4, 6)]),
+    ("pow_with_a_zero_base", lambda x, y: (x * _ZEROS).pow(y.abs() + 1) + (x.abs() + 0.5).pow(y), [(4, 6), (4, 6)]),
+    ("lerp_addcmul_addcdiv_rsub", lambda x, y, w: torch.lerp(x, y, w.sigmoid()) + torch.lerp(x, y, 0.3)
+     + torch.addcmul(x, y, w, value=0.5) + torch.addcdiv(x, y, w.abs() + 1, value=2) + torch.rsub(x, y, alpha=2),
+     [(4, 6), (4, 6), (4, 6)]),
+    ("remainder_fmod_rounded_div", lambda x, y: torch.remainder(x, y.abs() + 1) + torch.fmod(x, y.abs() + 1)
+     + torch.div(x, y.abs() + 1, rounding_mode="floor") + torch.div(x, y.abs() + 1, rounding_mode="trunc"),
+     [(4, 6), (4, 6)]),
+    ("clamp_tensor_bounds", lambda x, lo, hi: torch.clamp(x, lo, hi) + torch.clamp(x, min=lo) + torch.clamp(x, max=hi)
+     + torch.clamp_min(x, lo) * 2 + torch.clamp_max(x, hi) * 3, [(4, 6), (4, 6), (4, 6)]),
+    ("selecting_reductions", lambda x: torch.cat([x, x], 1).max() + torch.cat([x, x], 1).min() + torch.median(x)
+     + x.max(1).values.sum() + x.min(0).values.sum() + x.median(1).values.sum() + x.sort(1).values[:, 0].sum()
+     + x.topk(2, 1).values.sum() + x.kthvalue(2, 1).values.sum() + x.cummax(1).values.sum()
+     + x.cummin(0).values.sum() + x.aminmax(dim=1).max.sum(), [(4, 6)]),
+    ("prod_with_zeros", lambda x: (x * _ZEROS).prod() + (x * _ZEROS).prod(1).sum() + x.prod(0).sum()
+     + (x * _ZEROS).prod(1, keepdim=True).sum(), [(4, 6)]),
+    ("norms", lambda x, y: torch.linalg.vector_norm(x, 1, dim=1) + torch.linalg.vector_norm(x, float("inf"), dim=1)
+     + torch.linalg.vector_norm(x, 3, dim=1) + torch.linalg.vector_norm(x * _ZERO_ROW, 1.5, dim=1)
+     + torch.linalg.vector_norm(x, 0.5, dim=1) + torch.linalg.vector_norm(x * _ZERO_ROW, dim=1)
+     + torch.norm(x, p=2, dim=1) + torch.dist(x, y) + F.pairwise_distance(x, y), [(4, 6), (4, 6)]),
+    ("statistics", lambda x: sum(t.sum() for t in torch.var_mean(x, 1)) + torch.std_mean(x, 0)[0].sum()
+     + 2 * torch.std_mean(x, 0, keepdim=True)[1].sum() + x.masked_fill(_NAN_AT, float("nan")).nansum(1).sum()
+     + torch.var_mean(x, correction=0)[1], [(4, 6)]),
+    ("matrix_vector_products", lambda a, v, w, b1, b2: torch.trace(a) + torch.vdot(v, w) + torch.addr(a, v, w).sum()
+     + torch.addmv(v, a, w, beta=0.5, alpha=2).sum() + torch.addbmm(a, b1, b2, alpha=0.5).sum(),
+     [(4, 4), (4,), (4,), (2, 4, 3), (2, 3, 4)]),
+    ("scatter_and_index_updates", lambda x, s, s2: x.scatter(1, _COLUMNS, s).sum(1) + x.scatter_add(1, _COLUMNS, s).sum(1)
+     + x.index_add(0, _ROWS, s2, alpha=2).sum(1) + x.index_copy(0, _ROWS, s2).sum(1) + x.index_fill(1, _ROWS, 2.0).sum(1)
+     + x.masked_scatter(_NAN_AT, s2).sum(1) + x.take(_COLUMNS).sum(1) + x.put(_COLUMNS, s, accumulate=True).sum(1)
+     + x.index_put((_ROWS, _ROWS), s2[0, :2]).sum(1) + x.scatter(1, _COLUMNS, 0.5).sum(1), [(4, 6), (4, 2), (2, 6)]),
+    ("shape_ops", lambda x, y, z: x.repeat(2, 1, 3).sum(0)[:, :6] + torch.rot90(y, 1, (0, 1))
+     + torch.diag_embed(x)[:, :, 0] + torch.diagonal(y.reshape(4, 6, 1).expand(4, 6, 6), 0, 1, 2)
+     + torch.slice_scatter(x, y.t()[:, 1:3], 1, 1, 3) + torch.select_scatter(x, y.t()[0], 0, 2)
+     + torch.diagonal_scatter(x, y.diagonal(), 0) + F.pixel_shuffle(z, 2).reshape(4, 6)
+     + F.pixel_unshuffle(z.reshape(1, 1, 4, 6), 2).reshape(4, 6) + F.channel_shuffle(z, 2).reshape(4, 6),
+     [(4, 6), (6, 4), (1, 4, 2, 3)]),
+    ("losses_pooling_padding_sampling", lambda x, v, g, w: F.binary_cross_entropy(x.sigmoid(), (x > 0.3).float()).expand(2)
+     + F.soft_margin_loss(x, torch.sign(x.detach() - 0.1)).expand(2) + F.max_pool3d(v, 2).sum((1, 2, 3, 4))
+     + F.avg_pool3d(v, 2).sum((1, 2, 3, 4)) + F.adaptive_max_pool2d(x, 2).sum((1, 2, 3))
+     + F.adaptive_avg_pool3d(v, 3).sum((1, 2, 3, 4)) + F.pad(x.flatten(2), (1, 2), mode="reflect").sum((1, 2))
+     + F.pad(x.flatten(2), (2, 1), mode="replicate").sum((1, 2)) + F.pad(x, (1, 1, 2, 0), mode="replicate").sum((1, 2, 3))
+     + F.unfold(x, 2).sum((1, 2)) + F.grid_sample(x, g.tanh(), align_corners=False).sum((1, 2, 3))
+     + F.prelu(x, w).sum((1, 2, 3)) + torch.cdist(x.flatten(2), x.flatten(2)[:, :2]).sum((1, 2))
+     + F.pdist(x.flatten(1)).expand(2) * 0 + F.interpolate(x.flatten(2), scale_factor=2, mode="nearest-exact").sum((1, 2)),
+     [(2, 3, 4, 4), (2, 3, 4, 4, 4), (2, 3, 3, 2), (3,)]),
+    ("activations_and_copies", lambda x: F.celu(x, 0.7) + F.softshrink(x, 0.3) + F.hardshrink(x, 0.3)
+     + F.threshold(x, 0.2, -1.0) + torch.ops.aten.view_copy(x, (6, 4)).t() + torch.ops.aten.narrow_copy(x, 1, 1, 4).repeat(1, 2)[:, :6]
+     + torch.ops.aten.unfold_copy(x, 1, 3, 3).flatten(1) + torch.ops.aten.diagonal_copy(x.expand(6, 4, 6), 0, 0, 2), [(4, 6)]),
+]
+
 
 @pytest.mark.parametrize("name,fn,shapes", RULE_CASES, ids=[c[0] for c in RULE_CASES])
 def test_rule_gradients_match_eager(name, fn, shapes):
     assert_same_as_eager(fn, *[r(*s) for s in shapes])
     assert_compiled_autograd()
+
+
+def test_outputs_that_are_inputs_are_the_callers_tensors():
+    """`return x, ..., w`: the compiled graph computes the rest on compiled autograd and hands back the caller's own
+    tensors, as eager does (the same objects, gradients flowing to them directly)."""
+    def f(x, w):
+        return x, (x * w).tanh().sum(), w
+
+    x, w = r(4, 5), r(4, 5)
+    compiled = kiln.compile(f)
+    assert_same_as_eager(f, x, w, compiled=compiled)
+    assert_compiled_autograd()
+    a, loss, b = compiled(x, w)
+    assert a is x and b is w
+    (a.sum() * 2 + loss + b.pow(2).sum()).backward()
+    x_ref, w_ref = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    a_ref, loss_ref, b_ref = f(x_ref, w_ref)
+    (a_ref.sum() * 2 + loss_ref + b_ref.pow(2).sum()).backward()
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(w.grad, w_ref.grad, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        a, _, b = compiled(x, w)
+    assert a is x and b is w
 
 
 def test_mixed_requires_grad_inputs():

@@ -1,0 +1,937 @@
+// Derivative rules, third part: the rest of the elementwise math (trigonometric, hyperbolic, special
+// functions), binary ops whose second operand is a tensor (atan2, pow, lerp, addcmul, clamp with tensor bounds
+// ...), value-selecting reductions (max/min/median over a dim, sort, topk, cummax), scatter and index updates,
+// matrix-vector products, losses, pooling, padding and sampling ops with an ATen backward, and the *_copy
+// variants of view ops. As in derivative_rules.cpp, each rule mirrors eager's formula
+// (tools/autograd/derivatives.yaml and FunctionsManual.cpp in PyTorch); the OpInfo gradient sweep
+// (tests/python/test_opinfo_grad_sweep.py) compares them with eager.
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "autodiff/derivative_rule_helpers.h"
+#include "common/error.h"
+
+namespace kiln::autodiff::detail {
+
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+constexpr double kLn2 = 0.69314718055994530942;
+constexpr double kLn10 = 2.30258509299404568402;
+
+ValueId op(RuleCall& c, const char* name, std::vector<Arg> args, const char* overload = "default") {
+  return c.b.emit(name, overload, std::move(args));
+}
+// Tensor argument `index` as an operand of an emitted op: its backward value, or the Python number it holds.
+Arg operand(RuleCall& c, size_t index) { return c.is_tensor(index) ? tensor(c.input(index)) : c.arg(index); }
+ValueId plus(RuleCall& c, ValueId a, double s) { return op(c, "aten::add", {tensor(a), s, int64_t{1}}, "Scalar"); }
+ValueId square(RuleCall& c, ValueId a) { return c.b.mul(a, a); }
+// `v` with 0 where `mask` holds (eager's where(mask, 0, v)).
+ValueId zero_where(RuleCall& c, ValueId mask, ValueId v) {
+  return op(c, "aten::masked_fill", {tensor(v), tensor(mask), 0.0}, "Scalar");
+}
+// `v` where `mask` holds, 0 elsewhere (eager's where(mask, v, 0)).
+ValueId keep_where(RuleCall& c, ValueId mask, ValueId v) { return zero_where(c, op(c, "aten::logical_not", {tensor(mask)}), v); }
+ValueId compare(RuleCall& c, const char* name, ValueId a, Arg b) { return op(c, name, {tensor(a), std::move(b)}, "Tensor"); }
+ValueId logical(RuleCall& c, const char* name, ValueId a, ValueId b) { return op(c, name, {tensor(a), tensor(b)}); }
+ValueId zeros_like(RuleCall& c, ValueId like) {
+  return op(c, "aten::zeros_like", {tensor(like), graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}});
+}
+ValueId new_zeros(RuleCall& c, ValueId like, const std::vector<int64_t>& sizes) {
+  return op(c, "aten::new_zeros", {tensor(like), sizes, graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}});
+}
+ValueId contiguous(RuleCall& c, ValueId a) { return op(c, "aten::clone", {tensor(a), graph::MemoryFormatArg{0}}); }
+bool is_complex(graph::ScalarType t) {
+  return t == graph::ScalarType::ComplexHalf || t == graph::ScalarType::ComplexFloat || t == graph::ScalarType::ComplexDouble;
+}
+void set_if(RuleCall& c, size_t index, ValueId grad) {
+  if (c.needs(index)) c.set(index, grad);
+}
+
+// ---- unary math: grad * f'(self) -----------------------------------------------------------------------
+void rule_tan(RuleCall& c) {  // grad * (1 + result^2)
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), plus(c, square(c, c.result(0)), 1.0)));
+}
+void rule_sinh(RuleCall& c) {
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), op(c, "aten::cosh", {tensor(c.input(0))})));
+}
+void rule_cosh(RuleCall& c) {
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), op(c, "aten::sinh", {tensor(c.input(0))})));
+}
+ValueId one_minus_square(RuleCall& c) { return plus(c, c.b.neg(square(c, c.input(0))), 1.0); }
+void rule_asin(RuleCall& c) {  // grad * (1 - self^2).rsqrt()
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), op(c, "aten::rsqrt", {tensor(one_minus_square(c))})));
+}
+void rule_acos(RuleCall& c) {  // grad * -(1 - self^2).rsqrt()
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), c.b.neg(op(c, "aten::rsqrt", {tensor(one_minus_square(c))}))));
+}
+void rule_atan(RuleCall& c) {  // grad / (self^2 + 1)
+  if (c.needs(0)) c.set(0, c.b.div(c.grad(), plus(c, square(c, c.input(0)), 1.0)));
+}
+void rule_asinh(RuleCall& c) {  // grad * (self^2 + 1).rsqrt()
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), op(c, "aten::rsqrt", {tensor(plus(c, square(c, c.input(0)), 1.0))})));
+}
+void rule_acosh(RuleCall& c) {  // grad * (self^2 - 1).rsqrt()
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), op(c, "aten::rsqrt", {tensor(plus(c, square(c, c.input(0)), -1.0))})));
+}
+void rule_atanh(RuleCall& c) {  // grad / (1 - self^2)
+  if (c.needs(0)) c.set(0, c.b.div(c.grad(), one_minus_square(c)));
+}
+void rule_log2(RuleCall& c) {  // grad / (self * ln 2)
+  if (c.needs(0)) c.set(0, c.b.div(c.grad(), c.b.mul(c.input(0), kLn2)));
+}
+void rule_log10(RuleCall& c) {  // grad / (self * ln 10)
+  if (c.needs(0)) c.set(0, c.b.div(c.grad(), c.b.mul(c.input(0), kLn10)));
+}
+void rule_exp2(RuleCall& c) {  // grad * result * ln 2
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), c.b.mul(c.result(0), kLn2)));
+}
+void rule_erfc(RuleCall& c) {  // -2/sqrt(pi) * exp(-self^2) * grad
+  if (!c.needs(0)) return;
+  ValueId e = op(c, "aten::exp", {tensor(c.b.neg(square(c, c.input(0))))});
+  c.set(0, c.b.mul(c.b.mul(e, -1.1283791670955126), c.grad()));
+}
+void rule_erfinv(RuleCall& c) {  // sqrt(pi)/2 * exp(result^2) * grad
+  if (!c.needs(0)) return;
+  ValueId e = op(c, "aten::exp", {tensor(square(c, c.result(0)))});
+  c.set(0, c.b.mul(c.b.mul(e, 0.88622692545275801365), c.grad()));
+}
+void rule_lgamma(RuleCall& c) {  // grad * digamma(self)
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), op(c, "aten::digamma", {tensor(c.input(0))})));
+}
+void rule_digamma(RuleCall& c) {  // grad * polygamma(1, self)
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), op(c, "aten::polygamma", {int64_t{1}, tensor(c.input(0))})));
+}
+void rule_polygamma(RuleCall& c) {  // polygamma(n, self): grad * polygamma(n + 1, self)
+  if (c.needs(1)) c.set(1, c.b.mul(c.grad(), op(c, "aten::polygamma", {c.int_arg(0) + 1, tensor(c.input(1))})));
+}
+void rule_real_zero_gradient(RuleCall& c) {  // sgn of a real tensor, round(decimals): piecewise constant
+  if (!c.needs(0)) return;
+  if (is_complex(c.input_meta(0).dtype)) KILN_UNSUPPORTED() << c.node().qualified_name() << " of a complex tensor";
+  c.set(0, zeros_like(c, c.grad()));
+}
+void rule_pass_through(RuleCall& c) {  // frac: grad
+  if (c.needs(0)) c.set(0, c.grad());
+}
+void rule_rad2deg(RuleCall& c) {
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), 180.0 / kPi));
+}
+void rule_deg2rad(RuleCall& c) {
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), kPi / 180.0));
+}
+void rule_logit(RuleCall& c) {  // logit(self, eps?)
+  if (c.needs(0)) c.set(0, op(c, "aten::logit_backward", {tensor(c.grad()), tensor(c.input(0)), c.arg(1)}));
+}
+void rule_sinc(RuleCall& c) {  // grad * (pi x cos(pi x) - sin(pi x)) / (pi x^2), 0 at x = 0
+  if (!c.needs(0)) return;
+  ValueId x = c.input(0);
+  ValueId pi_x = c.b.mul(x, kPi);
+  ValueId pi_x_squared = c.b.mul(square(c, x), kPi);
+  ValueId numerator = op(c, "aten::sub", {tensor(c.b.mul(pi_x, op(c, "aten::cos", {tensor(pi_x)}))),
+                                          tensor(op(c, "aten::sin", {tensor(pi_x)})), int64_t{1}}, "Tensor");
+  ValueId out = c.b.div(c.b.mul(c.grad(), numerator), pi_x_squared);
+  c.set(0, zero_where(c, op(c, "aten::eq", {tensor(pi_x_squared), 0.0}, "Scalar"), out));
+}
+void rule_i0(RuleCall& c) {  // grad * i1(self)
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), op(c, "aten::special_i1", {tensor(c.input(0))})));
+}
+void rule_i0e(RuleCall& c) {  // grad * (i1e(self) - sgn(self) * result)
+  if (!c.needs(0)) return;
+  ValueId sgn_result = c.b.mul(op(c, "aten::sgn", {tensor(c.input(0))}), c.result(0));
+  ValueId d = op(c, "aten::sub", {tensor(op(c, "aten::special_i1e", {tensor(c.input(0))})), tensor(sgn_result), int64_t{1}}, "Tensor");
+  c.set(0, c.b.mul(c.grad(), d));
+}
+void rule_ndtri(RuleCall& c) {  // grad * sqrt(2 pi) * exp(result^2 / 2)
+  if (!c.needs(0)) return;
+  ValueId e = op(c, "aten::exp", {tensor(c.b.mul(square(c, c.result(0)), 0.5))});
+  c.set(0, c.b.mul(c.b.mul(c.grad(), 2.5066282746310002), e));
+}
+void rule_log_ndtr(RuleCall& c) {  // grad / sqrt(2 pi) * exp(-(result + self^2 / 2))
+  if (!c.needs(0)) return;
+  ValueId exponent = c.b.neg(c.b.add(c.result(0), c.b.mul(square(c, c.input(0)), 0.5)));
+  c.set(0, c.b.mul(c.b.mul(c.grad(), 0.3989422804014327), op(c, "aten::exp", {tensor(exponent)})));
+}
+void rule_erfcx(RuleCall& c) {  // (2 self result - 2/sqrt(pi)) * grad
+  if (!c.needs(0)) return;
+  ValueId d = plus(c, c.b.mul(c.b.mul(c.input(0), c.result(0)), 2.0), -1.1283791670955126);
+  c.set(0, c.b.mul(d, c.grad()));
+}
+void rule_entr(RuleCall& c) {  // grad * -(1 + log(self))
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), c.b.neg(plus(c, op(c, "aten::log", {tensor(c.input(0))}), 1.0))));
+}
+void rule_nan_to_num(RuleCall& c) {  // grad * isfinite(self)
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), op(c, "aten::isfinite", {tensor(c.input(0))})));
+}
+void rule_celu(RuleCall& c) {  // celu(self, alpha): elu_backward(grad, alpha, 1, 1 / alpha, false, self)
+  if (!c.needs(0)) return;
+  const double alpha = c.number_arg(1);
+  c.set(0, op(c, "aten::elu_backward", {tensor(c.grad()), alpha, 1.0, 1.0 / alpha, false, tensor(c.input(0))}));
+}
+// softshrink / hardshrink(self, lambd), threshold(self, threshold, value): backward(grad, self, <arg 1>)
+void rule_shrink_or_threshold(RuleCall& c) {
+  if (!c.needs(0)) return;
+  static const std::map<std::string, const char*> backward = {{"aten::softshrink.default", "aten::softshrink_backward"},
+                                                              {"aten::hardshrink.default", "aten::hardshrink_backward"},
+                                                              {"aten::threshold.default", "aten::threshold_backward"}};
+  c.set(0, op(c, backward.at(c.node().qualified_name()), {tensor(c.grad()), tensor(c.input(0)), c.arg(1)}));
+}
+void rule_frexp(RuleCall& c) {  // (mantissa, exponent): grad / exp2(exponent)
+  if (c.needs(0)) c.set(0, c.b.div(c.grad(), op(c, "aten::exp2", {tensor(c.result(1))})));
+}
+void rule_ldexp(RuleCall& c) {  // self * 2^other: self gets grad * 2^other, other grad * result * ln 2
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), op(c, "aten::exp2", {operand(c, 1)})));
+  if (c.needs(1)) c.set(1, c.b.mul(c.grad(), c.b.mul(c.result(0), kLn2)));
+}
+
+// ---- binary ops --------------------------------------------------------------------------------------
+void rule_atan2(RuleCall& c) {  // self: grad * other / (self^2 + other^2); other: grad * -self / (...)
+  ValueId self = c.input(0), other = c.input(1);
+  ValueId reciprocal = op(c, "aten::reciprocal", {tensor(c.b.add(square(c, self), square(c, other)))});
+  set_if(c, 0, c.b.mul(c.b.mul(c.grad(), other), reciprocal));
+  if (c.needs(1)) c.set(1, c.b.mul(c.b.mul(c.grad(), c.b.neg(self)), reciprocal));
+}
+void rule_hypot(RuleCall& c) {  // self: grad * self / result; other: grad * other / result
+  if (c.needs(0)) c.set(0, c.b.div(c.b.mul(c.grad(), c.input(0)), c.result(0)));
+  if (c.needs(1)) c.set(1, c.b.div(c.b.mul(c.grad(), c.input(1)), c.result(0)));
+}
+// fmax / fmin: self gets grad where self wins (>= / <=) or other is NaN, other gets the rest.
+void fmax_fmin(RuleCall& c, const char* self_wins) {
+  ValueId self = c.input(0), other = c.input(1);
+  ValueId wins = logical(c, "aten::logical_or", compare(c, self_wins, self, tensor(other)), op(c, "aten::isnan", {tensor(other)}));
+  if (c.needs(0)) c.set(0, keep_where(c, wins, c.grad()));
+  if (c.needs(1)) c.set(1, zero_where(c, wins, c.grad()));
+}
+void rule_fmax(RuleCall& c) { fmax_fmin(c, "aten::ge"); }
+void rule_fmin(RuleCall& c) { fmax_fmin(c, "aten::le"); }
+void rule_copysign(RuleCall& c) {  // self: grad * (result / self), 0 where self is 0; other: zeros
+  if (c.needs(0)) {
+    ValueId ratio = c.b.div(c.result(0), c.input(0));
+    ratio = zero_where(c, op(c, "aten::eq", {tensor(c.input(0)), 0.0}, "Scalar"), ratio);
+    c.set(0, c.b.mul(c.grad(), ratio));
+  }
+  if (c.needs(1)) c.set(1, zeros_like(c, c.input(1)));
+}
+// logaddexp(2): self gets grad / (1 + e^(other - self)) (2^ for logaddexp2), other the same mirrored.
+void logaddexp_back(RuleCall& c, const char* power) {
+  ValueId self = c.input(0), other = c.input(1);
+  auto part = [&](ValueId a, ValueId b) {
+    ValueId d = op(c, "aten::sub", {tensor(b), tensor(a), int64_t{1}}, "Tensor");
+    return c.b.div(c.grad(), plus(c, op(c, power, {tensor(d)}), 1.0));
+  };
+  if (c.needs(0)) c.set(0, part(self, other));
+  if (c.needs(1)) c.set(1, part(other, self));
+}
+void rule_logaddexp(RuleCall& c) { logaddexp_back(c, "aten::exp"); }
+void rule_logaddexp2(RuleCall& c) { logaddexp_back(c, "aten::exp2"); }
+// xlogy(self, other) / xlog1py: self gets xlogy(grad, other) (xlog1py), 0 where self == 0 and other <= 0
+// (<= -1); other gets grad * self / other (/ (other + 1)).
+void xlog_back(RuleCall& c, bool one_plus) {
+  ValueId self = c.input(0), other = c.input(1);
+  if (c.needs(0)) {
+    ValueId g = op(c, one_plus ? "aten::special_xlog1py" : "aten::xlogy", {tensor(c.grad()), tensor(other)}, one_plus ? "default" : "Tensor");
+    ValueId edge = logical(c, "aten::logical_and", op(c, "aten::eq", {tensor(self), 0.0}, "Scalar"),
+                           op(c, "aten::le", {tensor(other), one_plus ? -1.0 : 0.0}, "Scalar"));
+    c.set(0, zero_where(c, edge, g));
+  }
+  if (c.needs(1)) c.set(1, c.b.div(c.b.mul(c.grad(), self), one_plus ? plus(c, other, 1.0) : other));
+}
+void rule_xlogy(RuleCall& c) { xlog_back(c, false); }
+void rule_xlog1py(RuleCall& c) { xlog_back(c, true); }
+// pow(self, exponent) with a tensor exponent: self gets grad * exponent * self^(exponent - 1), 0 where
+// exponent == 0; exponent gets grad * result * log(self), 0 where self == 0 and exponent >= 0.
+void rule_pow_tensor_tensor(RuleCall& c) {
+  ValueId self = c.input(0);
+  Arg exponent = operand(c, 1);
+  if (c.needs(0)) {
+    ValueId lowered = op(c, "aten::sub", {exponent, 1.0, int64_t{1}}, "Scalar");
+    ValueId d = op(c, "aten::mul", {exponent, tensor(op(c, "aten::pow", {tensor(self), tensor(lowered)}, "Tensor_Tensor"))}, "Tensor");
+    ValueId g = c.b.mul(c.grad(), d);
+    c.set(0, zero_where(c, op(c, "aten::eq", {exponent, 0.0}, "Scalar"), g));
+  }
+  if (c.needs(1)) {
+    ValueId g = c.b.mul(c.grad(), c.b.mul(c.result(0), op(c, "aten::log", {tensor(self)})));
+    ValueId edge = logical(c, "aten::logical_and", op(c, "aten::eq", {tensor(self), 0.0}, "Scalar"),
+                           op(c, "aten::ge", {exponent, 0.0}, "Scalar"));
+    c.set(1, zero_where(c, edge, g));
+  }
+}
+void rule_lerp_scalar(RuleCall& c) {  // lerp(self, end, weight): self: grad * (1 - weight); end: grad * weight
+  const double weight = c.number_arg(2);
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), 1.0 - weight));
+  if (c.needs(1)) c.set(1, c.b.mul(c.grad(), weight));
+}
+void rule_lerp_tensor(RuleCall& c) {  // ... weight: grad * (end - self)
+  Arg weight = operand(c, 2);
+  if (c.needs(0)) {
+    ValueId one_minus = op(c, "aten::rsub", {weight, 1.0, int64_t{1}}, "Scalar");
+    c.set(0, c.b.mul(c.grad(), one_minus));
+  }
+  if (c.needs(1)) c.set(1, op(c, "aten::mul", {tensor(c.grad()), weight}, "Tensor"));
+  if (c.needs(2)) c.set(2, c.b.mul(c.grad(), op(c, "aten::sub", {operand(c, 1), operand(c, 0), int64_t{1}}, "Tensor")));
+}
+void rule_addcmul(RuleCall& c) {  // self + value * t1 * t2
+  const double value = c.number_arg(3);
+  set_if(c, 0, c.grad());
+  if (c.needs(1)) c.set(1, c.b.mul(c.b.mul(c.grad(), c.input(2)), value));
+  if (c.needs(2)) c.set(2, c.b.mul(c.b.mul(c.grad(), c.input(1)), value));
+}
+void rule_addcdiv(RuleCall& c) {  // self + value * t1 / t2
+  const double value = c.number_arg(3);
+  set_if(c, 0, c.grad());
+  if (c.needs(1)) c.set(1, c.b.mul(c.grad(), c.b.mul(op(c, "aten::reciprocal", {tensor(c.input(2))}), value)));
+  if (c.needs(2)) {
+    ValueId ratio = c.b.div(c.b.mul(c.input(1), value), square(c, c.input(2)));
+    c.set(2, c.b.mul(c.b.neg(c.grad()), ratio));
+  }
+}
+void rule_rsub(RuleCall& c) {  // rsub(self, other, alpha) = other - alpha * self
+  if (c.needs(0)) c.set(0, c.b.mul(c.b.neg(c.grad()), c.number_arg(2)));
+  if (c.needs(1)) c.set(1, c.grad());
+}
+// remainder / fmod(self, other): self gets grad, other -grad * self.div(other, floor / trunc).
+void remainder_back(RuleCall& c, const char* rounding) {
+  set_if(c, 0, c.grad());
+  if (c.needs(1)) {
+    ValueId quotient = op(c, "aten::div", {tensor(c.input(0)), tensor(c.input(1)), std::string(rounding)}, "Tensor_mode");
+    c.set(1, c.b.mul(c.b.neg(c.grad()), quotient));
+  }
+}
+void rule_remainder(RuleCall& c) { remainder_back(c, "floor"); }
+void rule_fmod(RuleCall& c) { remainder_back(c, "trunc"); }
+void rule_div_mode(RuleCall& c) {  // div(self, other, rounding_mode): rounded results have gradient grad * 0
+  if (!c.is_none(2)) {
+    set_if(c, 0, c.b.mul(c.grad(), 0.0));
+    if (c.needs(1)) c.set(1, c.b.mul(c.grad(), 0.0));
+    return;
+  }
+  if (c.needs(0)) c.set(0, op(c, "aten::div", {tensor(c.grad()), operand(c, 1)}, "Tensor"));
+  if (c.needs(1)) {
+    ValueId ratio = op(c, "aten::div", {tensor(op(c, "aten::div", {operand(c, 0), tensor(c.input(1))}, "Tensor")), tensor(c.input(1))}, "Tensor");
+    c.set(1, c.b.mul(c.b.neg(c.grad()), ratio));
+  }
+}
+// clamp with tensor bounds: self keeps grad within [min, max]; min gets it where self < min (and min < max),
+// max where self > max (or max < min), as eager's clamp_backward_min_max.
+void rule_clamp_tensor(RuleCall& c) {
+  const bool has_min = !c.is_none(1), has_max = !c.is_none(2);
+  ValueId self = c.input(0);
+  if (c.needs(0)) {
+    std::optional<ValueId> inside;
+    if (has_min) inside = compare(c, "aten::ge", self, operand(c, 1));
+    if (has_max) {
+      ValueId below = compare(c, "aten::le", self, operand(c, 2));
+      inside = inside ? logical(c, "aten::logical_and", *inside, below) : below;
+    }
+    c.set(0, inside ? keep_where(c, *inside, c.grad()) : c.grad());
+  }
+  if (has_min && has_max) {  // a bound that is a number gets no gradient
+    if (c.needs(1)) {
+      ValueId lo = c.input(1);
+      ValueId below = logical(c, "aten::logical_and", compare(c, "aten::lt", self, tensor(lo)), compare(c, "aten::lt", lo, operand(c, 2)));
+      c.set(1, keep_where(c, below, c.grad()));
+    }
+    if (c.needs(2)) {
+      ValueId hi = c.input(2);
+      ValueId above = logical(c, "aten::logical_or", compare(c, "aten::gt", self, tensor(hi)), compare(c, "aten::lt", hi, operand(c, 1)));
+      c.set(2, keep_where(c, above, c.grad()));
+    }
+  } else if (has_min && c.needs(1)) {
+    c.set(1, keep_where(c, compare(c, "aten::lt", self, tensor(c.input(1))), c.grad()));
+  } else if (has_max && c.needs(2)) {
+    c.set(2, keep_where(c, compare(c, "aten::gt", self, tensor(c.input(2))), c.grad()));
+  }
+}
+void rule_clamp_min_tensor(RuleCall& c) {  // clamp_min(self, min)
+  if (c.needs(0)) c.set(0, keep_where(c, compare(c, "aten::ge", c.input(0), operand(c, 1)), c.grad()));
+  if (c.needs(1)) c.set(1, keep_where(c, compare(c, "aten::lt", c.input(0), tensor(c.input(1))), c.grad()));
+}
+void rule_clamp_max_tensor(RuleCall& c) {  // clamp_max(self, max)
+  if (c.needs(0)) c.set(0, keep_where(c, compare(c, "aten::le", c.input(0), operand(c, 1)), c.grad()));
+  if (c.needs(1)) c.set(1, keep_where(c, compare(c, "aten::gt", c.input(0), tensor(c.input(1))), c.grad()));
+}
+
+// ---- reductions ----------------------------------------------------------------------------------------
+// max() / min() / median() / nanmedian() over everything: the gradient shared evenly among the elements equal
+// to the result (NaN counting as equal to a NaN result), as eager's evenly_distribute_backward.
+void rule_evenly_distributed(RuleCall& c) {
+  if (!c.needs(0)) return;
+  ValueId self = c.input(0), value = c.result(0);
+  ValueId both_nan = logical(c, "aten::logical_and", op(c, "aten::isnan", {tensor(self)}), op(c, "aten::isnan", {tensor(value)}));
+  ValueId mask = logical(c, "aten::logical_or", compare(c, "aten::eq", self, tensor(value)), both_nan);
+  ValueId count = op(c, "aten::sum", {tensor(mask), graph::NoneArg{}});
+  c.set(0, c.b.mul(mask, c.b.div(c.grad(), count)));
+}
+// (values, indices) = op(self, ..., dim, keepdim): the gradient goes back to the selected indices.
+void value_selecting_back(RuleCall& c, int64_t dim, bool keepdim) {
+  if (!c.needs(0)) return;
+  c.set(0, op(c, "aten::value_selecting_reduction_backward",
+              {tensor(c.grad()), dim, tensor(c.result(1)), c.input_meta(0).sizes, keepdim}));
+}
+void rule_max_min_dim(RuleCall& c) { value_selecting_back(c, c.int_arg(1), c.bool_arg(2)); }  // also mode, median.dim
+void rule_kthvalue(RuleCall& c) { value_selecting_back(c, c.int_arg(2), c.bool_arg(3)); }
+void rule_sort(RuleCall& c) { value_selecting_back(c, c.int_arg(1), true); }
+void rule_topk(RuleCall& c) { value_selecting_back(c, c.int_arg(2), true); }
+void rule_cummax_cummin(RuleCall& c) {  // (values, indices) = cummax(self, dim): scatter_add of grad at indices
+  if (c.needs(0))
+    c.set(0, op(c, "aten::scatter_add", {tensor(zeros_like(c, c.input(0))), c.arg(1), tensor(c.result(1)), tensor(c.grad())}));
+}
+// aminmax(self, *, dim?, keepdim) -> (min, max): each result's gradient shared evenly among the elements equal
+// to it, as amin and amax.
+void rule_aminmax(RuleCall& c) {
+  if (!c.needs(0)) return;
+  const Reduced r = reduced_dims(c, 1);
+  const bool keepdim = c.bool_arg(2);
+  std::optional<ValueId> total;
+  for (size_t i = 0; i < 2; ++i) {
+    auto g = c.grad_at(i);
+    if (!g) continue;
+    ValueId mask = compare(c, "aten::eq", c.input(0), tensor(kept(c, c.result(i), r, keepdim)));
+    ValueId count = c.b.emit("aten::sum", "dim_IntList", {tensor(mask), r.dims, true, graph::NoneArg{}});
+    ValueId part = c.b.mul(c.b.div(kept(c, *g, r, keepdim), count), mask);
+    total = total ? c.b.add(*total, part) : part;
+  }
+  if (total) c.set(0, *total);
+}
+void rule_nansum(RuleCall& c) {  // nansum(self, dim?, keepdim, dtype?): grad where self is not NaN
+  if (!c.needs(0)) return;
+  const Reduced r = reduced_dims(c, 1);
+  ValueId g = c.b.to_dtype(kept(c, c.grad(), r, c.bool_arg(2)), c.input_meta(0).dtype);
+  c.set(0, c.b.mul(g, op(c, "aten::logical_not", {tensor(op(c, "aten::isnan", {tensor(c.input(0))}))})));
+}
+// var_mean / std_mean(self, dim?, *, correction?, keepdim) -> (var or std, mean): both results differentiable.
+void statistic_mean_back(RuleCall& c, bool std_dev) {
+  if (!c.needs(0)) return;
+  const Reduced r = reduced_dims(c, 1);
+  const bool keepdim = c.bool_arg(3);
+  const double correction = c.is_none(2) ? 1.0 : c.number_arg(2);
+  std::optional<ValueId> total;
+  if (auto g = c.grad_at(0)) {
+    ValueId scaled = kept(c, *g, r, keepdim);
+    if (std_dev) {
+      ValueId sd = kept(c, c.result(0), r, keepdim);
+      scaled = zero_where(c, op(c, "aten::eq", {tensor(sd), 0.0}, "Scalar"), c.b.div(scaled, c.b.mul(sd, 2.0)));
+    }
+    ValueId centred = op(c, "aten::sub", {tensor(c.input(0)), tensor(kept(c, c.result(1), r, keepdim)), int64_t{1}}, "Tensor");
+    total = c.b.mul(c.b.mul(centred, 2.0 / (static_cast<double>(r.count) - correction)), scaled);
+  }
+  if (auto g = c.grad_at(1)) {
+    ValueId spread = c.b.expand(c.b.mul(kept(c, *g, r, keepdim), 1.0 / static_cast<double>(r.count)), c.input_meta(0).sizes);
+    total = total ? c.b.add(*total, spread) : spread;
+  }
+  if (total) c.set(0, *total);
+}
+void rule_var_mean(RuleCall& c) { statistic_mean_back(c, false); }
+void rule_std_mean(RuleCall& c) { statistic_mean_back(c, true); }
+void rule_trace(RuleCall& c) {  // grad on the diagonal of an [n, m] matrix
+  if (!c.needs(0)) return;
+  const std::vector<int64_t>& sizes = c.input_meta(0).sizes;
+  if (sizes.size() != 2) KILN_UNSUPPORTED() << "trace of a tensor that is not a matrix";
+  const int64_t k = std::min(sizes[0], sizes[1]);
+  ValueId diagonal = c.b.expand(c.b.reshape(c.grad(), {1}), {k});
+  ValueId square_matrix = op(c, "aten::diag_embed", {tensor(diagonal), int64_t{0}, int64_t{-2}, int64_t{-1}});
+  c.set(0, op(c, "aten::constant_pad_nd", {tensor(square_matrix), std::vector<int64_t>{0, sizes[1] - k, 0, sizes[0] - k}, 0.0}));
+}
+
+// The gradient of a p-norm of `x` over `r`'s dims (eager's norm_backward), given the norm and its gradient.
+ValueId norm_back(RuleCall& c, ValueId x, double p, ValueId norm_result, ValueId grad, const Reduced& r, bool keepdim) {
+  ValueId g = kept(c, grad, r, keepdim), norm = kept(c, norm_result, r, keepdim);
+  if (p == 0.0) return zeros_like(c, x);
+  ValueId sgn = op(c, "aten::sgn", {tensor(x)});
+  if (p == 1.0) return c.b.mul(sgn, g);
+  auto over_norm_power = [&](double power) {  // grad / norm^power, 0 where the norm is 0
+    ValueId scale = c.b.div(g, power == 1.0 ? norm : op(c, "aten::pow", {tensor(norm), power}, "Tensor_Scalar"));
+    return zero_where(c, op(c, "aten::eq", {tensor(norm), 0.0}, "Scalar"), scale);
+  };
+  if (p == 2.0) return c.b.mul(x, over_norm_power(1.0));
+  ValueId magnitude = op(c, "aten::abs", {tensor(x)});
+  if (std::isinf(p)) {  // the gradient shared among the elements whose magnitude is the norm (or NaN)
+    ValueId mask = logical(c, "aten::logical_or", compare(c, "aten::eq", magnitude, tensor(norm)), op(c, "aten::isnan", {tensor(magnitude)}));
+    ValueId count = c.b.emit("aten::sum", "dim_IntList", {tensor(mask), r.dims, true, graph::NoneArg{}});
+    return c.b.mul(sgn, c.b.mul(c.b.div(g, count), mask));
+  }
+  if (p < 1.0) {
+    ValueId scaled = zero_where(c, op(c, "aten::eq", {tensor(x), 0.0}, "Scalar"), op(c, "aten::pow", {tensor(magnitude), p - 1.0}, "Tensor_Scalar"));
+    return c.b.mul(c.b.mul(c.b.mul(sgn, scaled), g), op(c, "aten::pow", {tensor(norm), 1.0 - p}, "Tensor_Scalar"));
+  }
+  if (p < 2.0) return c.b.mul(c.b.mul(sgn, op(c, "aten::pow", {tensor(magnitude), p - 1.0}, "Tensor_Scalar")), over_norm_power(p - 1.0));
+  return c.b.mul(c.b.mul(x, op(c, "aten::pow", {tensor(magnitude), p - 2.0}, "Tensor_Scalar")), over_norm_power(p - 1.0));
+}
+Reduced all_dims(const std::vector<int64_t>& sizes) {
+  Reduced r;
+  r.kept_sizes = sizes;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    r.dims.push_back(static_cast<int64_t>(d));
+    r.count *= sizes[d];
+    r.kept_sizes[d] = 1;
+  }
+  return r;
+}
+void rule_vector_norm(RuleCall& c) {  // linalg_vector_norm(self, ord, dim?, keepdim, *, dtype?)
+  if (!c.needs(0)) return;
+  if (!c.is_none(4)) KILN_UNSUPPORTED() << "linalg_vector_norm with a dtype";
+  c.set(0, norm_back(c, c.input(0), c.number_arg(1), c.result(0), c.grad(), reduced_dims(c, 2), c.bool_arg(3)));
+}
+void rule_norm_dims(RuleCall& c) {  // norm.ScalarOpt_dim(self, p?, dim, keepdim)
+  if (!c.needs(0)) return;
+  const double p = c.is_none(1) ? 2.0 : c.number_arg(1);
+  c.set(0, norm_back(c, c.input(0), p, c.result(0), c.grad(), reduced_dims(c, 2), c.bool_arg(3)));
+}
+void rule_dist(RuleCall& c) {  // dist(self, other, p) = norm(self - other, p)
+  if (!c.needs(0) && !c.needs(1)) return;
+  ValueId difference = op(c, "aten::sub", {tensor(c.input(0)), tensor(c.input(1)), int64_t{1}}, "Tensor");
+  ValueId g = norm_back(c, difference, c.number_arg(2), c.result(0), c.grad(), all_dims(c.b.meta(difference).sizes), false);
+  if (c.needs(0)) c.set(0, g);
+  if (c.needs(1)) c.set(1, c.b.neg(g));
+}
+// prod over everything or along a dim: the product of the other elements, as the exclusive products before
+// and after each element (eager's prod_safe_zeros_backward: exact where elements are 0).
+ValueId exclusive_products(RuleCall& c, ValueId x, int64_t dim, int64_t length) {
+  auto slice = [&](ValueId v, int64_t start, int64_t end) {
+    return op(c, "aten::slice", {tensor(v), dim, start, end, int64_t{1}}, "Tensor");
+  };
+  auto cumprod = [&](ValueId v) { return op(c, "aten::cumprod", {tensor(v), dim, graph::NoneArg{}}); };
+  const std::vector<int64_t> dims = {dim};
+  ValueId ones = op(c, "aten::ones_like", {tensor(slice(x, 0, 1)), graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}});
+  ValueId before = cumprod(op(c, "aten::cat", {graph::TensorListArg{{ones, slice(x, 0, length - 1)}}, dim}));
+  ValueId reversed = op(c, "aten::flip", {tensor(slice(x, 1, length)), dims});
+  ValueId after = op(c, "aten::flip", {tensor(cumprod(op(c, "aten::cat", {graph::TensorListArg{{ones, reversed}}, dim}))), dims});
+  return c.b.mul(before, after);
+}
+void rule_prod(RuleCall& c) {  // prod(self, dtype?)
+  if (!c.needs(0)) return;
+  const std::vector<int64_t>& sizes = c.input_meta(0).sizes;
+  if (sizes.empty()) {
+    c.set(0, c.grad());
+    return;
+  }
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  if (n == 0) {
+    c.set(0, c.b.expand(c.b.reshape(c.grad(), std::vector<int64_t>(sizes.size(), 1)), sizes));
+    return;
+  }
+  ValueId flat = c.b.reshape(c.input(0), {n});
+  ValueId others = c.b.reshape(exclusive_products(c, flat, 0, n), sizes);
+  c.set(0, c.b.mul(c.b.to_dtype(c.grad(), c.input_meta(0).dtype), others));
+}
+void rule_prod_dim(RuleCall& c) {  // prod.dim_int(self, dim, keepdim, dtype?)
+  if (!c.needs(0)) return;
+  const std::vector<int64_t>& sizes = c.input_meta(0).sizes;
+  if (sizes.empty()) {
+    c.set(0, c.grad());
+    return;
+  }
+  const int64_t dim = normalize_dim(c.int_arg(1), sizes.size());
+  if (sizes.at(dim) == 0) KILN_UNSUPPORTED() << "prod over an empty dim";
+  std::vector<int64_t> kept_sizes = sizes;
+  kept_sizes[dim] = 1;
+  ValueId g = c.bool_arg(2) ? c.grad() : c.b.reshape(c.grad(), kept_sizes);
+  c.set(0, c.b.mul(c.b.to_dtype(g, c.input_meta(0).dtype), exclusive_products(c, c.input(0), dim, sizes[dim])));
+}
+void rule_cross(RuleCall& c) {  // linalg_cross(self, other, dim): self gets cross(other, grad), other cross(grad, self)
+  if (c.needs(0)) c.set(0, op(c, "aten::linalg_cross", {tensor(c.input(1)), tensor(c.grad()), c.arg(2)}));
+  if (c.needs(1)) c.set(1, op(c, "aten::linalg_cross", {tensor(c.grad()), tensor(c.input(0)), c.arg(2)}));
+}
+void rule_fill(RuleCall& c) {  // fill.Scalar(self, value): every element replaced
+  if (c.needs(0)) c.set(0, zeros_like(c, c.grad()));
+}
+// special_i1 / special_i1e: grad * (i0(x) - result / x) (i1e: i0e(x) - result * (sgn(x) + 1 / x)), 0.5 at x = 0,
+// with x kept away from 0 by the dtype's epsilon as eager does.
+void bessel_i1_back(RuleCall& c, bool scaled) {
+  if (!c.needs(0)) return;
+  const double eps = c.input_meta(0).dtype == graph::ScalarType::Double ? 2.220446049250313e-16 : 1.1920928955078125e-07;
+  ValueId x = c.input(0);
+  ValueId not_tiny = op(c, "aten::gt", {tensor(op(c, "aten::abs", {tensor(x)})), eps}, "Scalar");
+  ValueId safe = op(c, "aten::where", {tensor(not_tiny), tensor(x), eps}, "ScalarOther");
+  ValueId reciprocal = op(c, "aten::reciprocal", {tensor(safe)});
+  ValueId d;
+  if (scaled) {
+    ValueId factor = c.b.add(op(c, "aten::sgn", {tensor(safe)}), reciprocal);
+    d = op(c, "aten::sub", {tensor(op(c, "aten::special_i0e", {tensor(safe)})), tensor(c.b.mul(c.result(0), factor)), int64_t{1}}, "Tensor");
+  } else {
+    d = op(c, "aten::sub", {tensor(op(c, "aten::i0", {tensor(safe)})), tensor(c.b.mul(c.result(0), reciprocal)), int64_t{1}}, "Tensor");
+  }
+  c.set(0, c.b.mul(c.grad(), op(c, "aten::where", {tensor(not_tiny), tensor(d), 0.5}, "ScalarOther")));
+}
+void rule_i1(RuleCall& c) { bessel_i1_back(c, false); }
+void rule_i1e(RuleCall& c) { bessel_i1_back(c, true); }
+
+// ---- products ------------------------------------------------------------------------------------------
+void rule_vdot(RuleCall& c) {  // real tensors: as dot
+  if (is_complex(c.input_meta(0).dtype)) KILN_UNSUPPORTED() << "vdot of complex tensors";
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), c.input(1)));
+  if (c.needs(1)) c.set(1, c.b.mul(c.grad(), c.input(0)));
+}
+void rule_addr(RuleCall& c) {  // addr(self, vec1, vec2, beta, alpha) = beta self + alpha outer(vec1, vec2)
+  const double beta = c.number_arg(3), alpha = c.number_arg(4);
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), beta));
+  if (c.needs(1)) c.set(1, c.b.mul(op(c, "aten::mv", {tensor(c.grad()), tensor(c.input(2))}), alpha));
+  if (c.needs(2)) c.set(2, c.b.mul(op(c, "aten::mv", {tensor(t(c, c.grad())), tensor(c.input(1))}), alpha));
+}
+void rule_addmv(RuleCall& c) {  // addmv(self, mat, vec, beta, alpha) = beta self + alpha mat @ vec
+  const double beta = c.number_arg(3), alpha = c.number_arg(4);
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), beta));
+  if (c.needs(1)) c.set(1, c.b.mul(op(c, "aten::outer", {tensor(c.grad()), tensor(c.input(2))}), alpha));
+  if (c.needs(2)) c.set(2, c.b.mul(op(c, "aten::mv", {tensor(t(c, c.input(1))), tensor(c.grad())}), alpha));
+}
+void rule_addbmm(RuleCall& c) {  // addbmm(self, batch1 [b, n, m], batch2 [b, m, p], beta, alpha)
+  const double beta = c.number_arg(3), alpha = c.number_arg(4);
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), beta));
+  if (!c.needs(1) && !c.needs(2)) return;
+  const std::vector<int64_t>& s1 = c.input_meta(1).sizes;
+  const std::vector<int64_t>& s2 = c.input_meta(2).sizes;
+  ValueId spread = c.b.expand(c.b.reshape(c.grad(), {1, s1.at(1), s2.at(2)}), {s1.at(0), s1.at(1), s2.at(2)});
+  if (c.needs(1)) c.set(1, c.b.mul(op(c, "aten::bmm", {tensor(spread), tensor(c.b.transpose(c.input(2), 1, 2))}), alpha));
+  if (c.needs(2)) c.set(2, c.b.mul(op(c, "aten::bmm", {tensor(c.b.transpose(c.input(1), 1, 2)), tensor(spread)}), alpha));
+}
+
+// ---- scatter, index and shape ops --------------------------------------------------------------------
+void rule_scatter_src(RuleCall& c) {  // scatter(self, dim, index, src): self loses the written places
+  if (c.needs(0)) c.set(0, op(c, "aten::scatter", {tensor(c.grad()), c.arg(1), tensor(c.input(2)), 0.0}, "value"));
+  if (c.needs(3)) c.set(3, op(c, "aten::gather", {tensor(c.grad()), c.arg(1), tensor(c.input(2)), false}));
+}
+void rule_scatter_value(RuleCall& c) {
+  if (c.needs(0)) c.set(0, op(c, "aten::scatter", {tensor(c.grad()), c.arg(1), tensor(c.input(2)), 0.0}, "value"));
+}
+void rule_scatter_add(RuleCall& c) {  // scatter_add(self, dim, index, src)
+  set_if(c, 0, c.grad());
+  if (c.needs(3)) c.set(3, op(c, "aten::gather", {tensor(c.grad()), c.arg(1), tensor(c.input(2)), false}));
+}
+// The rows `index` of grad along dim, shaped as `source` (index_add / index_copy's source gradient).
+ValueId selected_rows(RuleCall& c, size_t source_arg) {
+  if (c.input_meta(source_arg).sizes.empty()) KILN_UNSUPPORTED() << c.node().qualified_name() << " with a 0-d source";
+  ValueId rows = op(c, "aten::index_select", {tensor(c.grad()), c.arg(1), tensor(c.input(2))});
+  return c.b.expand(rows, c.input_meta(source_arg).sizes);
+}
+void rule_index_add(RuleCall& c) {  // index_add(self, dim, index, source, alpha)
+  set_if(c, 0, c.grad());
+  if (c.needs(3)) c.set(3, c.b.mul(selected_rows(c, 3), c.number_arg(4)));
+}
+void rule_index_copy(RuleCall& c) {  // index_copy(self, dim, index, source)
+  if (c.needs(0)) c.set(0, op(c, "aten::index_fill", {tensor(c.grad()), c.arg(1), tensor(c.input(2)), 0.0}, "int_Scalar"));
+  if (c.needs(3)) c.set(3, selected_rows(c, 3));
+}
+void rule_index_fill(RuleCall& c) {  // index_fill(self, dim, index, value)
+  if (c.needs(0)) c.set(0, op(c, "aten::index_fill", {tensor(c.grad()), c.arg(1), tensor(c.input(2)), 0.0}, "int_Scalar"));
+}
+void rule_masked_scatter(RuleCall& c) {  // masked_scatter(self, mask, source)
+  if (c.needs(0)) c.set(0, zero_where(c, c.input(1), c.grad()));
+  if (c.needs(2))
+    c.set(2, op(c, "aten::masked_scatter_backward", {tensor(c.grad()), tensor(c.input(1)), c.input_meta(2).sizes}));
+}
+void rule_take(RuleCall& c) {  // take(self, index): grad put back at index, summed where repeated
+  if (c.needs(0)) c.set(0, op(c, "aten::put", {tensor(zeros_like(c, c.input(0))), tensor(c.input(1)), tensor(c.grad()), true}));
+}
+void rule_put(RuleCall& c) {  // put(self, index, source, accumulate)
+  const bool accumulate = c.bool_arg(3);
+  if (c.needs(0))
+    c.set(0, accumulate ? c.grad() : op(c, "aten::put", {tensor(c.grad()), tensor(c.input(1)), tensor(zeros_like(c, c.input(2))), false}));
+  if (c.needs(2)) c.set(2, c.b.reshape(op(c, "aten::take", {tensor(c.grad()), tensor(c.input(1))}), c.input_meta(2).sizes));
+}
+// index_put(self, indices, values, accumulate): self gets grad with the written places zeroed (all of grad when
+// accumulating), values the indexed part of grad (summed to values' shape by the joint builder).
+void rule_index_put(RuleCall& c) {
+  const auto& list = std::get<graph::TensorListArg>(c.arg(1));
+  graph::TensorListArg indices;
+  for (const auto& id : list.ids) indices.ids.push_back(id ? std::optional<ValueId>(c.b.forward_value(*id)) : std::nullopt);
+  if (c.needs(0))
+    c.set(0, c.bool_arg(3) ? c.grad() : op(c, "aten::index_put", {tensor(c.grad()), indices, tensor(zeros_like(c, c.input(2))), false}));
+  if (c.needs(2)) c.set(2, op(c, "aten::index", {tensor(c.grad()), indices}, "Tensor"));
+}
+void rule_repeat(RuleCall& c) {  // repeat(self, repeats): the tiles summed back onto self
+  if (!c.needs(0)) return;
+  const std::vector<int64_t> repeats = c.ints_arg(1);
+  const std::vector<int64_t>& sizes = c.input_meta(0).sizes;
+  if (std::find(repeats.begin(), repeats.end(), 0) != repeats.end()) {
+    c.set(0, new_zeros(c, c.grad(), sizes));
+    return;
+  }
+  ValueId g = c.grad();
+  const size_t leading = repeats.size() - sizes.size();
+  if (leading > 0) {
+    std::vector<int64_t> dims;
+    for (size_t i = 0; i < leading; ++i) dims.push_back(static_cast<int64_t>(i));
+    g = c.b.emit("aten::sum", "dim_IntList", {tensor(g), dims, false, graph::NoneArg{}});
+  }
+  std::vector<int64_t> tiled, summed;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (repeats[leading + d] != 1) {
+      tiled.push_back(repeats[leading + d]);
+      summed.push_back(static_cast<int64_t>(tiled.size()) - 1);
+    }
+    tiled.push_back(sizes[d]);
+  }
+  if (!summed.empty()) g = c.b.emit("aten::sum", "dim_IntList", {tensor(c.b.reshape(g, tiled)), summed, false, graph::NoneArg{}});
+  c.set(0, g);
+}
+void rule_diag_embed(RuleCall& c) {  // diag_embed(self, offset, dim1, dim2): the diagonal of grad
+  if (c.needs(0)) c.set(0, op(c, "aten::diagonal", {tensor(c.grad()), c.arg(1), c.arg(2), c.arg(3)}));
+}
+void rule_diagonal(RuleCall& c) {  // diagonal(self, offset, dim1, dim2) and diagonal_copy
+  if (c.needs(0))
+    c.set(0, op(c, "aten::diagonal_backward", {tensor(c.grad()), c.input_meta(0).sizes, c.arg(1), c.arg(2), c.arg(3)}));
+}
+void rule_unfold(RuleCall& c) {  // unfold(self, dimension, size, step) and unfold_copy
+  if (c.needs(0))
+    c.set(0, op(c, "aten::unfold_backward", {tensor(c.grad()), c.input_meta(0).sizes, c.arg(1), c.arg(2), c.arg(3)}));
+}
+void rule_narrow_copy(RuleCall& c) {  // narrow_copy(self, dim, start, length): grad placed in zeros
+  if (!c.needs(0)) return;
+  const int64_t dim = normalize_dim(c.int_arg(1), c.input_meta(0).sizes.size());
+  int64_t start = c.int_arg(2);
+  if (start < 0) start += c.input_meta(0).sizes.at(dim);
+  c.set(0, op(c, "aten::slice_scatter", {tensor(new_zeros(c, c.grad(), c.input_meta(0).sizes)), tensor(c.grad()), dim,
+                                          start, start + c.int_arg(3), int64_t{1}}));
+}
+void rule_rot90(RuleCall& c) {  // rot90(self, k, dims): rotated back
+  if (c.needs(0)) c.set(0, op(c, "aten::rot90", {tensor(c.grad()), -c.int_arg(1), c.arg(2)}));
+}
+void rule_pixel_shuffle(RuleCall& c) {
+  if (c.needs(0)) c.set(0, op(c, "aten::pixel_unshuffle", {tensor(c.grad()), c.arg(1)}));
+}
+void rule_pixel_unshuffle(RuleCall& c) {
+  if (c.needs(0)) c.set(0, op(c, "aten::pixel_shuffle", {tensor(c.grad()), c.arg(1)}));
+}
+void rule_channel_shuffle(RuleCall& c) {  // shuffled back with channels / groups groups
+  if (c.needs(0)) c.set(0, op(c, "aten::channel_shuffle", {tensor(c.grad()), c.input_meta(0).sizes.at(1) / c.int_arg(1)}));
+}
+// slice_scatter / select_scatter / diagonal_scatter(self, src, <where>...): self gets grad with the written
+// part zeroed, src the written part of grad.
+void scatter_view_back(RuleCall& c, const char* scatter, const char* view, const char* view_overload) {
+  std::vector<Arg> where(c.node().args.begin() + 2, c.node().args.end());
+  if (c.needs(0)) {
+    std::vector<Arg> args = {tensor(c.grad()), tensor(zeros_like(c, c.input(1)))};
+    args.insert(args.end(), where.begin(), where.end());
+    c.set(0, op(c, scatter, std::move(args)));
+  }
+  if (c.needs(1)) {
+    std::vector<Arg> args = {tensor(c.grad())};
+    args.insert(args.end(), where.begin(), where.end());
+    c.set(1, op(c, view, std::move(args), view_overload));
+  }
+}
+void rule_slice_scatter(RuleCall& c) { scatter_view_back(c, "aten::slice_scatter", "aten::slice", "Tensor"); }
+void rule_select_scatter(RuleCall& c) { scatter_view_back(c, "aten::select_scatter", "aten::select", "int"); }
+void rule_diagonal_scatter(RuleCall& c) { scatter_view_back(c, "aten::diagonal_scatter", "aten::diagonal", "default"); }
+
+// ---- losses, pooling, padding, sampling: ATen backwards --------------------------------------------------
+void rule_binary_cross_entropy(RuleCall& c) {  // (self, target, weight?, reduction)
+  if (c.needs(1)) KILN_UNSUPPORTED() << "binary_cross_entropy with a target that requires grad";
+  if (c.needs(0))
+    c.set(0, op(c, "aten::binary_cross_entropy_backward", {tensor(c.grad()), tensor(c.input(0)), tensor(c.input(1)), optional_tensor(c, 2), c.arg(3)}));
+}
+void rule_soft_margin_loss(RuleCall& c) {  // (self, target, reduction)
+  if (c.needs(1)) KILN_UNSUPPORTED() << "soft_margin_loss with a target that requires grad";
+  if (c.needs(0))
+    c.set(0, op(c, "aten::soft_margin_loss_backward", {tensor(c.grad()), tensor(c.input(0)), tensor(c.input(1)), c.arg(2)}));
+}
+// backward(grad, self, <forward args 1..n>) for ops whose backward repeats the forward's arguments.
+void backward_with_args(RuleCall& c, const char* backward, size_t last_arg, bool indices_last) {
+  if (!c.needs(0)) return;
+  std::vector<Arg> args = {tensor(c.grad()), tensor(c.input(0))};
+  for (size_t a = 1; a <= last_arg; ++a) args.push_back(c.arg(a));
+  if (indices_last) args.push_back(tensor(c.result(1)));
+  c.set(0, op(c, backward, std::move(args)));
+}
+void rule_max_pool3d(RuleCall& c) { backward_with_args(c, "aten::max_pool3d_with_indices_backward", 5, true); }
+void rule_avg_pool3d(RuleCall& c) { backward_with_args(c, "aten::avg_pool3d_backward", 6, false); }
+void rule_adaptive_max_pool2d(RuleCall& c) { backward_with_args(c, "aten::adaptive_max_pool2d_backward", 0, true); }
+void rule_adaptive_max_pool3d(RuleCall& c) { backward_with_args(c, "aten::adaptive_max_pool3d_backward", 0, true); }
+void rule_adaptive_avg_pool3d(RuleCall& c) { backward_with_args(c, "aten::_adaptive_avg_pool3d_backward", 0, false); }
+void rule_reflection_pad1d(RuleCall& c) { backward_with_args(c, "aten::reflection_pad1d_backward", 1, false); }
+void rule_replication_pad1d(RuleCall& c) { backward_with_args(c, "aten::replication_pad1d_backward", 1, false); }
+void rule_replication_pad2d(RuleCall& c) { backward_with_args(c, "aten::replication_pad2d_backward", 1, false); }
+void rule_pdist(RuleCall& c) {  // _pdist_forward(self, p)
+  if (c.needs(0)) c.set(0, op(c, "aten::_pdist_backward", {tensor(c.grad()), tensor(c.input(0)), c.arg(1), tensor(c.result(0))}));
+}
+void rule_cdist(RuleCall& c) {  // _cdist_forward(x1, x2, p, compute_mode)
+  if (c.needs(0))
+    c.set(0, op(c, "aten::_cdist_backward", {tensor(contiguous(c, c.grad())), tensor(c.input(0)), tensor(c.input(1)), c.arg(2), tensor(c.result(0))}));
+  if (c.needs(1))
+    c.set(1, op(c, "aten::_cdist_backward", {tensor(contiguous(c, c.b.transpose(c.grad(), -2, -1))), tensor(c.input(1)), tensor(c.input(0)), c.arg(2),
+                                             tensor(contiguous(c, c.b.transpose(c.result(0), -2, -1)))}));
+}
+void rule_im2col(RuleCall& c) {  // im2col(self, kernel, dilation, padding, stride) -> col2im of grad
+  if (!c.needs(0)) return;
+  const std::vector<int64_t>& sizes = c.input_meta(0).sizes;
+  const std::vector<int64_t> spatial = {sizes.at(sizes.size() - 2), sizes.back()};
+  c.set(0, op(c, "aten::col2im", {tensor(c.grad()), spatial, c.arg(1), c.arg(2), c.arg(3), c.arg(4)}));
+}
+void rule_upsample_nearest_exact1d(RuleCall& c) {  // (self, output_size, scales?)
+  if (c.needs(0))
+    c.set(0, op(c, "aten::_upsample_nearest_exact1d_backward", {tensor(c.grad()), c.arg(1), c.input_meta(0).sizes, c.arg(2)}));
+}
+// grid_sampler_2d / 3d(input, grid, interpolation, padding, align_corners) -> (grad_input, grad_grid)
+void grid_sampler_back(RuleCall& c, const char* backward) {
+  const std::vector<bool> mask = {c.needs(0), c.needs(1)};
+  auto grads = c.b.emit_all(backward, "default", {tensor(c.grad()), tensor(c.input(0)), tensor(c.input(1)), c.arg(2), c.arg(3), c.arg(4), mask});
+  set_masked(c, grads, {0, 1}, mask);
+}
+void rule_grid_sampler_2d(RuleCall& c) { grid_sampler_back(c, "aten::grid_sampler_2d_backward"); }
+void rule_grid_sampler_3d(RuleCall& c) { grid_sampler_back(c, "aten::grid_sampler_3d_backward"); }
+void rule_prelu_kernel(RuleCall& c) {  // _prelu_kernel(self, weight) -> _prelu_kernel_backward: (self, weight)
+  auto grads = c.b.emit_all("aten::_prelu_kernel_backward", "default", {tensor(c.grad()), tensor(c.input(0)), tensor(c.input(1))});
+  set_masked(c, grads, {0, 1}, {c.needs(0), c.needs(1)});
+}
+
+}  // namespace
+
+void add_math_rules(std::map<std::string, DerivativeRule>& t) {
+  const std::map<std::string, DerivativeRule> math = {
+      {"aten::tan.default", {rule_tan}},
+      {"aten::sinh.default", {rule_sinh}},
+      {"aten::cosh.default", {rule_cosh}},
+      {"aten::asin.default", {rule_asin}},
+      {"aten::acos.default", {rule_acos}},
+      {"aten::atan.default", {rule_atan}},
+      {"aten::asinh.default", {rule_asinh}},
+      {"aten::acosh.default", {rule_acosh}},
+      {"aten::atanh.default", {rule_atanh}},
+      {"aten::log2.default", {rule_log2}},
+      {"aten::log10.default", {rule_log10}},
+      {"aten::exp2.default", {rule_exp2}},
+      {"aten::erfc.default", {rule_erfc}},
+      {"aten::erfinv.default", {rule_erfinv}},
+      {"aten::lgamma.default", {rule_lgamma}},
+      {"aten::digamma.default", {rule_digamma}},
+      {"aten::polygamma.default", {rule_polygamma}},
+      {"aten::sgn.default", {rule_real_zero_gradient}},
+      {"aten::angle.default", {rule_real_zero_gradient}},
+      {"aten::round.decimals", {rule_real_zero_gradient}},
+      {"aten::frac.default", {rule_pass_through}},
+      {"aten::rad2deg.default", {rule_rad2deg}},
+      {"aten::deg2rad.default", {rule_deg2rad}},
+      {"aten::logit.default", {rule_logit}},
+      {"aten::sinc.default", {rule_sinc}},
+      {"aten::i0.default", {rule_i0}},
+      {"aten::special_i0e.default", {rule_i0e}},
+      {"aten::special_ndtri.default", {rule_ndtri}},
+      {"aten::special_log_ndtr.default", {rule_log_ndtr}},
+      {"aten::special_erfcx.default", {rule_erfcx}},
+      {"aten::special_entr.default", {rule_entr}},
+      {"aten::nan_to_num.default", {rule_nan_to_num}},
+      {"aten::celu.default", {rule_celu}},
+      {"aten::softshrink.default", {rule_shrink_or_threshold}},
+      {"aten::hardshrink.default", {rule_shrink_or_threshold}},
+      {"aten::threshold.default", {rule_shrink_or_threshold}},
+      {"aten::frexp.Tensor", {rule_frexp}},
+      {"aten::ldexp.Tensor", {rule_ldexp}},
+      {"aten::atan2.default", {rule_atan2}},
+      {"aten::hypot.default", {rule_hypot}},
+      {"aten::fmax.default", {rule_fmax}},
+      {"aten::fmin.default", {rule_fmin}},
+      {"aten::copysign.Tensor", {rule_copysign}},
+      {"aten::logaddexp.default", {rule_logaddexp}},
+      {"aten::logaddexp2.default", {rule_logaddexp2}},
+      {"aten::xlogy.Tensor", {rule_xlogy}},
+      {"aten::special_xlog1py.default", {rule_xlog1py}},
+      {"aten::pow.Tensor_Tensor", {rule_pow_tensor_tensor}},
+      {"aten::lerp.Scalar", {rule_lerp_scalar}},
+      {"aten::lerp.Tensor", {rule_lerp_tensor}},
+      {"aten::addcmul.default", {rule_addcmul}},
+      {"aten::addcdiv.default", {rule_addcdiv}},
+      {"aten::rsub.Tensor", {rule_rsub}},
+      {"aten::remainder.Tensor", {rule_remainder}},
+      {"aten::fmod.Tensor", {rule_fmod}},
+      {"aten::div.Tensor_mode", {rule_div_mode}},
+      {"aten::clamp.Tensor", {rule_clamp_tensor}},
+      {"aten::clamp_min.Tensor", {rule_clamp_min_tensor}},
+      {"aten::clamp_max.Tensor", {rule_clamp_max_tensor}},
+      {"aten::max.default", {rule_evenly_distributed}},
+      {"aten::min.default", {rule_evenly_distributed}},
+      {"aten::median.default", {rule_evenly_distributed}},
+      {"aten::nanmedian.default", {rule_evenly_distributed}},
+      {"aten::max.dim", {rule_max_min_dim}},
+      {"aten::min.dim", {rule_max_min_dim}},
+      {"aten::median.dim", {rule_max_min_dim}},
+      {"aten::nanmedian.dim", {rule_max_min_dim}},
+      {"aten::mode.default", {rule_max_min_dim}},
+      {"aten::kthvalue.default", {rule_kthvalue}},
+      {"aten::sort.default", {rule_sort}},
+      {"aten::topk.default", {rule_topk}},
+      {"aten::cummax.default", {rule_cummax_cummin}},
+      {"aten::cummin.default", {rule_cummax_cummin}},
+      {"aten::nansum.default", {rule_nansum}},
+      {"aten::aminmax.default", {rule_aminmax, 2, false, true}},
+      {"aten::var_mean.correction", {rule_var_mean, 2, false, true}},
+      {"aten::std_mean.correction", {rule_std_mean, 2, false, true}},
+      {"aten::trace.default", {rule_trace}},
+      {"aten::linalg_vector_norm.default", {rule_vector_norm}},
+      {"aten::norm.ScalarOpt_dim", {rule_norm_dims}},
+      {"aten::dist.default", {rule_dist}},
+      {"aten::prod.default", {rule_prod}},
+      {"aten::prod.dim_int", {rule_prod_dim}},
+      {"aten::linalg_cross.default", {rule_cross}},
+      {"aten::fill.Scalar", {rule_fill}},
+      {"aten::special_i1.default", {rule_i1}},
+      {"aten::special_i1e.default", {rule_i1e}},
+      {"aten::vdot.default", {rule_vdot}},
+      {"aten::addr.default", {rule_addr}},
+      {"aten::addmv.default", {rule_addmv}},
+      {"aten::addbmm.default", {rule_addbmm}},
+      {"aten::scatter.src", {rule_scatter_src}},
+      {"aten::scatter.value", {rule_scatter_value}},
+      {"aten::scatter_add.default", {rule_scatter_add}},
+      {"aten::index_add.default", {rule_index_add}},
+      {"aten::index_copy.default", {rule_index_copy}},
+      {"aten::index_fill.int_Scalar", {rule_index_fill}},
+      {"aten::masked_scatter.default", {rule_masked_scatter}},
+      {"aten::take.default", {rule_take}},
+      {"aten::put.default", {rule_put}},
+      {"aten::index_put.default", {rule_index_put}},
+      {"aten::repeat.default", {rule_repeat}},
+      {"aten::diag_embed.default", {rule_diag_embed}},
+      {"aten::diagonal.default", {rule_diagonal}},
+      {"aten::diagonal_copy.default", {rule_diagonal}},
+      {"aten::unfold.default", {rule_unfold}},
+      {"aten::unfold_copy.default", {rule_unfold}},
+      {"aten::narrow_copy.default", {rule_narrow_copy}},
+      {"aten::rot90.default", {rule_rot90}},
+      {"aten::pixel_shuffle.default", {rule_pixel_shuffle}},
+      {"aten::pixel_unshuffle.default", {rule_pixel_unshuffle}},
+      {"aten::channel_shuffle.default", {rule_channel_shuffle}},
+      {"aten::slice_scatter.default", {rule_slice_scatter}},
+      {"aten::select_scatter.default", {rule_select_scatter}},
+      {"aten::diagonal_scatter.default", {rule_diagonal_scatter}},
+      {"aten::binary_cross_entropy.default", {rule_binary_cross_entropy}},
+      {"aten::soft_margin_loss.default", {rule_soft_margin_loss}},
+      {"aten::max_pool3d_with_indices.default", {rule_max_pool3d}},
+      {"aten::avg_pool3d.default", {rule_avg_pool3d}},
+      {"aten::adaptive_max_pool2d.default", {rule_adaptive_max_pool2d}},
+      {"aten::adaptive_max_pool3d.default", {rule_adaptive_max_pool3d}},
+      {"aten::_adaptive_avg_pool3d.default", {rule_adaptive_avg_pool3d}},
+      {"aten::reflection_pad1d.default", {rule_reflection_pad1d}},
+      {"aten::replication_pad1d.default", {rule_replication_pad1d}},
+      {"aten::replication_pad2d.default", {rule_replication_pad2d}},
+      {"aten::_pdist_forward.default", {rule_pdist}},
+      {"aten::_cdist_forward.default", {rule_cdist}},
+      {"aten::im2col.default", {rule_im2col}},
+      {"aten::_upsample_nearest_exact1d.default", {rule_upsample_nearest_exact1d}},
+      {"aten::grid_sampler_2d.default", {rule_grid_sampler_2d}},
+      {"aten::grid_sampler_3d.default", {rule_grid_sampler_3d}},
+      {"aten::_prelu_kernel.default", {rule_prelu_kernel}},
+  };
+  t.insert(math.begin(), math.end());
+  // The *_copy variants of view ops (functional forms, same arguments) take their view op's rule.
+  const std::map<std::string, std::string> copies = {
+      {"aten::view_copy.default", "aten::view.default"},
+      {"aten::t_copy.default", "aten::t.default"},
+      {"aten::permute_copy.default", "aten::permute.default"},
+      {"aten::transpose_copy.int", "aten::transpose.int"},
+      {"aten::expand_copy.default", "aten::expand.default"},
+      {"aten::squeeze_copy.default", "aten::squeeze.default"},
+      {"aten::unsqueeze_copy.default", "aten::unsqueeze.default"},
+      {"aten::alias_copy.default", "aten::alias.default"},
+      {"aten::split_with_sizes_copy.default", "aten::split_with_sizes.default"},
+      {"aten::unsafe_split.Tensor", "aten::split.Tensor"},
+      {"aten::unbind_copy.int", "aten::unbind.int"},
+  };
+  for (const auto& [copy, view] : copies) {
+    auto found = t.find(view);
+    KILN_ASSERT(found != t.end()) << "no derivative rule for " << view << ", which " << copy << " shares";
+    t.emplace(copy, found->second);
+  }
+}
+
+}  // namespace kiln::autodiff::detail
