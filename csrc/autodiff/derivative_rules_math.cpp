@@ -557,6 +557,154 @@ void bessel_i1_back(RuleCall& c, bool scaled) {
 void rule_i1(RuleCall& c) { bessel_i1_back(c, false); }
 void rule_i1e(RuleCall& c) { bessel_i1_back(c, true); }
 
+// scatter_reduce(self, dim, index, src, reduce, *, include_self): sum and mean spread the gradient back over what
+// was reduced; amax and amin share it evenly among the elements equal to the result (eager's
+// scatter_reduce_backward). prod keeps the eager interpreter.
+void rule_scatter_reduce(RuleCall& c) {
+  const std::string reduce = std::get<std::string>(c.arg(4));
+  const bool include_self = c.bool_arg(5);
+  ValueId index = c.input(2);
+  const Arg dim = c.arg(1);
+  auto gather = [&](ValueId v) { return op(c, "aten::gather", {tensor(v), dim, tensor(index), false}); };
+  auto ones_like = [&](ValueId v) {
+    return op(c, "aten::ones_like", {tensor(v), graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}});
+  };
+  ValueId grad = c.grad();
+  std::optional<ValueId> grad_self, grad_src;
+  if (reduce == "sum") {
+    grad_self = grad;
+    grad_src = gather(grad);
+  } else if (reduce == "mean") {
+    ValueId start = include_self ? ones_like(grad) : zeros_like(c, grad);
+    ValueId count = op(c, "aten::scatter_add", {tensor(start), dim, tensor(index), tensor(ones_like(c.input(3)))});
+    count = op(c, "aten::masked_fill", {tensor(count), tensor(op(c, "aten::eq", {tensor(count), 0.0}, "Scalar")), 1.0}, "Scalar");
+    grad_self = c.b.div(grad, count);
+    grad_src = c.b.div(gather(grad), gather(count));
+  } else if (reduce == "amax" || reduce == "amin") {
+    const graph::ScalarType dtype = c.input_meta(0).dtype;
+    ValueId result = c.result(0);
+    ValueId value = gather(result);
+    ValueId self_is = compare(c, "aten::eq", c.input(0), tensor(result));
+    ValueId src_is = compare(c, "aten::eq", c.input(3), tensor(value));
+    ValueId count = op(c, "aten::scatter_add", {tensor(c.b.to_dtype(self_is, dtype)), dim, tensor(index), tensor(c.b.to_dtype(src_is, dtype))});
+    ValueId shared = c.b.div(grad, count);
+    grad_self = c.b.mul(self_is, shared);
+    grad_src = c.b.mul(src_is, gather(shared));
+  } else {
+    KILN_UNSUPPORTED() << "scatter_reduce with reduce='" << reduce << "'";
+  }
+  if (!include_self) grad_self = op(c, "aten::scatter", {tensor(*grad_self), dim, tensor(index), 0.0}, "value");
+  if (c.needs(0)) c.set(0, *grad_self);
+  if (c.needs(3)) c.set(3, *grad_src);
+}
+// logcumsumexp(self, dim): eager's formula, positive and negative parts of the gradient in log space.
+void rule_logcumsumexp(RuleCall& c) {
+  if (!c.needs(0)) return;
+  const std::vector<int64_t>& sizes = c.input_meta(0).sizes;
+  if (sizes.empty()) {
+    c.set(0, c.grad());
+    return;
+  }
+  const std::vector<int64_t> dims = {normalize_dim(c.int_arg(1), sizes.size())};
+  const double lowest = c.input_meta(0).dtype == graph::ScalarType::Double ? -1.7976931348623157e308 : -3.4028234663852886e38;
+  auto reverse_logcumsumexp = [&](ValueId v) {
+    ValueId flipped = op(c, "aten::flip", {tensor(v), dims});
+    return op(c, "aten::flip", {tensor(op(c, "aten::logcumsumexp", {tensor(flipped), dims[0]})), dims});
+  };
+  ValueId grad = c.grad();
+  ValueId log_abs = op(c, "aten::log", {tensor(op(c, "aten::abs", {tensor(grad)}))});
+  auto part = [&](const char* sign_test) {
+    ValueId log_grad = op(c, "aten::where", {tensor(op(c, sign_test, {tensor(grad), 0.0}, "Scalar")), tensor(log_abs), lowest}, "ScalarOther");
+    ValueId shifted = op(c, "aten::sub", {tensor(log_grad), tensor(c.result(0)), int64_t{1}}, "Tensor");
+    return op(c, "aten::exp", {tensor(c.b.add(reverse_logcumsumexp(shifted), c.input(0)))});
+  };
+  c.set(0, op(c, "aten::sub", {tensor(part("aten::gt")), tensor(part("aten::lt")), int64_t{1}}, "Tensor"));
+}
+
+// ---- linear algebra (real tensors) ------------------------------------------------------------------------
+ValueId matrix_t(RuleCall& c, ValueId v) { return c.b.transpose(v, -2, -1); }
+ValueId matmul(RuleCall& c, ValueId a, ValueId b) { return op(c, "aten::matmul", {tensor(a), tensor(b)}); }
+// Identity matrices shaped, typed and placed as the (batched, square) matrices `a`.
+ValueId identity_like(RuleCall& c, ValueId a) {
+  ValueId diagonal = op(c, "aten::diagonal", {tensor(a), int64_t{0}, int64_t{-2}, int64_t{-1}});
+  ValueId ones = op(c, "aten::ones_like", {tensor(diagonal), graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}});
+  return op(c, "aten::diag_embed", {tensor(ones), int64_t{0}, int64_t{-2}, int64_t{-1}});
+}
+void real_only(RuleCall& c) {
+  if (is_complex(c.input_meta(0).dtype)) KILN_UNSUPPORTED() << c.node().qualified_name() << " of complex tensors";
+}
+void rule_inv(RuleCall& c) {  // linalg_inv_ex(A) -> (inverse, info): -inverse^T grad inverse^T
+  if (!c.needs(0)) return;
+  real_only(c);
+  ValueId inverse_t = matrix_t(c, c.result(0));
+  c.set(0, c.b.neg(matmul(c, matmul(c, inverse_t, c.grad()), inverse_t)));
+}
+// _linalg_solve_ex(A, B, *, left, check_errors) -> (X, LU, pivots, info): B gets A^-T grad, A gets -gB X^T (X^T gB
+// on the right). The returned LU is not reused: whether it factors A or A^T depends on A's layout (eager's
+// backward asks A.is_contiguous()), which a graph built ahead of time does not pin.
+void rule_solve(RuleCall& c) {
+  if (!c.needs(0) && !c.needs(1)) return;
+  real_only(c);
+  if (c.input_meta(1).sizes.size() != c.input_meta(0).sizes.size()) KILN_UNSUPPORTED() << "linalg.solve of vectors";
+  const bool left = c.bool_arg(2);
+  ValueId grad_b = op(c, "aten::linalg_solve", {tensor(matrix_t(c, c.input(0))), tensor(c.grad()), left});
+  if (c.needs(1)) c.set(1, grad_b);
+  if (c.needs(0)) {
+    ValueId x_t = matrix_t(c, c.result(0));
+    c.set(0, c.b.neg(left ? matmul(c, grad_b, x_t) : matmul(c, x_t, grad_b)));
+  }
+}
+// linalg_solve_triangular(A, B, *, upper, left, unitriangular): gB solves with A^T; gA is -gB X^T (X^T gB on the
+// right) cut to A's triangle (without the diagonal when it is taken as ones).
+void rule_solve_triangular(RuleCall& c) {
+  if (!c.needs(0) && !c.needs(1)) return;
+  real_only(c);
+  const bool upper = c.bool_arg(2), left = c.bool_arg(3), unit = c.bool_arg(4);
+  ValueId grad_b = op(c, "aten::linalg_solve_triangular", {tensor(matrix_t(c, c.input(0))), tensor(c.grad()), !upper, left, unit});
+  if (c.needs(1)) c.set(1, grad_b);
+  if (c.needs(0)) {
+    ValueId x_t = matrix_t(c, c.result(0));
+    ValueId g = c.b.neg(left ? matmul(c, grad_b, x_t) : matmul(c, x_t, grad_b));
+    c.set(0, upper ? op(c, "aten::triu", {tensor(g), int64_t{unit ? 1 : 0}}) : op(c, "aten::tril", {tensor(g), int64_t{unit ? -1 : 0}}));
+  }
+}
+// cholesky (linalg_cholesky_ex(A, *, upper, check_errors) -> (L, info); cholesky(A, upper) -> L): Murray's formula
+// as eager's cholesky_backward, symmetrised.
+void cholesky_back(RuleCall& c, bool upper) {
+  if (!c.needs(0)) return;
+  real_only(c);
+  ValueId factor = c.result(0), grad = c.grad();
+  if (upper) {
+    factor = matrix_t(c, factor);
+    grad = matrix_t(c, grad);
+  }
+  ValueId eye = identity_like(c, c.input(0));
+  ValueId inverse = op(c, "aten::linalg_solve_triangular", {tensor(factor), tensor(eye), false, true, false});
+  ValueId phi = op(c, "aten::tril", {tensor(matmul(c, matrix_t(c, factor), grad)), int64_t{0}});
+  ValueId half_diagonal = c.b.mul(op(c, "aten::diagonal", {tensor(phi), int64_t{0}, int64_t{-2}, int64_t{-1}}), 0.5);
+  phi = op(c, "aten::diagonal_scatter", {tensor(phi), tensor(half_diagonal), int64_t{0}, int64_t{-2}, int64_t{-1}});
+  ValueId g = matmul(c, matmul(c, matrix_t(c, inverse), phi), inverse);
+  c.set(0, c.b.mul(c.b.add(g, matrix_t(c, g)), 0.5));
+}
+void rule_cholesky_ex(RuleCall& c) { cholesky_back(c, c.bool_arg(1)); }
+void rule_cholesky(RuleCall& c) { cholesky_back(c, c.bool_arg(1)); }
+// _linalg_slogdet(A) -> (sign, logabsdet, LU, pivots): logabsdet's gradient times A^-T; sign is piecewise constant.
+// (The returned LU factors A^T for a contiguous A: the inverse is computed again rather than read from it.)
+void rule_slogdet(RuleCall& c) {
+  if (!c.needs(0)) return;
+  real_only(c);
+  auto g = c.grad_at(1);
+  if (!g) {
+    c.set(0, zeros_like(c, c.input(0)));
+    return;
+  }
+  ValueId inverse_t = matrix_t(c, c.b.emit_all("aten::linalg_inv_ex", "default", {tensor(c.input(0)), false}).at(0));
+  std::vector<int64_t> kept_sizes = c.b.meta(*g).sizes;
+  kept_sizes.push_back(1);
+  kept_sizes.push_back(1);
+  c.set(0, c.b.mul(c.b.reshape(*g, kept_sizes), inverse_t));
+}
+
 // ---- products ------------------------------------------------------------------------------------------
 void rule_vdot(RuleCall& c) {  // real tensors: as dot
   if (is_complex(c.input_meta(0).dtype)) KILN_UNSUPPORTED() << "vdot of complex tensors";
@@ -857,6 +1005,14 @@ void add_math_rules(std::map<std::string, DerivativeRule>& t) {
       {"aten::var_mean.correction", {rule_var_mean, 2, false, true}},
       {"aten::std_mean.correction", {rule_std_mean, 2, false, true}},
       {"aten::trace.default", {rule_trace}},
+      {"aten::scatter_reduce.two", {rule_scatter_reduce}},
+      {"aten::logcumsumexp.default", {rule_logcumsumexp}},
+      {"aten::linalg_inv_ex.default", {rule_inv}},
+      {"aten::_linalg_solve_ex.default", {rule_solve}},
+      {"aten::linalg_solve_triangular.default", {rule_solve_triangular}},
+      {"aten::linalg_cholesky_ex.default", {rule_cholesky_ex}},
+      {"aten::cholesky.default", {rule_cholesky}},
+      {"aten::_linalg_slogdet.default", {rule_slogdet, 2, false, true}},
       {"aten::linalg_vector_norm.default", {rule_vector_norm}},
       {"aten::norm.ScalarOpt_dim", {rule_norm_dims}},
       {"aten::dist.default", {rule_dist}},

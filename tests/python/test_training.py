@@ -154,6 +154,16 @@ RULE_CASES += [
      + F.prelu(x, w).sum((1, 2, 3)) + torch.cdist(x.flatten(2), x.flatten(2)[:, :2]).sum((1, 2))
      + F.pdist(x.flatten(1)).expand(2) * 0 + F.interpolate(x.flatten(2), scale_factor=2, mode="nearest-exact").sum((1, 2)),
      [(2, 3, 4, 4), (2, 3, 4, 4, 4), (2, 3, 3, 2), (3,)]),
+    ("scatter_reduce_logcumsumexp", lambda x, s: x.scatter_reduce(1, _COLUMNS, s, "sum").sum(1)
+     + x.scatter_reduce(1, _COLUMNS, s, "mean", include_self=False).sum(1)
+     + x.scatter_reduce(1, _COLUMNS, s, "amax").sum(1) + x.scatter_reduce(1, _COLUMNS, s, "amin", include_self=False).sum(1)
+     + torch.logcumsumexp(x, 1).sin().sum(1), [(4, 6), (4, 2)]),
+    ("linear_algebra", lambda a, b, m: torch.linalg.inv(a + 4 * torch.eye(4)).sum(0)
+     + torch.linalg.solve(a + 4 * torch.eye(4), b).sum(1) + torch.linalg.solve(a + 4 * torch.eye(4), b.t(), left=False).sum(0)
+     + torch.linalg.solve_triangular(a.triu() + 4 * torch.eye(4), b, upper=True).sum(1)
+     + torch.linalg.solve_triangular(a.tril(), b, upper=False, unitriangular=True).sum(1)
+     + torch.linalg.cholesky(m @ m.t() + 4 * torch.eye(4)).sum(0) + torch.linalg.cholesky(m @ m.t() + torch.eye(4), upper=True).sum(1)
+     + torch.linalg.slogdet(a + 4 * torch.eye(4)).logabsdet, [(4, 4), (4, 4), (4, 4)]),
     ("activations_and_copies", lambda x: F.celu(x, 0.7) + F.softshrink(x, 0.3) + F.hardshrink(x, 0.3)
      + F.threshold(x, 0.2, -1.0) + torch.ops.aten.view_copy(x, (6, 4)).t() + torch.ops.aten.narrow_copy(x, 1, 1, 4).repeat(1, 2)[:, :6]
      + torch.ops.aten.unfold_copy(x, 1, 3, 3).flatten(1) + torch.ops.aten.diagonal_copy(x.expand(6, 4, 6), 0, 0, 2), [(4, 6)]),
