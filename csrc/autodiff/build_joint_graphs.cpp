@@ -44,21 +44,63 @@ void check_supported(const graph::Graph& g) {
   }
 }
 
-// Outputs that are graph inputs (`return y, x`; `x.contiguous()` of a contiguous x) leave the graph's outputs: the
-// runtime returns the caller's own tensor in their place, which is what eager returns (the same object, with its
-// own autograd history), and the joint program computes the rest. Returns JointGraphs::output_inputs.
-std::vector<int32_t> pass_inputs_through(graph::Graph& g) {
-  std::vector<int32_t> output_inputs;
+// The view nodes that make `id` from a graph input, first first, and that input's index; nullopt when `id` is not
+// made so (a view op with another tensor argument, or returning a list, does not count).
+std::optional<std::pair<std::vector<const graph::Node*>, int32_t>> view_chain_from_input(const graph::Graph& g, graph::ValueId id) {
+  std::vector<const graph::Node*> chain;
+  for (int steps = 0; steps < 1000; ++steps) {
+    const graph::Value& v = g.value(id);
+    if (v.is_input) {
+      std::reverse(chain.begin(), chain.end());
+      return std::make_pair(std::move(chain), v.input_index);
+    }
+    if (v.producer < 0) return std::nullopt;
+    const graph::Node& node = g.nodes[v.producer];
+    const auto* base = node.args.empty() ? nullptr : std::get_if<graph::TensorArg>(&node.args[0]);
+    if (!node.is_view || node.returns_list || node.outputs.size() != 1 || !base) return std::nullopt;
+    bool other_tensors = false;
+    for (size_t a = 1; a < node.args.size(); ++a) graph::for_each_tensor(node.args[a], [&](graph::ValueId) { other_tensors = true; });
+    if (other_tensors) return std::nullopt;
+    chain.push_back(&node);
+    id = base->id;
+  }
+  return std::nullopt;
+}
+
+// A graph of one input (shaped as `input`) and copies of `chain`'s view nodes applied to it in turn.
+std::shared_ptr<graph::Graph> replay_graph(const graph::Graph& g, const std::vector<const graph::Node*>& chain, graph::ValueId input) {
+  auto replay = std::make_shared<graph::Graph>();
+  graph::ValueId current = replay->add_input(g.value(input).meta);
+  for (const graph::Node* node : chain) {
+    graph::Node copy = *node;
+    copy.args[0] = graph::TensorArg{current};
+    copy.outputs.clear();
+    current = replay->add_node(std::move(copy), {g.value(node->outputs[0]).meta}).at(0);
+  }
+  replay->set_outputs({current});
+  replay->verify();
+  return replay;
+}
+
+// Outputs that are graph inputs (`return y, x`; `x.contiguous()` of a contiguous x) or views of one (`x.t()`,
+// `x[0]`) leave the graph's outputs: the runtime returns the caller's own tensor, or replays the views on it,
+// which is what eager returns (the same object, or a view of it with its own autograd history), and the joint
+// program computes the rest. Fills JointGraphs::output_inputs and output_views.
+void pass_inputs_through(graph::Graph& g, JointGraphs& joint) {
   std::vector<graph::ValueId> computed;
   for (graph::ValueId id : g.outputs) {
-    const graph::Value& v = g.value(id);
-    output_inputs.push_back(v.is_input ? v.input_index : -1);
-    if (!v.is_input) computed.push_back(id);
+    auto chain = view_chain_from_input(g, id);
+    joint.output_inputs.push_back(chain ? chain->second : -1);
+    joint.output_views.push_back(chain && !chain->first.empty() ? replay_graph(g, chain->first, g.inputs.at(chain->second)) : nullptr);
+    if (!chain) computed.push_back(id);
   }
-  if (computed.size() == g.outputs.size()) return {};
-  if (computed.empty()) KILN_UNSUPPORTED() << "every graph output is a graph input";
+  if (computed.size() == g.outputs.size()) {
+    joint.output_inputs.clear();
+    joint.output_views.clear();
+    return;
+  }
+  if (computed.empty()) KILN_UNSUPPORTED() << "every graph output is a graph input or a view of one";
   g.set_outputs(computed);
-  return output_inputs;
 }
 
 // The value a chain of views starts from (itself when it is not a view).
@@ -214,7 +256,7 @@ JointGraphs build_joint_graphs(const graph::Graph& graph_with_updates, OpOracle&
   passes::relayout_convolutions_channels_last(captured, /*cpu=*/false);
   use_cudnn_batch_norm(captured, oracle, cudnn);
   JointGraphs joint;
-  joint.output_inputs = pass_inputs_through(captured);
+  pass_inputs_through(captured, joint);
   check_supported(captured);
   joint.backward = std::make_shared<graph::Graph>();
   BackwardBuilder b(captured, *joint.backward, oracle);

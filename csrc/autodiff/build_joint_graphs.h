@@ -20,9 +20,13 @@ struct JointGraphs {
   /// Outputs: one gradient per captured input that requires grad (in input order).
   std::shared_ptr<graph::Graph> backward;
   size_t num_outputs = 0;                 // computed captured outputs (the forward graph's first outputs)
-  /// Per captured output: the captured input it is (the runtime returns the caller's tensor itself, as eager
-  /// does), or -1 for the computed outputs, which follow in order. Empty when no output is an input.
+  /// Per captured output: -1 for the computed outputs, which follow in order; else the captured input it is (the
+  /// runtime returns the caller's tensor itself, as eager does) or that the chain of views making it starts from:
+  /// output_views[i] is then a graph of one input and those views, which the runtime replays on the caller's
+  /// tensor, so that the output is eager's view (storage, version counter and autograd history). Both empty
+  /// when every output is computed.
   std::vector<int32_t> output_inputs;
+  std::vector<std::shared_ptr<graph::Graph>> output_views;
   /// Captured inputs the forward updates in place (BatchNorm's num_batches_tracked): after the forward
   /// runs, input updated_inputs[i] receives forward output num_outputs + i (the runtime copies it in).
   std::vector<int32_t> updated_inputs;
@@ -40,7 +44,8 @@ struct JointGraphs {
   int64_t recomputed_nodes = 0;
 };
 
-/// Builds the joint graphs. Outputs that are graph inputs stay out of both graphs (output_inputs). The backward reads forward values as saved tensors or recomputes them
+/// Builds the joint graphs. Outputs that are graph inputs or views of one stay out of both graphs (output_inputs).
+/// The backward reads forward values as saved tensors or recomputes them
 /// (views from their base; cheap pointwise chains from cheaper saved values, chosen by a min cut:
 /// partition.h); inputs are saved by reference (no forward output needed). Throws kiln::Error of kind Unsupported (naming the op) when
 /// a node on a gradient path has no derivative rule, a non-differentiable result receives a gradient,

@@ -22,6 +22,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "graph/graph_bytes.h"
+#include "runtime/eager_interpreter.h"
 #include "runtime/kernel_graph.h"
 #include "runtime/node_call.h"
 #include "runtime/torch_info.h"
@@ -113,6 +114,8 @@ struct JointProgram final : torch::CustomClassHolder {
   std::shared_ptr<CompiledGraph> backward;
   // reaches[i][j]: backward output i (a captured input's gradient) depends on the gradient of differentiable output j.
   std::vector<std::vector<bool>> reaches;
+  // Per joint.output_views entry: its views replayed op by op (null where the output is the input itself).
+  std::vector<std::shared_ptr<CompiledGraph>> view_replays;
 };
 
 // Which gradients of the backward graph depend on which incoming output gradients (its first inputs), by walking its
@@ -299,14 +302,24 @@ class JointGraph final : public AutogradGraph {
   std::vector<int32_t> updated_inputs() const override { return program_->joint.updated_inputs; }
 
  private:
-  // The captured outputs: the computed ones, with the caller's tensors where an output is an input.
+  // The captured outputs: the computed ones, with the caller's tensors (or views of them, replayed in the caller's grad
+  // mode as eager made them) where an output is an input or a view of one.
   std::vector<at::Tensor> with_inputs_passed_through(const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> computed) const {
     const std::vector<int32_t>& output_inputs = program_->joint.output_inputs;
     if (output_inputs.empty()) return computed;
     std::vector<at::Tensor> outputs;
     outputs.reserve(output_inputs.size());
     size_t next = 0;
-    for (int32_t input : output_inputs) outputs.push_back(input >= 0 ? inputs.at(input) : std::move(computed.at(next++)));
+    for (size_t i = 0; i < output_inputs.size(); ++i) {
+      const int32_t input = output_inputs[i];
+      if (input < 0) {
+        outputs.push_back(std::move(computed.at(next++)));
+      } else if (const auto& replay = program_->view_replays.at(i)) {
+        outputs.push_back(replay->run({inputs.at(input)}).at(0));
+      } else {
+        outputs.push_back(inputs.at(input));
+      }
+    }
     return outputs;
   }
 
@@ -344,6 +357,10 @@ std::optional<std::string> encode_joint(const autodiff::JointGraphs& j, const gr
   write_ids(w, j.saved_from_input);
   write_ids(w, j.grad_inputs);
   write_ids(w, j.output_inputs);
+  for (const auto& view : j.output_views) {
+    w.integer(view ? 1 : 0);
+    if (view) graph::write_graph(w, *view);
+  }
   for (int64_t v : {j.saved_bytes, j.saved_tensors, j.saved_bytes_before_partition, j.recomputed_nodes}) w.integer(v);
   return w.take();
 }
@@ -365,6 +382,14 @@ std::optional<autodiff::JointGraphs> decode_joint(const std::string& bytes, cons
     j.saved_from_input = read_ids(r);
     j.grad_inputs = read_ids(r);
     j.output_inputs = read_ids(r);
+    for (size_t i = 0; i < j.output_inputs.size(); ++i) {
+      std::shared_ptr<graph::Graph> view;
+      if (r.integer() != 0) {
+        view = std::make_shared<graph::Graph>(graph::read_graph(r));
+        view->verify();
+      }
+      j.output_views.push_back(std::move(view));
+    }
     for (int64_t* v : {&j.saved_bytes, &j.saved_tensors, &j.saved_bytes_before_partition, &j.recomputed_nodes}) *v = r.integer();
     KILN_CHECK(r.at_end()) << "trailing bytes";
     KILN_CHECK(j.output_differentiable.size() == j.num_outputs && j.grad_inputs.size() == j.backward->outputs.size())
@@ -423,6 +448,8 @@ std::shared_ptr<AutogradGraph> compile_autograd_graph(std::shared_ptr<const grap
   for (bool differentiable : joint.output_differentiable) incoming += differentiable;
   program->reaches = gradient_reach(*joint.backward, incoming);
   KILN_ASSERT_EQ(program->reaches.size(), joint.grad_inputs.size()) << "backward outputs";
+  for (const auto& view : joint.output_views)
+    program->view_replays.push_back(view ? make_eager_interpreter(view, {}) : nullptr);
   program->forward = compile_part(joint.forward);
   program->backward = compile_part(joint.backward);
   kiln_backend_stats().autograd_saved_bytes += joint.saved_bytes;
