@@ -106,6 +106,13 @@ void rule_digamma(RuleCall& c) {  // grad * polygamma(1, self)
 void rule_polygamma(RuleCall& c) {  // polygamma(n, self): grad * polygamma(n + 1, self)
   if (c.needs(1)) c.set(1, c.b.mul(c.grad(), op(c, "aten::polygamma", {c.int_arg(0) + 1, tensor(c.input(1))})));
 }
+void rule_mvlgamma(RuleCall& c) {  // mvlgamma(self, p): grad * sum over j < p of digamma(self - j / 2)
+  if (!c.needs(0)) return;
+  ValueId total = op(c, "aten::digamma", {tensor(c.input(0))});
+  for (int64_t j = 1; j < c.int_arg(1); ++j)
+    total = c.b.add(total, op(c, "aten::digamma", {tensor(plus(c, c.input(0), -0.5 * static_cast<double>(j)))}));
+  c.set(0, c.b.mul(c.grad(), total));
+}
 void rule_real_zero_gradient(RuleCall& c) {  // sgn of a real tensor, round(decimals): piecewise constant
   if (!c.needs(0)) return;
   if (is_complex(c.input_meta(0).dtype)) KILN_UNSUPPORTED() << c.node().qualified_name() << " of a complex tensor";
@@ -621,6 +628,42 @@ void rule_logcumsumexp(RuleCall& c) {
   c.set(0, op(c, "aten::sub", {tensor(part("aten::gt")), tensor(part("aten::lt")), int64_t{1}}, "Tensor"));
 }
 
+// cumprod(self, dim, dtype?): x_i's gradient is E_i * S_i, with E_i the product of the elements before it (the result
+// shifted by one) and S_i = g_i + x_{i+1} S_{i+1} the gradient carried back from the later results. S is a reverse
+// linear recurrence, computed by a scan of (A, B) pairs in ceil(log2 n) steps; no division, so zeros are exact.
+void rule_cumprod(RuleCall& c) {
+  if (!c.needs(0)) return;
+  if (!c.is_none(2)) KILN_UNSUPPORTED() << "cumprod with a dtype";
+  const std::vector<int64_t>& sizes = c.input_meta(0).sizes;
+  if (sizes.empty()) {
+    c.set(0, c.grad());
+    return;
+  }
+  const int64_t dim = normalize_dim(c.int_arg(1), sizes.size());
+  const int64_t n = sizes[dim];
+  if (n <= 1) {
+    c.set(0, c.grad());
+    return;
+  }
+  auto slice = [&](ValueId v, int64_t start, int64_t end) {
+    return op(c, "aten::slice", {tensor(v), dim, start, end, int64_t{1}}, "Tensor");
+  };
+  // v moved `by` places towards the start of dim, the end filled with `fill`.
+  auto shift = [&](ValueId v, int64_t by, double fill) {
+    std::vector<int64_t> pad(2 * (sizes.size() - static_cast<size_t>(dim)), 0);
+    pad.back() = std::min(by, n);
+    return op(c, "aten::constant_pad_nd", {tensor(slice(v, std::min(by, n), n)), pad, fill});
+  };
+  ValueId ones = op(c, "aten::ones_like", {tensor(slice(c.input(0), 0, 1)), graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}});
+  ValueId before = op(c, "aten::cat", {graph::TensorListArg{{ones, slice(c.result(0), 0, n - 1)}}, dim});
+  ValueId a = shift(c.input(0), 1, 1.0), b = c.grad();
+  for (int64_t d = 1; d < n; d *= 2) {
+    b = c.b.add(b, c.b.mul(a, shift(b, d, 0.0)));
+    if (d * 2 < n) a = c.b.mul(a, shift(a, d, 1.0));
+  }
+  c.set(0, c.b.mul(before, b));
+}
+
 // ---- linear algebra (real tensors) ------------------------------------------------------------------------
 ValueId matrix_t(RuleCall& c, ValueId v) { return c.b.transpose(v, -2, -1); }
 ValueId matmul(RuleCall& c, ValueId a, ValueId b) { return op(c, "aten::matmul", {tensor(a), tensor(b)}); }
@@ -900,6 +943,39 @@ void rule_cdist(RuleCall& c) {  // _cdist_forward(x1, x2, p, compute_mode)
     c.set(1, op(c, "aten::_cdist_backward", {tensor(contiguous(c, c.b.transpose(c.grad(), -2, -1))), tensor(c.input(1)), tensor(c.input(0)), c.arg(2),
                                              tensor(contiguous(c, c.b.transpose(c.result(0), -2, -1)))}));
 }
+// _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim) (nn.Bilinear): each input's gradient is the
+// same contraction with the gradient in its place, the gradient taking sumdim's role and the input's expand dims
+// becoming the summed ones (eager's _trilinear_backward).
+void rule_trilinear(RuleCall& c) {
+  const Arg e1 = c.arg(3), e2 = c.arg(4), e3 = c.arg(5), sum = c.arg(6);
+  auto trilinear = [&](ValueId a, ValueId b, ValueId d, Arg x1, Arg x2, Arg x3, Arg summed) {
+    return op(c, "aten::_trilinear", {tensor(a), tensor(b), tensor(d), std::move(x1), std::move(x2), std::move(x3), std::move(summed), int64_t{1}});
+  };
+  ValueId g = c.grad();
+  if (c.needs(0)) c.set(0, trilinear(g, c.input(1), c.input(2), sum, e2, e3, e1));
+  if (c.needs(1)) c.set(1, trilinear(c.input(0), g, c.input(2), e1, sum, e3, e2));
+  if (c.needs(2)) c.set(2, trilinear(c.input(0), c.input(1), g, e1, e2, sum, e3));
+}
+// max_unpool2d / 3d(self, indices, output_size, ...): self gets the gradient at the places it was written to (grad
+// gathered at indices over the flattened spatial dims).
+void max_unpool_back(RuleCall& c, size_t spatial) {
+  if (!c.needs(0)) return;
+  const std::vector<int64_t>& index_sizes = c.input_meta(1).sizes;
+  const std::vector<int64_t>& grad_sizes = c.b.meta(c.grad()).sizes;
+  if (index_sizes.size() < spatial || grad_sizes.size() != index_sizes.size()) KILN_UNSUPPORTED() << "max_unpool shapes";
+  auto flattened = [&](const std::vector<int64_t>& sizes) {
+    std::vector<int64_t> out(sizes.begin(), sizes.end() - static_cast<std::ptrdiff_t>(spatial));
+    int64_t n = 1;
+    for (size_t d = sizes.size() - spatial; d < sizes.size(); ++d) n *= sizes[d];
+    out.push_back(n);
+    return out;
+  };
+  ValueId grad = c.b.reshape(contiguous(c, c.grad()), flattened(grad_sizes));
+  ValueId index = c.b.reshape(c.input(1), flattened(index_sizes));
+  c.set(0, c.b.reshape(op(c, "aten::gather", {tensor(grad), int64_t{-1}, tensor(index), false}), index_sizes));
+}
+void rule_max_unpool2d(RuleCall& c) { max_unpool_back(c, 2); }
+void rule_max_unpool3d(RuleCall& c) { max_unpool_back(c, 3); }
 void rule_im2col(RuleCall& c) {  // im2col(self, kernel, dilation, padding, stride) -> col2im of grad
   if (!c.needs(0)) return;
   const std::vector<int64_t>& sizes = c.input_meta(0).sizes;
@@ -944,6 +1020,7 @@ void add_math_rules(std::map<std::string, DerivativeRule>& t) {
       {"aten::lgamma.default", {rule_lgamma}},
       {"aten::digamma.default", {rule_digamma}},
       {"aten::polygamma.default", {rule_polygamma}},
+      {"aten::mvlgamma.default", {rule_mvlgamma}},
       {"aten::sgn.default", {rule_real_zero_gradient}},
       {"aten::angle.default", {rule_real_zero_gradient}},
       {"aten::round.decimals", {rule_real_zero_gradient}},
@@ -1007,6 +1084,7 @@ void add_math_rules(std::map<std::string, DerivativeRule>& t) {
       {"aten::trace.default", {rule_trace}},
       {"aten::scatter_reduce.two", {rule_scatter_reduce}},
       {"aten::logcumsumexp.default", {rule_logcumsumexp}},
+      {"aten::cumprod.default", {rule_cumprod}},
       {"aten::linalg_inv_ex.default", {rule_inv}},
       {"aten::_linalg_solve_ex.default", {rule_solve}},
       {"aten::linalg_solve_triangular.default", {rule_solve_triangular}},
@@ -1063,6 +1141,9 @@ void add_math_rules(std::map<std::string, DerivativeRule>& t) {
       {"aten::_pdist_forward.default", {rule_pdist}},
       {"aten::_cdist_forward.default", {rule_cdist}},
       {"aten::im2col.default", {rule_im2col}},
+      {"aten::_trilinear.default", {rule_trilinear}},
+      {"aten::max_unpool2d.default", {rule_max_unpool2d}},
+      {"aten::max_unpool3d.default", {rule_max_unpool3d}},
       {"aten::_upsample_nearest_exact1d.default", {rule_upsample_nearest_exact1d}},
       {"aten::grid_sampler_2d.default", {rule_grid_sampler_2d}},
       {"aten::grid_sampler_3d.default", {rule_grid_sampler_3d}},

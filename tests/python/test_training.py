@@ -106,7 +106,7 @@ RULE_CASES += [
      + torch.special.ndtri(x.sigmoid()) + torch.special.log_ndtr(x) + torch.special.erfcx(x)
      + torch.special.entr(x.abs() + 0.1) + torch.sinc(x * _ZEROS) + torch.special.i0e(x) + torch.special.i1(x * _ZEROS)
      + torch.special.i1e(x) + torch.i0(x) + torch.logit(x.sigmoid()) + torch.rad2deg(x) + torch.deg2rad(x)
-     + torch.frac(x * 3) + torch.nan_to_num(x) + torch.polygamma(2, x.abs() + 1), [(4, 6)]),
+     + torch.frac(x * 3) + torch.nan_to_num(x) + torch.polygamma(2, x.abs() + 1) + torch.mvlgamma(x.abs() + 2, 3), [(4, 6)]),
     ("binary_math", lambda x, y: torch.atan2(x, y) + torch.hypot(x, y) + torch.fmax(x, y) + torch.fmin(x, y)
      + torch.copysign(x * _ZEROS, y) + torch.logaddexp(x, y) + torch.logaddexp2(x, y)
      + torch.xlogy(x.abs() * _ZEROS, y.abs() + 0.5) + torch.special.xlog1py(x.abs(), y.abs()), [(4, 6), (4, 6)]),
@@ -158,6 +158,12 @@ RULE_CASES += [
      + x.scatter_reduce(1, _COLUMNS, s, "mean", include_self=False).sum(1)
      + x.scatter_reduce(1, _COLUMNS, s, "amax").sum(1) + x.scatter_reduce(1, _COLUMNS, s, "amin", include_self=False).sum(1)
      + torch.logcumsumexp(x, 1).sin().sum(1), [(4, 6), (4, 2)]),
+    ("cumprod_with_zeros", lambda x: torch.cumprod(x * _ZEROS, 1).sum(1) + torch.cumprod(x * _ZEROS, 0).sum(0)[:4]
+     + torch.cumprod(x, 1).sin().sum(1), [(4, 6)]),
+    ("bilinear_and_max_unpool", lambda a, b, w, bias, v: F.bilinear(a, b, w, bias).sum(1)[:2]
+     + F.max_unpool2d(*F.max_pool2d(v, 2, return_indices=True), 2).sin().sum((1, 2, 3))
+     + F.max_unpool1d(*F.max_pool1d(v.flatten(2), 2, return_indices=True), 2).cos().sum((1, 2)),
+     [(3, 4), (3, 5), (6, 4, 5), (6,), (2, 3, 4, 6)]),
     ("linear_algebra", lambda a, b, m: torch.linalg.inv(a + 4 * torch.eye(4)).sum(0)
      + torch.linalg.solve(a + 4 * torch.eye(4), b).sum(1) + torch.linalg.solve(a + 4 * torch.eye(4), b.t(), left=False).sum(0)
      + torch.linalg.solve_triangular(a.triu() + 4 * torch.eye(4), b, upper=True).sum(1)
