@@ -29,121 +29,112 @@ ValueId kept(RuleCall& c, ValueId v, const Reduced& r, bool keepdim) { return ke
 namespace {
 
 // ---- more pointwise math (formulas of derivatives.yaml) -----------------------------------------------
-ValueId emit1(RuleCall& c, const char* op, std::vector<Arg> args, const char* overload = "default") {
-  return c.b.emit(op, overload, std::move(args));
-}
-ValueId zeros_for(RuleCall& c, ValueId like) { return emit1(c, "aten::zeros_like", {tensor(like), graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}}); }
-// grad where `keep` holds, 0 elsewhere (eager's where(cond, grad, 0)).
-ValueId keep_where(RuleCall& c, ValueId keep, ValueId grad) {
-  return emit1(c, "aten::masked_fill", {tensor(grad), tensor(emit1(c, "aten::logical_not", {tensor(keep)})), 0.0}, "Scalar");
-}
-
 void rule_copy(RuleCall& c) {  // copy(self, src, non_blocking): self is overwritten, src gets the gradient
   if (c.needs(1)) c.set(1, c.grad());
 }
 void rule_abs(RuleCall& c) {  // grad * sgn(self)
-  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), emit1(c, "aten::sgn", {tensor(c.input(0))})));
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), op(c, "aten::sgn", {tensor(c.input(0))})));
 }
 void rule_sqrt(RuleCall& c) {  // grad / (2 * result)
   if (c.needs(0)) c.set(0, c.b.div(c.grad(), c.b.mul(c.result(0), 2.0)));
 }
 void rule_rsqrt(RuleCall& c) {  // -0.5 * grad * result^3
   if (c.needs(0))
-    c.set(0, c.b.mul(c.grad(), c.b.mul(emit1(c, "aten::pow", {tensor(c.result(0)), 3.0}, "Tensor_Scalar"), -0.5)));
+    c.set(0, c.b.mul(c.grad(), c.b.mul(op(c, "aten::pow", {tensor(c.result(0)), 3.0}, "Tensor_Scalar"), -0.5)));
 }
 void rule_log(RuleCall& c) {  // grad / self
   if (c.needs(0)) c.set(0, c.b.div(c.grad(), c.input(0)));
 }
 void rule_log1p(RuleCall& c) {  // grad / (self + 1)
-  if (c.needs(0)) c.set(0, c.b.div(c.grad(), emit1(c, "aten::add", {tensor(c.input(0)), 1.0, int64_t{1}}, "Scalar")));
+  if (c.needs(0)) c.set(0, c.b.div(c.grad(), op(c, "aten::add", {tensor(c.input(0)), 1.0, int64_t{1}}, "Scalar")));
 }
 void rule_expm1(RuleCall& c) {  // grad * (result + 1)
-  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), emit1(c, "aten::add", {tensor(c.result(0)), 1.0, int64_t{1}}, "Scalar")));
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), op(c, "aten::add", {tensor(c.result(0)), 1.0, int64_t{1}}, "Scalar")));
 }
 void rule_reciprocal(RuleCall& c) {  // -grad * result^2
   if (c.needs(0)) c.set(0, c.b.mul(c.b.neg(c.grad()), c.b.mul(c.result(0), c.result(0))));
 }
 void rule_sin(RuleCall& c) {  // grad * cos(self)
-  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), emit1(c, "aten::cos", {tensor(c.input(0))})));
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), op(c, "aten::cos", {tensor(c.input(0))})));
 }
 void rule_cos(RuleCall& c) {  // grad * -sin(self)
-  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), c.b.neg(emit1(c, "aten::sin", {tensor(c.input(0))}))));
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), c.b.neg(op(c, "aten::sin", {tensor(c.input(0))}))));
 }
 void rule_erf(RuleCall& c) {  // 2/sqrt(pi) * exp(-self^2) * grad
   if (!c.needs(0)) return;
   ValueId x = c.input(0);
-  ValueId e = emit1(c, "aten::exp", {tensor(c.b.neg(c.b.mul(x, x)))});
+  ValueId e = op(c, "aten::exp", {tensor(c.b.neg(c.b.mul(x, x)))});
   c.set(0, c.b.mul(c.b.mul(e, 1.1283791670955126), c.grad()));
 }
 void rule_zero_gradient(RuleCall& c) {  // floor, ceil, round, trunc, sign: piecewise constant
-  if (c.needs(0)) c.set(0, zeros_for(c, c.grad()));
+  if (c.needs(0)) c.set(0, zeros_like(c, c.grad()));
 }
 void rule_where(RuleCall& c) {  // where(condition, self, other)
   ValueId condition = c.input(0);
   if (c.needs(1)) c.set(1, keep_where(c, condition, c.grad()));
-  if (c.needs(2)) c.set(2, emit1(c, "aten::masked_fill", {tensor(c.grad()), tensor(condition), 0.0}, "Scalar"));
+  if (c.needs(2)) c.set(2, op(c, "aten::masked_fill", {tensor(c.grad()), tensor(condition), 0.0}, "Scalar"));
 }
 void rule_masked_fill_scalar(RuleCall& c) {  // masked_fill(self, mask, value): the filled places get nothing
-  if (c.needs(0)) c.set(0, emit1(c, "aten::masked_fill", {tensor(c.grad()), tensor(c.input(1)), 0.0}, "Scalar"));
+  if (c.needs(0)) c.set(0, op(c, "aten::masked_fill", {tensor(c.grad()), tensor(c.input(1)), 0.0}, "Scalar"));
 }
 void rule_clamp_min(RuleCall& c) {  // where(self >= min, grad, 0)
   if (!c.needs(0)) return;
   if (c.is_tensor(1)) KILN_UNSUPPORTED() << "clamp_min with a tensor bound";
-  c.set(0, keep_where(c, emit1(c, "aten::ge", {tensor(c.input(0)), c.arg(1)}, "Scalar"), c.grad()));
+  c.set(0, keep_where(c, op(c, "aten::ge", {tensor(c.input(0)), c.arg(1)}, "Scalar"), c.grad()));
 }
 void rule_clamp_max(RuleCall& c) {  // where(self <= max, grad, 0)
   if (!c.needs(0)) return;
   if (c.is_tensor(1)) KILN_UNSUPPORTED() << "clamp_max with a tensor bound";
-  c.set(0, keep_where(c, emit1(c, "aten::le", {tensor(c.input(0)), c.arg(1)}, "Scalar"), c.grad()));
+  c.set(0, keep_where(c, op(c, "aten::le", {tensor(c.input(0)), c.arg(1)}, "Scalar"), c.grad()));
 }
 void rule_clamp(RuleCall& c) {  // where(self >= min & self <= max, grad, 0); an absent bound always holds
   if (!c.needs(0)) return;
   std::optional<ValueId> keep;
-  if (!c.is_none(1)) keep = emit1(c, "aten::ge", {tensor(c.input(0)), c.arg(1)}, "Scalar");
+  if (!c.is_none(1)) keep = op(c, "aten::ge", {tensor(c.input(0)), c.arg(1)}, "Scalar");
   if (!c.is_none(2)) {
-    ValueId below = emit1(c, "aten::le", {tensor(c.input(0)), c.arg(2)}, "Scalar");
-    keep = keep ? emit1(c, "aten::logical_and", {tensor(*keep), tensor(below)}) : below;
+    ValueId below = op(c, "aten::le", {tensor(c.input(0)), c.arg(2)}, "Scalar");
+    keep = keep ? op(c, "aten::logical_and", {tensor(*keep), tensor(below)}) : below;
   }
   c.set(0, keep ? keep_where(c, *keep, c.grad()) : c.grad());
 }
 void rule_hardtanh(RuleCall& c) {  // hardtanh(self, min_val, max_val)
   if (c.needs(0))
-    c.set(0, emit1(c, "aten::hardtanh_backward", {tensor(c.grad()), tensor(c.input(0)), c.arg(1), c.arg(2)}));
+    c.set(0, op(c, "aten::hardtanh_backward", {tensor(c.grad()), tensor(c.input(0)), c.arg(1), c.arg(2)}));
 }
 void rule_leaky_relu(RuleCall& c) {  // leaky_relu(self, negative_slope)
   if (c.needs(0))
-    c.set(0, emit1(c, "aten::leaky_relu_backward", {tensor(c.grad()), tensor(c.input(0)), c.arg(1), false}));
+    c.set(0, op(c, "aten::leaky_relu_backward", {tensor(c.grad()), tensor(c.input(0)), c.arg(1), false}));
 }
 void rule_elu(RuleCall& c) {  // elu(self, alpha, scale, input_scale)
   if (c.needs(0))
-    c.set(0, emit1(c, "aten::elu_backward", {tensor(c.grad()), c.arg(1), c.arg(2), c.arg(3), false, tensor(c.input(0))}));
+    c.set(0, op(c, "aten::elu_backward", {tensor(c.grad()), c.arg(1), c.arg(2), c.arg(3), false, tensor(c.input(0))}));
 }
 // maximum / minimum: the larger (smaller) operand gets the gradient, ties split it in half.
 void max_min_back(RuleCall& c, bool maximum) {
   ValueId a = c.input(0), b = c.input(1);
-  ValueId tie = emit1(c, "aten::eq", {tensor(a), tensor(b)}, "Tensor");
-  ValueId shared = emit1(c, "aten::where", {tensor(tie), tensor(c.b.mul(c.grad(), 0.5)), tensor(c.grad())}, "self");
+  ValueId tie = op(c, "aten::eq", {tensor(a), tensor(b)}, "Tensor");
+  ValueId shared = op(c, "aten::where", {tensor(tie), tensor(c.b.mul(c.grad(), 0.5)), tensor(c.grad())}, "self");
   const char* a_loses = maximum ? "aten::lt" : "aten::gt";
   const char* b_loses = maximum ? "aten::gt" : "aten::lt";
-  if (c.needs(0)) c.set(0, emit1(c, "aten::masked_fill", {tensor(shared), tensor(emit1(c, a_loses, {tensor(a), tensor(b)}, "Tensor")), 0.0}, "Scalar"));
-  if (c.needs(1)) c.set(1, emit1(c, "aten::masked_fill", {tensor(shared), tensor(emit1(c, b_loses, {tensor(a), tensor(b)}, "Tensor")), 0.0}, "Scalar"));
+  if (c.needs(0)) c.set(0, op(c, "aten::masked_fill", {tensor(shared), tensor(op(c, a_loses, {tensor(a), tensor(b)}, "Tensor")), 0.0}, "Scalar"));
+  if (c.needs(1)) c.set(1, op(c, "aten::masked_fill", {tensor(shared), tensor(op(c, b_loses, {tensor(a), tensor(b)}, "Tensor")), 0.0}, "Scalar"));
 }
 void rule_maximum(RuleCall& c) { max_min_back(c, true); }
 void rule_minimum(RuleCall& c) { max_min_back(c, false); }
 void rule_flip(RuleCall& c) {  // flip(self, dims)
-  if (c.needs(0)) c.set(0, emit1(c, "aten::flip", {tensor(c.grad()), c.arg(1)}));
+  if (c.needs(0)) c.set(0, op(c, "aten::flip", {tensor(c.grad()), c.arg(1)}));
 }
 void rule_roll(RuleCall& c) {  // roll(self, shifts, dims): rolled back
   if (!c.needs(0)) return;
   std::vector<int64_t> back = c.ints_arg(1);
   for (int64_t& s : back) s = -s;
-  c.set(0, emit1(c, "aten::roll", {tensor(c.grad()), back, c.arg(2)}));
+  c.set(0, op(c, "aten::roll", {tensor(c.grad()), back, c.arg(2)}));
 }
 void rule_constant_pad_nd(RuleCall& c) {  // constant_pad_nd(self, pad, value): the padding cut off again
   if (!c.needs(0)) return;
   std::vector<int64_t> back = c.ints_arg(1);
   for (int64_t& p : back) p = -p;
-  c.set(0, emit1(c, "aten::constant_pad_nd", {tensor(c.grad()), back, 0.0}));
+  c.set(0, op(c, "aten::constant_pad_nd", {tensor(c.grad()), back, 0.0}));
 }
 void rule_stack(RuleCall& c) {  // stack(tensors, dim): item i gets select(grad, dim, i)
   const std::vector<ValueId> items = c.forward_items(0);
@@ -152,38 +143,38 @@ void rule_stack(RuleCall& c) {  // stack(tensors, dim): item i gets select(grad,
   for (size_t i = 0; i < items.size(); ++i) {
     const graph::TensorMeta& meta = c.b.forward_meta(items[i]);
     if (meta.requires_grad && graph::is_floating_or_complex(meta.dtype))
-      c.set_item(0, i, emit1(c, "aten::select", {tensor(c.grad()), dim, static_cast<int64_t>(i)}, "int"));
+      c.set_item(0, i, op(c, "aten::select", {tensor(c.grad()), dim, static_cast<int64_t>(i)}, "int"));
   }
 }
 void rule_gather(RuleCall& c) {  // gather(self, dim, index, sparse_grad): scattered back, summed where repeated
   if (!c.needs(0)) return;
-  ValueId zeros = emit1(c, "aten::new_zeros", {tensor(c.grad()), c.input_meta(0).sizes, graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}});
-  c.set(0, emit1(c, "aten::scatter_add", {tensor(zeros), c.arg(1), tensor(c.input(2)), tensor(c.grad())}));
+  ValueId zeros = op(c, "aten::new_zeros", {tensor(c.grad()), c.input_meta(0).sizes, graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}});
+  c.set(0, op(c, "aten::scatter_add", {tensor(zeros), c.arg(1), tensor(c.input(2)), tensor(c.grad())}));
 }
 void rule_index_select(RuleCall& c) {  // index_select(self, dim, index)
   if (c.needs(0))
-    c.set(0, emit1(c, "aten::index_select_backward", {tensor(c.grad()), c.input_meta(0).sizes, c.arg(1), tensor(c.input(2))}));
+    c.set(0, op(c, "aten::index_select_backward", {tensor(c.grad()), c.input_meta(0).sizes, c.arg(1), tensor(c.input(2))}));
 }
 void rule_cumsum(RuleCall& c) {  // cumsum(self, dim, dtype): the reversed cumulative sum of the gradient
   if (!c.needs(0)) return;
   if (!c.is_none(2)) KILN_UNSUPPORTED() << "cumsum with a dtype";
   const std::vector<int64_t> dims = {c.int_arg(1)};
-  ValueId flipped = emit1(c, "aten::flip", {tensor(c.grad()), dims});
-  ValueId summed = emit1(c, "aten::cumsum", {tensor(flipped), c.arg(1), graph::NoneArg{}});
-  c.set(0, emit1(c, "aten::flip", {tensor(summed), dims}));
+  ValueId flipped = op(c, "aten::flip", {tensor(c.grad()), dims});
+  ValueId summed = op(c, "aten::cumsum", {tensor(flipped), c.arg(1), graph::NoneArg{}});
+  c.set(0, op(c, "aten::flip", {tensor(summed), dims}));
 }
 // nll_loss_forward(self, target, weight, reduction, ignore_index) -> (output, total_weight)
 void rule_nll_loss(RuleCall& c) {
   if (!c.needs(0)) return;
   if (c.needs(2)) KILN_UNSUPPORTED() << "nll_loss with a weight that requires grad";
-  c.set(0, emit1(c, "aten::nll_loss_backward", {tensor(c.grad()), tensor(c.input(0)), tensor(c.input(1)),
+  c.set(0, op(c, "aten::nll_loss_backward", {tensor(c.grad()), tensor(c.input(0)), tensor(c.input(1)),
                                                 c.is_none(2) ? Arg{graph::NoneArg{}} : Arg{tensor(c.input(2))}, c.arg(3), c.arg(4),
                                                 tensor(c.result(1))}));
 }
 // log_sigmoid_forward(self) -> (output, buffer): d/dx log(sigmoid(x)) = sigmoid(-x). The buffer is not read: on
 // CUDA the forward returns it empty, so saving it for ATen's log_sigmoid_backward failed the saved layout check.
 void rule_log_sigmoid(RuleCall& c) {
-  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), emit1(c, "aten::sigmoid", {tensor(c.b.neg(c.input(0)))})));
+  if (c.needs(0)) c.set(0, c.b.mul(c.grad(), op(c, "aten::sigmoid", {tensor(c.b.neg(c.input(0)))})));
 }
 // native_group_norm(input, weight, bias, N, C, HxW, group, eps) -> (out, mean, rstd)
 void rule_native_group_norm(RuleCall& c) {
@@ -214,7 +205,7 @@ void rule_huber_loss(RuleCall& c) { loss_back(c, "aten::huber_loss_backward", {c
 void rule_bce_with_logits(RuleCall& c) {
   if (c.needs(1) || c.needs(2) || !c.is_none(3)) KILN_UNSUPPORTED() << "binary_cross_entropy_with_logits with pos_weight or a target or weight gradient";
   if (!c.needs(0)) return;
-  ValueId g = c.b.mul(c.grad(), c.b.emit("aten::sub", "Tensor", {tensor(emit1(c, "aten::sigmoid", {tensor(c.input(0))})), tensor(c.input(1)), int64_t{1}}));
+  ValueId g = c.b.mul(c.grad(), c.b.emit("aten::sub", "Tensor", {tensor(op(c, "aten::sigmoid", {tensor(c.input(0))})), tensor(c.input(1)), int64_t{1}}));
   if (c.is_tensor(2)) g = c.b.mul(g, c.input(2));
   if (c.int_arg(4) == 1) {
     int64_t numel = 1;
@@ -235,7 +226,7 @@ void variance_back(RuleCall& c, bool std_dev) {
   if (std_dev) {
     ValueId sd = kept(c, c.result(0), r, keepdim);
     g = c.b.div(g, c.b.mul(sd, 2.0));
-    g = emit1(c, "aten::masked_fill", {tensor(g), tensor(emit1(c, "aten::eq", {tensor(sd), 0.0}, "Scalar")), 0.0}, "Scalar");
+    g = op(c, "aten::masked_fill", {tensor(g), tensor(op(c, "aten::eq", {tensor(sd), 0.0}, "Scalar")), 0.0}, "Scalar");
   }
   ValueId mean = c.b.emit("aten::mean", "dim", {tensor(c.input(0)), r.dims, true, graph::NoneArg{}});
   ValueId centred = c.b.emit("aten::sub", "Tensor", {tensor(c.input(0)), tensor(mean), int64_t{1}});
@@ -249,8 +240,8 @@ void rule_amax_amin(RuleCall& c) {
   if (!c.needs(0)) return;
   const Reduced r = reduced_dims(c, 1);
   const bool keepdim = c.bool_arg(2);
-  ValueId hits = emit1(c, "aten::eq", {tensor(c.input(0)), tensor(kept(c, c.result(0), r, keepdim))}, "Tensor");
-  ValueId mask = emit1(c, "aten::_to_copy", {tensor(hits), graph::ScalarTypeArg{c.input_meta(0).dtype}, graph::NoneArg{},
+  ValueId hits = op(c, "aten::eq", {tensor(c.input(0)), tensor(kept(c, c.result(0), r, keepdim))}, "Tensor");
+  ValueId mask = op(c, "aten::_to_copy", {tensor(hits), graph::ScalarTypeArg{c.input_meta(0).dtype}, graph::NoneArg{},
                                              graph::NoneArg{}, graph::NoneArg{}, false, graph::NoneArg{}});
   ValueId count = c.b.emit("aten::sum", "dim_IntList", {tensor(mask), r.dims, true, graph::NoneArg{}});
   c.set(0, c.b.mul(mask, c.b.div(kept(c, c.grad(), r, keepdim), count)));
@@ -283,10 +274,10 @@ void rule_upsample_linear1d(RuleCall& c) { upsample_back(c, "aten::upsample_line
 void rule_upsample_bicubic2d(RuleCall& c) { upsample_back(c, "aten::upsample_bicubic2d_backward", 2, 5); }
 void rule_upsample_trilinear3d(RuleCall& c) { upsample_back(c, "aten::upsample_trilinear3d_backward", 2, 6); }
 void rule_tril(RuleCall& c) {
-  if (c.needs(0)) c.set(0, emit1(c, "aten::tril", {tensor(c.grad()), c.arg(1)}));
+  if (c.needs(0)) c.set(0, op(c, "aten::tril", {tensor(c.grad()), c.arg(1)}));
 }
 void rule_triu(RuleCall& c) {
-  if (c.needs(0)) c.set(0, emit1(c, "aten::triu", {tensor(c.grad()), c.arg(1)}));
+  if (c.needs(0)) c.set(0, op(c, "aten::triu", {tensor(c.grad()), c.arg(1)}));
 }
 // logsumexp(self, dim, keepdim): grad * exp(self - result)
 void rule_logsumexp(RuleCall& c) {
@@ -294,7 +285,7 @@ void rule_logsumexp(RuleCall& c) {
   const Reduced r = reduced_dims(c, 1);
   const bool keepdim = c.bool_arg(2);
   ValueId shifted = c.b.emit("aten::sub", "Tensor", {tensor(c.input(0)), tensor(kept(c, c.result(0), r, keepdim)), int64_t{1}});
-  c.set(0, c.b.mul(kept(c, c.grad(), r, keepdim), emit1(c, "aten::exp", {tensor(shifted)})));
+  c.set(0, c.b.mul(kept(c, c.grad(), r, keepdim), op(c, "aten::exp", {tensor(shifted)})));
 }
 void rule_dot(RuleCall& c) {  // dot(self, tensor)
   if (c.needs(0)) c.set(0, c.b.mul(c.grad(), c.input(1)));
@@ -302,17 +293,17 @@ void rule_dot(RuleCall& c) {  // dot(self, tensor)
 }
 void rule_mv(RuleCall& c) {  // mv(self [m, n], vec [n])
   if (c.needs(0)) c.set(0, c.b.mul(c.b.reshape(c.grad(), {c.input_meta(0).sizes.at(0), 1}), c.input(1)));
-  if (c.needs(1)) c.set(1, emit1(c, "aten::mv", {tensor(t(c, c.input(0))), tensor(c.grad())}));
+  if (c.needs(1)) c.set(1, op(c, "aten::mv", {tensor(t(c, c.input(0))), tensor(c.grad())}));
 }
 void rule_baddbmm(RuleCall& c) {  // baddbmm(self, batch1, batch2, *, beta, alpha)
   const double beta = c.number_arg(3), alpha = c.number_arg(4);
   if (c.needs(0)) c.set(0, beta == 1.0 ? c.grad() : c.b.mul(c.grad(), beta));
   if (c.needs(1)) {
-    ValueId g = emit1(c, "aten::bmm", {tensor(c.grad()), tensor(emit1(c, "aten::transpose", {tensor(c.input(2)), int64_t{1}, int64_t{2}}, "int"))});
+    ValueId g = op(c, "aten::bmm", {tensor(c.grad()), tensor(op(c, "aten::transpose", {tensor(c.input(2)), int64_t{1}, int64_t{2}}, "int"))});
     c.set(1, alpha == 1.0 ? g : c.b.mul(g, alpha));
   }
   if (c.needs(2)) {
-    ValueId g = emit1(c, "aten::bmm", {tensor(emit1(c, "aten::transpose", {tensor(c.input(1)), int64_t{1}, int64_t{2}}, "int")), tensor(c.grad())});
+    ValueId g = op(c, "aten::bmm", {tensor(op(c, "aten::transpose", {tensor(c.input(1)), int64_t{1}, int64_t{2}}, "int")), tensor(c.grad())});
     c.set(2, alpha == 1.0 ? g : c.b.mul(g, alpha));
   }
 }
