@@ -224,6 +224,11 @@ VarPtr Tracer::wrap(PyObject* value, SourcePtr source) {
                  t == &PyMethodDescr_Type || t == &PyWrapperDescr_Type || t == &PyClassMethodDescr_Type ||
                  t == &PyEllipsis_Type || t == &PySlice_Type) &&
                 !bound_builtin;
+  if (!stable && !PyCFunction_Check(value)) {  // torch.ops' operator objects (kiln._tracing.TORCH_OP_TYPES)
+    int op = PyObject_IsInstance(value, helper("TORCH_OP_TYPES"));
+    if (op < 0) PyErr_Clear();
+    stable = op == 1;
+  }
   VarPtr v = make_const(value, source);
   PyObject* closure = PyFunction_Check(value) ? PyFunction_GET_CLOSURE(value) : nullptr;
   if (closure && PyTuple_GET_SIZE(closure) > 0 && !PyFunction_GET_KW_DEFAULTS(value) && from_resume_frame(source)) {

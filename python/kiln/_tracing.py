@@ -166,7 +166,13 @@ def is_torch_callable(fn):
         return isinstance(fn.__self__, torch.Tensor) or is_torch_callable(fn.__func__)
     if fn in _OPERATOR_FUNCS:
         return True
-    return getattr(fn, "__module__", "") in ("torch._ops", "torch._ops.aten")
+    # torch.ops.<namespace>.<op>[.<overload>]: ATen's and custom ops (torch.library), recorded as calls of the op.
+    return isinstance(fn, TORCH_OP_TYPES) or getattr(fn, "__module__", "") in ("torch._ops", "torch._ops.aten")
+
+
+# Operator objects under torch.ops: each is made once and cached on its namespace (or packet), so a read through the
+# same attribute path always gives the same object and the tracer pins them by identity.
+TORCH_OP_TYPES = (torch._ops.OpOverload, torch._ops.OpOverloadPacket)
 
 
 _GLOBAL_STATE_MODULES = ("torch.autograd.grad_mode", "torch.random", "torch.amp", "torch.cuda.random",

@@ -1075,3 +1075,31 @@ def test_a_module_attribute_set_every_call_keeps_results_right():
         torch.testing.assert_close(compiled(x), model(x))
     assert stats()["guard_snapshots_stale"] >= 1, stats()
     kiln.reset()
+
+
+torch.library.define("kiln_test::twice", "(Tensor x) -> Tensor")
+
+
+@torch.library.impl("kiln_test::twice", "CompositeExplicitAutograd")
+def _twice(x):
+    return x * 2
+
+
+@torch.library.register_fake("kiln_test::twice")
+def _twice_fake(x):
+    return torch.empty_like(x)
+
+
+def test_torch_ops_calls_are_captured():
+    """torch.ops.aten.<op>.<overload> and custom ops (torch.library, with a fake kernel) are recorded in the graph:
+    operator objects are made once and cached on their namespace, so the tracer pins them by identity."""
+    def f(x):
+        y = torch.ops.aten._safe_softmax.default(x * 2, -1) + torch.ops.aten.relu(x)
+        return torch.ops.kiln_test.twice(y.sin()).cos()
+
+    x = torch.randn(4, 5)
+    assert_same_as_eager(f, x)
+    explanation = kiln.explain(f)(x)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    ops = explanation.ops_per_graph[0]
+    assert "aten::_safe_softmax.default" in ops and "kiln_test::twice.default" in ops, ops
