@@ -591,14 +591,48 @@ std::vector<VarPtr> Tracer::iterate(const VarPtr& v) {
       return out;
     }
     case VarKind::kModule: {
-      // Sequential / ModuleList iterate over their children in _modules order.
-      PyObject* modules = check(PyObject_GetAttrString(v->value, "_modules"), "module._modules");
+      // As the container's own __iter__ (kiln._tracing.module_iteration): Sequential and ModuleList yield their
+      // children in _modules order, ModuleDict and ParameterDict their keys, ParameterList self[i] for each index.
+      // Any other module's __iter__ is not traced.
+      PyObject* how = check(PyObject_CallOneArg(helper("module_iteration"), v->value), "classifying a module's __iter__");
+      const std::string kind = how == Py_None ? "" : str_of(how);
+      Py_DECREF(how);
+      if (kind.empty()) KILN_UNSUPPORTED() << "iterating a " << Py_TYPE(v->value)->tp_name << " (its __iter__ is not traced)";
+      // The loop runs once per item: guarded on the container's own record of them (the _modules or _keys dict's
+      // keys in order, ParameterList's _size).
+      if (v->source) {
+        if (kind == "indexed") {
+          PyObject* size = check(PyObject_GetAttrString(v->value, "_size"), "ParameterList._size");
+          guards_->add_constant(Source::instance_dict(v->source, "_size"), size);
+          Py_DECREF(size);
+        } else {
+          const char* dict_name = kind == "keys" && PyObject_HasAttrString(v->value, "_keys") ? "_keys" : "_modules";
+          PyObject* dict = check(PyObject_GetAttrString(v->value, dict_name), "a module's key dict");
+          PyObject* keys = PyDict_Check(dict) ? PySequence_Tuple(dict) : nullptr;
+          Py_DECREF(dict);
+          if (!keys) {
+            PyErr_Clear();
+            KILN_UNSUPPORTED() << "iterating a " << Py_TYPE(v->value)->tp_name << " whose " << dict_name << " is not a dict";
+          }
+          guards_->add_dict_keys(Source::instance_dict(v->source, dict_name), keys);
+          Py_DECREF(keys);
+        }
+      }
       std::vector<VarPtr> out;
-      Py_ssize_t pos = 0;
-      PyObject *k, *child;
-      while (PyDict_Next(modules, &pos, &k, &child))
-        out.push_back(wrap(child, v->source ? Source::module_slot(v->source, "_modules", str_of(k)) : nullptr));
-      Py_DECREF(modules);
+      if (kind == "children") {  // through _modules, as an attribute read of each child would
+        PyObject* modules = check(PyObject_GetAttrString(v->value, "_modules"), "module._modules");
+        Py_ssize_t pos = 0;
+        PyObject *k, *child;
+        while (PyDict_Next(modules, &pos, &k, &child))
+          out.push_back(wrap(child, v->source ? Source::module_slot(v->source, "_modules", str_of(k)) : nullptr));
+        Py_DECREF(modules);
+        return out;
+      }
+      PyObject* items = check(PySequence_List(v->value), "iterating a " + v->describe());
+      for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); ++i)
+        out.push_back(kind == "keys" ? wrap_result(PyList_GET_ITEM(items, i))
+                                     : subscript(v, make_const_steal(PyLong_FromSsize_t(i))));
+      Py_DECREF(items);
       return out;
     }
     case VarKind::kObject: {

@@ -387,3 +387,18 @@ def resume_nesting_ok():
     except ValueError:
         return True
     return False
+
+
+def module_iteration(module):
+    """How the tracer iterates `module`, as its container's __iter__ does: "children" (Sequential, ModuleList: the
+    _modules values in order), "keys" (ModuleDict, ParameterDict), "indexed" (ParameterList: self[i] for each i), or
+    None for a module with any other __iter__ (not traced: a graph break)."""
+    iterate = getattr(type(module), "__iter__", None)
+    if iterate in (nn.Sequential.__iter__, nn.ModuleList.__iter__):
+        return "children"
+    if iterate in (nn.ModuleDict.__iter__, nn.ParameterDict.__iter__):
+        return "keys"
+    if iterate is nn.ParameterList.__iter__:
+        return "indexed"
+    return None
+

@@ -1103,3 +1103,59 @@ def test_torch_ops_calls_are_captured():
     assert explanation.graph_break_count == 0, explanation.break_reasons
     ops = explanation.ops_per_graph[0]
     assert "aten::_safe_softmax.default" in ops and "kiln_test::twice.default" in ops, ops
+
+
+class _Containers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(2)])
+        self.scales = nn.ParameterList([nn.Parameter(torch.full((4,), i + 1.0)) for i in range(2)])
+        self.heads = nn.ModuleDict({"a": nn.Linear(4, 2), "b": nn.Linear(4, 3)})
+        self.offsets = nn.ParameterDict({"a": nn.Parameter(torch.zeros(2)), "b": nn.Parameter(torch.ones(3))})
+
+    def forward(self, x):
+        for layer, scale in zip(self.layers, self.scales):
+            x = torch.tanh(layer(x)) * scale
+        out = [self.heads[k](x) + self.offsets[k] for k in self.heads]
+        return out + [sum(p.sum() for p in self.scales), [k for k in self.offsets]]
+
+
+def test_module_containers_iterate_as_their_own_iter():
+    """ModuleList and Sequential yield their children, ModuleDict and ParameterDict their keys, ParameterList its
+    parameters (a loop over one once ran zero times); gradients reach the parameters; adding an item recompiles."""
+    m = _Containers()
+    x = torch.randn(3, 4, requires_grad=True)
+    assert_same_as_eager(m, x)
+    compiled = kiln.compile(m)
+    assert compiled(x)[-1] == ["a", "b"]
+    m.scales.append(nn.Parameter(torch.full((4,), 3.0)))
+    m.layers.append(nn.Linear(4, 4))
+    m.offsets["c"] = nn.Parameter(torch.ones(1))
+    m.heads["c"] = nn.Linear(4, 1)
+    expected = m(x)
+    actual = compiled(x)
+    assert actual[-1] == ["a", "b", "c"] and len(actual) == len(expected)
+    for a, e in zip(actual[:-1], expected[:-1]):
+        torch.testing.assert_close(a, e)
+
+
+def test_a_module_with_its_own_iter_runs_it_eagerly():
+    class Pairs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(3, 3), nn.Linear(3, 3)
+
+        def __iter__(self):
+            return iter([self.b, self.a])
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pairs = Pairs()
+
+        def forward(self, x):
+            for layer in self.pairs:
+                x = layer(x).relu()
+            return x
+
+    assert_same_as_eager(M(), torch.randn(2, 3))
