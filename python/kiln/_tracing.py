@@ -220,6 +220,8 @@ import math as _math  # noqa: E402
 
 PURE_BUILTINS |= {getattr(_math, n) for n in dir(_math) if callable(getattr(_math, n)) and not n.startswith("_")}
 PURE_BUILTINS |= {f for f in _OPERATOR_FUNCS if callable(f)}
+# torch.finfo(dtype) / torch.iinfo(dtype): immutable descriptions of a dtype (HF's masks read finfo(dtype).min).
+PURE_BUILTINS |= {torch.finfo, torch.iinfo}
 
 
 # ---- grad mode -----------------------------------------------------------------------------------

@@ -1159,3 +1159,15 @@ def test_a_module_with_its_own_iter_runs_it_eagerly():
             return x
 
     assert_same_as_eager(M(), torch.randn(2, 3))
+
+
+def test_finfo_and_iinfo_fold_to_constants():
+    """torch.finfo(dtype).min (HF's attention masks) and torch.iinfo are read at trace time: no graph break."""
+    def f(x, mask):
+        big = torch.iinfo(torch.int32).max
+        return x.masked_fill(mask, torch.finfo(x.dtype).min).softmax(-1) * (big > 0)
+
+    x, mask = torch.randn(2, 5), torch.rand(2, 5) > 0.5
+    assert_same_as_eager(f, x, mask)
+    assert kiln.explain(f)(x, mask).graph_break_count == 0
+    assert_same_as_eager(f, x.double(), mask)  # another dtype: finfo of float64, a new trace
