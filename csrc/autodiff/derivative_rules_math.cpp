@@ -618,14 +618,23 @@ void rule_inv(RuleCall& c) {  // linalg_inv_ex(A) -> (inverse, info): -inverse^T
 void rule_solve(RuleCall& c) {
   if (!c.needs(0) && !c.needs(1)) return;
   real_only(c);
-  if (c.input_meta(1).sizes.size() != c.input_meta(0).sizes.size()) KILN_UNSUPPORTED() << "linalg.solve of vectors";
+  const std::vector<int64_t>& a = c.input_meta(0).sizes;
+  const std::vector<int64_t>& b = c.input_meta(1).sizes;
   const bool left = c.bool_arg(2);
+  // torch.linalg.solve takes B as a (batch of) vector(s) when it is 1-D or shaped as A without its last dim.
+  const bool vectors = b.size() == 1 || (b.size() + 1 == a.size() && std::equal(b.begin(), b.end(), a.begin()));
+  if (vectors && !left) KILN_UNSUPPORTED() << "linalg.solve of vectors with left=False";
   ValueId grad_b = op(c, "aten::linalg_solve", {tensor(matrix_t(c, c.input(0))), tensor(c.grad()), left});
   if (c.needs(1)) c.set(1, grad_b);
-  if (c.needs(0)) {
-    ValueId x_t = matrix_t(c, c.result(0));
-    c.set(0, c.b.neg(left ? matmul(c, grad_b, x_t) : matmul(c, x_t, grad_b)));
+  if (!c.needs(0)) return;
+  if (vectors) {  // -outer(gB, X) over the last dim
+    ValueId column = op(c, "aten::unsqueeze", {tensor(grad_b), int64_t{-1}});
+    ValueId row = op(c, "aten::unsqueeze", {tensor(c.result(0)), int64_t{-2}});
+    c.set(0, c.b.neg(c.b.mul(column, row)));
+    return;
   }
+  ValueId x_t = matrix_t(c, c.result(0));
+  c.set(0, c.b.neg(left ? matmul(c, grad_b, x_t) : matmul(c, x_t, grad_b)));
 }
 // linalg_solve_triangular(A, B, *, upper, left, unitriangular): gB solves with A^T; gA is -gB X^T (X^T gB on the
 // right) cut to A's triangle (without the diagonal when it is taken as ones).
