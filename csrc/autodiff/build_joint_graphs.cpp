@@ -44,10 +44,12 @@ void check_supported(const graph::Graph& g) {
   }
 }
 
-// The view nodes that make `id` from a graph input, first first, and that input's index; nullopt when `id` is not
-// made so (a view op with another tensor argument, or returning a list, does not count).
-std::optional<std::pair<std::vector<const graph::Node*>, int32_t>> view_chain_from_input(const graph::Graph& g, graph::ValueId id) {
-  std::vector<const graph::Node*> chain;
+// The view nodes that make `id` from a graph input, first first, each with the index of the result the chain goes on
+// from (split and unbind return several), and that input's index; nullopt when `id` is not made so (a view op with
+// another tensor argument does not count).
+using ViewChain = std::vector<std::pair<const graph::Node*, size_t>>;
+std::optional<std::pair<ViewChain, int32_t>> view_chain_from_input(const graph::Graph& g, graph::ValueId id) {
+  ViewChain chain;
   for (int steps = 0; steps < 1000; ++steps) {
     const graph::Value& v = g.value(id);
     if (v.is_input) {
@@ -57,25 +59,28 @@ std::optional<std::pair<std::vector<const graph::Node*>, int32_t>> view_chain_fr
     if (v.producer < 0) return std::nullopt;
     const graph::Node& node = g.nodes[v.producer];
     const auto* base = node.args.empty() ? nullptr : std::get_if<graph::TensorArg>(&node.args[0]);
-    if (!node.is_view || node.returns_list || node.outputs.size() != 1 || !base) return std::nullopt;
+    if (!node.is_view || !base) return std::nullopt;
     bool other_tensors = false;
     for (size_t a = 1; a < node.args.size(); ++a) graph::for_each_tensor(node.args[a], [&](graph::ValueId) { other_tensors = true; });
     if (other_tensors) return std::nullopt;
-    chain.push_back(&node);
+    const size_t result = static_cast<size_t>(std::find(node.outputs.begin(), node.outputs.end(), id) - node.outputs.begin());
+    chain.emplace_back(&node, result);
     id = base->id;
   }
   return std::nullopt;
 }
 
 // A graph of one input (shaped as `input`) and copies of `chain`'s view nodes applied to it in turn.
-std::shared_ptr<graph::Graph> replay_graph(const graph::Graph& g, const std::vector<const graph::Node*>& chain, graph::ValueId input) {
+std::shared_ptr<graph::Graph> replay_graph(const graph::Graph& g, const ViewChain& chain, graph::ValueId input) {
   auto replay = std::make_shared<graph::Graph>();
   graph::ValueId current = replay->add_input(g.value(input).meta);
-  for (const graph::Node* node : chain) {
+  for (const auto& [node, result] : chain) {
     graph::Node copy = *node;
     copy.args[0] = graph::TensorArg{current};
     copy.outputs.clear();
-    current = replay->add_node(std::move(copy), {g.value(node->outputs[0]).meta}).at(0);
+    std::vector<graph::TensorMeta> metas;
+    for (graph::ValueId out : node->outputs) metas.push_back(g.value(out).meta);
+    current = replay->add_node(std::move(copy), std::move(metas)).at(result);
   }
   replay->set_outputs({current});
   replay->verify();

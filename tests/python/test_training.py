@@ -224,6 +224,21 @@ def test_outputs_that_view_inputs_are_eager_views():
     assert xt._base is x and xt.grad_fn is None
 
 
+def test_pieces_of_an_input_returned_are_eager_views():
+    """chunk / unbind pieces of an input, returned as they are, come back as eager's views (SplitBackward and all)."""
+    def f(x, w):
+        a, b = x.chunk(2, 1)
+        return a, x.unbind(0)[1], (x * w).sum(), b.t()
+
+    x, w = r(3, 4), r(3, 4)
+    compiled = kiln.compile(f)
+    assert_same_as_eager(f, x, w, compiled=compiled)
+    assert_compiled_autograd()
+    a, row, _, bt = compiled(x, w)
+    assert a._base is x and row._base is x and bt._base is x
+    assert type(a.grad_fn).__name__ == type(f(x, w)[0].grad_fn).__name__
+
+
 def test_mixed_requires_grad_inputs():
     x, w = r(5, 8, grad=False), r(4, 8)
     assert_same_as_eager(lambda x, w: torch.relu(x @ w.t()), x, w)
