@@ -636,6 +636,28 @@ void rule_solve(RuleCall& c) {
   ValueId x_t = matrix_t(c, c.result(0));
   c.set(0, c.b.neg(left ? matmul(c, grad_b, x_t) : matmul(c, x_t, grad_b)));
 }
+// cholesky_solve(B, L, upper): X = (L L^T)^-1 B. B gets cholesky_solve(grad, L); L gets -(C + C^T) L (L (C + C^T)
+// when upper), with C = gB X^T (eager's cholesky_solve_backward).
+void rule_cholesky_solve(RuleCall& c) {
+  if (!c.needs(0) && !c.needs(1)) return;
+  real_only(c);
+  const bool upper = c.bool_arg(2);
+  ValueId grad_b = op(c, "aten::cholesky_solve", {tensor(c.grad()), tensor(c.input(1)), upper});
+  if (c.needs(0)) c.set(0, grad_b);
+  if (c.needs(1)) {
+    ValueId common = matmul(c, grad_b, matrix_t(c, c.result(0)));
+    common = c.b.add(common, matrix_t(c, common));
+    c.set(1, c.b.neg(upper ? matmul(c, c.input(1), common) : matmul(c, common, c.input(1))));
+  }
+}
+// linalg_lu_solve(LU, pivots, B, *, left, adjoint): B gets the solve with the adjoint flag flipped. The LU factors'
+// own gradient keeps the eager interpreter.
+void rule_lu_solve(RuleCall& c) {
+  if (c.needs(0)) KILN_UNSUPPORTED() << "linalg_lu_solve with LU factors that require grad";
+  if (!c.needs(2)) return;
+  real_only(c);
+  c.set(2, op(c, "aten::linalg_lu_solve", {tensor(c.input(0)), tensor(c.input(1)), tensor(c.grad()), c.arg(3), !c.bool_arg(4)}));
+}
 // linalg_solve_triangular(A, B, *, upper, left, unitriangular): gB solves with A^T; gA is -gB X^T (X^T gB on the
 // right) cut to A's triangle (without the diagonal when it is taken as ones).
 void rule_solve_triangular(RuleCall& c) {
@@ -804,6 +826,8 @@ void add_math_rules(std::map<std::string, DerivativeRule>& t) {
       {"aten::linalg_inv_ex.default", {rule_inv}},
       {"aten::_linalg_solve_ex.default", {rule_solve}},
       {"aten::linalg_solve_triangular.default", {rule_solve_triangular}},
+      {"aten::cholesky_solve.default", {rule_cholesky_solve}},
+      {"aten::linalg_lu_solve.default", {rule_lu_solve}},
       {"aten::linalg_cholesky_ex.default", {rule_cholesky_ex}},
       {"aten::cholesky.default", {rule_cholesky}},
       {"aten::_linalg_slogdet.default", {rule_slogdet, 2, false, true}},

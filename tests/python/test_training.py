@@ -169,7 +169,9 @@ RULE_CASES += [
      + torch.linalg.solve_triangular(a.triu() + 4 * torch.eye(4), b, upper=True).sum(1)
      + torch.linalg.solve_triangular(a.tril(), b, upper=False, unitriangular=True).sum(1)
      + torch.linalg.cholesky(m @ m.t() + 4 * torch.eye(4)).sum(0) + torch.linalg.cholesky(m @ m.t() + torch.eye(4), upper=True).sum(1)
-     + torch.linalg.slogdet(a + 4 * torch.eye(4)).logabsdet + torch.linalg.solve(a + 4 * torch.eye(4), b[0]).sum(),
+     + torch.linalg.slogdet(a + 4 * torch.eye(4)).logabsdet + torch.linalg.solve(a + 4 * torch.eye(4), b[0]).sum()
+     + torch.cholesky_solve(b, torch.linalg.cholesky(m @ m.t() + 4 * torch.eye(4))).sum(0)
+     + torch.linalg.lu_solve(*torch.linalg.lu_factor(a.detach() + 4 * torch.eye(4)), b).sum(1),
      [(4, 4), (4, 4), (4, 4)]),
     ("activations_and_copies", lambda x: F.celu(x, 0.7) + F.softshrink(x, 0.3) + F.hardshrink(x, 0.3)
      + F.threshold(x, 0.2, -1.0) + torch.ops.aten.view_copy(x, (6, 4)).t() + torch.ops.aten.narrow_copy(x, 1, 1, 4).repeat(1, 2)[:, :6]
