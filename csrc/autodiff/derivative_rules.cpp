@@ -654,8 +654,13 @@ const DerivativeRule* find_derivative_rule(const std::string& qualified_name) {
 }
 
 bool is_non_differentiable_op(const std::string& qualified_name) {
-  static const std::set<std::string> ops = {"aten::detach.default", "aten::ones_like.default",
-                                            "aten::zeros_like.default", "aten::empty_like.default"};
+  // Factories: their values do not depend on their tensor argument's values (a base that writes through views
+  // then fill, `torch.empty(n).copy_(x)` made functional, reaches one with a gradient that stops there).
+  static const std::set<std::string> ops = {"aten::detach.default",    "aten::ones_like.default",
+                                            "aten::zeros_like.default", "aten::empty_like.default",
+                                            "aten::full_like.default",  "aten::new_empty.default",
+                                            "aten::new_zeros.default",  "aten::new_ones.default",
+                                            "aten::new_full.default",   "aten::new_empty_strided.default"};
   return ops.count(qualified_name) > 0;
 }
 

@@ -11,8 +11,11 @@
 // In-place views (squeeze_, t_, transpose_) become views.
 #include "passes/functionalize.h"
 
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
+
+#include "passes/graph_rewriter.h"
 
 namespace kiln::passes {
 
@@ -80,6 +83,35 @@ bool any_operand_dtype(const std::string& name) {
          name == "aten::fill_.Tensor" || name == "aten::masked_scatter_.default";
 }
 
+// Rewrites in-place `node` (its self already renamed) as its functional twin when the table and the operand dtypes
+// allow it; false (node untouched) otherwise.
+bool make_functional(const Graph& g, Node& node) {
+  const std::string name = node.qualified_name();
+  if (!convertible().count(name) || node.args.empty() || node.outputs.size() != 1) return false;
+  const auto* self = std::get_if<TensorArg>(&node.args[0]);
+  if (!self) return false;
+  const graph::ScalarType dtype = g.values[self->id].meta.dtype;
+  if (!any_operand_dtype(name)) {
+    for (size_t a = 1; a < node.args.size(); ++a) {
+      bool same = true;
+      graph::for_each_tensor(node.args[a], [&](ValueId id) {
+        const auto t = g.values[id].meta.dtype;
+        same = same && (t == dtype || t == graph::ScalarType::Bool);
+      });
+      if (!same) return false;
+    }
+  }
+  if (auto it = renamed().find(name); it != renamed().end()) {
+    node.op = it->second.first;
+    node.overload = it->second.second;
+  } else {
+    node.op.pop_back();  // "aten::relu_" -> "aten::relu"
+  }
+  if (is_inplace_view(name)) node.is_view = true;  // y = squeeze(x) aliases x like any view
+  node.mutates_args = false;
+  return true;
+}
+
 class Functionalize {
  public:
   explicit Functionalize(Graph& g) : g_(g), current_(g.values.size()), readers_(g.values.size(), 0) {
@@ -127,30 +159,11 @@ class Functionalize {
   }
 
   bool convert(Node& node) {
-    const std::string name = node.qualified_name();
-    if (!convertible().count(name) || node.args.empty() || node.outputs.size() != 1) return false;
-    const auto* self = std::get_if<TensorArg>(&node.args[0]);
+    const auto* self = node.args.empty() ? nullptr : std::get_if<TensorArg>(&node.args[0]);
     if (!self || !fresh(self->id)) return false;
-    const graph::ScalarType dtype = g_.values[self->id].meta.dtype;
-    if (!any_operand_dtype(name)) {
-      for (size_t a = 1; a < node.args.size(); ++a) {
-        bool same = true;
-        graph::for_each_tensor(node.args[a], [&](ValueId id) {
-          const auto t = g_.values[id].meta.dtype;
-          same = same && (t == dtype || t == graph::ScalarType::Bool);
-        });
-        if (!same) return false;
-      }
-    }
-    if (auto it = renamed().find(name); it != renamed().end()) {
-      node.op = it->second.first;
-      node.overload = it->second.second;
-    } else {
-      node.op.pop_back();  // "aten::relu_" -> "aten::relu"
-    }
-    if (is_inplace_view(name)) node.is_view = true;  // y = squeeze(x) aliases x like any view
-    node.mutates_args = false;
-    current_[self->id] = node.outputs[0];
+    const ValueId mutated = self->id;
+    if (!make_functional(g_, node)) return false;
+    current_[mutated] = node.outputs[0];
     changed_ = true;
     return true;
   }
@@ -162,8 +175,160 @@ class Functionalize {
   bool changed_ = false;
 };
 
+// Writes through slices and selects of a fresh tensor (`out = torch.empty(n, m); out[:, :k] = a`, circular padding's
+// copies): the in-place op on the view becomes its functional twin, and the result is scattered back into the base
+// through slice_scatter / select_scatter, level by level, giving the base's next value. Later reads of the base read
+// that value; later reads of any slice or select of it made before are made again from it. A base some other view
+// reaches (a reshape, a transpose) stays as it is from then on: that view would not see the new values.
+class ViewWrites {
+ public:
+  explicit ViewWrites(Graph& g) : g_(g), rw_(g), current_(g.values.size()), readers_(g.values.size(), 0) {
+    for (size_t v = 0; v < current_.size(); ++v) current_[v] = static_cast<ValueId>(v);
+    for (const Node& node : g.nodes)
+      for (const ArgValue& arg : node.args) graph::for_each_tensor(arg, [&](ValueId id) { ++readers_[id]; });
+  }
+
+  bool run() {
+    std::vector<Node> nodes = rw_.take_nodes();
+    for (Node& node : nodes) {
+      for (ArgValue& arg : node.args) graph::remap_tensors(arg, [&](ValueId id) { return read(id); });
+      if (node.is_view) track_view(node);
+      if (node.mutates_args && write_through(node)) continue;
+      rw_.append(std::move(node));
+    }
+    for (ValueId& out : g_.outputs) out = read(out);
+    return changed_;
+  }
+
+ private:
+  struct Tracked {
+    ValueId root;             // the fresh tensor the views start from (its original id)
+    std::vector<Node> chain;  // slice / select nodes from the root to this view
+    int version;              // the root's version the view was last made from
+  };
+
+  static bool writable_view(const Node& node) {
+    const std::string name = node.qualified_name();
+    return (name == "aten::slice.Tensor" || name == "aten::select.int") && node.outputs.size() == 1 &&
+           !node.args.empty() && std::holds_alternative<TensorArg>(node.args[0]);
+  }
+
+  // A tensor this graph made that nothing else aliases: a non-view, non-writing op's result, or the detach the
+  // recorder puts after a factory when that detach is its only reader.
+  bool fresh_root(ValueId id) const {
+    const graph::Value& v = g_.values[id];
+    if (v.producer < 0) return false;
+    const Node& producer = original_producer(id);
+    if (producer.qualified_name() == "aten::detach.default" && !producer.args.empty()) {
+      const auto* base = std::get_if<TensorArg>(&producer.args[0]);
+      return base && readers_[base->id] == 1 && plain(original_producer(base->id));
+    }
+    return plain(producer);
+  }
+  static bool plain(const Node& n) { return !n.is_view && !n.mutates_args && !n.returns_list; }
+  const Node& original_producer(ValueId id) const { return producers_.count(id) ? producers_.at(id) : g_.nodes.at(g_.values[id].producer); }
+
+  // The current value for original value `id`: renamed, and a tracked view made again when its root has changed.
+  ValueId read(ValueId id) {
+    auto it = tracked_.find(id);
+    if (it != tracked_.end() && it->second.version != version_[it->second.root]) {
+      ValueId value = current_[it->second.root];
+      for (const Node& view : it->second.chain) value = replay(view, value, g_.values[view.outputs[0]].meta);
+      current_[id] = value;
+      it->second.version = version_[it->second.root];
+    }
+    return current_[id];
+  }
+
+  ValueId replay(const Node& view, ValueId base, graph::TensorMeta meta) {
+    std::vector<ArgValue> args = view.args;
+    args[0] = TensorArg{base};
+    meta.requires_grad = g_.values[base].meta.requires_grad;
+    changed_ = true;
+    return rw_.add(view.op, view.overload, std::move(args), view.arg_names, view.num_positional, meta, true);
+  }
+
+  void track_view(const Node& node) {
+    // The node's base is already renamed: find the original id it stands for.
+    const auto* base = node.args.empty() ? nullptr : std::get_if<TensorArg>(&node.args[0]);
+    if (!base) return;
+    const ValueId b = original_of(base->id);
+    std::optional<ValueId> root;
+    std::vector<Node> chain;
+    if (auto t = tracked_.find(b); t != tracked_.end()) {
+      root = t->second.root;
+      chain = t->second.chain;
+    } else if (roots_.count(b) || fresh_root(b)) {
+      root = b;
+    }
+    if (!root) return;
+    roots_.insert(*root);
+    if (!writable_view(node)) {
+      tainted_.insert(*root);
+      return;
+    }
+    Node copy = node;
+    chain.push_back(std::move(copy));
+    producers_[node.outputs[0]] = node;
+    tracked_[node.outputs[0]] = Tracked{*root, std::move(chain), version_[*root]};
+  }
+
+  ValueId original_of(ValueId current) const {
+    auto it = original_.find(current);
+    return it == original_.end() ? current : it->second;
+  }
+
+  bool write_through(Node& node) {
+    const auto* self = node.args.empty() ? nullptr : std::get_if<TensorArg>(&node.args[0]);
+    if (!self || is_inplace_view(node.qualified_name())) return false;
+    auto t = tracked_.find(original_of(self->id));
+    if (t == tracked_.end() || tainted_.count(t->second.root)) return false;
+    const Tracked tracked = t->second;
+    if (!make_functional(g_, node)) return false;
+    const ValueId written = node.outputs[0];  // the functional result: the view's new values
+    rw_.append(std::move(node));
+    // The chain's levels from the current root, then the written values scattered back from the innermost.
+    std::vector<ValueId> levels = {current_[tracked.root]};
+    for (size_t i = 0; i + 1 < tracked.chain.size(); ++i)
+      levels.push_back(replay(tracked.chain[i], levels.back(), g_.values[tracked.chain[i].outputs[0]].meta));
+    ValueId src = written;
+    for (size_t i = tracked.chain.size(); i-- > 0;) src = scatter(tracked.chain[i], levels[i], src);
+    current_[tracked.root] = src;
+    original_[src] = tracked.root;
+    ++version_[tracked.root];
+    // The in-place op's result aliased the view: reading it later reads the view made again.
+    tracked_[written] = Tracked{tracked.root, tracked.chain, -1};
+    changed_ = true;
+    return true;
+  }
+
+  ValueId scatter(const Node& view, ValueId base, ValueId src) {
+    graph::TensorMeta meta = g_.values[base].meta;
+    meta.requires_grad = meta.requires_grad || g_.values[src].meta.requires_grad;
+    std::vector<ArgValue> args = {TensorArg{base}, TensorArg{src}};
+    args.insert(args.end(), view.args.begin() + 1, view.args.end());
+    if (view.qualified_name() == "aten::slice.Tensor")
+      return rw_.add("aten::slice_scatter", "default", std::move(args), {"self", "src", "dim", "start", "end", "step"}, 6, meta);
+    return rw_.add("aten::select_scatter", "default", std::move(args), {"self", "src", "dim", "index"}, 4, meta);
+  }
+
+  Graph& g_;
+  GraphRewriter rw_;
+  std::vector<ValueId> current_;  // by original value id
+  std::vector<int32_t> readers_;
+  std::unordered_map<ValueId, Tracked> tracked_;    // by original (or written) value id
+  std::unordered_map<ValueId, ValueId> original_;   // a root's new value -> the root's original id
+  std::unordered_map<ValueId, Node> producers_;     // tracked views' nodes (the node list is being rebuilt)
+  std::unordered_map<ValueId, int> version_;
+  std::unordered_set<ValueId> roots_, tainted_;
+  bool changed_ = false;
+};
+
 }  // namespace
 
-bool functionalize_inplace_ops(Graph& g) { return Functionalize(g).run(); }
+bool functionalize_inplace_ops(Graph& g) {
+  const bool changed = Functionalize(g).run();
+  return ViewWrites(g).run() || changed;
+}
 
 }  // namespace kiln::passes

@@ -381,6 +381,13 @@ void InstructionTranslator::op_store_subscr(const Instruction&) {
     container->items[list_index(container, key)] = value;
     return;
   }
+  if (container->is(VarKind::kTensor)) {
+    // x[i] = v: recorded as eager runs it (a view of x and an in-place copy_, fill_ or index_put_ into it).
+    // passes/functionalize makes writes into tensors the graph made functional; a write into an input keeps the
+    // eager interpreter, which writes the caller's tensor as eager does.
+    tracer_.call_recorded(operator_fn("setitem"), {container, key, value}, {});
+    return;
+  }
   KILN_UNSUPPORTED() << "item assignment to a " << container->describe();
 }
 

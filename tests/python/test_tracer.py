@@ -1171,3 +1171,20 @@ def test_finfo_and_iinfo_fold_to_constants():
     assert_same_as_eager(f, x, mask)
     assert kiln.explain(f)(x, mask).graph_break_count == 0
     assert_same_as_eager(f, x.double(), mask)  # another dtype: finfo of float64, a new trace
+
+
+def test_item_assignment_to_tensors_is_traced():
+    """x[i] = v is recorded (no graph break); a write into an input changes the caller's tensor as eager does, and a
+    write into a leaf that requires grad raises as eager does."""
+    def f(x, v):
+        x[1:3] = v
+        return x * 2
+
+    x, v = torch.randn(4, 3), torch.randn(2, 3)
+    x_eager = x.clone()
+    torch.testing.assert_close(kiln.compile(f)(x, v), f(x_eager, v))
+    torch.testing.assert_close(x, x_eager)
+    assert kiln.explain(f)(x.clone(), v).graph_break_count == 0
+    leaf = torch.randn(4, 3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf|in-place"):
+        kiln.compile(f)(leaf, v)

@@ -1001,3 +1001,63 @@ def test_layer_norm_backward_is_generated_code(shape, normalized, affine):
     backward = [k for k in summary["kernels"] + summary["externs"] if k.startswith("backward:")]
     # the weight and bias gradients come from ATen's kernel with the input gradient masked off
     assert sum("native_layer_norm_backward" in k for k in backward) == (1 if affine else 0), backward
+
+
+def _positional_table(x):
+    n, d = x.shape[-2], x.shape[-1]
+    pos = torch.arange(n, dtype=x.dtype).unsqueeze(1)
+    div = torch.exp(torch.arange(0, d, 2, dtype=x.dtype) * -0.5)
+    table = torch.zeros(n, d)
+    table[:, 0::2] = torch.sin(pos * div)
+    table[:, 1::2] = torch.cos(pos * div)
+    return x + table
+
+
+def _writes_read_back(x, y):
+    out = torch.zeros(4, 5)
+    row = out[1]
+    before = row.sum()
+    out[1] = x[0]
+    out[2:4, 1:3] += x[1:3, :2]
+    out[0] = out[1] + y[0]  # (a product would save out[1], which the write then changes: eager raises)
+    return out * 2, row * 3, before
+
+
+@pytest.mark.parametrize("name,fn,shapes", [
+    ("positional_table", _positional_table, [(2, 6, 8)]),
+    ("slices_of_a_new_tensor", lambda a, b: torch.cat([a, b], 1).sin() + _writes_into(a, b), [(3, 4), (3, 2)]),
+    ("writes_read_back", _writes_read_back, [(4, 5), (4, 5)]),
+    ("circular_padding", lambda x: F.pad(x, (1, 2), mode="circular").sin() + 0, [(2, 3, 5)]),
+    ("circular_padding_2d", lambda x: F.pad(x, (1, 1, 2, 0), mode="circular") * 3, [(2, 3, 4, 5)]),
+    ("index_and_mask_writes", lambda x, v: _index_writes(x, v), [(5, 3), (2, 3)]),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_writes_into_slices_of_new_tensors_stay_compiled(name, fn, shapes):
+    """`t[i] = v`, `t[a:b] += v` and ATen's own slice copies (circular padding) on tensors the graph made become
+    slice/select scatters (passes/functionalize.cpp): one graph on compiled autograd with eager's gradients."""
+    assert_same_as_eager(fn, *[r(*s) for s in shapes])
+    assert_compiled_autograd()
+    assert kiln.stats()["graph_breaks"] == 0
+
+
+def _writes_into(a, b):
+    out = torch.empty(a.shape[0], a.shape[1] + b.shape[1])
+    out[:, :a.shape[1]] = a.relu()
+    out[:, a.shape[1]:] = b * 2
+    return out
+
+
+def _index_writes(x, v):
+    y = x * 1
+    y[torch.tensor([0, 3])] = v
+    y[y > 1] = 0.5
+    return y
+
+
+def test_a_write_through_a_reshaped_view_keeps_eager_semantics():
+    def f(x):
+        out = torch.zeros(2, 3)
+        flat = out.view(-1)
+        out[0] = x[0]
+        return flat * 1, out
+
+    assert_same_as_eager(f, r(2, 3))  # the reshape aliases the base: the graph keeps its in-place write
