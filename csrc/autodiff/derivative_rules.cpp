@@ -639,6 +639,7 @@ const std::map<std::string, DerivativeRule>& rule_table() {
     };
     detail::add_more_rules(t);
     detail::add_math_rules(t);
+    detail::add_linalg_rules(t);
     detail::add_indexing_rules(t);
     return t;
   }();

@@ -83,6 +83,37 @@ bool any_operand_dtype(const std::string& name) {
          name == "aten::fill_.Tensor" || name == "aten::masked_scatter_.default";
 }
 
+// How many nodes (and graph outputs) read each value of `g`.
+std::vector<int32_t> count_readers(const Graph& g) {
+  std::vector<int32_t> readers(g.values.size(), 0);
+  for (const Node& node : g.nodes)
+    for (const ArgValue& arg : node.args) graph::for_each_tensor(arg, [&](ValueId id) { ++readers[id]; });
+  for (ValueId out : g.outputs) ++readers[out];
+  return readers;
+}
+
+// Made by a node that neither views nor writes anything.
+bool produced_fresh(const Graph& g, ValueId id) {
+  const graph::Value& v = g.values[id];
+  if (v.producer < 0) return false;  // inputs and constants have no producer
+  const Node& producer = g.nodes[v.producer];
+  return !producer.is_view && !producer.mutates_args && !producer.returns_list;
+}
+
+// A tensor this graph made that nothing else aliases. A factory's result reaches the graph through the detach the
+// recorder puts after it (`torch.zeros(n)`): when that detach is all that reads it, the detach's result is as fresh
+// as the factory's.
+bool made_here(const Graph& g, const std::vector<int32_t>& readers, ValueId id) {
+  const graph::Value& v = g.values[id];
+  if (v.producer < 0) return false;
+  const Node& producer = g.nodes[v.producer];
+  if (producer.qualified_name() == "aten::detach.default" && !producer.args.empty()) {
+    const auto* base = std::get_if<TensorArg>(&producer.args[0]);
+    return base && readers[base->id] == 1 && produced_fresh(g, base->id);
+  }
+  return produced_fresh(g, id);
+}
+
 // Rewrites in-place `node` (its self already renamed) as its functional twin when the table and the operand dtypes
 // allow it; false (node untouched) otherwise.
 bool make_functional(const Graph& g, Node& node) {
@@ -114,11 +145,8 @@ bool make_functional(const Graph& g, Node& node) {
 
 class Functionalize {
  public:
-  explicit Functionalize(Graph& g) : g_(g), current_(g.values.size()), readers_(g.values.size(), 0) {
+  explicit Functionalize(Graph& g) : g_(g), current_(g.values.size()), readers_(count_readers(g)) {
     for (size_t v = 0; v < current_.size(); ++v) current_[v] = static_cast<ValueId>(v);
-    for (const Node& node : g.nodes)
-      for (const ArgValue& arg : node.args) graph::for_each_tensor(arg, [&](ValueId id) { ++readers_[id]; });
-    for (ValueId out : g.outputs) ++readers_[out];
   }
 
   bool run() {
@@ -137,26 +165,7 @@ class Functionalize {
     for (ArgValue& arg : node.args) graph::remap_tensors(arg, [&](ValueId id) { return current_[id]; });
   }
 
-  bool fresh(ValueId id) const {
-    const graph::Value& v = g_.values[id];
-    if (v.producer < 0 || viewed_.count(id)) return false;  // inputs and constants have no producer
-    const Node& producer = g_.nodes[v.producer];
-    // A factory's result reaches the graph through the detach the recorder puts after it (`torch.zeros(n)`):
-    // when that detach is all that reads it, the detach's result is as fresh as the factory's.
-    if (producer.qualified_name() == "aten::detach.default" && !producer.args.empty()) {
-      const auto* base = std::get_if<TensorArg>(&producer.args[0]);
-      return base && readers_[base->id] == 1 && produced_fresh(base->id);
-    }
-    return produced_fresh(id);
-  }
-
-  // Made by a node that neither views nor writes anything.
-  bool produced_fresh(ValueId id) const {
-    const graph::Value& v = g_.values[id];
-    if (v.producer < 0) return false;
-    const Node& producer = g_.nodes[v.producer];
-    return !producer.is_view && !producer.mutates_args && !producer.returns_list;
-  }
+  bool fresh(ValueId id) const { return !viewed_.count(id) && made_here(g_, readers_, id); }
 
   bool convert(Node& node) {
     const auto* self = node.args.empty() ? nullptr : std::get_if<TensorArg>(&node.args[0]);
@@ -182,10 +191,8 @@ class Functionalize {
 // reaches (a reshape, a transpose) stays as it is from then on: that view would not see the new values.
 class ViewWrites {
  public:
-  explicit ViewWrites(Graph& g) : g_(g), rw_(g), current_(g.values.size()), readers_(g.values.size(), 0) {
+  explicit ViewWrites(Graph& g) : g_(g), rw_(g), current_(g.values.size()), readers_(count_readers(g)) {
     for (size_t v = 0; v < current_.size(); ++v) current_[v] = static_cast<ValueId>(v);
-    for (const Node& node : g.nodes)
-      for (const ArgValue& arg : node.args) graph::for_each_tensor(arg, [&](ValueId id) { ++readers_[id]; });
   }
 
   bool run() {
@@ -212,21 +219,6 @@ class ViewWrites {
     return (name == "aten::slice.Tensor" || name == "aten::select.int") && node.outputs.size() == 1 &&
            !node.args.empty() && std::holds_alternative<TensorArg>(node.args[0]);
   }
-
-  // A tensor this graph made that nothing else aliases: a non-view, non-writing op's result, or the detach the
-  // recorder puts after a factory when that detach is its only reader.
-  bool fresh_root(ValueId id) const {
-    const graph::Value& v = g_.values[id];
-    if (v.producer < 0) return false;
-    const Node& producer = original_producer(id);
-    if (producer.qualified_name() == "aten::detach.default" && !producer.args.empty()) {
-      const auto* base = std::get_if<TensorArg>(&producer.args[0]);
-      return base && readers_[base->id] == 1 && plain(original_producer(base->id));
-    }
-    return plain(producer);
-  }
-  static bool plain(const Node& n) { return !n.is_view && !n.mutates_args && !n.returns_list; }
-  const Node& original_producer(ValueId id) const { return producers_.count(id) ? producers_.at(id) : g_.nodes.at(g_.values[id].producer); }
 
   // The current value for original value `id`: renamed, and a tracked view made again when its root has changed.
   ValueId read(ValueId id) {
@@ -258,18 +250,15 @@ class ViewWrites {
     if (auto t = tracked_.find(b); t != tracked_.end()) {
       root = t->second.root;
       chain = t->second.chain;
-    } else if (roots_.count(b) || fresh_root(b)) {
+    } else if (made_here(g_, readers_, b)) {  // producers already appended: g_.nodes holds them
       root = b;
     }
     if (!root) return;
-    roots_.insert(*root);
     if (!writable_view(node)) {
       tainted_.insert(*root);
       return;
     }
-    Node copy = node;
-    chain.push_back(std::move(copy));
-    producers_[node.outputs[0]] = node;
+    chain.push_back(node);
     tracked_[node.outputs[0]] = Tracked{*root, std::move(chain), version_[*root]};
   }
 
@@ -318,9 +307,8 @@ class ViewWrites {
   std::vector<int32_t> readers_;
   std::unordered_map<ValueId, Tracked> tracked_;    // by original (or written) value id
   std::unordered_map<ValueId, ValueId> original_;   // a root's new value -> the root's original id
-  std::unordered_map<ValueId, Node> producers_;     // tracked views' nodes (the node list is being rebuilt)
   std::unordered_map<ValueId, int> version_;
-  std::unordered_set<ValueId> roots_, tainted_;
+  std::unordered_set<ValueId> tainted_;  // roots some other view aliases
   bool changed_ = false;
 };
 
