@@ -50,6 +50,8 @@ int consumed_by(const std::string& name, int arg) {
       {"DELETE_ATTR", [](int) { return 1; }},
       {"STORE_GLOBAL", [](int) { return 1; }},
       {"STORE_SUBSCR", [](int) { return 3; }},
+      {"STORE_SLICE", [](int) { return 4; }},
+      {"BINARY_SLICE", [](int) { return 3; }},
       {"DELETE_SUBSCR", [](int) { return 2; }},
       {"RAISE_VARARGS", [](int a) { return a; }},
       {"IMPORT_NAME", [](int) { return 2; }},

@@ -108,6 +108,7 @@ struct HandlerTable {
         {"YIELD_VALUE", &T::op_yield_value},
         {"LOAD_SUPER_ATTR", &T::op_load_super_attr},
         {"STORE_SUBSCR", &T::op_store_subscr},
+        {"STORE_SLICE", &T::op_store_slice},
         {"DELETE_SUBSCR", &T::op_delete_subscr},
     };
     const auto& ops = bytecode::opcodes();

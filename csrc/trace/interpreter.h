@@ -93,7 +93,10 @@ class InstructionTranslator {
   void op_unpack_sequence(const bytecode::Instruction&);
   void op_unpack_ex(const bytecode::Instruction&);
   void op_store_subscr(const bytecode::Instruction&);
+  void op_store_slice(const bytecode::Instruction&);
   void op_delete_subscr(const bytecode::Instruction&);
+  // container[key] = value, for STORE_SUBSCR and STORE_SLICE.
+  void store_item(const VarPtr& container, const VarPtr& key, const VarPtr& value);
 
   // calls and control flow (interpreter_flow.cpp)
   void op_kw_names(const bytecode::Instruction&);

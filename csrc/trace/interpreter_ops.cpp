@@ -363,6 +363,21 @@ void InstructionTranslator::op_store_subscr(const Instruction&) {
   VarPtr key = pop();
   VarPtr container = pop();
   VarPtr value = pop();
+  store_item(container, key, value);
+}
+
+// 3.12+: `container[start:stop] = value` (3.11 builds the slice and uses STORE_SUBSCR).
+void InstructionTranslator::op_store_slice(const Instruction&) {
+  VarPtr stop = pop();
+  VarPtr start = pop();
+  VarPtr container = pop();
+  VarPtr value = pop();
+  VarPtr slice = make_sequence(VarKind::kSlice, {start, stop, make_const(Py_None)});
+  if (is_constant(slice)) slice = make_const_steal(to_python(slice));
+  store_item(container, slice, value);
+}
+
+void InstructionTranslator::store_item(const VarPtr& container, const VarPtr& key, const VarPtr& value) {
   if ((container->is(VarKind::kDict) || container->is(VarKind::kList)) && !tracer_.claim_container(container))
     KILN_UNSUPPORTED() << "item assignment to a " << container->describe()
                        << " from outside the trace (the mutation would have to be replayed)";

@@ -122,7 +122,8 @@ RULE_CASES += [
     ("selecting_reductions", lambda x: torch.cat([x, x], 1).max() + torch.cat([x, x], 1).min() + torch.median(x)
      + x.max(1).values.sum() + x.min(0).values.sum() + x.median(1).values.sum() + x.sort(1).values[:, 0].sum()
      + x.topk(2, 1).values.sum() + x.kthvalue(2, 1).values.sum() + x.cummax(1).values.sum()
-     + x.cummin(0).values.sum() + x.aminmax(dim=1).max.sum(), [(4, 6)]),
+     + x.cummin(0).values.sum(), [(4, 6)]),
+    ("aminmax", lambda x: x.aminmax(dim=1).max.sum() + 2 * torch.cat([x, x], 1).aminmax().min, [(4, 6)]),
     ("prod_with_zeros", lambda x: (x * _ZEROS).prod() + (x * _ZEROS).prod(1).sum() + x.prod(0).sum()
      + (x * _ZEROS).prod(1, keepdim=True).sum(), [(4, 6)]),
     ("norms", lambda x, y: torch.linalg.vector_norm(x, 1, dim=1) + torch.linalg.vector_norm(x, float("inf"), dim=1)
@@ -174,14 +175,22 @@ RULE_CASES += [
      + torch.linalg.lu_solve(*torch.linalg.lu_factor(a.detach() + 4 * torch.eye(4)), b).sum(1),
      [(4, 4), (4, 4), (4, 4)]),
     ("activations_and_copies", lambda x: F.celu(x, 0.7) + F.softshrink(x, 0.3) + F.hardshrink(x, 0.3)
-     + F.threshold(x, 0.2, -1.0) + torch.ops.aten.view_copy(x, (6, 4)).t() + torch.ops.aten.narrow_copy(x, 1, 1, 4).repeat(1, 2)[:, :6]
+     + F.threshold(x, 0.2, -1.0) + torch.ops.aten.view_copy(x, (6, 4)).t()
      + torch.ops.aten.unfold_copy(x, 1, 3, 3).flatten(1) + torch.ops.aten.diagonal_copy(x.expand(6, 4, 6), 0, 0, 2), [(4, 6)]),
+    ("narrow_copy", lambda x: torch.ops.aten.narrow_copy(x, 1, 1, 4).repeat(1, 2)[:, :6] * x, [(4, 6)]),
 ]
 
 
 @pytest.mark.parametrize("name,fn,shapes", RULE_CASES, ids=[c[0] for c in RULE_CASES])
 def test_rule_gradients_match_eager(name, fn, shapes):
-    assert_same_as_eager(fn, *[r(*s) for s in shapes])
+    inputs = [r(*s) for s in shapes]
+    try:  # older torch lacks some derivatives (2.11: aminmax, narrow_copy): nothing to compare with
+        fn(*[t.detach().clone().requires_grad_() for t in inputs]).sum().backward()
+    except RuntimeError as e:
+        if "is not implemented" not in str(e):
+            raise
+        pytest.skip(f"eager torch {torch.__version__} cannot differentiate it: {e}")
+    assert_same_as_eager(fn, *inputs)
     assert_compiled_autograd()
 
 
