@@ -284,9 +284,11 @@ void KernelEmitter::emit_pointwise(int64_t n) {
   const char* blocks = device_function_ ? "kiln_blocks" : "gridDim.x";
   out << "  const index_t first = static_cast<index_t>(" << block << ") * blockDim.x + threadIdx.x;\n";
   out << "  const index_t step = static_cast<index_t>(" << blocks << ") * blockDim.x;\n";
+  // The grid covers the work (kMaxGrid blocks: up to 2^28 threads), so each thread runs a grid-stride loop about
+  // once: `unroll 1` keeps NVVM from unrolling it 4x, which made the pointwise program a third slower to compile.
   const int outer = nest_.outer_count;
   auto scalar_loop = [&](const std::string& start, const std::string& indent) {
-    out << indent << "for (index_t flat = " << start << "; flat < n; flat += step) {\n";
+    out << indent << "#pragma unroll 1\n" << indent << "for (index_t flat = " << start << "; flat < n; flat += step) {\n";
     decompose("flat", 0, outer, indent + "  ");
     emit_scalar_element(indent + "  ");
     out << indent << "}\n";
@@ -300,7 +302,7 @@ void KernelEmitter::emit_pointwise(int64_t n) {
   auto contiguous_load = [&](size_t i) { return k_.exprs[i].kind == ExprKind::Load && nest_.load_strides[i].back() == 1; };
   out << "  const bool aligned = " << alignment_test(v) << ";\n  if (aligned) {\n";
   out << "    const index_t vectors = n / " << v << ";\n";
-  out << "    for (index_t vi = first; vi < vectors; vi += step) {\n";
+  out << "    #pragma unroll 1\n    for (index_t vi = first; vi < vectors; vi += step) {\n";
   const std::string indent = "      ";
   decompose("vi * " + std::to_string(v), 0, outer, indent);  // the indices of the vector's first element
   for (size_t i = 0; i < k_.exprs.size(); ++i) {

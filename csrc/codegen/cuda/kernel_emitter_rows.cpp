@@ -80,8 +80,8 @@ void KernelEmitter::emit_column_vector_loop(int64_t rows, const std::string& bas
   const int inner_loop = nest_.outer_count - 1;
   const std::string indent = base_indent + "  ", walk = indent + "  ";
   const int64_t groups = rows / v;
-  out << base_indent << "for (index_t first_row = static_cast<index_t>(blockIdx.x) * " << column_width_ << "; first_row < "
-      << groups << "; first_row += static_cast<index_t>(gridDim.x) * " << column_width_ << ") {\n";
+  out << base_indent << "#pragma unroll 1\n" << base_indent << "for (index_t first_row = static_cast<index_t>(blockIdx.x) * "
+      << column_width_ << "; first_row < " << groups << "; first_row += static_cast<index_t>(gridDim.x) * " << column_width_ << ") {\n";
   out << indent << "const bool active = first_row + threadIdx.x < " << groups << ";\n";
   out << indent << "const index_t row = (active ? first_row + threadIdx.x : " << groups - 1 << ") * " << v << ";\n";
   decompose("row", 0, nest_.outer_count, indent);
@@ -332,16 +332,18 @@ void KernelEmitter::emit_row_loop(int64_t rows, const std::string& base_indent) 
   if (column_) {
     // Every thread of the block runs every step (column_reduce has barriers): the threads past the last
     // output redo the last one and store nothing.
-    out << base_indent << "for (index_t first_row = static_cast<index_t>(blockIdx.x) * " << column_width_ << "; first_row < "
-        << rows << "; first_row += static_cast<index_t>(gridDim.x) * " << column_width_ << ") {\n";
+    out << base_indent << "#pragma unroll 1\n" << base_indent << "for (index_t first_row = static_cast<index_t>(blockIdx.x) * "
+        << column_width_ << "; first_row < " << rows << "; first_row += static_cast<index_t>(gridDim.x) * " << column_width_ << ") {\n";
     out << indent << "const bool active = first_row + threadIdx.x < " << rows << ";\n";
     out << indent << "const index_t row = active ? first_row + threadIdx.x : " << rows - 1 << ";\n";
   } else if (thread_row_) {
-    out << base_indent << "for (index_t row = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x; row < " << rows
+    out << base_indent << "#pragma unroll 1\n" << base_indent
+        << "for (index_t row = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x; row < " << rows
         << "; row += static_cast<index_t>(gridDim.x) * blockDim.x) {\n";
   } else {
     const unsigned rows_per_block = block_reduce_ ? 1 : kRowsPerBlock;
-    out << base_indent << "for (index_t row = static_cast<index_t>(blockIdx.x) * " << rows_per_block
+    out << base_indent << "#pragma unroll 1\n" << base_indent << "for (index_t row = static_cast<index_t>(blockIdx.x) * "
+        << rows_per_block
         << " + threadIdx.y; row < " << rows << "; row += static_cast<index_t>(gridDim.x) * " << rows_per_block << ") {\n";
   }
   decompose("row", 0, nest_.outer_count, indent);
