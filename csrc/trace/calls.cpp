@@ -363,11 +363,18 @@ VarPtr Tracer::call_module(const VarPtr& module, std::vector<VarPtr> args, KwArg
     return x;
   }
   if (kind == "leaf") {
-    if (!module->source) KILN_UNSUPPORTED() << "a built-in module that was created inside the traced code";
     PyObject* state = PyObject_CallOneArg(helper("leaf_module_state"), m);
     if (!state) rethrow_python("reading a module's state");
     PyObject* tensors = PyTuple_GET_ITEM(state, 0);
     PyObject* constants = PyTuple_GET_ITEM(state, 1);
+    if (!module->source) {
+      // Made inside the trace (construct_stateless_module): its attributes come from the trace's constants.
+      if (PyList_GET_SIZE(tensors) > 0) {
+        Py_DECREF(state);
+        KILN_UNSUPPORTED() << "a built-in module with tensors that was created inside the traced code";
+      }
+      constants = nullptr;
+    }
     auto path_source = [&](PyObject* path, std::string* dotted) {
       SourcePtr s = module->source;
       Py_ssize_t len = PyList_GET_SIZE(path);
@@ -392,7 +399,7 @@ VarPtr Tracer::call_module(const VarPtr& module, std::vector<VarPtr> args, KwArg
     // keep a node of their own.
     PyObject* own = PyList_New(0);
     PyObject** module_dict = _PyObject_GetDictPtr(m);
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(constants); ++i) {
+    for (Py_ssize_t i = 0; constants && i < PyList_GET_SIZE(constants); ++i) {
       PyObject* entry = PyList_GET_ITEM(constants, i);
       PyObject* path = PyTuple_GET_ITEM(entry, 0);
       PyObject* value = PyTuple_GET_ITEM(entry, 1);

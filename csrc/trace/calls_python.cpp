@@ -292,9 +292,53 @@ VarPtr Tracer::call_python_construct(const VarPtr& fn, std::vector<VarPtr>& args
       return make_const(decides ? Py_False : Py_True);
     }
     if (f == inspect_signature() && n == 1 && all_constant({}, kwargs)) return fold_signature(args[0], kwargs);
+    if (PyType_Check(f) && all_constant(args, kwargs)) {
+      if (VarPtr made = construct_stateless_module(f, args, kwargs)) return made;
+    }
   }
   *handled = false;
   return nullptr;
+}
+
+VarPtr Tracer::construct_stateless_module(PyObject* cls, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  // Only torch.nn's classes qualify: anything else is refused before its arguments are materialised.
+  PyObject* qualifies = PyObject_CallOneArg(helper("may_be_stateless_module"), cls);
+  if (!qualifies) rethrow_python("inspecting a class");
+  Py_DECREF(qualifies);
+  if (qualifies != Py_True) return nullptr;
+  PyObject* py_args = PyTuple_New(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    PyObject* a = to_python(args[i]);  // constant tuples, lists and dicts have no value until made
+    if (!a) {
+      Py_DECREF(py_args);
+      rethrow_python("converting an argument");
+    }
+    PyTuple_SET_ITEM(py_args, i, a);
+  }
+  PyObject* py_kwargs = PyDict_New();
+  for (const auto& [k, v] : kwargs) {
+    PyObject* pv = to_python(v);
+    if (!pv) {
+      Py_DECREF(py_args);
+      Py_DECREF(py_kwargs);
+      rethrow_python("converting a keyword argument");
+    }
+    PyDict_SetItem(py_kwargs, k, pv);
+    Py_DECREF(pv);
+  }
+  PyObject* made = PyObject_CallFunctionObjArgs(helper("make_stateless_module"), cls, py_args, py_kwargs, nullptr);
+  Py_DECREF(py_args);
+  Py_DECREF(py_kwargs);
+  if (!made) rethrow_python(std::string("constructing ") + ((PyTypeObject*)cls)->tp_name);
+  if (made == Py_None) {
+    Py_DECREF(made);
+    return nullptr;
+  }
+  // Made by this trace from its constants: no source, nothing to guard (call_module's leaf path reads its
+  // attributes as they are).
+  VarPtr module = wrap(made, nullptr);
+  Py_DECREF(made);
+  return module;
 }
 
 VarPtr Tracer::fold_signature(const VarPtr& target, const KwArgs& kwargs) {

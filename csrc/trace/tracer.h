@@ -151,6 +151,9 @@ class Tracer {
   VarPtr import_module(PyObject* name, PyObject* fromlist, int level, PyObject* globals);
   VarPtr import_from(const VarPtr& module, PyObject* name);
   VarPtr call_python_construct(const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs, bool* handled);
+  /// `nn.ReLU()` in traced code: a built-in stateless torch.nn module made with constant arguments (nullptr when
+  /// the class or the instance does not qualify: _tracing.make_stateless_module).
+  VarPtr construct_stateless_module(PyObject* cls, const std::vector<VarPtr>& args, const KwArgs& kwargs);
   /// True when traced code may mutate the list or dict `v` in place: it was made in the trace, or it is the
   /// root frame's **kwargs (a fresh dict per call, which then is rebuilt from its items like one made here).
   bool claim_container(const VarPtr& v);

@@ -92,6 +92,29 @@ def module_call_kind(module):
     return "inline"
 
 
+def may_be_stateless_module(cls):
+    """Whether `cls` is a built-in torch.nn module class (not a container) that make_stateless_module may build."""
+    return (isinstance(cls, type) and issubclass(cls, nn.Module) and cls.__module__.startswith("torch.nn.")
+            and not issubclass(cls, _CONTAINERS))
+
+
+def make_stateless_module(cls, args, kwargs):
+    """`nn.ReLU()`, `nn.Softmax(dim=-1)`, `nn.Dropout(0.1)` made inside traced code: a built-in torch.nn module
+    class called with constant arguments is constructed at trace time, as eager constructs it at each call, and
+    returned when it holds no parameter or buffer (so it draws no random numbers and has nothing to guard: the
+    arguments, constants of the trace, fix it). None for anything else (the call is a graph break)."""
+    if not may_be_stateless_module(cls):
+        return None
+    # A class that turns out to hold parameters initialises them randomly: its construction here must not move
+    # the generators that eager's own construction, after the graph break, draws from.
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=devices):
+        module = cls(*args, **kwargs)
+    if any(True for _ in module.parameters()) or any(True for _ in module.buffers()) or module._modules:
+        return None
+    return module
+
+
 def _on_cpu(module):
     return all(p.device.type == "cpu" for p in module.parameters())
 

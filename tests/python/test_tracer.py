@@ -1188,3 +1188,45 @@ def test_item_assignment_to_tensors_is_traced():
     leaf = torch.randn(4, 3, requires_grad=True)
     with pytest.raises(RuntimeError, match="leaf|in-place"):
         kiln.compile(f)(leaf, v)
+
+
+def test_stateless_builtin_modules_made_inside_forward_are_traced():
+    """`nn.ReLU()(x)` (DistilBERT's classifier head), `nn.Softmax(dim=-1)(x)`: a built-in module without parameters
+    made with constant arguments inside traced code is built at trace time and called like any built-in module,
+    with no graph break; gradients match eager's."""
+    def f(x):
+        y = nn.ReLU()(x) + nn.Softmax(dim=-1)(x) + nn.GELU(approximate="tanh")(x) + nn.LeakyReLU(0.2)(x)
+        return nn.Flatten(1)(y.unsqueeze(-1)) * 2
+
+    x = torch.randn(4, 5, requires_grad=True)
+    assert_same_as_eager(f, x)
+    explained = kiln.explain(f)(x)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+def test_dropout_made_inside_forward_is_in_training_mode_as_in_eager():
+    """A fresh nn.Dropout is in training mode even under an eval() model, in eager and in kiln."""
+    class M(nn.Module):
+        def forward(self, x):
+            return nn.Dropout(0.5)(x)
+
+    m = M().eval()
+    out = kiln.compile(m)(torch.ones(20000))
+    assert kiln.explain(m)(torch.ones(20000)).graph_break_count == 0
+    zeros = (out == 0).float().mean().item()
+    assert 0.45 < zeros < 0.55, zeros
+    assert torch.equal(out[out != 0], torch.full_like(out[out != 0], 2.0))
+
+
+def test_modules_with_parameters_made_inside_forward_break_without_moving_the_generator():
+    """nn.Linear(5, 3) made in forward draws its initial weights from torch's generator: it stays eager (a graph
+    break), and the trace that tried it leaves the generator where eager finds it."""
+    def f(x):
+        return nn.Linear(5, 3)(x)
+
+    x = torch.randn(2, 5)
+    torch.manual_seed(7)
+    compiled = kiln.compile(f)(x)
+    torch.manual_seed(7)
+    assert torch.equal(compiled, f(x))
+    assert kiln.explain(f)(x).graph_break_count >= 1
