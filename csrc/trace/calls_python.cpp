@@ -306,29 +306,9 @@ VarPtr Tracer::construct_stateless_module(PyObject* cls, const std::vector<VarPt
   if (!qualifies) rethrow_python("inspecting a class");
   Py_DECREF(qualifies);
   if (qualifies != Py_True) return nullptr;
-  PyObject* py_args = PyTuple_New(args.size());
-  for (size_t i = 0; i < args.size(); ++i) {
-    PyObject* a = to_python(args[i]);  // constant tuples, lists and dicts have no value until made
-    if (!a) {
-      Py_DECREF(py_args);
-      rethrow_python("converting an argument");
-    }
-    PyTuple_SET_ITEM(py_args, i, a);
-  }
-  PyObject* py_kwargs = PyDict_New();
-  for (const auto& [k, v] : kwargs) {
-    PyObject* pv = to_python(v);
-    if (!pv) {
-      Py_DECREF(py_args);
-      Py_DECREF(py_kwargs);
-      rethrow_python("converting a keyword argument");
-    }
-    PyDict_SetItem(py_kwargs, k, pv);
-    Py_DECREF(pv);
-  }
-  PyObject* made = PyObject_CallFunctionObjArgs(helper("make_stateless_module"), cls, py_args, py_kwargs, nullptr);
-  Py_DECREF(py_args);
-  Py_DECREF(py_kwargs);
+  std::vector<VarPtr> all = {make_const(cls)};
+  all.insert(all.end(), args.begin(), args.end());
+  PyObject* made = call_on_values(helper("make_stateless_module"), all, kwargs);
   if (!made) rethrow_python(std::string("constructing ") + ((PyTypeObject*)cls)->tp_name);
   if (made == Py_None) {
     Py_DECREF(made);

@@ -98,7 +98,7 @@ def may_be_stateless_module(cls):
             and not issubclass(cls, _CONTAINERS))
 
 
-def make_stateless_module(cls, args, kwargs):
+def make_stateless_module(cls, /, *args, **kwargs):
     """`nn.ReLU()`, `nn.Softmax(dim=-1)`, `nn.Dropout(0.1)` made inside traced code: a built-in torch.nn module
     class called with constant arguments is constructed at trace time, as eager constructs it at each call, and
     returned when it holds no parameter or buffer (so it draws no random numbers and has nothing to guard: the
