@@ -174,15 +174,22 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
       return make_const_steal(PyLong_FromSsize_t(len));
     }
   }
-  if (f == builtin("isinstance") && n == 2 && args[1]->is(VarKind::kConst)) {
+  if (f == builtin("isinstance") && n == 2 && is_constant(args[1]) && !holds_object_pinned_by_type(args[1])) {
     const VarPtr& x = args[0];
-    PyObject* cls = args[1]->value;
+    // A class or a tuple of classes (`isinstance(m, (torch.Tensor, BlockMask))`: a tuple the trace built)
+    PyObject* classes = to_python(args[1]);
+    if (!classes) rethrow_python("isinstance's classes");
+    PyObject* cls = classes;
+    struct Release {
+      PyObject* o;
+      ~Release() { Py_DECREF(o); }
+    } release{classes};
     int r;
     if (x->is(VarKind::kTensor)) {
       r = PyObject_IsSubclass((PyObject*)x->real_type, cls);
     } else if (x->is(VarKind::kTuple) || x->is(VarKind::kList) || x->is(VarKind::kDict)) {
       PyTypeObject* t = x->is(VarKind::kTuple) ? (x->real_type ? x->real_type : &PyTuple_Type)
-                        : x->is(VarKind::kList) ? &PyList_Type
+                        : x->is(VarKind::kList) ? (x->real_type ? x->real_type : &PyList_Type)
                                                 : &PyDict_Type;
       r = PyObject_IsSubclass((PyObject*)t, cls);
     } else if (x->value) {

@@ -57,7 +57,7 @@ PyTypeObject* type_of(const VarPtr& v) {
     case VarKind::kModule:  // pinned by identity; its class is guarded in call_python_construct
     case VarKind::kFunction: return Py_TYPE(v->value);
     case VarKind::kTuple: return v->real_type ? v->real_type : &PyTuple_Type;
-    case VarKind::kList: return &PyList_Type;
+    case VarKind::kList: return v->real_type ? v->real_type : &PyList_Type;  // a ModuleList's slice
     case VarKind::kDict: return &PyDict_Type;
     case VarKind::kSuper: return &PySuper_Type;
     default: KILN_UNSUPPORTED() << "type() of a " << v->describe();

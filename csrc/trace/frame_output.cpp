@@ -102,6 +102,7 @@ runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>&
       }
       [[fallthrough]];
     case VarKind::kList:
+      if (v->is(VarKind::kList) && v->real_type) KILN_UNSUPPORTED() << "returning a slice of a ModuleList";
       spec.kind = v->is(VarKind::kTuple) ? runtime::OutputSpec::Kind::kTuple : runtime::OutputSpec::Kind::kList;
       for (const VarPtr& item : v->items) spec.children.push_back(output_spec(item, graph_outputs, break_output));
       return spec;

@@ -63,6 +63,16 @@ bool is_module(PyObject* o) {
   return r == 1;
 }
 
+bool is_module_list(PyObject* o) {
+  static PyObject* module_list = nullptr;
+  if (!module_list) {
+    PyObject* nn = check(PyImport_ImportModule("torch.nn"), "import torch.nn");
+    module_list = check(PyObject_GetAttrString(nn, "ModuleList"), "torch.nn.ModuleList");
+    Py_DECREF(nn);
+  }
+  return (PyObject*)Py_TYPE(o) == module_list;
+}
+
 // Values compared by value in guards.
 bool is_simple_constant(PyObject* o) {
   if (o == Py_None || PyBool_Check(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o) || PyUnicode_CheckExact(o) ||
@@ -402,6 +412,8 @@ VarPtr Tracer::get_attr(const VarPtr& obj, PyObject* name) {
     case VarKind::kList:
     case VarKind::kTuple: {
       if (obj->is(VarKind::kTuple) && obj->real_type) return record_attr(obj, name);
+      if (obj->is(VarKind::kList) && obj->real_type && !_PyType_Lookup(obj->real_type, name))
+        KILN_UNSUPPORTED() << "attribute ." << attr << " of a slice of a " << obj->real_type->tp_name;
       // Methods of symbolic containers (d.get, d.items, l.append) are applied structurally on call.
       PyTypeObject* type = obj->is(VarKind::kDict) ? &PyDict_Type : obj->is(VarKind::kList) ? &PyList_Type : &PyTuple_Type;
       if (PyObject* descr = _PyType_Lookup(type, name)) return make_method(descr, obj);
@@ -432,6 +444,8 @@ VarPtr Tracer::binary(PyObject* op, const VarPtr& a, const VarPtr& b) {
   PyObject* add_fn = add ? PyList_GetItem(add, 0) : nullptr;
   PyObject* iadd_fn = add ? PyList_GetItem(add, 13) : nullptr;
   Py_XDECREF(add);
+  if ((a->is(VarKind::kList) && a->real_type) || (b->is(VarKind::kList) && b->real_type))
+    KILN_UNSUPPORTED() << "operator on a slice of a ModuleList";
   if ((op == add_fn || op == iadd_fn) && a->kind == b->kind &&
       (a->is(VarKind::kTuple) || a->is(VarKind::kList))) {
     std::vector<VarPtr> items = a->items;
@@ -469,7 +483,9 @@ VarPtr Tracer::subscript(const VarPtr& obj, const VarPtr& index) {
       if (PySlice_GetIndicesEx(i, obj->items.size(), &start, &stop, &step, &len) < 0) throw_python_error("slice");
       std::vector<VarPtr> items;
       for (Py_ssize_t k = 0, j = start; k < len; ++k, j += step) items.push_back(obj->items[j]);
-      return make_sequence(obj->kind, std::move(items));
+      VarPtr out = make_sequence(obj->kind, std::move(items));
+      out->real_type = obj->real_type;  // a slice of a ModuleList's slice is one too
+      return out;
     }
   }
   if (obj->is(VarKind::kDict) && index->is(VarKind::kConst)) {
@@ -478,6 +494,16 @@ VarPtr Tracer::subscript(const VarPtr& obj, const VarPtr& index) {
       if (eq == 1) return obj->items[k];
     }
     KILN_UNSUPPORTED() << "dict key not found";
+  }
+  if (obj->is(VarKind::kModule) && index->is(VarKind::kConst) && PySlice_Check(index->value) &&
+      is_module_list(obj->value)) {
+    // `self.layers[:n]` (HF's decoder loops): eager makes a new ModuleList of those children. Here a list of the
+    // children, each reached through _modules as iteration reaches it (guarded on the ModuleList's keys), typed
+    // ModuleList for isinstance and type(); made into a real ModuleList wherever it leaves the trace.
+    std::vector<VarPtr> children = iterate(obj);
+    VarPtr out = subscript(make_sequence(VarKind::kList, std::move(children)), index);
+    out->real_type = Py_TYPE(obj->value);
+    return out;
   }
   if (obj->is(VarKind::kModule) && index->is(VarKind::kConst)) {
     // ModuleList/Sequential/ModuleDict indexing: reach the child through _modules.

@@ -190,6 +190,7 @@ PyObject* to_python(const VarPtr& v) {
           PyList_SET_ITEM(out, i, item);
       }
       if (tuple && v->real_type) Py_SETREF(out, runtime::make_structured_tuple(v->real_type, out));
+      if (!tuple && v->real_type && out) Py_SETREF(out, PyObject_CallOneArg((PyObject*)v->real_type, out));  // ModuleList(list)
       return out;
     }
     case VarKind::kDict: {

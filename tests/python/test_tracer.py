@@ -1230,3 +1230,76 @@ def test_modules_with_parameters_made_inside_forward_break_without_moving_the_ge
     torch.manual_seed(7)
     assert torch.equal(compiled, f(x))
     assert kiln.explain(f)(x).graph_break_count >= 1
+
+
+def test_isinstance_with_a_tuple_of_classes_built_in_the_frame():
+    """`isinstance(mask, (torch.Tensor, SomeClass))` (HF's mask preparation): the tuple is built by the frame's own
+    bytecode, its classes are constants, and the test folds at trace time."""
+    class Marker:
+        pass
+
+    def f(x, mask):
+        if isinstance(mask, (torch.Tensor, Marker)) and len(mask.shape) == 2:
+            x = x.masked_fill(mask, 0.0)
+        if isinstance(x, (int, Marker)):
+            x = x + 100
+        return x * 2
+
+    x, mask = torch.randn(3, 4), torch.rand(3, 4) > 0.5
+    assert_same_as_eager(f, x, mask)
+    assert_same_as_eager(f, x, None)
+    assert kiln.explain(f)(x, mask).graph_break_count == 0
+
+
+class _SlicedLayers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(5))
+        self.n = 3
+
+    def forward(self, x):
+        for layer in self.layers[: self.n]:  # HF's decoder loops: self.layers[: self.config.num_hidden_layers]
+            x = layer(x).relu()
+        for layer in self.layers[::-2]:
+            x = layer(x)
+        rest = self.layers[1:]
+        assert isinstance(rest, nn.ModuleList) and type(rest) is nn.ModuleList and len(rest) == len(self.layers) - 1
+        return rest[0](x) + rest[-1](x) + len(self.layers[3:][1:])
+
+
+def test_slices_of_a_module_list_are_traced_and_guarded():
+    """`self.layers[:n]` is a ModuleList of those children in eager: traced as their list (typed ModuleList for
+    isinstance and type()), one graph; appending a layer or changing n recompiles."""
+    m = _SlicedLayers()
+    x = torch.randn(2, 4, requires_grad=True)
+    assert_same_as_eager(m, x)
+    explained = kiln.explain(m)(x)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    m.layers.append(nn.Linear(4, 4))
+    assert_same_as_eager(m, x)
+    m.n = 5
+    assert_same_as_eager(m, x)
+
+
+def test_a_module_list_slice_leaving_the_trace_is_a_module_list():
+    """Returned, the slice is a real ModuleList of the same children; live at a graph break, the frame runs eagerly
+    (rebuilt, it would have been a plain list)."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(5))
+
+        def forward(self, x, log):
+            head = self.layers[:2]
+            log.append(len(head))  # a mutation of an outside list: a graph break with `head` live
+            for layer in head:
+                x = layer(x)
+            return x, self.layers[3:]
+
+    m = M()
+    x = torch.randn(2, 4)
+    log = []
+    out, rest = kiln.compile(m)(x, log)
+    assert type(rest) is nn.ModuleList and list(rest) == list(m.layers)[3:]
+    torch.testing.assert_close(out, m(x, [])[0])
+    assert log == [2]
