@@ -39,37 +39,32 @@ PyObject* check(PyObject* o, const std::string& context) {
   return o;
 }
 
-bool is_tensor(PyObject* o) {
-  static PyObject* tensor_type = nullptr;
-  if (!tensor_type) {
-    PyObject* torch = check(PyImport_ImportModule("torch"), "import torch");
-    tensor_type = check(PyObject_GetAttrString(torch, "Tensor"), "torch.Tensor");
-    Py_DECREF(torch);
-  }
-  int r = PyObject_IsInstance(o, tensor_type);
+// module.name, imported once and kept for the process.
+PyObject* lookup_once(const char* module, const char* name) {
+  PyObject* m = check(PyImport_ImportModule(module), std::string("import ") + module);
+  PyObject* attr = check(PyObject_GetAttrString(m, name), std::string(module) + "." + name);
+  Py_DECREF(m);
+  return attr;
+}
+
+bool is_instance_of(PyObject* o, PyObject* type) {
+  int r = PyObject_IsInstance(o, type);
   if (r < 0) PyErr_Clear();
   return r == 1;
+}
+
+bool is_tensor(PyObject* o) {
+  static PyObject* tensor_type = lookup_once("torch", "Tensor");
+  return is_instance_of(o, tensor_type);
 }
 
 bool is_module(PyObject* o) {
-  static PyObject* module_type = nullptr;
-  if (!module_type) {
-    PyObject* nn = check(PyImport_ImportModule("torch.nn"), "import torch.nn");
-    module_type = check(PyObject_GetAttrString(nn, "Module"), "torch.nn.Module");
-    Py_DECREF(nn);
-  }
-  int r = PyObject_IsInstance(o, module_type);
-  if (r < 0) PyErr_Clear();
-  return r == 1;
+  static PyObject* module_type = lookup_once("torch.nn", "Module");
+  return is_instance_of(o, module_type);
 }
 
 bool is_module_list(PyObject* o) {
-  static PyObject* module_list = nullptr;
-  if (!module_list) {
-    PyObject* nn = check(PyImport_ImportModule("torch.nn"), "import torch.nn");
-    module_list = check(PyObject_GetAttrString(nn, "ModuleList"), "torch.nn.ModuleList");
-    Py_DECREF(nn);
-  }
+  static PyObject* module_list = lookup_once("torch.nn", "ModuleList");
   return (PyObject*)Py_TYPE(o) == module_list;
 }
 
