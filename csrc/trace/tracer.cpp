@@ -501,7 +501,9 @@ VarPtr Tracer::subscript(const VarPtr& obj, const VarPtr& index) {
     return out;
   }
   if (obj->is(VarKind::kModule) && index->is(VarKind::kConst)) {
-    // ModuleList/Sequential/ModuleDict indexing: reach the child through _modules.
+    // ModuleList/Sequential/ModuleDict indexing: reach the child through _modules. A negative index counts from
+    // the end: the container's keys are guarded too (an append keeps `_modules['2']`, but `[-1]` moves on).
+    if (PyLong_Check(index->value) && PyLong_AsLongLong(index->value) < 0 && obj->source) iterate(obj);
     PyObject* child = check(PyObject_GetItem(obj->value, index->value), "module indexing");
     PyObject* modules = PyObject_GetAttrString(obj->value, "_modules");
     SourcePtr source;

@@ -1303,3 +1303,22 @@ def test_a_module_list_slice_leaving_the_trace_is_a_module_list():
     assert type(rest) is nn.ModuleList and list(rest) == list(m.layers)[3:]
     torch.testing.assert_close(out, m(x, [])[0])
     assert log == [2]
+
+
+def test_negative_index_into_a_module_list_follows_appends():
+    """`self.layers[-1]` after an append is the new last layer in eager: the container's keys are guarded, so the
+    call recompiles (the old last layer's own entry in _modules still passes its identity check)."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+
+        def forward(self, x):
+            return self.layers[-1](x) + self.layers[0](x)
+
+    m = M()
+    x = torch.randn(2, 4)
+    compiled = kiln.compile(m)
+    torch.testing.assert_close(compiled(x), m(x))
+    m.layers.append(nn.Linear(4, 4))
+    torch.testing.assert_close(compiled(x), m(x))
