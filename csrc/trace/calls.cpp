@@ -168,7 +168,16 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
     const VarPtr& x = args[0];
     if (x->is(VarKind::kTuple) || x->is(VarKind::kList) || x->is(VarKind::kDict))
       return make_const_steal(PyLong_FromSize_t(x->items.size()));
-    if (x->is(VarKind::kTensor) || x->is(VarKind::kModule) || x->is(VarKind::kObject)) {
+    // A container module's length, as its iteration reads it: guarded on its keys (ModuleList, Sequential,
+    // ModuleDict, ParameterDict) or its _size (ParameterList), so an append recompiles. Another module's
+    // __len__ is not traced.
+    if (x->is(VarKind::kModule)) {
+      guard_container_items(x);
+      Py_ssize_t len = PyObject_Length(x->value);
+      if (len < 0) rethrow_python("len()");
+      return make_const_steal(PyLong_FromSsize_t(len));
+    }
+    if (x->is(VarKind::kTensor) || x->is(VarKind::kObject)) {
       Py_ssize_t len = PyObject_Length(x->value);
       if (len < 0) rethrow_python("len()");
       return make_const_steal(PyLong_FromSsize_t(len));

@@ -503,7 +503,7 @@ VarPtr Tracer::subscript(const VarPtr& obj, const VarPtr& index) {
   if (obj->is(VarKind::kModule) && index->is(VarKind::kConst)) {
     // ModuleList/Sequential/ModuleDict indexing: reach the child through _modules. A negative index counts from
     // the end: the container's keys are guarded too (an append keeps `_modules['2']`, but `[-1]` moves on).
-    if (PyLong_Check(index->value) && PyLong_AsLongLong(index->value) < 0 && obj->source) iterate(obj);
+    if (PyLong_Check(index->value) && PyLong_AsLongLong(index->value) < 0) guard_container_items(obj);
     PyObject* child = check(PyObject_GetItem(obj->value, index->value), "module indexing");
     PyObject* modules = PyObject_GetAttrString(obj->value, "_modules");
     SourcePtr source;
@@ -594,6 +594,36 @@ bool Tracer::truthy(const VarPtr& v) {
   KILN_UNSUPPORTED() << "truth value of a " << v->describe();
 }
 
+std::string Tracer::guard_container_items(const VarPtr& v) {
+  // As the container's own __iter__ (kiln._tracing.module_iteration): Sequential and ModuleList yield their
+  // children in _modules order, ModuleDict and ParameterDict their keys, ParameterList self[i] for each index.
+  // Any other module's __iter__ (and __len__) is not traced.
+  PyObject* how = check(PyObject_CallOneArg(helper("module_iteration"), v->value), "classifying a module's __iter__");
+  const std::string kind = how == Py_None ? "" : str_of(how);
+  Py_DECREF(how);
+  if (kind.empty()) KILN_UNSUPPORTED() << "iterating a " << Py_TYPE(v->value)->tp_name << " (its __iter__ is not traced)";
+  // What the trace reads of the items (a loop runs once per item; len()) is guarded on the container's own
+  // record of them: the _modules or _keys dict's keys in order, ParameterList's _size.
+  if (!v->source) return kind;
+  if (kind == "indexed") {
+    PyObject* size = check(PyObject_GetAttrString(v->value, "_size"), "ParameterList._size");
+    guards_->add_constant(Source::instance_dict(v->source, "_size"), size);
+    Py_DECREF(size);
+    return kind;
+  }
+  const char* dict_name = kind == "keys" && PyObject_HasAttrString(v->value, "_keys") ? "_keys" : "_modules";
+  PyObject* dict = check(PyObject_GetAttrString(v->value, dict_name), "a module's key dict");
+  PyObject* keys = PyDict_Check(dict) ? PySequence_Tuple(dict) : nullptr;
+  Py_DECREF(dict);
+  if (!keys) {
+    PyErr_Clear();
+    KILN_UNSUPPORTED() << "iterating a " << Py_TYPE(v->value)->tp_name << " whose " << dict_name << " is not a dict";
+  }
+  guards_->add_dict_keys(Source::instance_dict(v->source, dict_name), keys);
+  Py_DECREF(keys);
+  return kind;
+}
+
 std::vector<VarPtr> Tracer::iterate(const VarPtr& v) {
   switch (v->kind) {
     case VarKind::kTuple:
@@ -614,33 +644,7 @@ std::vector<VarPtr> Tracer::iterate(const VarPtr& v) {
       return out;
     }
     case VarKind::kModule: {
-      // As the container's own __iter__ (kiln._tracing.module_iteration): Sequential and ModuleList yield their
-      // children in _modules order, ModuleDict and ParameterDict their keys, ParameterList self[i] for each index.
-      // Any other module's __iter__ is not traced.
-      PyObject* how = check(PyObject_CallOneArg(helper("module_iteration"), v->value), "classifying a module's __iter__");
-      const std::string kind = how == Py_None ? "" : str_of(how);
-      Py_DECREF(how);
-      if (kind.empty()) KILN_UNSUPPORTED() << "iterating a " << Py_TYPE(v->value)->tp_name << " (its __iter__ is not traced)";
-      // The loop runs once per item: guarded on the container's own record of them (the _modules or _keys dict's
-      // keys in order, ParameterList's _size).
-      if (v->source) {
-        if (kind == "indexed") {
-          PyObject* size = check(PyObject_GetAttrString(v->value, "_size"), "ParameterList._size");
-          guards_->add_constant(Source::instance_dict(v->source, "_size"), size);
-          Py_DECREF(size);
-        } else {
-          const char* dict_name = kind == "keys" && PyObject_HasAttrString(v->value, "_keys") ? "_keys" : "_modules";
-          PyObject* dict = check(PyObject_GetAttrString(v->value, dict_name), "a module's key dict");
-          PyObject* keys = PyDict_Check(dict) ? PySequence_Tuple(dict) : nullptr;
-          Py_DECREF(dict);
-          if (!keys) {
-            PyErr_Clear();
-            KILN_UNSUPPORTED() << "iterating a " << Py_TYPE(v->value)->tp_name << " whose " << dict_name << " is not a dict";
-          }
-          guards_->add_dict_keys(Source::instance_dict(v->source, dict_name), keys);
-          Py_DECREF(keys);
-        }
-      }
+      const std::string kind = guard_container_items(v);  // the container's own __iter__, guarded
       std::vector<VarPtr> out;
       if (kind == "children") {  // through _modules, as an attribute read of each child would
         PyObject* modules = check(PyObject_GetAttrString(v->value, "_modules"), "module._modules");

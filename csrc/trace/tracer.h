@@ -100,6 +100,9 @@ class Tracer {
   bool truthy(const VarPtr& v);
   /// The items a for-loop over `v` visits.
   std::vector<VarPtr> iterate(const VarPtr& v);
+  /// A container module's iteration kind ("children", "keys", "indexed"; module_iteration), with what its
+  /// items depend on guarded (its key dict's keys or ParameterList's _size). Unsupported for other modules.
+  std::string guard_container_items(const VarPtr& v);
 
   PyObject* helper(const char* name);  ///< borrowed attribute of kiln._tracing
   /// Grad-mode switches (grad_mode.cpp): `fn` (bound to `self` when set) is run for real when it is a

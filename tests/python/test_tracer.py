@@ -1322,3 +1322,31 @@ def test_negative_index_into_a_module_list_follows_appends():
     torch.testing.assert_close(compiled(x), m(x))
     m.layers.append(nn.Linear(4, 4))
     torch.testing.assert_close(compiled(x), m(x))
+
+
+def test_len_of_module_containers_is_guarded():
+    """`for i in range(len(self.layers))` and `len(self.scales)` fold to the trace-time lengths, guarded on the
+    containers' keys and ParameterList's size: appending to either recompiles (it silently kept the old length)."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+            self.scales = nn.ParameterList(nn.Parameter(torch.randn(4)) for _ in range(2))
+            self.heads = nn.ModuleDict({"a": nn.Linear(4, 2)})
+
+        def forward(self, x):
+            for i in range(len(self.layers)):
+                x = self.layers[i](x)
+            return x * len(self.scales) + len(self.heads)
+
+    m = M()
+    x = torch.randn(2, 4)
+    compiled = kiln.compile(m)
+    torch.testing.assert_close(compiled(x), m(x))
+    assert kiln.explain(m)(x).graph_break_count == 0
+    m.layers.append(nn.Linear(4, 4))
+    torch.testing.assert_close(compiled(x), m(x))
+    m.scales.append(nn.Parameter(torch.randn(4)))
+    torch.testing.assert_close(compiled(x), m(x))
+    m.heads["b"] = nn.Linear(4, 2)
+    torch.testing.assert_close(compiled(x), m(x))
