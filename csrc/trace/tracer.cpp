@@ -580,8 +580,18 @@ bool Tracer::truthy(const VarPtr& v) {
     case VarKind::kTuple:
     case VarKind::kList:
     case VarKind::kDict: return !v->items.empty();
-    case VarKind::kObject:
     case VarKind::kModule: {
+      // `if self.extra:` of a ModuleList is its length: guarded as iteration guards it. A module without __bool__
+      // or __len__ is always true (its class is guarded); any other's are not traced.
+      PyTypeObject* t = Py_TYPE(v->value);
+      bool has_bool = t->tp_as_number && t->tp_as_number->nb_bool;
+      bool has_len = (t->tp_as_mapping && t->tp_as_mapping->mp_length) || (t->tp_as_sequence && t->tp_as_sequence->sq_length);
+      if (has_bool || has_len) guard_container_items(v);
+      int r = PyObject_IsTrue(v->value);
+      if (r < 0) throw_python_error("truth value of a " + v->describe());
+      return r;
+    }
+    case VarKind::kObject: {
       int r = PyObject_IsTrue(v->value);
       if (r < 0) throw_python_error("truth value of a " + v->describe());
       return r;

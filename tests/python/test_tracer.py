@@ -1325,18 +1325,22 @@ def test_negative_index_into_a_module_list_follows_appends():
 
 
 def test_len_of_module_containers_is_guarded():
-    """`for i in range(len(self.layers))` and `len(self.scales)` fold to the trace-time lengths, guarded on the
-    containers' keys and ParameterList's size: appending to either recompiles (it silently kept the old length)."""
+    """`for i in range(len(self.layers))`, `len(self.scales)` and `if self.extra:` fold to the trace-time lengths,
+    guarded on the containers' keys and ParameterList's size: appending to any recompiles (each silently kept the
+    old length before)."""
     class M(nn.Module):
         def __init__(self):
             super().__init__()
             self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
             self.scales = nn.ParameterList(nn.Parameter(torch.randn(4)) for _ in range(2))
             self.heads = nn.ModuleDict({"a": nn.Linear(4, 2)})
+            self.extra = nn.ModuleList()
 
         def forward(self, x):
             for i in range(len(self.layers)):
                 x = self.layers[i](x)
+            if self.extra:  # its truth is its length
+                x = x + 1000
             return x * len(self.scales) + len(self.heads)
 
     m = M()
@@ -1349,4 +1353,6 @@ def test_len_of_module_containers_is_guarded():
     m.scales.append(nn.Parameter(torch.randn(4)))
     torch.testing.assert_close(compiled(x), m(x))
     m.heads["b"] = nn.Linear(4, 2)
+    torch.testing.assert_close(compiled(x), m(x))
+    m.extra.append(nn.Identity())
     torch.testing.assert_close(compiled(x), m(x))
