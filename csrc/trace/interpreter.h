@@ -77,6 +77,7 @@ class InstructionTranslator {
   void op_compare_op(const bytecode::Instruction&);
   void op_is_op(const bytecode::Instruction&);
   void op_contains_op(const bytecode::Instruction&);
+  bool module_contains_by_key(PyObject* module);  ///< ModuleDict/ParameterDict.__contains__ (kiln._tracing)
   void op_build_tuple(const bytecode::Instruction&);
   void op_build_list(const bytecode::Instruction&);
   void op_build_map(const bytecode::Instruction&);

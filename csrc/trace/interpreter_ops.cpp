@@ -138,6 +138,13 @@ void InstructionTranslator::op_is_op(const Instruction& ins) {
   push(make_const(result ? Py_True : Py_False));
 }
 
+bool InstructionTranslator::module_contains_by_key(PyObject* module) {
+  PyObject* r = PyObject_CallOneArg(tracer_.helper("contains_by_key"), module);
+  if (!r) rethrow_python("inspecting a module's __contains__");
+  Py_DECREF(r);
+  return r == Py_True;
+}
+
 void InstructionTranslator::op_contains_op(const Instruction& ins) {
   VarPtr container = pop();
   VarPtr item = pop();
@@ -157,6 +164,16 @@ void InstructionTranslator::op_contains_op(const Instruction& ins) {
     for (PyObject* k : container->keys) found = found || PyObject_RichCompareBool(k, item->value, Py_EQ) == 1;
   } else if (container->is(VarKind::kObject) && item->is(VarKind::kConst)) {
     // `"loss" in output` of a ModelOutput: its keys, on the trace-time instance (a read, like out[key]).
+    int r = PySequence_Contains(container->value, item->value);
+    if (r < 0) {
+      PyErr_Clear();
+      KILN_UNSUPPORTED() << "'in' on a " << container->describe() << " raised";
+    }
+    found = r;
+  } else if (container->is(VarKind::kModule) && item->is(VarKind::kConst) && !item->by_type &&
+             module_contains_by_key(container->value)) {
+    // `"b" in self.heads` of a ModuleDict or ParameterDict: its keys, guarded as iterating it guards them.
+    tracer_.guard_container_items(container);
     int r = PySequence_Contains(container->value, item->value);
     if (r < 0) {
       PyErr_Clear();

@@ -414,6 +414,11 @@ def resume_nesting_ok():
     return False
 
 
+def contains_by_key(module):
+    """Whether `key in module` is ModuleDict's or ParameterDict's own __contains__ (a lookup among its keys)."""
+    return getattr(type(module), "__contains__", None) in (nn.ModuleDict.__contains__, nn.ParameterDict.__contains__)
+
+
 def module_iteration(module):
     """How the tracer iterates `module`, as its container's __iter__ does: "children" (Sequential, ModuleList: the
     _modules values in order), "keys" (ModuleDict, ParameterDict), "indexed" (ParameterList: self[i] for each i), or

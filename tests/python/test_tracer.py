@@ -1356,3 +1356,30 @@ def test_len_of_module_containers_is_guarded():
     torch.testing.assert_close(compiled(x), m(x))
     m.extra.append(nn.Identity())
     torch.testing.assert_close(compiled(x), m(x))
+
+
+def test_key_in_a_module_dict_is_traced_and_guarded():
+    """`"b" in self.heads` of a ModuleDict (or ParameterDict) reads its keys, guarded: adding the key recompiles."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.heads = nn.ModuleDict({"a": nn.Linear(4, 2)})
+            self.bias = nn.ParameterDict({"a": nn.Parameter(torch.zeros(2))})
+
+        def forward(self, x):
+            y = self.heads["a"](x)
+            if "b" in self.heads:
+                y = y + self.heads["b"](x)
+            if "b" not in self.bias:
+                y = y * 2
+            return y
+
+    m = M()
+    x = torch.randn(3, 4)
+    compiled = kiln.compile(m)
+    torch.testing.assert_close(compiled(x), m(x))
+    assert kiln.explain(m)(x).graph_break_count == 0
+    m.heads["b"] = nn.Linear(4, 2)
+    torch.testing.assert_close(compiled(x), m(x))
+    m.bias["b"] = nn.Parameter(torch.ones(2))
+    torch.testing.assert_close(compiled(x), m(x))
