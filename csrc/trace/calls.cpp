@@ -217,9 +217,10 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
     // Attribute existence is settled on the real object; the value goes through get_attr (guards).
     if (args[0]->value && !args[0]->is(VarKind::kTensor)) {
       int exists = PyObject_HasAttr(args[0]->value, args[1]->value);
-      if (args[0]->by_type && args[0]->source) {
-        // Another instance of the type may differ: the answer is guarded (a read of the attribute through
-        // its source when present, an absence check when not).
+      if (args[0]->source) {
+        // Another instance of the type, or this one later (`m.extra = ...` on a module pinned by identity), may
+        // differ: the answer is guarded (a read of the attribute through its source when present, an absence
+        // check when not).
         if (!exists) guards_->add_has_no_attr(args[0]->source, PyUnicode_AsUTF8(args[1]->value));
         else if (has) get_attr(args[0], args[1]->value);
       }

@@ -1383,3 +1383,29 @@ def test_key_in_a_module_dict_is_traced_and_guarded():
     torch.testing.assert_close(compiled(x), m(x))
     m.bias["b"] = nn.Parameter(torch.ones(2))
     torch.testing.assert_close(compiled(x), m(x))
+
+
+def test_hasattr_and_getattr_with_a_default_on_a_module_are_guarded():
+    """`hasattr(self, "extra")` and `getattr(self, "gain", 1.0)` on a module: setting the attribute later recompiles
+    (hasattr kept answering False before)."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = self.lin(x) * getattr(self, "gain", 1.0)
+            if hasattr(self, "extra"):
+                y = y + self.extra(x)
+            return y
+
+    m = M()
+    x = torch.randn(2, 4)
+    compiled = kiln.compile(m)
+    torch.testing.assert_close(compiled(x), m(x))
+    m.extra = nn.Linear(4, 4)
+    torch.testing.assert_close(compiled(x), m(x))
+    m.gain = 3.0
+    torch.testing.assert_close(compiled(x), m(x))
+    del m.extra
+    torch.testing.assert_close(compiled(x), m(x))
