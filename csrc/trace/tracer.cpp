@@ -501,25 +501,27 @@ VarPtr Tracer::subscript(const VarPtr& obj, const VarPtr& index) {
     return out;
   }
   if (obj->is(VarKind::kModule) && index->is(VarKind::kConst)) {
-    // ModuleList/Sequential/ModuleDict indexing: reach the child through _modules. A negative index counts from
-    // the end: the container's keys are guarded too (an append keeps `_modules['2']`, but `[-1]` moves on).
-    if (PyLong_Check(index->value) && PyLong_AsLongLong(index->value) < 0) guard_container_items(obj);
+    // ModuleList/Sequential/ModuleDict/ParameterList/ParameterDict indexing: the child through the slot and key the
+    // index names (_tracing.container_slot). A position is guarded on the container's keys or size (an append keeps
+    // `_modules['2']`, but `[-1]` moves on; a Sequential's keys are names).
     PyObject* child = check(PyObject_GetItem(obj->value, index->value), "module indexing");
-    PyObject* modules = PyObject_GetAttrString(obj->value, "_modules");
     SourcePtr source;
-    if (modules && obj->source) {
-      Py_ssize_t pos = 0;
-      PyObject *k, *v;
-      while (PyDict_Next(modules, &pos, &k, &v))
-        if (v == child) {
-          source = Source::module_slot(obj->source, "_modules", str_of(k));
-          break;
-        }
+    if (obj->source) {
+      PyObject* slot = PyObject_CallFunctionObjArgs(helper("container_slot"), obj->value, index->value, nullptr);
+      if (!slot) {
+        Py_DECREF(child);
+        rethrow_python("locating a container's item");
+      }
+      if (slot != Py_None) {
+        if (PyLong_Check(index->value)) guard_container_items(obj);
+        source = Source::module_slot(obj->source, str_of(PyTuple_GET_ITEM(slot, 0)), str_of(PyTuple_GET_ITEM(slot, 1)));
+      }
+      Py_DECREF(slot);
     }
-    Py_XDECREF(modules);
-    if (!source && is_module(child)) {
+    if (!source && (is_module(child) || is_tensor(child))) {
       Py_DECREF(child);
-      KILN_UNSUPPORTED() << "indexing a module container with a slice";
+      KILN_UNSUPPORTED() << "indexing a " << Py_TYPE(obj->value)->tp_name << " whose item is not reached through its "
+                         << "_modules or _parameters";
     }
     VarPtr out = source ? wrap(child, source) : wrap_result(child);
     Py_DECREF(child);

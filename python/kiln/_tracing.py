@@ -414,6 +414,27 @@ def resume_nesting_ok():
     return False
 
 
+def container_slot(module, index):
+    """Where `module[index]` of a container lives: ("_modules" or "_parameters", key), or None when the container's
+    own __getitem__ is not one of torch.nn's or the index is out of range. By position, not by identity: a module
+    listed twice (layers[0] is layers[3]) is reached through the entry the index names."""
+    kind = module_iteration(module)
+    if type(index) is int and kind in ("children", "indexed"):
+        n = len(module)
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            return None
+        if kind == "children":
+            return "_modules", list(module._modules.keys())[i]
+        key = str(i)  # ParameterList registers its i-th parameter under str(i)
+        return ("_parameters", key) if key in module._parameters else None
+    if type(index) is str and kind == "keys":
+        for slot in ("_modules", "_parameters"):
+            if index in getattr(module, slot):
+                return slot, index
+    return None
+
+
 def contains_by_key(module):
     """Whether `key in module` is ModuleDict's or ParameterDict's own __contains__ (a lookup among its keys)."""
     return getattr(type(module), "__contains__", None) in (nn.ModuleDict.__contains__, nn.ParameterDict.__contains__)

@@ -1409,3 +1409,34 @@ def test_hasattr_and_getattr_with_a_default_on_a_module_are_guarded():
     torch.testing.assert_close(compiled(x), m(x))
     del m.extra
     torch.testing.assert_close(compiled(x), m(x))
+
+
+def test_container_items_are_reached_by_position_and_parameter_lists_are_traced():
+    """`self.layers[2]` is the entry index 2 names, even when the same module also sits at index 0 (replacing
+    entry 2 recompiles); a Sequential's items by position (its keys are names); `self.scales[i]` of a ParameterList
+    is traced (it was a graph break), and an in-place update of the parameter is seen."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            shared = nn.Linear(4, 4)
+            self.layers = nn.ModuleList([shared, nn.Linear(4, 4), shared])
+            self.seq = nn.Sequential()
+            self.seq.add_module("first", nn.Linear(4, 4))
+            self.seq.add_module("second", nn.Tanh())
+            self.scales = nn.ParameterList(nn.Parameter(torch.randn(4)) for _ in range(2))
+
+        def forward(self, x):
+            return (self.layers[2](x) + self.seq[0](x) + self.seq[-1](x)) * self.scales[0] + self.scales[-1]
+
+    m = M()
+    x = torch.randn(2, 4, requires_grad=True)
+    assert_same_as_eager(m, x)
+    assert kiln.explain(m)(x).graph_break_count == 0
+    compiled = kiln.compile(m)
+    m.layers[2] = nn.Linear(4, 4)
+    torch.testing.assert_close(compiled(x), m(x))
+    with torch.no_grad():
+        m.scales[0].mul_(3)
+    torch.testing.assert_close(compiled(x), m(x))
+    m.scales.append(nn.Parameter(torch.randn(4)))
+    torch.testing.assert_close(compiled(x), m(x))
