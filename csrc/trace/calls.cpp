@@ -168,16 +168,10 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
     const VarPtr& x = args[0];
     if (x->is(VarKind::kTuple) || x->is(VarKind::kList) || x->is(VarKind::kDict))
       return make_const_steal(PyLong_FromSize_t(x->items.size()));
-    // A container module's length, as its iteration reads it: guarded on its keys (ModuleList, Sequential,
-    // ModuleDict, ParameterDict) or its _size (ParameterList), so an append recompiles. Another module's
-    // __len__ is not traced.
-    if (x->is(VarKind::kModule)) {
-      guard_container_items(x);
-      Py_ssize_t len = PyObject_Length(x->value);
-      if (len < 0) rethrow_python("len()");
-      return make_const_steal(PyLong_FromSsize_t(len));
-    }
-    if (x->is(VarKind::kTensor) || x->is(VarKind::kObject)) {
+    if (x->is(VarKind::kTensor) || x->is(VarKind::kModule) || x->is(VarKind::kObject)) {
+      // A container module's length is guarded as its iteration is (its keys, ParameterList's _size), so an
+      // append recompiles; another module's __len__ is not traced.
+      if (x->is(VarKind::kModule)) guard_container_items(x);
       Py_ssize_t len = PyObject_Length(x->value);
       if (len < 0) rethrow_python("len()");
       return make_const_steal(PyLong_FromSsize_t(len));
@@ -186,13 +180,11 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
   if (f == builtin("isinstance") && n == 2 && is_constant(args[1]) && !holds_object_pinned_by_type(args[1])) {
     const VarPtr& x = args[0];
     // A class or a tuple of classes (`isinstance(m, (torch.Tensor, BlockMask))`: a tuple the trace built)
-    PyObject* classes = to_python(args[1]);
-    if (!classes) rethrow_python("isinstance's classes");
-    PyObject* cls = classes;
-    struct Release {
-      PyObject* o;
-      ~Release() { Py_DECREF(o); }
-    } release{classes};
+    if (!x->is(VarKind::kTensor) && !x->is(VarKind::kTuple) && !x->is(VarKind::kList) && !x->is(VarKind::kDict) &&
+        !x->value)
+      KILN_UNSUPPORTED() << "isinstance of a " << x->describe();
+    PyObject* cls = to_python(args[1]);
+    if (!cls) rethrow_python("isinstance's classes");
     int r;
     if (x->is(VarKind::kTensor)) {
       r = PyObject_IsSubclass((PyObject*)x->real_type, cls);
@@ -201,11 +193,10 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
                         : x->is(VarKind::kList) ? (x->real_type ? x->real_type : &PyList_Type)
                                                 : &PyDict_Type;
       r = PyObject_IsSubclass((PyObject*)t, cls);
-    } else if (x->value) {
-      r = PyObject_IsInstance(x->value, cls);
     } else {
-      KILN_UNSUPPORTED() << "isinstance of a " << x->describe();
+      r = PyObject_IsInstance(x->value, cls);
     }
+    Py_DECREF(cls);
     if (r < 0) rethrow_python("isinstance");
     return make_const(r ? Py_True : Py_False);
   }

@@ -162,18 +162,11 @@ void InstructionTranslator::op_contains_op(const Instruction& ins) {
   bool found = false;
   if (container->is(VarKind::kDict) && item->is(VarKind::kConst)) {
     for (PyObject* k : container->keys) found = found || PyObject_RichCompareBool(k, item->value, Py_EQ) == 1;
-  } else if (container->is(VarKind::kObject) && item->is(VarKind::kConst)) {
+  } else if (item->is(VarKind::kConst) && (container->is(VarKind::kObject) ||
+             (container->is(VarKind::kModule) && !item->by_type && module_contains_by_key(container->value)))) {
     // `"loss" in output` of a ModelOutput: its keys, on the trace-time instance (a read, like out[key]).
-    int r = PySequence_Contains(container->value, item->value);
-    if (r < 0) {
-      PyErr_Clear();
-      KILN_UNSUPPORTED() << "'in' on a " << container->describe() << " raised";
-    }
-    found = r;
-  } else if (container->is(VarKind::kModule) && item->is(VarKind::kConst) && !item->by_type &&
-             module_contains_by_key(container->value)) {
     // `"b" in self.heads` of a ModuleDict or ParameterDict: its keys, guarded as iterating it guards them.
-    tracer_.guard_container_items(container);
+    if (container->is(VarKind::kModule)) tracer_.guard_container_items(container);
     int r = PySequence_Contains(container->value, item->value);
     if (r < 0) {
       PyErr_Clear();

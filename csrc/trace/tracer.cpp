@@ -558,6 +558,14 @@ VarPtr Tracer::subscript(const VarPtr& obj, const VarPtr& index) {
   KILN_UNSUPPORTED() << "subscript of a " << obj->describe() << " by a " << index->describe();
 }
 
+namespace {
+// Whether a type defines __bool__, and whether it defines __len__ (either is how Python decides its truth).
+std::pair<bool, bool> bool_and_len_slots(PyTypeObject* t) {
+  return {t->tp_as_number && t->tp_as_number->nb_bool,
+          (t->tp_as_mapping && t->tp_as_mapping->mp_length) || (t->tp_as_sequence && t->tp_as_sequence->sq_length)};
+}
+}  // namespace
+
 bool Tracer::truthy(const VarPtr& v) {
   switch (v->kind) {
     case VarKind::kConst: {
@@ -567,8 +575,7 @@ bool Tracer::truthy(const VarPtr& v) {
         // An object pinned by type only (a deque, a user object): its truth is its state. A C length is
         // guarded; a __bool__ or __len__ written in Python runs in Python (a graph break here).
         PyTypeObject* t = Py_TYPE(v->value);
-        bool has_bool = t->tp_as_number && t->tp_as_number->nb_bool;
-        bool has_len = (t->tp_as_mapping && t->tp_as_mapping->mp_length) || (t->tp_as_sequence && t->tp_as_sequence->sq_length);
+        const auto [has_bool, has_len] = bool_and_len_slots(t);
         if (has_bool || (has_len && (t->tp_flags & Py_TPFLAGS_HEAPTYPE)))
           KILN_UNSUPPORTED() << "truth value of a " << t->tp_name << " (its __bool__ or __len__ is not traced)";
         if (has_len) {
@@ -585,13 +592,9 @@ bool Tracer::truthy(const VarPtr& v) {
     case VarKind::kModule: {
       // `if self.extra:` of a ModuleList is its length: guarded as iteration guards it. A module without __bool__
       // or __len__ is always true (its class is guarded); any other's are not traced.
-      PyTypeObject* t = Py_TYPE(v->value);
-      bool has_bool = t->tp_as_number && t->tp_as_number->nb_bool;
-      bool has_len = (t->tp_as_mapping && t->tp_as_mapping->mp_length) || (t->tp_as_sequence && t->tp_as_sequence->sq_length);
+      const auto [has_bool, has_len] = bool_and_len_slots(Py_TYPE(v->value));
       if (has_bool || has_len) guard_container_items(v);
-      int r = PyObject_IsTrue(v->value);
-      if (r < 0) throw_python_error("truth value of a " + v->describe());
-      return r;
+      [[fallthrough]];
     }
     case VarKind::kObject: {
       int r = PyObject_IsTrue(v->value);

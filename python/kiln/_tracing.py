@@ -102,9 +102,8 @@ def make_stateless_module(cls, /, *args, **kwargs):
     """`nn.ReLU()`, `nn.Softmax(dim=-1)`, `nn.Dropout(0.1)` made inside traced code: a built-in torch.nn module
     class called with constant arguments is constructed at trace time, as eager constructs it at each call, and
     returned when it holds no parameter or buffer (so it draws no random numbers and has nothing to guard: the
-    arguments, constants of the trace, fix it). None for anything else (the call is a graph break)."""
-    if not may_be_stateless_module(cls):
-        return None
+    arguments, constants of the trace, fix it). `cls` is one may_be_stateless_module accepted (the tracer asks it
+    first, before it makes the arguments). None when the instance holds state (the call is a graph break)."""
     # A class that turns out to hold parameters initialises them randomly: its construction here must not move
     # the generators that eager's own construction, after the graph break, draws from.
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
