@@ -219,6 +219,11 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
     ctx->saved_data["private"] = private_values;
     ctx->saved_data["is_private"] = is_private;
     ctx->saved_data["program"] = c10::IValue::make_capsule(program);
+    // Which gradients AccumulateGrad will keep (a leaf's): the backward may place those side by side.
+    c10::List<bool> leaf_gradients;
+    for (int32_t input : joint.grad_inputs)
+      leaf_gradients.push_back(inputs.at(input).defined() && inputs[input].requires_grad() && inputs[input].is_leaf());
+    ctx->saved_data["leaf_gradients"] = leaf_gradients;
     variable_list non_differentiable;
     for (size_t i = 0; i < outputs.size(); ++i)
       if (!joint.output_differentiable[i]) non_differentiable.push_back(outputs[i]);
@@ -259,21 +264,28 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
       inputs.push_back(conform(s, bg.values[bg.inputs[inputs.size()]].meta, !consume));
       if (consume) s.reset();
     }
-    std::vector<at::Tensor> grads = consume ? program->backward->run_consuming(std::move(inputs)) : program->backward->run(inputs);
-    // One gradient per forward argument: the inputs (undefined where none flows), then the program.
-    const size_t num_inputs = joint.forward->inputs.size();
-    variable_list result(num_inputs + 1);
+    std::vector<bool> reached(joint.grad_inputs.size(), false);
     for (size_t i = 0; i < joint.grad_inputs.size(); ++i) {
       // A gradient the walk found independent of every incoming one (a structural zero written as a constant) is
       // kept whenever any gradient came: eager's engine reaches its input along the path the graph elides.
-      bool reached = false, depends = false;
+      bool depends = false;
       for (size_t j = 0; j < arrived.size(); ++j) {
-        reached = reached || (arrived[j] && program->reaches[i][j]);
+        reached[i] = reached[i] || (arrived[j] && program->reaches[i][j]);
         depends = depends || program->reaches[i][j];
       }
-      if (!depends) reached = std::find(arrived.begin(), arrived.end(), true) != arrived.end();
-      if (reached) result[joint.grad_inputs[i]] = grads[i];
+      if (!depends) reached[i] = std::find(arrived.begin(), arrived.end(), true) != arrived.end();
     }
+    // Packed (placed side by side): the gradients of leaves that are handed on. One computed but dropped (BERT's
+    // unused pooler) would hold its bytes of a bucket until the bucket's last gradient is freed.
+    std::vector<bool> packed = reached;
+    c10::List<bool> leaves = ctx->saved_data["leaf_gradients"].toBoolList();
+    for (size_t i = 0; i < packed.size(); ++i) packed[i] = packed[i] && leaves.get(i);
+    std::vector<at::Tensor> grads = program->backward->run_packing(std::move(inputs), consume, packed);
+    // One gradient per forward argument: the inputs (undefined where none flows), then the program.
+    const size_t num_inputs = joint.forward->inputs.size();
+    variable_list result(num_inputs + 1);
+    for (size_t i = 0; i < joint.grad_inputs.size(); ++i)
+      if (reached[i]) result[joint.grad_inputs[i]] = grads[i];
     return result;
   }
 };

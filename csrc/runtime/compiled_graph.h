@@ -17,6 +17,14 @@ class CompiledGraph {
   /// Like run(), for a caller that hands over its only references to the inputs: a backend may then free
   /// each input after its last use (a backward graph's saved activations, released as the backward goes).
   virtual std::vector<at::Tensor> run_consuming(std::vector<at::Tensor>&& inputs) { return run(inputs); }
+  /// run() (or run_consuming() when `consuming`), where outputs[i] for each `packed[i]` is long-lived: a leaf
+  /// gradient that AccumulateGrad keeps as `.grad`. The kiln backend then places those outputs side by side in a
+  /// few large allocations (kernel_graph.cpp) rather than one caching-allocator block each.
+  virtual std::vector<at::Tensor> run_packing(std::vector<at::Tensor>&& inputs, bool consuming,
+                                              const std::vector<bool>& packed) {
+    (void)packed;
+    return consuming ? run_consuming(std::move(inputs)) : run(inputs);
+  }
   /// True when run() calls back into Python (user backends): the caller then runs it with the frame
   /// hook's compiler suspended, so the backend's own Python is never traced.
   virtual bool reenters_python() const { return false; }

@@ -187,6 +187,44 @@ void restore_recorded_layout(PreparedNode& node, size_t position) {
     node.restored_outputs.push_back(position);
 }
 
+bool prepare_out_variant(PreparedNode& node) {
+  // One output only: an op with several may leave one it was told not to compute (native_layer_norm_backward's
+  // output_mask), which its out= overload refuses as an out tensor.
+  if (!node.op || node.returns_list || node.copy_into_fresh || node.outputs.size() != 1) return false;
+  const c10::OperatorName& name = node.op->schema().operator_name();
+  const auto& args = node.op->schema().arguments();
+  const std::vector<std::string> candidates = {"out", name.overload_name + "_out", name.overload_name + "out"};
+  for (const std::string& overload : candidates) {
+    if (name.overload_name.empty() && overload != "out") continue;
+    auto handle = c10::Dispatcher::singleton().findSchema({name.name, overload});
+    if (!handle) continue;
+    const auto& out_args = handle->schema().arguments();
+    if (out_args.size() != args.size() + node.outputs.size() ||
+        handle->schema().returns().size() != node.outputs.size())
+      continue;
+    bool matches = true;
+    for (size_t i = 0; i < args.size(); ++i)
+      matches = matches && out_args[i].name() == args[i].name() && *out_args[i].type() == *args[i].type();
+    for (size_t i = args.size(); i < out_args.size(); ++i) matches = matches && out_args[i].is_out();
+    if (!matches) continue;
+    node.out_op = *handle;
+    return true;
+  }
+  return false;
+}
+
+void call_node_into(const PreparedNode& node, const graph::Graph& g, const std::vector<at::Tensor>& constants,
+                    std::vector<at::Tensor>& env, std::vector<at::Tensor> outs) {
+  KILN_ASSERT(node.out_op.has_value()) << node.name << " has no prepared out= overload";
+  KILN_ASSERT_EQ(outs.size(), node.outputs.size()) << "out tensors of " << node.name;
+  torch::jit::Stack stack = node.stack_template;
+  for (const auto& slot : node.tensor_slots) stack[slot.position] = env[slot.id];
+  for (const auto& slot : node.list_slots) stack[slot.position] = build_list(slot, g, constants, env);
+  for (const at::Tensor& out : outs) stack.emplace_back(out);
+  node.out_op->callBoxed(stack);
+  for (size_t i = 0; i < outs.size(); ++i) env[node.outputs[i]] = std::move(outs[i]);
+}
+
 void call_node(const PreparedNode& node, const graph::Graph& g, const std::vector<at::Tensor>& constants,
                std::vector<at::Tensor>& env) {
   if (!node.op) {

@@ -38,6 +38,9 @@ struct PreparedNode {
   std::vector<size_t> restored_outputs;
   std::vector<graph::ValueId> outputs;
   bool returns_list = false;
+  // The op's out= overload (aten::mm.out for aten::mm.default), set by prepare_out_variant: its arguments are
+  // the op's, then one `out` tensor per return.
+  std::optional<c10::OperatorHandle> out_op;
 };
 
 /// Looks up the node's operator and converts its constant arguments. `constants[id]` is the real tensor of
@@ -50,6 +53,15 @@ PreparedNode prepare_node(const graph::Graph& g, const graph::Node& node, const 
 /// fused kernels' layout (kiln/_fake.py) that the views after it were recorded against; the kiln backend asks it
 /// for extern outputs its kernels read with the recorded strides baked in.
 void restore_recorded_layout(PreparedNode& node, size_t position);
+
+/// Finds the out= overload of a node with one output (the op's arguments followed by an out tensor, returning it)
+/// and keeps it in `node.out_op`. False, leaving the node as it was, for other nodes and ops without one.
+bool prepare_out_variant(PreparedNode& node);
+
+/// Like call_node, through the out= overload prepare_out_variant found: the results are written into `outs` (one
+/// per output, laid out as the graph records them), which become the outputs in `env`.
+void call_node_into(const PreparedNode& node, const graph::Graph& g, const std::vector<at::Tensor>& constants,
+                    std::vector<at::Tensor>& env, std::vector<at::Tensor> outs);
 
 /// Calls the op at the top of the dispatcher (autograd and every other key behave as in eager) with the
 /// tensors of `env` (indexed by ValueId; constants read from `constants`), and stores its results in `env`.

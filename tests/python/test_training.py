@@ -286,6 +286,60 @@ def test_grad_accumulates_over_two_backwards_and_retain_graph():
     assert_compiled_autograd()
 
 
+def packed_bytes(t):
+    return (t.numel() * t.element_size() + 511) // 512 * 512
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_leaf_gradients_are_packed_side_by_side_and_train_as_eager(set_to_none):
+    # The backward writes the gradients AccumulateGrad keeps into shared buckets (kernel_graph.cpp, run_packing):
+    # the Linear layers' weights (mm through its out= overload, behind t() views) and biases (generated sums).
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 32), nn.GELU(), nn.Linear(32, 16), nn.Tanh(), nn.Linear(16, 4))
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    for _ in range(3):
+        x = random_tensor(8, 12)
+        opt.zero_grad(set_to_none=set_to_none)
+        ref_opt.zero_grad(set_to_none=set_to_none)
+        compiled(x).pow(2).mean().backward()
+        reference(x).pow(2).mean().backward()
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+            assert not p.grad._is_view() and p.grad.stride() == q.grad.stride(), name
+        opt.step()
+        ref_opt.step()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6, msg=name)
+    if set_to_none:  # the last step's gradients are the backward's own outputs: one bucket, nothing else in it
+        grads = [p.grad for p in model.parameters()]
+        storages = {g.untyped_storage().data_ptr() for g in grads}
+        assert len(storages) == 1, storages
+        assert grads[0].untyped_storage().nbytes() == sum(packed_bytes(g) for g in grads)
+    assert_compiled_autograd()
+
+
+def test_gradients_of_non_leaves_are_not_packed_with_the_leaves():
+    # x's gradient flows on to eager's node for `leaf * 2` and is freed there; in a bucket with the weights'
+    # gradients it would keep the bucket's other bytes alive, so only leaves are packed.
+    model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+    reference = copy.deepcopy(model)
+    leaf = random_tensor(4, 6, requires_grad=True)
+    compiled = kiln.compile(model)
+    compiled(leaf * 2).sum().backward()
+    ref_leaf = leaf.detach().clone().requires_grad_()
+    reference(ref_leaf * 2).sum().backward()
+    torch.testing.assert_close(leaf.grad, ref_leaf.grad)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+    weight_storage = model[0].weight.grad.untyped_storage().data_ptr()
+    assert model[2].weight.grad.untyped_storage().data_ptr() == weight_storage
+    assert leaf.grad.untyped_storage().data_ptr() != weight_storage
+    assert_compiled_autograd()
+
+
 def test_backward_twice_without_retain_graph_raises_like_eager():
     compiled = kiln.compile(lambda a: torch.tanh(a) * 2)
     out = compiled(r(3, 4)).sum()
@@ -341,6 +395,11 @@ def test_an_unused_output_gives_its_parameters_no_gradient_as_in_eager():
             opt.step()
         assert model.pooler.weight.grad is None and model.pooler.bias.grad is None, compiled
         assert model.body.weight.grad is not None
+        if compiled:  # the pooler's gradients, computed and dropped, took no place among the packed ones
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            for g in grads:
+                shared = [h for h in grads if h.untyped_storage().data_ptr() == g.untyped_storage().data_ptr()]
+                assert g.untyped_storage().nbytes() == sum(packed_bytes(h) for h in shared)
         models.append(model)
     for (name, eager), compiled in zip(models[0].named_parameters(), models[1].parameters()):
         torch.testing.assert_close(compiled, eager, msg=name)
