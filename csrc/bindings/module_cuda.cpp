@@ -10,6 +10,7 @@
 #include "codegen/cuda/cuda_device_lib.h"
 #include "codegen/cuda/cuda_program_cache.h"
 #include "codegen/cuda/nvrtc_compiler.h"
+#include "codegen/cuda/nvrtc_workers.h"
 #include "common/error.h"
 #include "runtime/cuda_driver.h"
 #include "runtime/cuda_launch.h"
@@ -107,6 +108,33 @@ void register_cuda(py::module_& parent) {
       py::arg("source"), py::arg("name"), py::arg("arch") = "compute_90", py::arg("line_info") = false,
       "compile a CUDA C program (extern \"C\" __global__ kernels) to PTX text; errors raise KilnError quoting the "
       "failing line");
+  m.def(
+      "compile_parts",
+      [](const std::vector<std::string>& sources, const std::string& name, const std::string& arch) {
+        cg::NvrtcOptions options;
+        options.arch = arch;
+        options.headers = cg::cuda_device_headers();
+        std::vector<cg::CompiledCuda> compiled;
+        {
+          py::gil_scoped_release no_gil;
+          compiled = cg::compile_cuda_parts(sources, name, options);
+        }
+        py::list out;
+        for (const auto& c : compiled)
+          out.append(py::dict(py::arg("image") = py::bytes(c.image), py::arg("in_worker") = c.in_worker,
+                              py::arg("compile_ms") = c.compile_ms));
+        return out;
+      },
+      py::arg("sources"), py::arg("name"), py::arg("arch") = "compute_90",
+      "compile the parts of one program side by side as compiled graphs do (NVRTC worker processes when there is "
+      "more than one part); per part a dict of image, in_worker and compile_ms");
+  m.def("nvrtc_worker_stats", [] {
+    cg::NvrtcWorkerStats s = cg::nvrtc_worker_stats();
+    return py::dict(py::arg("started") = s.started, py::arg("answered") = s.answered, py::arg("failed") = s.failed,
+                    py::arg("executable") = s.executable, py::arg("unavailable") = s.unavailable,
+                    py::arg("idle_pids") = s.idle_pids);
+  }, "the NVRTC worker pool's counters: processes started, requests answered and not, the executable, and why "
+     "workers are not used ('' while they are), and the idle workers' pids");
   m.def(
       "compile_cubin",
       [](const std::string& source, const std::string& name, const std::string& arch, bool line_info) {

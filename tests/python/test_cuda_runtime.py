@@ -49,6 +49,50 @@ def test_two_kernel_program_compiles_to_ptx_with_vector_access_and_shuffles():
     assert re.search(r"(atom|red)\.global(\.\w+)*\.add\.f32", ptx)
 
 
+def part(i):
+    return (f'#include "kiln_scalar.cuh"\nextern "C" __global__ void part{i}(float* x) {{\n'
+            f'  x[threadIdx.x] = x[threadIdx.x] * {i + 2}.0f + 1.0f;\n}}\n')
+
+
+def test_parts_compile_in_worker_processes_to_the_same_images():
+    # A graph's CUDA source in several parts compiles side by side in kiln-nvrtc-worker processes (NVRTC may
+    # compile one program at a time per process); each image is the one this process's NVRTC makes.
+    before = cuda.nvrtc_worker_stats()
+    parts = [part(i) for i in range(3)]
+    compiled = cuda.compile_parts(parts, "parts.cu")
+    stats = cuda.nvrtc_worker_stats()
+    assert stats["unavailable"] == "", stats
+    assert os.path.basename(stats["executable"]) == "kiln-nvrtc-worker"
+    assert [c["in_worker"] for c in compiled] == [True] * 3
+    assert stats["answered"] - before["answered"] == 3
+    for source, c in zip(parts, compiled):
+        assert c["image"].decode() == cuda.compile_ptx(source, "parts.cu")
+    # one part alone compiles in this process
+    assert [c["in_worker"] for c in cuda.compile_parts([part(7)], "parts.cu")] == [False]
+
+
+def test_a_compile_error_in_a_worker_quotes_the_failing_line():
+    broken = 'extern "C" __global__ void broken(float* x) {\n  x[0] = not_declared;\n}\n'
+    with pytest.raises(KilnError, match=r"(?s)could not compile CUDA program 'parts\.cu'.*parts\.cu:2 \|   x\[0\] = not_declared"):
+        cuda.compile_parts([part(0), broken], "parts.cu")
+
+
+def test_a_dead_worker_is_retired_and_its_part_compiles_here():
+    cuda.compile_parts([part(0), part(1)], "parts.cu")  # at least one idle worker now
+    idle = cuda.nvrtc_worker_stats()["idle_pids"]
+    assert idle
+    for pid in idle:
+        os.kill(pid, 9)
+    failed = cuda.nvrtc_worker_stats()["failed"]
+    compiled = cuda.compile_parts([part(i) for i in range(2, 2 + len(idle))], "parts.cu")
+    for i, c in enumerate(compiled):
+        assert c["image"].decode() == cuda.compile_ptx(part(2 + i), "parts.cu")
+    stats = cuda.nvrtc_worker_stats()
+    assert stats["failed"] > failed
+    assert not set(idle) & set(stats["idle_pids"])
+    assert all(c["in_worker"] for c in cuda.compile_parts([part(10), part(11)], "parts.cu"))  # new workers start
+
+
 def test_line_info_puts_source_lines_in_the_ptx():
     plain = cuda.compile_ptx(ADD_MUL_RELU_PROGRAM, "add_mul_relu.cu")
     with_lines = cuda.compile_ptx(ADD_MUL_RELU_PROGRAM, "add_mul_relu.cu", line_info=True)

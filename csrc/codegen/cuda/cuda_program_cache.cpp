@@ -8,6 +8,7 @@
 #include <atomic>
 #include <exception>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <mutex>
 #include <thread>
@@ -49,7 +50,7 @@ std::string read_binary(const std::string& path) {
 
 // The compiled image of `source` for `options`: from the disk cache, or compiled by NVRTC and published.
 CompiledCuda compile_or_load(const std::string& source, const std::string& program_name, const NvrtcOptions& options,
-                             CudaProgramCacheStats& stats) {
+                             CudaProgramCacheStats& stats, bool in_worker) {
   const NvrtcVersion version = nvrtc_version();
   std::string headers;
   for (const CudaHeader& h : options.headers) headers += h.name + "\x1f" + h.content + "\x1f";
@@ -70,7 +71,7 @@ CompiledCuda compile_or_load(const std::string& source, const std::string& progr
       return loaded;
     }
   }
-  CompiledCuda compiled = compile_cuda(source, program_name, options);
+  CompiledCuda compiled = compile_cuda(source, program_name, options, in_worker);
   ++stats.compiled;
   try {
     const std::string built = cache::temporary_path("cuda", key, suffix);
@@ -86,7 +87,42 @@ CompiledCuda compile_or_load(const std::string& source, const std::string& progr
   return compiled;
 }
 
+// Runs fn(0) .. fn(n - 1) on up to one thread per core; the first error is rethrown once all have finished.
+void run_in_parallel(size_t n, const std::function<void(size_t)>& fn) {
+  std::vector<std::exception_ptr> errors(n);
+  auto run_one = [&](size_t i) {
+    try {
+      fn(i);
+    } catch (...) {
+      errors[i] = std::current_exception();
+    }
+  };
+  const size_t workers = std::min<size_t>(n, std::max(1u, std::thread::hardware_concurrency()));
+  if (workers <= 1) {
+    for (size_t i = 0; i < n; ++i) run_one(i);
+  } else {
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> threads;
+    for (size_t w = 0; w < workers; ++w)
+      threads.emplace_back([&] {
+        for (size_t i = next++; i < n; i = next++) run_one(i);
+      });
+    for (auto& t : threads) t.join();
+  }
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
 }  // namespace
+
+std::vector<CompiledCuda> compile_cuda_parts(const std::vector<std::string>& sources, const std::string& program_name,
+                                             const NvrtcOptions& options) {
+  std::vector<CompiledCuda> compiled(sources.size());
+  run_in_parallel(sources.size(), [&](size_t i) {
+    compiled[i] = compile_cuda(sources[i], program_name, options, /*in_worker=*/sources.size() > 1);
+  });
+  return compiled;
+}
 
 std::vector<CudaProgram> cuda_programs_for_device(int ordinal, const std::vector<std::string>& sources,
                                                   const std::string& program_name, bool line_info) {
@@ -115,32 +151,14 @@ std::vector<CudaProgram> cuda_programs_for_device(int ordinal, const std::vector
   }
   options.line_info = line_info;
   options.headers = cuda_device_headers();
-  // NVRTC compiles separate programs concurrently; the lock is not held meanwhile (two threads asking for
-  // the same source may both compile it: the first to finish is kept).
+  // The parts compile side by side: on threads, each handing its program to an NVRTC worker process
+  // (nvrtc_workers.h; NVRTC may compile one program at a time per process). The lock is not held meanwhile (two
+  // threads asking for the same source may both compile it: the first to finish is kept).
   std::vector<CompiledCuda> compiled(missing.size());
   std::vector<CudaProgramCacheStats> stats(missing.size());
-  std::vector<std::exception_ptr> errors(missing.size());
-  auto compile_one = [&](size_t m) {
-    try {
-      compiled[m] = compile_or_load(sources[missing[m]], program_name, options, stats[m]);
-    } catch (...) {
-      errors[m] = std::current_exception();
-    }
-  };
-  const size_t workers = std::min<size_t>(missing.size(), std::max(1u, std::thread::hardware_concurrency()));
-  if (workers <= 1) {
-    for (size_t m = 0; m < missing.size(); ++m) compile_one(m);
-  } else {
-    std::atomic<size_t> next{0};
-    std::vector<std::thread> threads;
-    for (size_t w = 0; w < workers; ++w)
-      threads.emplace_back([&] {
-        for (size_t m = next++; m < missing.size(); m = next++) compile_one(m);
-      });
-    for (auto& t : threads) t.join();
-  }
-  for (const auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  run_in_parallel(missing.size(), [&](size_t m) {
+    compiled[m] = compile_or_load(sources[missing[m]], program_name, options, stats[m], /*in_worker=*/missing.size() > 1);
+  });
   std::lock_guard<std::mutex> lock(c.mutex);
   for (size_t m = 0; m < missing.size(); ++m) {
     c.stats.compiled += stats[m].compiled;

@@ -26,10 +26,17 @@ struct CudaProgram {
 CudaProgram cuda_program_for_device(int ordinal, const std::string& source, const std::string& program_name,
                                     bool line_info = false);
 
-/// Several programs for one device at once: the ones neither cache holds are compiled by NVRTC on parallel
-/// threads (one per program, up to the machine's cores), then loaded. Same guarantees and errors as above.
+/// Several programs for one device at once: the ones neither cache holds are compiled side by side (threads up
+/// to the machine's cores, each handing its program to an NVRTC worker process: compile_cuda_parts), then
+/// loaded. Same guarantees and errors as above.
 std::vector<CudaProgram> cuda_programs_for_device(int ordinal, const std::vector<std::string>& sources,
                                                   const std::string& program_name, bool line_info = false);
+
+/// The parts of one source compiled side by side as cuda_programs_for_device does (with more than one part, in
+/// NVRTC worker processes where they start, nvrtc_workers.h), without the caches and without a device: for
+/// tests and tools. Errors as compile_cuda's.
+std::vector<CompiledCuda> compile_cuda_parts(const std::vector<std::string>& sources, const std::string& program_name,
+                                             const NvrtcOptions& options);
 
 /// How many programs were compiled and how many requests the memory cache answered.
 struct CudaProgramCacheStats {

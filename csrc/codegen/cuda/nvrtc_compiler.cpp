@@ -10,35 +10,20 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <sstream>
 
 #include "common/dynamic_library.h"
 #include "common/error.h"
+#include "codegen/cuda/nvrtc_api.h"
+#include "codegen/cuda/nvrtc_workers.h"
 #include "common/log.h"
 
 namespace kiln::codegen::cuda {
 namespace {
 
-using NvrtcResult = int;  // nvrtcResult; 0 is NVRTC_SUCCESS
-using NvrtcProgram = struct NvrtcProgramOpaque*;
-
-struct NvrtcApi {
-  NvrtcResult (*nvrtcVersion)(int* major, int* minor);
-  const char* (*nvrtcGetErrorString)(NvrtcResult result);
-  NvrtcResult (*nvrtcGetNumSupportedArchs)(int* count);
-  NvrtcResult (*nvrtcGetSupportedArchs)(int* archs);
-  NvrtcResult (*nvrtcCreateProgram)(NvrtcProgram* program, const char* source, const char* name, int header_count,
-                                    const char* const* headers, const char* const* include_names);
-  NvrtcResult (*nvrtcDestroyProgram)(NvrtcProgram* program);
-  NvrtcResult (*nvrtcCompileProgram)(NvrtcProgram program, int option_count, const char* const* options);
-  NvrtcResult (*nvrtcGetPTXSize)(NvrtcProgram program, size_t* size);
-  NvrtcResult (*nvrtcGetPTX)(NvrtcProgram program, char* ptx);
-  NvrtcResult (*nvrtcGetCUBINSize)(NvrtcProgram program, size_t* size);
-  NvrtcResult (*nvrtcGetCUBIN)(NvrtcProgram program, char* cubin);
-  NvrtcResult (*nvrtcGetProgramLogSize)(NvrtcProgram program, size_t* size);
-  NvrtcResult (*nvrtcGetProgramLog)(NvrtcProgram program, char* log);
-};
+using NvrtcApi = nvrtc::Api;
 
 struct LoadedNvrtc {
   NvrtcApi api{};
@@ -115,20 +100,6 @@ std::string loaded_file_of(void* handle, const std::string& fallback) {
   return fallback;
 }
 
-// libnvrtc opens its helper library libnvrtc-builtins.so.X.Y by soname when it first compiles, which fails
-// for a folder outside the loader's path (the pip wheel's): loading it first from the same folder makes
-// that lookup find the copy already in the process.
-void preload_builtins_beside(const std::string& nvrtc_file) {
-  std::string dir = std::filesystem::path(nvrtc_file).parent_path().string();
-  if (dir.empty()) return;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    std::string name = entry.path().filename().string();
-    if (name.rfind("libnvrtc-builtins.so", 0) == 0 && name.find(".alt.") == std::string::npos)
-      dlopen(entry.path().c_str(), RTLD_NOW | RTLD_LOCAL);  // kept open for the process, like libnvrtc
-  }
-}
-
 LoadedNvrtc load_nvrtc() {
   LoadedNvrtc loaded;
   OpenedLibrary opened = open_first_library(nvrtc_candidates());
@@ -143,20 +114,8 @@ LoadedNvrtc load_nvrtc() {
   NvrtcApi& a = loaded.api;
   std::string missing;
   loaded.path = loaded_file_of(handle, loaded.path);
-  preload_builtins_beside(loaded.path);
-  resolve_symbol(handle, "nvrtcVersion", a.nvrtcVersion, missing);
-  resolve_symbol(handle, "nvrtcGetErrorString", a.nvrtcGetErrorString, missing);
-  resolve_symbol(handle, "nvrtcGetNumSupportedArchs", a.nvrtcGetNumSupportedArchs, missing);
-  resolve_symbol(handle, "nvrtcGetSupportedArchs", a.nvrtcGetSupportedArchs, missing);
-  resolve_symbol(handle, "nvrtcCreateProgram", a.nvrtcCreateProgram, missing);
-  resolve_symbol(handle, "nvrtcDestroyProgram", a.nvrtcDestroyProgram, missing);
-  resolve_symbol(handle, "nvrtcCompileProgram", a.nvrtcCompileProgram, missing);
-  resolve_symbol(handle, "nvrtcGetPTXSize", a.nvrtcGetPTXSize, missing);
-  resolve_symbol(handle, "nvrtcGetPTX", a.nvrtcGetPTX, missing);
-  resolve_symbol(handle, "nvrtcGetCUBINSize", a.nvrtcGetCUBINSize, missing);
-  resolve_symbol(handle, "nvrtcGetCUBIN", a.nvrtcGetCUBIN, missing);
-  resolve_symbol(handle, "nvrtcGetProgramLogSize", a.nvrtcGetProgramLogSize, missing);
-  resolve_symbol(handle, "nvrtcGetProgramLog", a.nvrtcGetProgramLog, missing);
+  nvrtc::preload_builtins_beside(loaded.path);
+  missing = nvrtc::resolve_api(handle, a);
   if (!missing.empty()) {
     loaded.failure = "NVRTC at " + loaded.path + " lacks " + missing + ": kiln needs NVRTC 11.2 or newer";
     return loaded;
@@ -181,23 +140,6 @@ const NvrtcApi& nvrtc() {
   const LoadedNvrtc& loaded = loaded_nvrtc();
   KILN_CHECK(loaded.ok) << loaded.failure;
   return loaded.api;
-}
-
-// Destroys the program on every path out of compile_cuda, the throwing ones included.
-struct ProgramOwner {
-  NvrtcProgram program = nullptr;
-  ~ProgramOwner() {
-    if (program) loaded_nvrtc().api.nvrtcDestroyProgram(&program);
-  }
-};
-
-std::string program_log(const NvrtcApi& a, NvrtcProgram program) {
-  size_t size = 0;
-  if (a.nvrtcGetProgramLogSize(program, &size) != 0 || size <= 1) return "";
-  std::string log(size, '\0');
-  if (a.nvrtcGetProgramLog(program, log.data()) != 0) return "";
-  log.resize(size - 1);  // the size counts the terminating NUL
-  return log;
 }
 
 std::vector<std::string> split_lines(const std::string& text) {
@@ -266,60 +208,62 @@ std::string target_arch_for(int major, int minor) {
   return "compute_" + std::to_string(newest_known);
 }
 
-CompiledCuda compile_cuda(const std::string& source, const std::string& program_name, const NvrtcOptions& options) {
-  const NvrtcApi& a = nvrtc();
+namespace {
+
+// nvrtcCreateProgram .. nvrtcGetCUBIN in this process.
+nvrtc_worker::Response compile_here(const nvrtc_worker::Request& request) {
+  nvrtc_worker::Response response = nvrtc::compile_with(nvrtc(), request);
+  KILN_ASSERT(response.nvrtc_result != -1) << response.error;
+  return response;
+}
+
+}  // namespace
+
+CompiledCuda compile_cuda(const std::string& source, const std::string& program_name, const NvrtcOptions& options,
+                          bool in_worker) {
+  nvrtc();  // a missing NVRTC is reported here, wherever the program would have compiled
   KILN_CHECK(starts_with(options.arch, "sm_") || starts_with(options.arch, "compute_"))
       << "CUDA architecture '" << options.arch << "' is not one NVRTC takes: write sm_90 (cubin) or compute_90 (PTX)";
-  std::vector<const char*> header_texts, header_names;
-  for (const auto& header : options.headers) {
-    header_texts.push_back(header.content.c_str());
-    header_names.push_back(header.name.c_str());
-  }
-  ProgramOwner owner;
-  NvrtcResult created =
-      a.nvrtcCreateProgram(&owner.program, source.c_str(), program_name.c_str(), static_cast<int>(header_texts.size()),
-                           header_texts.data(), header_names.data());
-  KILN_CHECK(created == 0) << "nvrtcCreateProgram failed for '" << program_name
-                           << "': " << a.nvrtcGetErrorString(created);
+  nvrtc_worker::Request request;
+  request.nvrtc_path = loaded_nvrtc().path;
+  request.program_name = program_name;
+  request.source = source;
+  request.flags = {"--gpu-architecture=" + options.arch, "-default-device", "--std=c++17"};
+  if (options.line_info) request.flags.push_back("-lineinfo");
+  request.flags.insert(request.flags.end(), options.extra_flags.begin(), options.extra_flags.end());
+  for (const auto& header : options.headers) request.headers.emplace_back(header.name, header.content);
+  request.cubin = starts_with(options.arch, "sm_");
 
-  std::vector<std::string> flags = {"--gpu-architecture=" + options.arch, "-default-device", "--std=c++17"};
-  if (options.line_info) flags.push_back("-lineinfo");
-  flags.insert(flags.end(), options.extra_flags.begin(), options.extra_flags.end());
-  std::vector<const char*> flag_pointers;
-  for (const auto& flag : flags) flag_pointers.push_back(flag.c_str());
-
-  auto start = std::chrono::steady_clock::now();
-  NvrtcResult compiled =
-      a.nvrtcCompileProgram(owner.program, static_cast<int>(flag_pointers.size()), flag_pointers.data());
   CompiledCuda result;
-  result.compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  result.log = program_log(a, owner.program);
-  if (compiled != 0) {
+  std::optional<nvrtc_worker::Response> response;
+  if (in_worker) {
+    response = compile_in_worker(request);
+    if (response && response->nvrtc_result == -1) {  // the worker could not run NVRTC: this process can
+      KILN_LOG(perf) << "NVRTC worker could not compile '" << program_name << "' (" << response->error
+                     << "); compiling it in this process";
+      response.reset();
+    }
+    result.in_worker = response.has_value();
+  }
+  if (!response) response = compile_here(request);
+  result.compile_ms = response->compile_ms;
+  result.log = response->log;
+  if (response->nvrtc_result != 0) {
     KILN_LOG(output_code) << "CUDA program '" << program_name << "' that NVRTC rejected:\n" << numbered(source);
     std::string quoted = quote_failing_lines(result.log, source, program_name);
     KILN_CHECK(false) << "NVRTC " << loaded_nvrtc().version.major << "." << loaded_nvrtc().version.minor
                       << " could not compile CUDA program '" << program_name << "' for " << options.arch << " ("
-                      << a.nvrtcGetErrorString(compiled) << "):\n"
+                      << response->error << "):\n"
                       << result.log << (quoted.empty() ? "" : "failing source lines:") << quoted
                       << "\n(KILN_LOGS=output_code prints the whole numbered source)";
   }
   result.arch = options.arch;
-  result.is_cubin = starts_with(options.arch, "sm_");
+  result.is_cubin = request.cubin;
   result.version = loaded_nvrtc().version;
-  size_t size = 0;
-  if (result.is_cubin) {
-    KILN_ASSERT(a.nvrtcGetCUBINSize(owner.program, &size) == 0 && size > 0) << "NVRTC produced no cubin";
-    result.image.resize(size);
-    KILN_ASSERT(a.nvrtcGetCUBIN(owner.program, result.image.data()) == 0) << "nvrtcGetCUBIN failed";
-  } else {
-    KILN_ASSERT(a.nvrtcGetPTXSize(owner.program, &size) == 0 && size > 0) << "NVRTC produced no PTX";
-    result.image.resize(size);
-    KILN_ASSERT(a.nvrtcGetPTX(owner.program, result.image.data()) == 0) << "nvrtcGetPTX failed";
-    result.image.resize(size - 1);  // PTX is text: drop the NUL the size counts (std::string keeps its own)
-  }
+  result.image = std::move(response->image);
   if (!result.log.empty()) KILN_LOG(output_code) << "NVRTC warnings for '" << program_name << "':\n" << result.log;
   KILN_LOG(perf) << "NVRTC compiled '" << program_name << "' for " << options.arch << " in " << result.compile_ms
-                 << " ms";
+                 << " ms" << (result.in_worker ? " (worker process)" : "");
   return result;
 }
 

@@ -50,11 +50,15 @@ struct CompiledCuda {
   std::string log;        ///< NVRTC's warnings ("" when none)
   NvrtcVersion version;   ///< of the NVRTC that compiled it
   double compile_ms = 0;  ///< wall time of nvrtcCompileProgram
+  bool in_worker = false; ///< compiled by an NVRTC worker process (nvrtc_workers.h)
 };
 
 /// Compiles one program (any number of extern "C" __global__ kernels) with -default-device and --std=c++17.
 /// A compile error throws kiln::Error (KilnError) whose message holds NVRTC's log and quotes each failing
 /// source line with its number; KILN_LOGS=output_code also prints the numbered source.
-CompiledCuda compile_cuda(const std::string& source, const std::string& program_name, const NvrtcOptions& options);
+/// `in_worker`: compile in an NVRTC worker process (nvrtc_workers.h) when one is free, else here; the result and
+/// the errors are the same either way.
+CompiledCuda compile_cuda(const std::string& source, const std::string& program_name, const NvrtcOptions& options,
+                          bool in_worker = false);
 
 }  // namespace kiln::codegen::cuda
