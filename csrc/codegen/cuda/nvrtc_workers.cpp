@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,6 +24,7 @@ namespace {
 
 constexpr size_t kMaxWorkers = 8;
 constexpr const char* kWorkerName = "kiln-nvrtc-worker";
+constexpr long kAnswerTimeoutSeconds = 300;  // NVRTC takes well under a second for kiln's largest programs
 
 struct Worker {
   pid_t pid = -1;
@@ -71,6 +73,11 @@ Worker start_worker(const std::string& path, std::string& why) {
     why = "could not start " + path + " (" + std::strerror(rc) + ")";
     return w;
   }
+  // A worker that hangs must not hang the compile: after this long without an answer the request fails, the
+  // worker is retired and the program compiles in this process.
+  timeval timeout{};
+  timeout.tv_sec = kAnswerTimeoutSeconds;
+  setsockopt(ends[0], SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   w.pid = pid;
   w.socket = ends[0];
   return w;
