@@ -219,10 +219,16 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
     ctx->saved_data["private"] = private_values;
     ctx->saved_data["is_private"] = is_private;
     ctx->saved_data["program"] = c10::IValue::make_capsule(program);
-    // Which gradients AccumulateGrad will keep (a leaf's): the backward may place those side by side.
+    // Which gradients AccumulateGrad will keep as they come (a leaf's, laid out as the leaf is: it clones any
+    // other, which would leave the original's bytes unused in a bucket): the backward places those side by side.
     c10::List<bool> leaf_gradients;
-    for (int32_t input : joint.grad_inputs)
-      leaf_gradients.push_back(inputs.at(input).defined() && inputs[input].requires_grad() && inputs[input].is_leaf());
+    for (size_t i = 0; i < joint.grad_inputs.size(); ++i) {
+      const at::Tensor& input = inputs.at(joint.grad_inputs[i]);
+      const graph::TensorMeta& grad = joint.backward->values[joint.backward->outputs.at(i)].meta;
+      bool kept = input.defined() && input.requires_grad() && input.is_leaf() && input.sizes().equals(grad.sizes);
+      for (int64_t d = 0; kept && d < input.dim(); ++d) kept = input.size(d) == 1 || input.stride(d) == grad.strides[d];
+      leaf_gradients.push_back(kept);
+    }
     ctx->saved_data["leaf_gradients"] = leaf_gradients;
     variable_list non_differentiable;
     for (size_t i = 0; i < outputs.size(); ++i)

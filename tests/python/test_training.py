@@ -321,6 +321,29 @@ def test_leaf_gradients_are_packed_side_by_side_and_train_as_eager(set_to_none):
     assert_compiled_autograd()
 
 
+class TransposedWeight(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 12).t())  # a leaf laid out (1, 12)
+        self.b = nn.Parameter(torch.randn(16))
+
+    def forward(self, x):
+        return torch.tanh(x @ self.w + self.b)
+
+
+def test_a_transposed_parameter_gets_its_gradient_in_its_layout_when_packed():
+    torch.manual_seed(0)
+    model = TransposedWeight()
+    reference = copy.deepcopy(model)
+    x = random_tensor(5, 12)
+    kiln.compile(model)(x).pow(2).sum().backward()
+    reference(x).pow(2).sum().backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+        assert p.grad.stride() == q.grad.stride(), (name, p.grad.stride(), q.grad.stride())
+    assert_compiled_autograd()
+
+
 def test_gradients_of_non_leaves_are_not_packed_with_the_leaves():
     # x's gradient flows on to eager's node for `leaf * 2` and is freed there; in a bucket with the weights'
     # gradients it would keep the bucket's other bytes alive, so only leaves are packed.
