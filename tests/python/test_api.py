@@ -387,6 +387,28 @@ def test_user_backend_callable_is_used(fresh_kiln):
     assert len(calls) == 3, f"the backend's callable ran {len(calls)} times for 3 calls"
 
 
+@pytest.mark.parametrize("enabled_before", [True, False])
+def test_the_garbage_collector_is_paused_while_a_frame_compiles(fresh_kiln, enabled_before):
+    # Tracing allocates many short-lived objects; a collection walks all of torch's heap (compile_frame.cpp).
+    # A backend runs inside the compile: it sees the collector off. Afterwards it is as the caller left it.
+    seen = []
+
+    def backend(graph, example_inputs):
+        seen.append(gc.isenabled())
+        return kiln._C.compile_graph(graph, "eager")
+
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled_before else gc.disable()
+        compiled = kiln.compile(sin_plus, backend=backend)
+        x, y = random_tensor(3, 4), random_tensor(3, 4)
+        torch.testing.assert_close(compiled(x, y), sin_plus(x, y))
+        assert seen == [False]
+        assert gc.isenabled() == enabled_before
+    finally:
+        gc.enable() if was else gc.disable()
+
+
 def test_unknown_backend_names_the_known_ones(fresh_kiln):
     with pytest.raises(kiln.errors.KilnError) as info:
         kiln.compile(sin_plus, backend="no_such_backend")(random_tensor(2), random_tensor(2))
