@@ -12,7 +12,9 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/GradMode.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/graph_task.h>
 
@@ -72,7 +74,7 @@ class MetaOracle final : public autodiff::OpOracle {
     node.outputs.clear();
     for (size_t i = 0; i < schema.returns().size(); ++i) node.outputs.push_back(first_output + static_cast<graph::ValueId>(i));
     PreparedNode prepared = prepare_node(g, node, values_);
-    call_node(prepared, g, values_, values_);
+    if (!answered_by_kiln_rules(prepared, g, node)) call_node(prepared, g, values_, values_);
     std::vector<graph::TensorMeta> metas;
     for (graph::ValueId out : node.outputs) {
       graph::TensorMeta meta;
@@ -105,6 +107,98 @@ class MetaOracle final : public autodiff::OpOracle {
     if (meta.storage_offset != 0) t = t.as_strided(meta.sizes, meta.strides, meta.storage_offset);
     return t;
   }
+  // kiln's own meta rules (kiln/_meta_rules.py, oracle_infer) before torch's meta kernels: nearly all of those are
+  // Python, and the first one called imports sympy (0.15-0.25 s of a training step's first call). True when a
+  // rule gave the outputs (stored in values_), false when the op's meta kernel must run.
+  bool answered_by_kiln_rules(const PreparedNode& prepared, const graph::Graph& g, const graph::Node& node) {
+    if (!prepared.op || prepared.returns_list) return false;
+    static PyObject* infer = [] {
+      PyObject* rules = PyImport_ImportModule("kiln._meta_rules");
+      PyObject* f = rules ? PyObject_GetAttrString(rules, "oracle_infer") : nullptr;
+      Py_XDECREF(rules);
+      if (!f) PyErr_Clear();
+      return f;  // kept for the process
+    }();
+    if (!infer) return false;
+    const std::vector<c10::IValue> stack = argument_stack(prepared, g, values_, values_);
+    const auto& schema_args = prepared.op->schema().arguments();
+    PyObject* args = PyTuple_New(node.num_positional);
+    PyObject* kwargs = PyDict_New();
+    bool converted = true;
+    for (size_t i = 0; i < stack.size() && converted; ++i) {
+      PyObject* value = python_argument(stack[i], *schema_args[i].real_type());  // ScalarType, not its int
+      converted = value != nullptr;
+      if (!converted) break;
+      if (static_cast<int32_t>(i) < node.num_positional) {
+        PyTuple_SET_ITEM(args, i, value);
+      } else {
+        PyDict_SetItemString(kwargs, schema_args[i].name().c_str(), value);
+        Py_DECREF(value);
+      }
+    }
+    PyObject* result = nullptr;
+    if (converted) {
+      PyObject* name = PyUnicode_FromString(node.qualified_name().c_str());
+      result = PyObject_CallFunctionObjArgs(infer, name, args, kwargs, nullptr);
+      Py_DECREF(name);
+      if (!result) PyErr_Clear();  // a rule's surprise: torch's meta kernel decides
+    }
+    Py_DECREF(args);
+    Py_DECREF(kwargs);
+    if (!result || result == Py_None) {
+      Py_XDECREF(result);
+      return false;
+    }
+    std::vector<at::Tensor> outputs;
+    auto take = [&](PyObject* item) {
+      if (item == Py_None) return outputs.emplace_back(), true;
+      if (!THPVariable_Check(item)) return false;
+      outputs.push_back(THPVariable_Unpack(item));
+      return true;
+    };
+    bool ok = PyTuple_Check(result) ? true : take(result);
+    if (PyTuple_Check(result))
+      for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(result); ++i) ok = take(PyTuple_GET_ITEM(result, i));
+    Py_DECREF(result);
+    if (!ok || outputs.size() != node.outputs.size()) return false;
+    for (size_t i = 0; i < outputs.size(); ++i) values_[node.outputs[i]] = std::move(outputs[i]);
+    return true;
+  }
+
+  // An argument as kiln's rules take it (a torch.dtype for a ScalarType), or nullptr for a kind they do not take.
+  static PyObject* python_argument(const c10::IValue& v, const c10::Type& type) {
+    if (v.isNone()) return Py_NewRef(Py_None);
+    if (v.isTensor()) return THPVariable_Wrap(v.toTensor());
+    if (v.isBool()) return PyBool_FromLong(v.toBool());
+    if (v.isInt()) {
+      const c10::Type* t = &type;
+      if (auto optional = type.castRaw<c10::OptionalType>()) t = optional->getElementType().get();
+      if (t->kind() == c10::TypeKind::ScalarTypeType)
+        return Py_NewRef(reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<at::ScalarType>(v.toInt()))));
+      if (t->kind() == c10::TypeKind::LayoutType || t->kind() == c10::TypeKind::MemoryFormatType) return nullptr;
+      return PyLong_FromLongLong(v.toInt());  // an int, SymInt or Scalar
+    }
+    if (v.isDouble()) return PyFloat_FromDouble(v.toDouble());
+    if (v.isString()) return PyUnicode_FromString(v.toStringRef().c_str());
+    if (v.isList()) {
+      const c10::List<c10::IValue> items = v.toList();
+      PyObject* list = PyList_New(static_cast<Py_ssize_t>(items.size()));
+      const c10::Type* element = &type;
+      if (auto optional = type.castRaw<c10::OptionalType>()) element = optional->getElementType().get();
+      auto list_type = element->castRaw<c10::ListType>();
+      for (size_t i = 0; i < items.size(); ++i) {
+        PyObject* item = list_type ? python_argument(items.get(i), *list_type->getElementType()) : nullptr;
+        if (!item) {
+          Py_DECREF(list);
+          return nullptr;
+        }
+        PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), item);
+      }
+      return list;
+    }
+    return nullptr;
+  }
+
   std::vector<at::Tensor> values_;  // meta tensors by ValueId of the graph last asked about
 };
 
@@ -468,8 +562,13 @@ std::shared_ptr<AutogradGraph> compile_autograd_graph(std::shared_ptr<const grap
   KILN_ASSERT_EQ(program->reaches.size(), joint.grad_inputs.size()) << "backward outputs";
   for (const auto& view : joint.output_views)
     program->view_replays.push_back(view ? make_eager_interpreter(view, {}) : nullptr);
+  const log::Stopwatch forward_started;
   program->forward = compile_part(joint.forward);
+  const double forward_ms = forward_started.ms();
+  const log::Stopwatch backward_started;
   program->backward = compile_part(joint.backward);
+  KILN_LOG(perf) << "kiln autograd: forward compiled in " << log::whole_ms(forward_ms) << " ms, backward in "
+                 << log::whole_ms(backward_started.ms()) << " ms";
   kiln_backend_stats().autograd_saved_bytes += joint.saved_bytes;
   kiln_backend_stats().autograd_recomputed_nodes += joint.recomputed_nodes;
   return std::make_shared<JointGraph>(std::move(program));

@@ -187,6 +187,14 @@ void restore_recorded_layout(PreparedNode& node, size_t position) {
     node.restored_outputs.push_back(position);
 }
 
+std::vector<c10::IValue> argument_stack(const PreparedNode& node, const graph::Graph& g,
+                                        const std::vector<at::Tensor>& constants, const std::vector<at::Tensor>& env) {
+  torch::jit::Stack stack = node.stack_template;
+  for (const auto& slot : node.tensor_slots) stack[slot.position] = env[slot.id];
+  for (const auto& slot : node.list_slots) stack[slot.position] = build_list(slot, g, constants, env);
+  return stack;
+}
+
 bool prepare_out_variant(PreparedNode& node) {
   // One output only: an op with several may leave one it was told not to compute (native_layer_norm_backward's
   // output_mask), which its out= overload refuses as an out tensor.
@@ -217,9 +225,7 @@ void call_node_into(const PreparedNode& node, const graph::Graph& g, const std::
                     std::vector<at::Tensor>& env, std::vector<at::Tensor> outs) {
   KILN_ASSERT(node.out_op.has_value()) << node.name << " has no prepared out= overload";
   KILN_ASSERT_EQ(outs.size(), node.outputs.size()) << "out tensors of " << node.name;
-  torch::jit::Stack stack = node.stack_template;
-  for (const auto& slot : node.tensor_slots) stack[slot.position] = env[slot.id];
-  for (const auto& slot : node.list_slots) stack[slot.position] = build_list(slot, g, constants, env);
+  torch::jit::Stack stack = argument_stack(node, g, constants, env);
   for (const at::Tensor& out : outs) stack.emplace_back(out);
   node.out_op->callBoxed(stack);
   for (size_t i = 0; i < outs.size(); ++i) env[node.outputs[i]] = std::move(outs[i]);
@@ -231,9 +237,7 @@ void call_node(const PreparedNode& node, const graph::Graph& g, const std::vecto
     kiln_ops().at(node.name)(node.stack_template);
     return;
   }
-  torch::jit::Stack stack = node.stack_template;
-  for (const auto& slot : node.tensor_slots) stack[slot.position] = env[slot.id];
-  for (const auto& slot : node.list_slots) stack[slot.position] = build_list(slot, g, constants, env);
+  torch::jit::Stack stack = argument_stack(node, g, constants, env);
   if (node.copy_into_fresh && at::GradMode::is_enabled()) {  // copy(self, src, non_blocking)
     const at::Tensor& self = stack.at(0).toTensor();
     at::Tensor out = self.new_empty_strided(self.sizes(), self.strides());

@@ -54,6 +54,11 @@ PreparedNode prepare_node(const graph::Graph& g, const graph::Node& node, const 
 /// for extern outputs its kernels read with the recorded strides baked in.
 void restore_recorded_layout(PreparedNode& node, size_t position);
 
+/// The node's arguments as its op takes them (stack_template with the tensors of `env` filled in; constants read
+/// from `constants`), for callers that run the op some other way (kiln's meta rules: autograd_graph.cpp).
+std::vector<c10::IValue> argument_stack(const PreparedNode& node, const graph::Graph& g,
+                                        const std::vector<at::Tensor>& constants, const std::vector<at::Tensor>& env);
+
 /// Finds the out= overload of a node with one output (the op's arguments followed by an out tensor, returning it)
 /// and keeps it in `node.out_op`. False, leaving the node as it was, for other nodes and ops without one.
 bool prepare_out_variant(PreparedNode& node);

@@ -253,6 +253,96 @@ _RULES.update({aten.addmm.default: _matmul, aten.mm.default: _matmul, aten.bmm.d
                aten.native_layer_norm.default: _layer_norm})
 
 
+def _layer_norm_backward(func, args, kwargs):
+    """native_layer_norm_backward: contiguous gradients of the input, weight and bias (ATen's empty_like with the
+    contiguous format), None where output_mask leaves one out."""
+    grad, x, normalized_shape, mean, rstd, weight, bias, mask = args
+    if kwargs or x.dtype not in (torch.float32, torch.float64) or grad.dtype != x.dtype or list(grad.shape) != list(x.shape):
+        return None
+    axis = x.dim() - len(normalized_shape)
+    if axis < 0 or list(x.shape[axis:]) != list(normalized_shape) or 0 in x.shape:
+        return None
+    results = [_contiguous(x.shape, x.dtype) if mask[0] else None]
+    for param, wanted in ((weight, mask[1]), (bias, mask[2])):
+        if not wanted:
+            results.append(None)
+        elif param is None or param.dtype != x.dtype or list(param.shape) != list(normalized_shape):
+            return None
+        else:
+            results.append(_contiguous(param.shape, x.dtype))
+    return tuple(results)
+
+
+def _softmax_backward_data(func, args, kwargs):
+    grad, output, dim, input_dtype = args
+    if kwargs or grad.dtype not in (torch.float32, torch.float64) or input_dtype != grad.dtype:
+        return None
+    if output.dtype != grad.dtype or list(output.shape) != list(grad.shape) or grad.dim() == 0:
+        return None
+    if not -grad.dim() <= dim < grad.dim():
+        return None
+    return _contiguous(grad.shape, grad.dtype)
+
+
+def _select_backward(func, args, kwargs):
+    """The gradient of x.select(dim, index): zeros of x's sizes (contiguous) with the slice written."""
+    grad, input_sizes, dim, index = args
+    if kwargs or grad.dtype not in _FLOATING or len(input_sizes) != grad.dim() + 1:
+        return None
+    if not -len(input_sizes) <= dim < len(input_sizes):
+        return None
+    dim %= len(input_sizes)
+    if [s for d, s in enumerate(input_sizes) if d != dim] != list(grad.shape):
+        return None
+    if not -input_sizes[dim] <= index < input_sizes[dim]:
+        return None
+    return _contiguous(list(input_sizes), grad.dtype)
+
+
+def _stack(func, args, kwargs):
+    """stack of tensors of one shape and dtype, as ATen makes it: a cat of the tensors along `dim` viewed with the new
+    dim (or, stacking after the last dim, a cat of their unsqueezed views). Contiguous unless what is concatenated
+    suggests a channels-last format (4-d and 5-d tensors whose strides read so: left to torch)."""
+    tensors = args[0]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    if len(tensors) < 2 or any(k != "dim" for k in kwargs):  # (one tensor may keep its own layout)
+        return None
+    first = tensors[0]
+    if first.dtype not in _FLOATING or any(t.dtype != first.dtype or t.shape != first.shape for t in tensors):
+        return None
+    if 0 in first.shape or not -(first.dim() + 1) <= dim <= first.dim():
+        return None
+    dim %= first.dim() + 1
+    if any(_strides_like_channels_last(t if dim < first.dim() else t.unsqueeze(dim)) for t in tensors):
+        return None
+    shape = list(first.shape)
+    shape.insert(dim, len(tensors))
+    return _contiguous(shape, first.dtype)
+
+
+_RULES.update({aten.native_layer_norm_backward.default: _layer_norm_backward,
+               aten._softmax_backward_data.default: _softmax_backward_data,
+               aten.select_backward.default: _select_backward, aten.stack.default: _stack})
+
+_OVERLOADS = {}
+
+
+def oracle_infer(qualified, args, kwargs):
+    """infer() for an op named as the graph names it ("aten::mm.default"): how kiln's autodiff learns its backward
+    ops' output metadata (MetaOracle in runtime/autograd_graph.cpp) without torch's Python meta kernels, the first
+    of which imports sympy (0.15-0.25 s of a training step's first call). None: the meta kernel decides."""
+    func = _OVERLOADS.get(qualified)
+    if func is None:
+        namespace, _, rest = qualified.partition("::")
+        name, _, overload = rest.partition(".")
+        try:
+            func = getattr(getattr(getattr(torch.ops, namespace), name), overload or "default")
+        except AttributeError:
+            func = False
+        _OVERLOADS[qualified] = func
+    return infer(func, args, kwargs) if func else None
+
+
 def infer(func, args, kwargs):
     """func's result on meta tensors `args` / `kwargs` as ATen would produce it, or None where kiln has no
     rule for this op or these arguments (torch's meta kernel then runs)."""

@@ -57,6 +57,9 @@ def _same(expected, got):
         for e, g in zip(expected, got):
             _same(e, g)
         return
+    if expected is None:  # a result output_mask left out
+        assert got is None
+        return
     assert got.device.type == "meta"
     assert (list(got.shape), got.dtype) == (list(expected.shape), expected.dtype)
     assert list(got.stride()) == list(expected.stride()), (list(got.stride()), list(expected.stride()))
@@ -137,6 +140,36 @@ def test_matmuls_reductions_softmax_layer_norm_match_eager():
         _check(aten.native_layer_norm.default, [x, [2], None, None, 1e-5])
 
 
+def test_backward_ops_of_layer_norm_softmax_select_and_stack_match_eager():
+    # The derivative ops kiln's autodiff asks metadata for (MetaOracle, through oracle_infer).
+    rng = random.Random(0)
+    for _ in range(20):
+        n, k, m = rng.randint(1, 6), rng.randint(1, 6), rng.randint(1, 6)
+        x = _random_layout(rng, [n, k, m], torch.float32)
+        grad = _random_layout(rng, [n, k, m], torch.float32)
+        w, bias = torch.randn(m), torch.randn(m)
+        out, mean, rstd = torch.native_layer_norm(x, [m], w, bias, 1e-5)
+        for mask in ([True, True, True], [True, False, False], [False, True, True]):
+            _check(aten.native_layer_norm_backward.default, [grad, x, [m], mean, rstd, w, bias, mask])
+        y = torch.softmax(x, rng.randint(-3, 2))
+        _check(aten._softmax_backward_data.default, [grad, y, rng.randint(-3, 2), torch.float32])
+        dim = rng.randint(-3, 2)
+        sizes = [n, k, m]
+        sizes.insert(dim % 4 if dim >= 0 else dim + 4, rng.randint(1, 4))
+        index = rng.randint(0, sizes[dim % 4 if dim >= 0 else dim + 4] - 1)
+        _check(aten.select_backward.default, [grad, sizes, dim % 4 if dim >= 0 else dim + 4, index])
+        parts = [_random_layout(rng, [n, k, m, 2], torch.float32) for _ in range(rng.randint(2, 3))]
+        stack_dim = rng.randint(-5, 4)
+        got = _meta_rules.infer(aten.stack.default, [[_meta(t) for t in parts], stack_dim], {})
+        if got is not None:  # channels-last-looking parts are left to torch
+            _same(torch.stack(parts, stack_dim), got)
+    meta = torch.empty(4, 3, device="meta")
+    assert _meta_rules.infer(aten.stack.default, [[meta], 0], {}) is None  # one tensor may keep its own layout
+    assert _meta_rules.infer(aten._softmax_backward_data.default, [meta, meta, 1, torch.float16], {}) is None
+    assert _meta_rules.oracle_infer("aten::mm.default", [meta, meta.t()], {}).shape == (4, 4)
+    assert _meta_rules.oracle_infer("aten::no_such_op.default", [meta], {}) is None
+
+
 def test_unsafe_view_of_contiguous_inputs_matches_eager():
     x = torch.randn(4, 6, 5)
     for size in ([24, 5], [-1, 5], [4, -1], [120], [2, 2, 3, 10], [1, -1, 1]):
@@ -168,8 +201,9 @@ def test_seed_model_trace_does_not_import_sympy():
     """A new process that compiles and runs the mlp and transformer6 seed models, a ResNet-style block (conv,
     batch norm in eval mode, in-place relu, max pool, adaptive average pool, linear) and an embedding +
     transformer encoder model reaches no Python meta kernel, so never imports sympy (torch's elementwise and
-    pooling meta kernels would, on their first call). Then a training step (whose backward metas come from
-    torch's meta kernels, which import sympy) still does not import torch._dynamo."""
+    pooling meta kernels would, on their first call). Then training steps of an MLP and a transformer block, whose
+    backward metadata comes from kiln's rules too (MetaOracle asks them before torch's meta kernels), import
+    neither sympy nor torch._dynamo."""
     code = (
         "import sys; sys.path.insert(0, %r)\n"
         "import torch, kiln, seed_models\n"
@@ -206,13 +240,17 @@ def test_seed_model_trace_does_not_import_sympy():
         "print('sympy' in sys.modules, 'torch._dynamo' in sys.modules, kiln._fake._dynamo_wrappers_patched)\n"
         "model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2))\n"
         "kiln.compile(model)(torch.randn(4, 6)).sum().backward()\n"
-        "print('torch._dynamo' in sys.modules)\n"
+        "block = seed_models.TransformerBlock(32, 4, 64)\n"
+        "kiln.compile(block)(torch.randn(3, 5, 32)).pow(2).mean().backward()\n"
+        "assert block.ffn[0].weight.grad is not None and kiln.stats()['frames_compiled'] >= 6, kiln.stats()\n"
+        "print('torch._dynamo' in sys.modules, 'sympy' in sys.modules)\n"
     ) % os.path.join(REPO, "benchmarks")
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     # (_dynamo_wrappers_patched: no op reached a Python meta kernel, not even one that leaves sympy alone)
-    assert out.stdout.split() == ["False", "False", "False", "False"], out.stdout
+    # The training steps' backward metadata came from kiln's rules (MetaOracle asks oracle_infer first): no sympy.
+    assert out.stdout.split() == ["False", "False", "False", "False", "False"], out.stdout
 
 
 def _meta_args(args):
