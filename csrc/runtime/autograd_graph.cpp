@@ -111,7 +111,11 @@ class MetaOracle final : public autodiff::OpOracle {
   // Python, and the first one called imports sympy (0.15-0.25 s of a training step's first call). True when a
   // rule gave the outputs (stored in values_), false when the op's meta kernel must run.
   bool answered_by_kiln_rules(const PreparedNode& prepared, const graph::Graph& g, const graph::Node& node) {
-    if (!prepared.op || prepared.returns_list) return false;
+    if (!prepared.op || prepared.returns_list || !Py_IsInitialized()) return false;
+    struct Gil {  // compiles hold it already; taken here too so that no caller has to
+      PyGILState_STATE state = PyGILState_Ensure();
+      ~Gil() { PyGILState_Release(state); }
+    } gil;
     static PyObject* infer = [] {
       PyObject* rules = PyImport_ImportModule("kiln._meta_rules");
       PyObject* f = rules ? PyObject_GetAttrString(rules, "oracle_infer") : nullptr;
