@@ -11,7 +11,10 @@ dtype. The rules here produce what ATen's own kernels produce for the cases they
   _unsafe_view of contiguous ones: contiguous outputs;
 - in-place pointwise ops and bernoulli_: the receiver; empty_like, training-mode native_dropout, embedding;
 - max / avg / adaptive-avg 2-d pooling: the input's suggested memory format; batch norm of dense inputs
-  (statistics as torch's meta kernel and CUDA give them).
+  (statistics as torch's meta kernel and CUDA give them);
+- the derivative ops kiln's autodiff emits, asked through oracle_infer by its MetaOracle: layer norm, softmax,
+  select and stack backward, and, for inputs that do not look channels-last, convolution, max-pool,
+  adaptive-avg-pool and batch-norm backward (as torch's meta kernels give them).
 
 Any other case returns None and runs torch's meta kernel as before. tests/python/test_meta_rules.py
 compares every rule with eager on random shapes, layouts and dtypes.
@@ -323,6 +326,68 @@ def _stack(func, args, kwargs):
 _RULES.update({aten.native_layer_norm_backward.default: _layer_norm_backward,
                aten._softmax_backward_data.default: _softmax_backward_data,
                aten.select_backward.default: _select_backward, aten.stack.default: _stack})
+
+def _dense_not_channels_last(*tensors):
+    return all(t.dim() < 4 or not _strides_like_channels_last(t) for t in tensors)
+
+
+def _convolution_backward(func, args, kwargs):
+    """convolution_backward of inputs that do not look channels-last: contiguous gradients of the input's, the
+    weight's and the bias's sizes, None where output_mask leaves one out (torch's meta kernel; channels-last inputs,
+    whose format torch versions choose differently, are left to it)."""
+    grad, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, mask = args
+    if kwargs or x.dtype not in _FLOATING or grad.dtype != x.dtype or weight.dtype != x.dtype:
+        return None
+    if x.dim() != weight.dim() or x.dim() < 3 or not _dense_not_channels_last(x, weight):
+        return None
+    if mask[2] and bias_sizes is None:
+        return None
+    return (_contiguous(x.shape, x.dtype) if mask[0] else None,
+            _contiguous(weight.shape, x.dtype) if mask[1] else None,
+            _contiguous(list(bias_sizes), x.dtype) if mask[2] else None)
+
+
+def _max_pool2d_backward(func, args, kwargs):
+    """max_pool2d_with_indices_backward: the input's shape in its suggested format (contiguous here: channels-last
+    inputs are left to torch)."""
+    grad, x = args[0], args[1]
+    if kwargs or x.dtype not in _FLOATING or grad.dtype != x.dtype or x.dim() not in (3, 4):
+        return None
+    if not _dense_not_channels_last(x) or grad.dim() != x.dim() or grad.shape[:-2] != x.shape[:-2]:
+        return None
+    return _contiguous(x.shape, x.dtype)
+
+
+def _batch_norm_backward(func, args, kwargs):
+    """native_batch_norm_backward as torch's meta kernel (its decomposition) gives it for contiguous operands: the
+    input's gradient always, contiguous; the weight's and bias's as [C] where output_mask asks."""
+    grad, x, weight = args[0], args[1], args[2]
+    mask = args[9]
+    if kwargs or x.dtype not in (torch.float32, torch.float64) or grad.dtype != x.dtype or x.dim() < 2:
+        return None
+    if not (x.is_contiguous() and grad.is_contiguous()) or list(grad.shape) != list(x.shape):
+        return None
+    if weight is None or weight.dtype != x.dtype or list(weight.shape) != [x.shape[1]]:
+        return None
+    channels = [x.shape[1]]
+    return (_contiguous(x.shape, x.dtype), _contiguous(channels, x.dtype) if mask[1] else None,
+            _contiguous(channels, x.dtype) if mask[2] else None)
+
+
+def _adaptive_avg_pool2d_backward(func, args, kwargs):
+    """_adaptive_avg_pool2d_backward: the input's shape, contiguous (channels-last inputs are left to torch)."""
+    grad, x = args
+    if kwargs or x.dtype not in _FLOATING or grad.dtype != x.dtype or x.dim() not in (3, 4) or grad.dim() != x.dim():
+        return None
+    if not _dense_not_channels_last(x) or 0 in grad.shape[1:]:
+        return None
+    return _contiguous(x.shape, x.dtype)
+
+
+_RULES.update({aten._adaptive_avg_pool2d_backward.default: _adaptive_avg_pool2d_backward,
+               aten.convolution_backward.default: _convolution_backward,
+               aten.max_pool2d_with_indices_backward.default: _max_pool2d_backward,
+               aten.native_batch_norm_backward.default: _batch_norm_backward})
 
 _OVERLOADS = {}
 

@@ -170,6 +170,50 @@ def test_backward_ops_of_layer_norm_softmax_select_and_stack_match_eager():
     assert _meta_rules.oracle_infer("aten::no_such_op.default", [meta], {}) is None
 
 
+def _same_as_torchs_meta(func, args):
+    meta_args = [_meta(a) if isinstance(a, torch.Tensor) else a for a in args]
+    got = _meta_rules.infer(func, meta_args, {})
+    assert got is not None, f"{func}: no answer for {[getattr(a, 'shape', a) for a in args]}"
+    _same(func(*meta_args), got)
+
+
+def test_convolution_pooling_and_batch_norm_backward_match_torchs_meta_kernels():
+    # What autodiff's MetaOracle asked torch's meta kernels before (their first call imports sympy).
+    rng = random.Random(0)
+    for _ in range(15):
+        n, c, o, h = rng.randint(1, 3), rng.randint(1, 4), rng.randint(1, 4), rng.randint(4, 9)
+        x = _random_layout(rng, [n, c, h, h], torch.float32)
+        if x.dim() == 4 and _meta_rules._strides_like_channels_last(_meta(x)):
+            x = x.contiguous()
+        weight, stride = torch.randn(o, c, 3, 3), rng.choice([1, 2])
+        out = torch.nn.functional.conv2d(x, weight, stride=stride, padding=1)
+        grad = _random_layout(rng, list(out.shape), torch.float32)
+        if _meta_rules._strides_like_channels_last(_meta(grad)):
+            grad = grad.contiguous()
+        for mask in ([True, True, True], [False, True, False], [True, False, True]):
+            _same_as_torchs_meta(aten.convolution_backward.default,
+                                 [grad, x, weight, [o], [stride, stride], [1, 1], [1, 1], False, [0, 0], 1, mask])
+        for size in ([1, 1], [2, 3]):
+            pooled = aten._adaptive_avg_pool2d.default(x, size)
+            _same_as_torchs_meta(aten._adaptive_avg_pool2d_backward.default, [torch.randn(pooled.shape), x])
+        pooled, indices = aten.max_pool2d_with_indices.default(x, [3, 3], [2, 2], [1, 1])
+        _same_as_torchs_meta(aten.max_pool2d_with_indices_backward.default,
+                             [torch.randn(pooled.shape), x, [3, 3], [2, 2], [1, 1], [1, 1], False, indices])
+        xc = x.contiguous()
+        w, b, mean, var = torch.randn(c), torch.randn(c), torch.randn(c), torch.rand(c) + 0.5
+        for train, mask in ((True, [True, True, True]), (False, [True, False, True])):
+            saved_mean, saved_invstd = (torch.randn(c), torch.rand(c) + 0.5) if train else (None, None)
+            _same_as_torchs_meta(aten.native_batch_norm_backward.default,
+                                 [torch.randn(xc.shape), xc, w, mean, var, saved_mean, saved_invstd, train, 1e-5, mask])
+    meta = torch.empty(2, 3, 8, 8, device="meta")
+    channels_last = meta.contiguous(memory_format=torch.channels_last)
+    weight = torch.empty(4, 3, 3, 3, device="meta")
+    assert _meta_rules.infer(aten.convolution_backward.default, [torch.empty(2, 4, 8, 8, device="meta"), channels_last,
+                             weight, [4], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, True]], {}) is None
+    assert _meta_rules.infer(aten.max_pool2d_with_indices_backward.default,
+                             [meta, channels_last, [2, 2], [2, 2], [0, 0], [1, 1], False, meta], {}) is None
+
+
 def test_unsafe_view_of_contiguous_inputs_matches_eager():
     x = torch.randn(4, 6, 5)
     for size in ([24, 5], [-1, 5], [4, -1], [120], [2, 2, 3, 10], [1, -1, 1]):
@@ -201,7 +245,8 @@ def test_seed_model_trace_does_not_import_sympy():
     """A new process that compiles and runs the mlp and transformer6 seed models, a ResNet-style block (conv,
     batch norm in eval mode, in-place relu, max pool, adaptive average pool, linear) and an embedding +
     transformer encoder model reaches no Python meta kernel, so never imports sympy (torch's elementwise and
-    pooling meta kernels would, on their first call). Then training steps of an MLP and a transformer block, whose
+    pooling meta kernels would, on their first call). Then training steps of an MLP, a transformer block and the
+    ResNet-style block (batch norm in training mode), whose
     backward metadata comes from kiln's rules too (MetaOracle asks them before torch's meta kernels), import
     neither sympy nor torch._dynamo."""
     code = (
@@ -242,6 +287,9 @@ def test_seed_model_trace_does_not_import_sympy():
         "kiln.compile(model)(torch.randn(4, 6)).sum().backward()\n"
         "block = seed_models.TransformerBlock(32, 4, 64)\n"
         "kiln.compile(block)(torch.randn(3, 5, 32)).pow(2).mean().backward()\n"
+        "conv_block = Block().train()\n"
+        "kiln.compile(conv_block)(torch.randn(2, 3, 12, 12)).sum().backward()\n"
+        "assert conv_block.conv.weight.grad is not None\n"
         "assert block.ffn[0].weight.grad is not None and kiln.stats()['frames_compiled'] >= 6, kiln.stats()\n"
         "print('torch._dynamo' in sys.modules, 'sympy' in sys.modules)\n"
     ) % os.path.join(REPO, "benchmarks")
