@@ -12,9 +12,7 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/GradMode.h>
-#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
-#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/graph_task.h>
 
@@ -27,6 +25,7 @@
 #include "runtime/eager_interpreter.h"
 #include "runtime/kernel_graph.h"
 #include "runtime/node_call.h"
+#include "runtime/python_bridge.h"
 #include "runtime/torch_info.h"
 
 namespace kiln::runtime {
@@ -130,7 +129,7 @@ class MetaOracle final : public autodiff::OpOracle {
     PyObject* kwargs = PyDict_New();
     bool converted = true;
     for (size_t i = 0; i < stack.size() && converted; ++i) {
-      PyObject* value = python_argument(stack[i], *schema_args[i].real_type());  // ScalarType, not its int
+      PyObject* value = argument_to_python(stack[i], *schema_args[i].real_type());  // ScalarType, not its int
       converted = value != nullptr;
       if (!converted) break;
       if (static_cast<int32_t>(i) < node.num_positional) {
@@ -154,12 +153,7 @@ class MetaOracle final : public autodiff::OpOracle {
       return false;
     }
     std::vector<at::Tensor> outputs;
-    auto take = [&](PyObject* item) {
-      if (item == Py_None) return outputs.emplace_back(), true;
-      if (!THPVariable_Check(item)) return false;
-      outputs.push_back(THPVariable_Unpack(item));
-      return true;
-    };
+    auto take = [&](PyObject* item) { return tensor_or_none_from_python(item, outputs.emplace_back()); };
     bool ok = PyTuple_Check(result) ? true : take(result);
     if (PyTuple_Check(result))
       for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(result); ++i) ok = take(PyTuple_GET_ITEM(result, i));
@@ -167,40 +161,6 @@ class MetaOracle final : public autodiff::OpOracle {
     if (!ok || outputs.size() != node.outputs.size()) return false;
     for (size_t i = 0; i < outputs.size(); ++i) values_[node.outputs[i]] = std::move(outputs[i]);
     return true;
-  }
-
-  // An argument as kiln's rules take it (a torch.dtype for a ScalarType), or nullptr for a kind they do not take.
-  static PyObject* python_argument(const c10::IValue& v, const c10::Type& type) {
-    if (v.isNone()) return Py_NewRef(Py_None);
-    if (v.isTensor()) return THPVariable_Wrap(v.toTensor());
-    if (v.isBool()) return PyBool_FromLong(v.toBool());
-    if (v.isInt()) {
-      const c10::Type* t = &type;
-      if (auto optional = type.castRaw<c10::OptionalType>()) t = optional->getElementType().get();
-      if (t->kind() == c10::TypeKind::ScalarTypeType)
-        return Py_NewRef(reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<at::ScalarType>(v.toInt()))));
-      if (t->kind() == c10::TypeKind::LayoutType || t->kind() == c10::TypeKind::MemoryFormatType) return nullptr;
-      return PyLong_FromLongLong(v.toInt());  // an int, SymInt or Scalar
-    }
-    if (v.isDouble()) return PyFloat_FromDouble(v.toDouble());
-    if (v.isString()) return PyUnicode_FromString(v.toStringRef().c_str());
-    if (v.isList()) {
-      const c10::List<c10::IValue> items = v.toList();
-      PyObject* list = PyList_New(static_cast<Py_ssize_t>(items.size()));
-      const c10::Type* element = &type;
-      if (auto optional = type.castRaw<c10::OptionalType>()) element = optional->getElementType().get();
-      auto list_type = element->castRaw<c10::ListType>();
-      for (size_t i = 0; i < items.size(); ++i) {
-        PyObject* item = list_type ? python_argument(items.get(i), *list_type->getElementType()) : nullptr;
-        if (!item) {
-          Py_DECREF(list);
-          return nullptr;
-        }
-        PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), item);
-      }
-      return list;
-    }
-    return nullptr;
   }
 
   std::vector<at::Tensor> values_;  // meta tensors by ValueId of the graph last asked about

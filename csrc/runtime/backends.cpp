@@ -147,6 +147,49 @@ PyObject* tensors_to_python(const std::vector<at::Tensor>& tensors) {
   return list;
 }
 
+PyObject* argument_to_python(const c10::IValue& v, const c10::Type& type) {
+  if (v.isNone()) return Py_NewRef(Py_None);
+  if (v.isTensor()) return THPVariable_Wrap(v.toTensor());
+  if (v.isBool()) return PyBool_FromLong(v.toBool());
+  if (v.isInt()) {
+    const c10::Type* t = &type;
+    if (auto optional = type.castRaw<c10::OptionalType>()) t = optional->getElementType().get();
+    if (t->kind() == c10::TypeKind::ScalarTypeType)
+      return Py_NewRef(reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<at::ScalarType>(v.toInt()))));
+    if (t->kind() == c10::TypeKind::LayoutType || t->kind() == c10::TypeKind::MemoryFormatType) return nullptr;
+    return PyLong_FromLongLong(v.toInt());  // an int, SymInt or Scalar
+  }
+  if (v.isDouble()) return PyFloat_FromDouble(v.toDouble());
+  if (v.isString()) return PyUnicode_FromString(v.toStringRef().c_str());
+  if (v.isList()) {
+    const c10::List<c10::IValue> items = v.toList();
+    PyObject* list = PyList_New(static_cast<Py_ssize_t>(items.size()));
+    const c10::Type* element = &type;
+    if (auto optional = type.castRaw<c10::OptionalType>()) element = optional->getElementType().get();
+    auto list_type = element->castRaw<c10::ListType>();
+    for (size_t i = 0; i < items.size(); ++i) {
+      PyObject* item = list_type ? argument_to_python(items.get(i), *list_type->getElementType()) : nullptr;
+      if (!item) {
+        Py_DECREF(list);
+        return nullptr;
+      }
+      PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), item);
+    }
+    return list;
+  }
+  return nullptr;
+}
+
+bool tensor_or_none_from_python(PyObject* item, at::Tensor& out) {
+  if (item == Py_None) {
+    out.reset();
+    return true;
+  }
+  if (!THPVariable_Check(item)) return false;
+  out = THPVariable_Unpack(item);
+  return true;
+}
+
 PyObject* enum_codes_for_python() {
   py::dict dtypes, layouts, memory_formats, device_types;
   for (int code = 0; code < static_cast<int>(at::ScalarType::NumOptions); ++code) {

@@ -13,7 +13,6 @@
 
 #include <Python.h>
 #include <c10/core/GradMode.h>
-#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 
 #include <cstdlib>
@@ -50,6 +49,7 @@
 #include "runtime/fold_graph_constants.h"
 #include "runtime/host_buffers.h"
 #include "runtime/node_call.h"
+#include "runtime/packed_outputs.h"
 #include "runtime/torch_info.h"
 
 namespace kiln::runtime {
@@ -98,44 +98,6 @@ class WithoutGil {
   PyThreadState* state_;
 };
 
-// Where a backward graph writes the gradients AccumulateGrad keeps (CompiledGraph::run_packing): side by side
-// in buckets of about kPackedBucketBytes, each one caching-allocator block taken when its first gradient is made.
-// One block per gradient costs each up to 1 MB of rounding, since the allocator hands out a cached block whole
-// when what would be left of it is under 1 MB; a bucket costs that once (BERT-base: 200 gradients, 23 MB of
-// rounding held through the optimizer step). The gradients share their bucket's storage until the last of them
-// is freed, as torch's DDP gradient buckets do. CPU graphs pack too (the same code path, tested without a GPU).
-constexpr int64_t kPackedBucketBytes = 32ll << 20;
-constexpr int64_t kPackedAlignment = 512;  // the caching allocator's own granularity; vector loads need 16
-
-struct PackPlan {
-  std::vector<bool> packed;           // the run_packing mask it was built for
-  std::vector<int32_t> bucket;        // per value: its bucket, or -1 when allocated on its own
-  std::vector<int64_t> offset;        // per value: its byte offset in the bucket
-  std::vector<int64_t> bucket_bytes;  // per bucket
-  std::vector<bool> extern_into;      // per extern call: run its out= overload into the packed outputs
-};
-
-// Dense and non-overlapping: the value fills numel * itemsize bytes from its start, whatever its dim order.
-bool fills_its_bytes(const graph::TensorMeta& meta) {
-  if (meta.storage_offset != 0) return false;
-  std::vector<size_t> order(meta.sizes.size());
-  for (size_t d = 0; d < order.size(); ++d) order[d] = d;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return meta.strides[a] < meta.strides[b]; });
-  int64_t expected = 1;
-  for (size_t d : order) {
-    if (meta.sizes[d] == 1) continue;
-    if (meta.strides[d] != expected) return false;
-    expected *= meta.sizes[d];
-  }
-  return true;
-}
-
-int64_t numel_of(const graph::TensorMeta& meta) {
-  int64_t n = 1;
-  for (int64_t size : meta.sizes) n *= size;
-  return n;
-}
-
 class KilnGraph final : public CompiledGraph {
  public:
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) override {
@@ -156,87 +118,30 @@ class KilnGraph final : public CompiledGraph {
     return execute(std::move(inputs), consuming, plan.get());
   }
 
-  // The buckets for `packed` (built on first use, then reused while the mask stays the same). A packed output is
-  // placed where it is made: a kernel's output, or an extern op's through its out= overload. An output that is a
-  // view of the whole of such a value (t(mm(...)), a view of a sum) places that value. Anything else (a graph
-  // input, a partial view, an op without an out= overload) is allocated as before.
+  // The buckets for `packed` (packed_outputs.h): planned on first use, then reused while the mask stays the same.
   std::shared_ptr<const PackPlan> pack_plan(const std::vector<bool>& packed) {
     std::lock_guard<std::mutex> lock(pack_mutex_);
     if (pack_plan_ && pack_plan_->packed == packed) return pack_plan_;
-    const graph::Graph& g = *graph_;
-    auto plan = std::make_shared<PackPlan>();
-    plan->packed = packed;
-    plan->bucket.assign(g.values.size(), -1);
-    plan->offset.assign(g.values.size(), 0);
-    plan->extern_into.assign(externs_.size(), false);
-    std::vector<int32_t> made_at(g.values.size(), -1), made_by_extern(g.values.size(), -1);
+    std::vector<MadeAt> made(graph_->values.size());
     for (size_t position = 0; position < plan_.size(); ++position) {
       const PlanStep& step = plan_[position];
       if (step.kernel >= 0) {
         const KernelCall& k = kernels_[step.kernel];
         for (size_t b = 0; b < k.buffers.size(); ++b)
-          if (k.is_output[b]) made_at[k.buffers[b]] = static_cast<int32_t>(position);
+          if (k.is_output[b]) made[k.buffers[b]] = {static_cast<int32_t>(position), -1};
       } else {
-        for (ValueId out : externs_[step.external].outputs) {
-          made_at[out] = static_cast<int32_t>(position);
-          made_by_extern[out] = step.external;
-        }
+        for (ValueId out : externs_[step.external].outputs) made[out] = {static_cast<int32_t>(position), step.external};
       }
     }
-    std::vector<std::pair<int32_t, ValueId>> chosen;  // (plan position, value)
-    std::vector<bool> taken(g.values.size(), false);
-    for (size_t o = 0; o < g.outputs.size() && o < packed.size(); ++o) {
-      if (!packed[o]) continue;
-      ValueId v = g.outputs[o];
-      while (g.values[v].producer >= 0) {  // through whole-value views to the value they show
-        const graph::Node& node = g.nodes[g.values[v].producer];
-        const auto* source = node.args.empty() ? nullptr : std::get_if<graph::TensorArg>(&node.args[0]);
-        if (!node.is_view || node.op == "aten::reshape" || node.outputs.size() != 1 || !source ||
-            g.values[v].meta.storage_offset != 0 || numel_of(g.values[source->id].meta) != numel_of(g.values[v].meta))
-          break;
-        v = source->id;
-      }
-      const graph::Value& base = g.values[v];
-      if (base.is_input || base.is_constant || made_at[v] < 0 || taken[v] || !fills_its_bytes(base.meta)) continue;
-      if (made_by_extern[v] >= 0) {
-        PreparedNode& external = externs_[made_by_extern[v]];
-        if (!external.out_op && !prepare_out_variant(external)) continue;
-        plan->extern_into[made_by_extern[v]] = true;
-      }
-      taken[v] = true;
-      chosen.emplace_back(made_at[v], v);
-    }
-    std::stable_sort(chosen.begin(), chosen.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    for (const auto& [position, v] : chosen) {
-      const graph::TensorMeta& meta = g.values[v].meta;
-      int64_t bytes = numel_of(meta) * static_cast<int64_t>(c10::elementSize(static_cast<at::ScalarType>(meta.dtype)));
-      bytes = (bytes + kPackedAlignment - 1) / kPackedAlignment * kPackedAlignment;
-      if (plan->bucket_bytes.empty() || plan->bucket_bytes.back() >= kPackedBucketBytes) plan->bucket_bytes.push_back(0);
-      plan->bucket[v] = static_cast<int32_t>(plan->bucket_bytes.size()) - 1;
-      plan->offset[v] = plan->bucket_bytes.back();
-      plan->bucket_bytes.back() += bytes;
-    }
-    KILN_LOG(perf) << "kiln backward: " << chosen.size() << " leaf gradients in " << plan->bucket_bytes.size()
-                   << " buckets";
-    pack_plan_ = plan;
-    return plan;
+    pack_plan_ = std::make_shared<const PackPlan>(
+        plan_packed_outputs(*graph_, packed, made, externs_.size(), [&](int32_t external) {
+          return externs_[external].out_op.has_value() || prepare_out_variant(externs_[external]);
+        }));
+    return pack_plan_;
   }
 
   c10::Device device_of_graph() const {
     return cuda_device_ >= 0 ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(cuda_device_)) : c10::Device(c10::kCPU);
-  }
-
-  // A packed value's tensor: its place in its bucket, the bucket allocated when the first of its values is made.
-  at::Tensor packed_slot(const PackPlan& pack, std::vector<at::Tensor>& buckets, ValueId v) const {
-    const int32_t b = pack.bucket[v];
-    const c10::Device device = device_of_graph();
-    if (!buckets[b].defined())
-      buckets[b] = at::empty({pack.bucket_bytes[b]}, at::TensorOptions().dtype(at::kByte).device(device));
-    const graph::TensorMeta& meta = graph_->values[v].meta;
-    const auto dtype = static_cast<at::ScalarType>(meta.dtype);
-    at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtype).device(device));
-    t.set_(buckets[b].storage(), pack.offset[v] / static_cast<int64_t>(c10::elementSize(dtype)), meta.sizes, meta.strides);
-    return t;
   }
 
   std::vector<at::Tensor> execute(std::vector<at::Tensor> inputs, bool release_inputs, const PackPlan* pack = nullptr) {
@@ -265,7 +170,7 @@ class KilnGraph final : public CompiledGraph {
             const at::TensorOptions& options = k.options[out++];
             at::Tensor* source = k.in_place_from.empty() || k.in_place_from[b] < 0 ? nullptr : &env[k.buffers[k.in_place_from[b]]];
             if (pack && pack->bucket[k.buffers[b]] >= 0)
-              t = packed_slot(*pack, buckets, k.buffers[b]);
+              t = packed_slot(g, *pack, buckets, k.buffers[b], device_of_graph());
             else if (source && source->defined() && source->use_count() == 1 && source->storage().use_count() == 1)
               t = *source;  // the input's last use, and no view or caller holds its storage: overwrite it
             else
@@ -299,7 +204,7 @@ class KilnGraph final : public CompiledGraph {
         for (ValueId out : external.outputs) {
           const graph::TensorMeta& meta = g.values[out].meta;
           outs.push_back(pack->bucket[out] >= 0
-                             ? packed_slot(*pack, buckets, out)
+                             ? packed_slot(g, *pack, buckets, out, device_of_graph())
                              : at::empty_strided(meta.sizes, meta.strides,
                                                  at::TensorOptions()
                                                      .dtype(static_cast<at::ScalarType>(meta.dtype))

@@ -201,9 +201,10 @@ bool prepare_out_variant(PreparedNode& node) {
   if (!node.op || node.returns_list || node.copy_into_fresh || node.outputs.size() != 1) return false;
   const c10::OperatorName& name = node.op->schema().operator_name();
   const auto& args = node.op->schema().arguments();
-  const std::vector<std::string> candidates = {"out", name.overload_name + "_out", name.overload_name + "out"};
+  // "out" (mm.out, add.out for add.Tensor), or the overload's name with "_out" or "out" appended
+  std::vector<std::string> candidates = {"out"};
+  if (!name.overload_name.empty()) candidates.insert(candidates.end(), {name.overload_name + "_out", name.overload_name + "out"});
   for (const std::string& overload : candidates) {
-    if (name.overload_name.empty() && overload != "out") continue;
     auto handle = c10::Dispatcher::singleton().findSchema({name.name, overload});
     if (!handle) continue;
     const auto& out_args = handle->schema().arguments();
