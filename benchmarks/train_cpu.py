@@ -1,6 +1,7 @@
 """CPU training step of the seed transformer6 (6 TransformerBlocks, AdamW): eager vs torch.compile vs kiln.
 
 Usage: python benchmarks/train_cpu.py [--batch 4 --seq 32 --d-model 512 --blocks 6] [--systems eager,inductor,kiln]
+  [--steps 10] [--cold]
   systems: eager, inductor (torch.compile), kiln (compiled autograd, the default: forward and backward graphs
   compiled ahead of time), kiln-eager-autograd (kiln's forward on the eager interpreter with eager's autograd:
   kiln.config.set_compiled_autograd(False)).
@@ -69,7 +70,10 @@ def main():
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--systems", default="eager,inductor,kiln")
+    parser.add_argument("--cold", action="store_true", help="first calls with empty kiln, Inductor and Triton caches")
     args = parser.parse_args()
+    if args.cold:
+        seed_models.use_empty_caches()
     torch.manual_seed(0)
     base = torch.nn.Sequential(*[seed_models.TransformerBlock(args.d_model, 8, 4 * args.d_model)
                                  for _ in range(args.blocks)])

@@ -140,10 +140,6 @@ class KilnGraph final : public CompiledGraph {
     return pack_plan_;
   }
 
-  c10::Device device_of_graph() const {
-    return cuda_device_ >= 0 ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(cuda_device_)) : c10::Device(c10::kCPU);
-  }
-
   std::vector<at::Tensor> execute(std::vector<at::Tensor> inputs, bool release_inputs, const PackPlan* pack = nullptr) {
     const graph::Graph& g = *graph_;
     KILN_CHECK(inputs.size() == g.inputs.size())
@@ -170,7 +166,7 @@ class KilnGraph final : public CompiledGraph {
             const at::TensorOptions& options = k.options[out++];
             at::Tensor* source = k.in_place_from.empty() || k.in_place_from[b] < 0 ? nullptr : &env[k.buffers[k.in_place_from[b]]];
             if (pack && pack->bucket[k.buffers[b]] >= 0)
-              t = packed_slot(g, *pack, buckets, k.buffers[b], device_of_graph());
+              t = packed_slot(g, *pack, buckets, k.buffers[b]);
             else if (source && source->defined() && source->use_count() == 1 && source->storage().use_count() == 1)
               t = *source;  // the input's last use, and no view or caller holds its storage: overwrite it
             else
@@ -204,11 +200,12 @@ class KilnGraph final : public CompiledGraph {
         for (ValueId out : external.outputs) {
           const graph::TensorMeta& meta = g.values[out].meta;
           outs.push_back(pack->bucket[out] >= 0
-                             ? packed_slot(g, *pack, buckets, out, device_of_graph())
+                             ? packed_slot(g, *pack, buckets, out)
                              : at::empty_strided(meta.sizes, meta.strides,
                                                  at::TensorOptions()
                                                      .dtype(static_cast<at::ScalarType>(meta.dtype))
-                                                     .device(device_of_graph())));
+                                                     .device(static_cast<c10::DeviceType>(meta.device.type),
+                                                             meta.device.index)));
         }
         call_node_into(external, g, constants_, env, std::move(outs));
       } else {

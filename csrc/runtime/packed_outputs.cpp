@@ -73,11 +73,15 @@ PackPlan plan_packed_outputs(const graph::Graph& g, const std::vector<bool>& pac
     chosen.emplace_back(made[v].position, v);
   }
   std::stable_sort(chosen.begin(), chosen.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  graph::Device bucket_device;
   for (const auto& [position, v] : chosen) {
     const graph::TensorMeta& meta = g.values[v].meta;
     int64_t bytes = numel_of(meta) * static_cast<int64_t>(c10::elementSize(static_cast<at::ScalarType>(meta.dtype)));
     bytes = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-    if (plan.bucket_bytes.empty() || plan.bucket_bytes.back() >= kBucketBytes) plan.bucket_bytes.push_back(0);
+    if (plan.bucket_bytes.empty() || plan.bucket_bytes.back() >= kBucketBytes || !(bucket_device == meta.device)) {
+      plan.bucket_bytes.push_back(0);  // a bucket holds one device's values
+      bucket_device = meta.device;
+    }
     plan.bucket[v] = static_cast<int32_t>(plan.bucket_bytes.size()) - 1;
     plan.offset[v] = plan.bucket_bytes.back();
     plan.bucket_bytes.back() += bytes;
@@ -87,12 +91,13 @@ PackPlan plan_packed_outputs(const graph::Graph& g, const std::vector<bool>& pac
   return plan;
 }
 
-at::Tensor packed_slot(const graph::Graph& g, const PackPlan& pack, std::vector<at::Tensor>& buckets, ValueId v,
-                       c10::Device device) {
+at::Tensor packed_slot(const graph::Graph& g, const PackPlan& pack, std::vector<at::Tensor>& buckets, ValueId v) {
   const int32_t b = pack.bucket[v];
+  const graph::TensorMeta& meta = g.values[v].meta;
+  // The value's own device, not the graph's: a graph of extern calls only has no CUDA device of its own.
+  const c10::Device device(static_cast<c10::DeviceType>(meta.device.type), meta.device.index);
   if (!buckets[b].defined())
     buckets[b] = at::empty({pack.bucket_bytes[b]}, at::TensorOptions().dtype(at::kByte).device(device));
-  const graph::TensorMeta& meta = g.values[v].meta;
   const auto dtype = static_cast<at::ScalarType>(meta.dtype);
   at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtype).device(device));
   t.set_(buckets[b].storage(), pack.offset[v] / static_cast<int64_t>(c10::elementSize(dtype)), meta.sizes, meta.strides);

@@ -34,13 +34,13 @@ struct MadeAt {
 /// kernel's output, or an extern op's when `writes_into(external)` says it can write into a given tensor (its
 /// out= overload). An output that is a view of the whole of such a value (t(mm(...)), a view of a sum) places that
 /// value. Anything else (a graph input, a partial view, an op without an out= overload) is allocated as before.
-/// Buckets follow the order values are made in.
+/// Buckets follow the order values are made in; a bucket holds one device's values.
 PackPlan plan_packed_outputs(const graph::Graph& g, const std::vector<bool>& packed, const std::vector<MadeAt>& made,
                              size_t num_externs, const std::function<bool(int32_t external)>& writes_into);
 
-/// Value `v`'s tensor: its place in its bucket, the bucket allocated (on `device`) when the first of its values is
-/// made.
+/// Value `v`'s tensor: its place in its bucket, the bucket allocated (on the device of its values) when the first
+/// of them is made.
 at::Tensor packed_slot(const graph::Graph& g, const PackPlan& pack, std::vector<at::Tensor>& buckets,
-                       graph::ValueId v, c10::Device device);
+                       graph::ValueId v);
 
 }  // namespace kiln::runtime

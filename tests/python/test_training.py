@@ -344,6 +344,36 @@ def test_a_transposed_parameter_gets_its_gradient_in_its_layout_when_packed():
     assert_compiled_autograd()
 
 
+class FlippedEmbedding(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(10, 8)
+        self.w = nn.Parameter(torch.randn(8, 6))
+
+    def forward(self, idx):
+        return self.embedding(idx) @ torch.flip(self.w, [0])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_gradients_made_by_extern_ops_alone_are_packed_on_the_parameters_device(device):
+    # The backward makes both leaf gradients with extern ops' out= overloads (embedding_dense_backward.out,
+    # flip.out after mm): a graph without one generated kernel, whose buckets must still be on the leaves' device.
+    torch.manual_seed(0)
+    model = FlippedEmbedding().to(device)
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model)
+    for _ in range(2):
+        idx = torch.randint(0, 10, (4, 5), device=device)
+        for p in list(model.parameters()) + list(reference.parameters()):
+            p.grad = None
+        compiled(idx).pow(2).sum().backward()
+        reference(idx).pow(2).sum().backward()
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            assert p.grad.device == q.grad.device, name
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    assert_compiled_autograd()
+
+
 def test_gradients_of_non_leaves_are_not_packed_with_the_leaves():
     # x's gradient flows on to eager's node for `leaf * 2` and is freed there; in a bucket with the weights'
     # gradients it would keep the bucket's other bytes alive, so only leaves are packed.
