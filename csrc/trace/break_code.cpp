@@ -121,6 +121,8 @@ int original_local(PyCodeObject* code, int local) {
   return it->second.original_local.at(local);
 }
 
+bool is_resume_code(PyObject* code) { return resume_origins().count(code) > 0; }
+
 bool is_loop_resume_code(PyObject* code) {
   auto it = resume_origins().find(code);
   return it != resume_origins().end() && it->second.in_loop;

@@ -375,6 +375,16 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
     std::string reason = own.front()->guard->describe_failure(frame);
     EntryCount count = count_entries(frame, own, options_.recompile_limit);
     if (count.entries >= count.limit) {
+      // A function kiln was not asked to compile, reached from code running eagerly, that fell back on every
+      // input so far (a config class's __getattribute__, once per attribute name): no longer intercepted, as
+      // the warning would only report work that bought nothing.
+      const bool all_eager = std::all_of(own.begin(), own.end(), [](const frame::CacheEntry* e) { return !e->payload; });
+      if (all_eager && !entry_code && !is_resume_code((PyObject*)frame.code)) {
+        KILN_LOG(recompiles) << where(frame.code) << " ran eagerly for " << count.entries
+                             << " different inputs: it runs eagerly from now on, without its guards. Last: " << reason;
+        result.action = frame::MissAction::kSkipCode;
+        return result;
+      }
       if (warned_limit_.insert((PyObject*)frame.code).second) {
         std::string text = "kiln: " + count.what + " (" + std::to_string(count.limit) + ") reached for " +
                            where(frame.code) + "; new inputs run eagerly. Last failing guard: " + reason;
@@ -424,6 +434,13 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
     TraceResult traced = plan ? tracer->finish(break_values(*plan, *tracer->break_state()), true)
                               : tracer->finish(returned);
     tree = std::shared_ptr<guards::GuardTree>(std::move(traced.guards));
+    if (!plan && traced.num_ops == 0 && !entry_code && !is_resume_code((PyObject*)frame.code)) {
+      // A function called from code running eagerly that does no tensor work: nothing to compile, and its
+      // guards would only cost (Dynamo skips such frames too). Its own calls are still intercepted.
+      KILN_LOG(graph_breaks) << where(frame.code) << " does no tensor work: it runs eagerly from now on";
+      result.action = frame::MissAction::kSkipCode;
+      return result;
+    }
 
     runtime::FrameProgramSpec spec;
     spec.inputs = traced.input_sources;

@@ -129,6 +129,9 @@ PyObject* resume_code(PyCodeObject* original, const bytecode::CodeInstructions& 
 /// them at run time around the frame's own cells, and `resume_functions` are their codes.
 bool resume_needs_closure(PyCodeObject* code);
 
+/// True when `code` is a resume code (made by resume_code).
+bool is_resume_code(PyObject* code);
+
 /// True when `code` is a resume code whose break site is inside a loop: its cache entries are one per
 /// iteration rather than recompiles (compile_frame.cpp counts them against module_instance_limit).
 bool is_loop_resume_code(PyObject* code);

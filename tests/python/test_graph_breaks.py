@@ -663,3 +663,63 @@ def test_exception_raised_again_in_the_same_frame_keeps_both_traceback_entries(f
     for _ in range(2):
         assert entries(compiled) == expected
     assert kiln.stats()["graph_breaks"] >= 1 and kiln.stats()["fallbacks"] == 0, kiln.stats()
+
+
+# --- functions reached from code that runs eagerly ---------------------------------------------------------
+
+class _Settings:
+    """A config-like class with its own __getattribute__ (as transformers' configs have)."""
+
+    def __init__(self):
+        for i in range(12):
+            object.__setattr__(self, f"a{i}", i)
+
+    def __getattribute__(self, key):
+        return super().__getattribute__(key)
+
+
+class _Note(Exception):
+    """Constructing a user exception class is a graph break: __init__ runs from the break, eagerly."""
+
+    def __init__(self, settings):
+        total = 0
+        for i in range(12):
+            total += getattr(settings, f"a{i}")
+        self.total = total
+
+
+def _with_note(x, settings):
+    y = x.sin()
+    note = _Note(settings)
+    return y * note.total
+
+
+def test_a_function_without_tensor_work_reached_from_eager_code_is_not_compiled(fresh_kiln):
+    # _Note.__init__ does no tensor work: kiln leaves it to the interpreter for good (no entry, no guards), as
+    # Dynamo skips such frames. Its own calls are still offered (the settings' __getattribute__ below).
+    settings = _Settings()
+    x = random_tensor(4)
+    compiled = kiln.compile(_with_note)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x, settings), _with_note(x, settings))
+    assert kiln._core.frame.is_skipped(_Note.__init__)
+    assert kiln._C.cache_entries(_Note.__init__.__code__) == []
+
+
+def test_a_function_that_falls_back_on_every_input_stops_being_traced_without_a_warning(fresh_kiln):
+    # The settings' __getattribute__, called by _Note.__init__ running eagerly, is traced once per attribute name
+    # and falls back each time. At the recompile limit (8) it runs eagerly from then on; the recompile-limit
+    # warning is for functions that compiled something.
+    import warnings
+
+    settings = _Settings()
+    x = random_tensor(4)
+    compiled = kiln.compile(_with_note)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x, settings), _with_note(x, settings))
+    code = _Settings.__getattribute__.__code__
+    assert kiln._core.frame.is_skipped(code)
+    labels = kiln._C.cache_entries(code)
+    assert len(labels) == 8 and all("(eager: " in label for label in labels), labels
