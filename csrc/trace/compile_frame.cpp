@@ -349,6 +349,21 @@ frame::MissResult KilnCompiler::fall_back(const frame::FrameView& frame, const s
   return result;
 }
 
+frame::MissResult KilnCompiler::eager_for_every_input(const frame::FrameView& frame, const std::string& why) {
+  // An entry of this compiler's, without guards, that runs the original code: unlike a skip mark on the code
+  // object (which every kiln.compile would see), a later kiln.compile of this very function still compiles it.
+  // The functions it calls are still offered.
+  frame::MissResult result;
+  auto entry = std::make_unique<frame::CacheEntry>();
+  Py_INCREF(frame.code);
+  entry->code = (PyObject*)frame.code;
+  entry->guard = std::make_unique<FrameGuard>(std::make_shared<guards::GuardTree>(), this);
+  entry->label = where(frame.code) + " (eager for every input: " + why + ")";
+  result.action = frame::MissAction::kAddEntry;
+  result.entry = std::move(entry);
+  return result;
+}
+
 frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
                                         const std::vector<const frame::CacheEntry*>& entries) {
   frame::MissResult result;
@@ -382,8 +397,7 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
       if (all_eager && !entry_code && !is_resume_code((PyObject*)frame.code)) {
         KILN_LOG(recompiles) << where(frame.code) << " ran eagerly for " << count.entries
                              << " different inputs: it runs eagerly from now on, without its guards. Last: " << reason;
-        result.action = frame::MissAction::kSkipCode;
-        return result;
+        return eager_for_every_input(frame, "fell back on every input");
       }
       if (warned_limit_.insert((PyObject*)frame.code).second) {
         std::string text = "kiln: " + count.what + " (" + std::to_string(count.limit) + ") reached for " +
@@ -438,8 +452,7 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
       // A function called from code running eagerly that does no tensor work: nothing to compile, and its
       // guards would only cost (Dynamo skips such frames too). Its own calls are still intercepted.
       KILN_LOG(graph_breaks) << where(frame.code) << " does no tensor work: it runs eagerly from now on";
-      result.action = frame::MissAction::kSkipCode;
-      return result;
+      return eager_for_every_input(frame, "no tensor work");
     }
 
     runtime::FrameProgramSpec spec;

@@ -58,6 +58,8 @@ class KilnCompiler : public frame::Compiler {
  private:
   frame::MissResult fall_back(const frame::FrameView& frame, const std::string& reason,
                               std::shared_ptr<guards::GuardTree> partial_guards);
+  /// An entry without guards that runs `frame`'s code as written, for a function not worth tracing again.
+  frame::MissResult eager_for_every_input(const frame::FrameView& frame, const std::string& why);
   void explain(const char* kind, PyObject* record);
   /// The transformed code of a graph break, with one resume function per successor (graph_break.h).
   PyObject* break_code(const frame::FrameView& frame, const bytecode::CodeInstructions& decoded,
