@@ -56,6 +56,10 @@ SourcePtr Source::dict_key(SourcePtr base, std::string key) {
   return SourcePtr(new Source(SourceKind::kDictKey, std::move(base), std::move(key), 0));
 }
 
+SourcePtr Source::mapping_get(SourcePtr base, std::string key) {
+  return SourcePtr(new Source(SourceKind::kMappingGet, std::move(base), std::move(key), 0));
+}
+
 SourcePtr Source::type_of(SourcePtr base) {
   return SourcePtr(new Source(SourceKind::kType, std::move(base), "", 0));
 }
@@ -80,6 +84,7 @@ std::string Source::describe() const {
     case SourceKind::kDictKey: return base_->describe() + "['" + name_ + "']";
     case SourceKind::kObject: return name_;
     case SourceKind::kType: return "type(" + base_->describe() + ")";
+    case SourceKind::kMappingGet: return base_->describe() + ".get('" + name_ + "')";
   }
   return "?";
 }
@@ -138,6 +143,7 @@ PyObject* Source::resolve_from(PyObject* base, const SourceRoots& roots) const {
       if (PyDict_Check(base)) return dict_get_new(base, py_name_, "dict");
       return PyObject_GetItem(base, py_name_);
     case SourceKind::kType: return Py_NewRef((PyObject*)Py_TYPE(base));
+    case SourceKind::kMappingGet: return PyObject_CallMethod(base, "get", "O", py_name_);
     default: break;
   }
   PyErr_Format(PyExc_IndexError, "kiln source %s out of range", describe().c_str());

@@ -37,6 +37,7 @@ enum class SourceKind : unsigned char {
   kDictKey,      ///< base[key] for dicts with constant string keys (key in `name`)
   kObject,       ///< a fixed object held by the source (another module's globals dict, a closure cell)
   kType,         ///< type(base)
+  kMappingGet,   ///< base.get(name): a mapping's item or None (os.environ, whose reads run Python)
 };
 
 class Source;
@@ -56,6 +57,8 @@ class Source {
   static SourcePtr dict_key(SourcePtr base, std::string key);
   /// type(base): the class of the value `base` reaches (its attributes are guarded through this).
   static SourcePtr type_of(SourcePtr base);
+  /// base.get(key), None when the key is absent: read again on every check (no snapshot covers it).
+  static SourcePtr mapping_get(SourcePtr base, std::string key);
   /// A root that is `object` itself (kept alive by the source); `label` is for describe().
   static SourcePtr object(PyObject* object, std::string label);
 

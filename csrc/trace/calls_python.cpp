@@ -160,6 +160,30 @@ VarPtr Tracer::mutate_dict(const VarPtr& self, const std::string& name, const st
   KILN_UNSUPPORTED() << "dict." << name << " with " << n << " arguments";
 }
 
+VarPtr Tracer::call_environ_method(const VarPtr& self, PyObject* fn, const std::vector<VarPtr>& args,
+                                   const KwArgs& kwargs) {
+  static PyObject* environ = lookup("os", "environ");
+  if (!environ || self->value != environ || !self->is(VarKind::kConst) || !kwargs.empty() || !PyFunction_Check(fn))
+    return nullptr;
+  const std::string name = PyUnicode_AsUTF8(((PyFunctionObject*)fn)->func_name);
+  const size_t n = args.size();
+  const bool get = name == "get" && (n == 1 || n == 2), item = name == "__getitem__" && n == 1,
+             contains = name == "__contains__" && n == 1;
+  if (!(get || item || contains) || !args[0]->is(VarKind::kConst) || !PyUnicode_CheckExact(args[0]->value))
+    return nullptr;
+  const SourcePtr read = Source::mapping_get(Source::object(environ, "os.environ"), PyUnicode_AsUTF8(args[0]->value));
+  PyObject* value = read->resolve_from(environ, SourceRoots{});
+  if (!value) rethrow_python("os.environ.get");
+  guards_->add_constant(read, value);
+  VarPtr out;
+  if (contains) out = make_const(value == Py_None ? Py_False : Py_True);
+  else if (value != Py_None) out = make_const(value);
+  else if (get) out = n == 2 ? args[1] : make_const(Py_None);
+  Py_DECREF(value);
+  if (!out) KILN_UNSUPPORTED() << "os.environ['" << PyUnicode_AsUTF8(args[0]->value) << "'] of a variable that is not set";
+  return out;
+}
+
 VarPtr Tracer::call_python_construct(const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs, bool* handled) {
   *handled = true;
   size_t n = args.size();

@@ -5,6 +5,7 @@ hit, recompiled or fell back.
 """
 import functools
 import gc
+import os
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import kiln
-from kiln.testing import assert_same_as_eager
+from kiln.testing import assert_same_as_eager, random_tensor
 
 
 @pytest.fixture(autouse=True)
@@ -1440,3 +1441,48 @@ def test_container_items_are_reached_by_position_and_parameter_lists_are_traced(
     torch.testing.assert_close(compiled(x), m(x))
     m.scales.append(nn.Parameter(torch.randn(4)))
     torch.testing.assert_close(compiled(x), m(x))
+
+
+# --- environment variables ---------------------------------------------------------------------------------
+
+def _reads_environment(x):
+    if os.environ.get("KILN_TEST_SCALE", "0") == "1":
+        x = x * 2
+    if "KILN_TEST_SHIFT" in os.environ:
+        x = x + float(os.environ["KILN_TEST_SHIFT"])
+    if os.getenv("KILN_TEST_SIGN") == "-":
+        x = -x
+    return x.sin()
+
+
+def test_environment_variables_read_in_traced_code_are_guarded(monkeypatch):
+    # os.environ.get, `in`, os.environ[...] and os.getenv read the variable at trace time; a guard reads it again
+    # on every call (transformers reads them in its attention paths), so a changed variable recompiles.
+    for name in ("KILN_TEST_SCALE", "KILN_TEST_SHIFT", "KILN_TEST_SIGN"):
+        monkeypatch.delenv(name, raising=False)
+    compiled = kiln.compile(_reads_environment)
+    x = random_tensor(5)
+    settings = [{}, {"KILN_TEST_SCALE": "1"}, {"KILN_TEST_SCALE": "1", "KILN_TEST_SHIFT": "0.5"},
+                {"KILN_TEST_SHIFT": "-2", "KILN_TEST_SIGN": "-"}, {"KILN_TEST_SHIFT": "3"}, {}]
+    for env in settings:
+        for name in ("KILN_TEST_SCALE", "KILN_TEST_SHIFT", "KILN_TEST_SIGN"):
+            if name in env:
+                monkeypatch.setenv(name, env[name])
+            else:
+                monkeypatch.delenv(name, raising=False)
+        torch.testing.assert_close(compiled(x), _reads_environment(x))
+    stats = kiln.stats()
+    assert (stats["graph_breaks"], stats["fallbacks"]) == (0, 0), stats
+    assert stats["frames_compiled"] == 5 and stats["cache_hits"] == 1, stats  # the last setting is the first's
+    guards = kiln.explain(_reads_environment)(x).guards
+    assert "os.environ.get('KILN_TEST_SHIFT') == None" in guards, guards
+
+
+def test_reading_an_unset_environment_variable_by_subscript_raises_as_eager(monkeypatch):
+    monkeypatch.delenv("KILN_TEST_UNSET", raising=False)
+
+    def f(x):
+        return x + float(os.environ["KILN_TEST_UNSET"])
+
+    with pytest.raises(KeyError, match="KILN_TEST_UNSET"):
+        kiln.compile(f)(random_tensor(3))
