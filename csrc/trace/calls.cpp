@@ -496,6 +496,14 @@ VarPtr Tracer::inline_with_cells(PyObject* function, std::vector<VarPtr> args, K
       freevars.push_back(stored);
       continue;
     }
+    if (source && value == function) {
+      // A function that names itself (a wrapper's `type(self).forward is wrapper`, a recursive helper): its own
+      // source, not one step deeper through its closure, which would grow by three steps per call and, in a
+      // loop over layers, pass the 256-step limit (transformers' GradientCheckpointingLayer wrapper did).
+      guards_->add_same_object(Source::attr(Source::index(Source::attr(source, "__closure__"), j), "cell_contents"), source);
+      freevars.push_back(wrap(value, source));
+      continue;
+    }
     std::string label = std::string("<cell ") + PyUnicode_AsUTF8(PyTuple_GET_ITEM(freenames, j)) + ">";
     SourcePtr cell_source = source ? Source::index(Source::attr(source, "__closure__"), j) : Source::object(cell, label);
     freevars.push_back(value ? wrap(value, Source::attr(cell_source, "cell_contents")) : nullptr);

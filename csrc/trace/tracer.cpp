@@ -246,7 +246,11 @@ VarPtr Tracer::wrap(PyObject* value, SourcePtr source) {
     guards_->add_id(Source::attr(source, "__defaults__"), defaults ? defaults : Py_None);
     for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(closure); ++j) {
       PyObject* contents = PyCell_GET(PyTuple_GET_ITEM(closure, j));
-      if (contents) wrap(contents, Source::attr(Source::index(Source::attr(source, "__closure__"), j), "cell_contents"));
+      SourcePtr cell = Source::attr(Source::index(Source::attr(source, "__closure__"), j), "cell_contents");
+      if (contents == value)  // a function naming itself: reached through `source`, not one step deeper per call
+        guards_->add_same_object(cell, source);
+      else if (contents)
+        wrap(contents, cell);
     }
   } else if (stable) {
     guards_->add_id(source, value);

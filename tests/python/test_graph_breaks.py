@@ -4,6 +4,7 @@ Each case is compared with eager (outputs, and gradients where inputs require gr
 many graphs and breaks kiln.explain reports, and that kiln.stats() counted the breaks (and no frame
 fell back to eager as a whole unless the case says so).
 """
+import functools
 import sys
 
 import weakref
@@ -729,3 +730,52 @@ def test_a_function_that_falls_back_on_every_input_stops_being_traced_without_a_
     labels = kiln._C.cache_entries(code)
     assert len(labels) == 9 and "eager for every input: fell back" in labels[0], labels
     assert all("(eager: " in label for label in labels[1:]), labels
+
+
+def _wrapped_forward(cls):
+    """As transformers' GradientCheckpointingLayer wraps its subclasses' forward: the wrapper names itself."""
+    forward = cls.forward
+
+    @functools.wraps(forward)
+    def forward_with_wrapper(self, *args, **kwargs):
+        outermost = type(self).forward is forward_with_wrapper
+        out = forward(self, *args, **kwargs)
+        return out if outermost else out * 1.0
+
+    cls.forward = forward_with_wrapper
+    return cls
+
+
+@_wrapped_forward
+class _WrappedLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.tanh(self.linear(x))
+
+
+class _WrappedStack(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.layers = nn.ModuleList(_WrappedLayer() for _ in range(n))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+            record(x.shape[0])  # a break in the loop: a resume function per iteration
+        return x
+
+
+def test_a_wrapper_that_names_itself_keeps_a_short_source_across_layers(fresh_kiln):
+    # Each call of the wrapper used to reach it again one step deeper through its own closure
+    # (forward.__closure__[1].cell_contents.__closure__[1]...), until the 256-step limit broke the loop.
+    torch.manual_seed(0)
+    model = _WrappedStack(40)
+    x = random_tensor(2, 8)
+    compiled = kiln.compile(model)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x), model(x))
+    reasons = kiln.explain(model)(x).break_reasons
+    assert not any("attribute or item steps" in r for r in reasons), [r for r in reasons if "steps" in r][:1]
