@@ -317,8 +317,7 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
       if (grad_outputs[i].defined()) {
         inputs.push_back(conform(grad_outputs[i], meta, false));
       } else {
-        const c10::Device device(static_cast<c10::DeviceType>(meta.device.type), meta.device.index);
-        inputs.push_back(at::empty_strided(meta.sizes, meta.strides, options_of(meta, device)).zero_());
+        inputs.push_back(at::empty_strided(meta.sizes, meta.strides, options_of(meta, to_c10(meta.device))).zero_());
       }
     }
     grad_outputs.clear();

@@ -204,8 +204,7 @@ class KilnGraph final : public CompiledGraph {
                              : at::empty_strided(meta.sizes, meta.strides,
                                                  at::TensorOptions()
                                                      .dtype(static_cast<at::ScalarType>(meta.dtype))
-                                                     .device(static_cast<c10::DeviceType>(meta.device.type),
-                                                             meta.device.index)));
+                                                     .device(to_c10(meta.device))));
         }
         call_node_into(external, g, constants_, env, std::move(outs));
       } else {

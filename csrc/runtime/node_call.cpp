@@ -83,7 +83,7 @@ struct ConstantArgToIValue {
   c10::IValue operator()(const graph::LayoutArg& l) const { return static_cast<int64_t>(l.code); }
   c10::IValue operator()(const graph::MemoryFormatArg& m) const { return static_cast<int64_t>(m.code); }
   c10::IValue operator()(const graph::Device& d) const {
-    return c10::Device(static_cast<c10::DeviceType>(d.type), d.index);
+    return to_c10(d);
   }
 };
 

@@ -13,6 +13,9 @@
 
 namespace kiln::runtime {
 
+/// The c10 device a graph's device names (graph::DeviceType follows c10::DeviceType's numbering).
+inline c10::Device to_c10(const graph::Device& d) { return c10::Device(static_cast<c10::DeviceType>(d.type), d.index); }
+
 struct PreparedNode {
   // A stack position filled per call with one tensor.
   struct TensorSlot {

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "common/log.h"
+#include "runtime/node_call.h"
 
 namespace kiln::runtime {
 namespace {
@@ -95,7 +96,7 @@ at::Tensor packed_slot(const graph::Graph& g, const PackPlan& pack, std::vector<
   const int32_t b = pack.bucket[v];
   const graph::TensorMeta& meta = g.values[v].meta;
   // The value's own device, not the graph's: a graph of extern calls only has no CUDA device of its own.
-  const c10::Device device(static_cast<c10::DeviceType>(meta.device.type), meta.device.index);
+  const c10::Device device = to_c10(meta.device);
   if (!buckets[b].defined())
     buckets[b] = at::empty({pack.bucket_bytes[b]}, at::TensorOptions().dtype(at::kByte).device(device));
   const auto dtype = static_cast<at::ScalarType>(meta.dtype);

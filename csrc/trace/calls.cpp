@@ -115,7 +115,10 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
           return call_record_method(fn->items[0], name, args);
         }
       }
-      if (VarPtr read = call_environ_method(fn->items[0], fn->value, args, kwargs)) return read;
+      if (PyFunction_Check(fn->value))
+        if (VarPtr read = call_environ_method(fn->items[0], PyUnicode_AsUTF8(((PyFunctionObject*)fn->value)->func_name),
+                                              args, kwargs))
+          return read;
       bool grad_mode = false;
       VarPtr switched = call_grad_mode(fn->value, fn->items[0], args, kwargs, &grad_mode);
       if (grad_mode) return switched;

@@ -1,6 +1,7 @@
 // Calls while tracing, continued: the Python constructs real models use (dict mutation and construction,
 // functools.partial, ContextVar pairs, inspect.signature of pinned functions, Python-written mappings).
 #include <algorithm>
+#include <string_view>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -160,15 +161,14 @@ VarPtr Tracer::mutate_dict(const VarPtr& self, const std::string& name, const st
   KILN_UNSUPPORTED() << "dict." << name << " with " << n << " arguments";
 }
 
-VarPtr Tracer::call_environ_method(const VarPtr& self, PyObject* fn, const std::vector<VarPtr>& args,
+VarPtr Tracer::call_environ_method(const VarPtr& self, const char* name, const std::vector<VarPtr>& args,
                                    const KwArgs& kwargs) {
   static PyObject* environ = lookup("os", "environ");
-  if (!environ || self->value != environ || !self->is(VarKind::kConst) || !kwargs.empty() || !PyFunction_Check(fn))
-    return nullptr;
-  const std::string name = PyUnicode_AsUTF8(((PyFunctionObject*)fn)->func_name);
+  if (!environ || self->value != environ || !self->is(VarKind::kConst) || !kwargs.empty()) return nullptr;
+  const std::string_view method = name;
   const size_t n = args.size();
-  const bool get = name == "get" && (n == 1 || n == 2), item = name == "__getitem__" && n == 1,
-             contains = name == "__contains__" && n == 1;
+  const bool get = method == "get" && (n == 1 || n == 2), item = method == "__getitem__" && n == 1,
+             contains = method == "__contains__" && n == 1;
   if (!(get || item || contains) || !args[0]->is(VarKind::kConst) || !PyUnicode_CheckExact(args[0]->value))
     return nullptr;
   const SourcePtr read = Source::mapping_get(Source::object(environ, "os.environ"), PyUnicode_AsUTF8(args[0]->value));

@@ -337,31 +337,28 @@ frame::MissResult KilnCompiler::fall_back(const frame::FrameView& frame, const s
     result.action = frame::MissAction::kRunDefault;
     return result;
   }
-  // An entry that runs the original code under the guards read before the failure: the same inputs
-  // run eagerly at the cost of a guard check, other inputs are traced afresh.
+  // The same inputs run eagerly at the cost of a guard check, other inputs are traced afresh.
+  return eager_entry(frame, std::move(partial_guards), "eager: " + reason.substr(0, 80));
+}
+
+frame::MissResult KilnCompiler::eager_entry(const frame::FrameView& frame, std::shared_ptr<guards::GuardTree> guards,
+                                            const std::string& why) {
+  frame::MissResult result;
   auto entry = std::make_unique<frame::CacheEntry>();
   Py_INCREF(frame.code);
   entry->code = (PyObject*)frame.code;
-  entry->guard = std::make_unique<FrameGuard>(std::move(partial_guards), this);
-  entry->label = where(frame.code) + " (eager: " + reason.substr(0, 80) + ")";
+  entry->guard = std::make_unique<FrameGuard>(std::move(guards), this);
+  entry->label = where(frame.code) + " (" + why + ")";
   result.action = frame::MissAction::kAddEntry;
   result.entry = std::move(entry);
   return result;
 }
 
 frame::MissResult KilnCompiler::eager_for_every_input(const frame::FrameView& frame, const std::string& why) {
-  // An entry of this compiler's, without guards, that runs the original code: unlike a skip mark on the code
-  // object (which every kiln.compile would see), a later kiln.compile of this very function still compiles it.
-  // The functions it calls are still offered.
-  frame::MissResult result;
-  auto entry = std::make_unique<frame::CacheEntry>();
-  Py_INCREF(frame.code);
-  entry->code = (PyObject*)frame.code;
-  entry->guard = std::make_unique<FrameGuard>(std::make_shared<guards::GuardTree>(), this);
-  entry->label = where(frame.code) + " (eager for every input: " + why + ")";
-  result.action = frame::MissAction::kAddEntry;
-  result.entry = std::move(entry);
-  return result;
+  // An entry of this compiler's, without guards: unlike a skip mark on the code object (which every kiln.compile
+  // would see), a later kiln.compile of this very function still compiles it. The functions it calls are still
+  // offered.
+  return eager_entry(frame, std::make_shared<guards::GuardTree>(), "eager for every input: " + why);
 }
 
 frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,

@@ -58,6 +58,9 @@ class KilnCompiler : public frame::Compiler {
  private:
   frame::MissResult fall_back(const frame::FrameView& frame, const std::string& reason,
                               std::shared_ptr<guards::GuardTree> partial_guards);
+  /// An entry of this compiler's that runs `frame`'s code as written under `guards`, labelled with `why`.
+  frame::MissResult eager_entry(const frame::FrameView& frame, std::shared_ptr<guards::GuardTree> guards,
+                                const std::string& why);
   /// An entry without guards that runs `frame`'s code as written, for a function not worth tracing again.
   frame::MissResult eager_for_every_input(const frame::FrameView& frame, const std::string& why);
   void explain(const char* kind, PyObject* record);

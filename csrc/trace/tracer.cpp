@@ -544,11 +544,8 @@ VarPtr Tracer::subscript(const VarPtr& obj, const VarPtr& index) {
   if (obj->is(VarKind::kConst) && obj->by_type && obj->source && index->is(VarKind::kConst)) {
     if (VarPtr item = frame_record_item(obj, index->value)) return item;
   }
-  if (obj->is(VarKind::kConst) && index->is(VarKind::kConst)) {  // os.environ["X"]
-    static PyObject* getitem = PyUnicode_InternFromString("__getitem__");
-    if (PyObject* f = _PyType_Lookup(Py_TYPE(obj->value), getitem))
-      if (VarPtr read = call_environ_method(obj, f, {index}, {})) return read;
-  }
+  if (index->is(VarKind::kConst))  // os.environ["X"]
+    if (VarPtr read = call_environ_method(obj, "__getitem__", {index}, {})) return read;
   // An object from the frame pinned by its type only: its items are not guarded, and an item read here
   // would be a trace-time copy (a list stored into later would not be the frame's).
   if (obj->is(VarKind::kConst) && obj->by_type)

@@ -157,7 +157,7 @@ class Tracer {
   /// os.environ.get(key[, default]), os.environ[key] and `key in os.environ` (through __contains__) with a constant
   /// key: the variable's value at trace time, guarded (os.environ.get(key) read again on every call); nullptr
   /// for any other call. An absent key read by subscript stays a graph break (eager raises KeyError).
-  VarPtr call_environ_method(const VarPtr& self, PyObject* fn, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+  VarPtr call_environ_method(const VarPtr& self, const char* name, const std::vector<VarPtr>& args, const KwArgs& kwargs);
   /// `nn.ReLU()` in traced code: a built-in stateless torch.nn module made with constant arguments (nullptr when
   /// the class or the instance does not qualify: _tracing.make_stateless_module).
   VarPtr construct_stateless_module(PyObject* cls, const std::vector<VarPtr>& args, const KwArgs& kwargs);
