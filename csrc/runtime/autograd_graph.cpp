@@ -73,6 +73,7 @@ class MetaOracle final : public autodiff::OpOracle {
     node.outputs.clear();
     for (size_t i = 0; i < schema.returns().size(); ++i) node.outputs.push_back(first_output + static_cast<graph::ValueId>(i));
     PreparedNode prepared = prepare_node(g, node, values_);
+    prepared.restored_outputs.clear();  // the op's own layout is the question here; its outputs have no meta yet
     if (!answered_by_kiln_rules(prepared, g, node)) call_node(prepared, g, values_, values_);
     std::vector<graph::TensorMeta> metas;
     for (graph::ValueId out : node.outputs) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "common/error.h"
 
@@ -177,7 +178,19 @@ PreparedNode prepare_node(const graph::Graph& g, const graph::Node& node, const 
   prepared.outputs = node.outputs;
   prepared.returns_list = node.returns_list;
   prepared.copy_into_fresh = prepared.name == "aten::copy.default";
-  if (prepared.name == "aten::scaled_dot_product_attention.default") restore_recorded_layout(prepared, 0);
+  // Attention's output layout depends on the kernel ATen picks at run time (flash, memory-efficient, math) and on
+  // its inputs' layouts, so the recorded strides (kiln/_fake.py's guess for the whole op, kept by
+  // autodiff/lower_attention for the kernel it names) can differ from what the run returns: every output of these
+  // ops is copied into its recorded layout when they differ, since the views after it were recorded against it.
+  static const std::unordered_set<std::string> kernel_chosen_layouts = {
+      "aten::scaled_dot_product_attention.default",
+      "aten::_scaled_dot_product_efficient_attention.default",
+      "aten::_scaled_dot_product_efficient_attention_backward.default",
+      "aten::_scaled_dot_product_flash_attention_for_cpu.default",
+      "aten::_scaled_dot_product_flash_attention_for_cpu_backward.default",
+  };
+  if (kernel_chosen_layouts.count(prepared.name))
+    for (size_t position = 0; position < prepared.outputs.size(); ++position) restore_recorded_layout(prepared, position);
   return prepared;
 }
 

@@ -52,8 +52,14 @@ _WHOLE_OPS = {
     torch.nn.functional.scaled_dot_product_attention: lambda: torch.ops.aten.scaled_dot_product_attention.default,
 }
 
-# Tensor methods that leave tensor land: refused before they run (on meta they would fail obscurely).
+# Tensor methods that leave tensor land, or act on autograd's real graph (a hook registered on a fake would be
+# dropped: the compiled backward never calls it): refused before they run, so the call is a graph break and runs
+# on the real tensor.
 _ESCAPING_METHODS = {
+    "register_hook": "it registers an autograd hook, which must act on the real tensor's gradient",
+    "register_post_accumulate_grad_hook": "it registers an autograd hook, which must act on the real tensor's gradient",
+    "retain_grad": "it asks autograd to keep the real tensor's gradient",
+    "backward": "it runs autograd's backward pass",
     "numpy": "it copies tensor data into a NumPy array",
     "tolist": "it copies tensor data into Python lists",
     "item": "it reads a tensor's value into Python",

@@ -45,16 +45,22 @@ def _run_compiled(compiler, fn, args, kwargs):
 
 def _compiled_module(module, compiler):
     """A module sharing the original's __dict__ (parameters, buffers, submodules, flags), whose calls run
-    under kiln: state_dict keys, attribute access and .train()/.eval() behave as on the original."""
+    under kiln: state_dict keys, attribute access and .train()/.eval() behave as on the original, and
+    isinstance(compiled, type(module)) holds. A call runs the original module itself, so the module's own code
+    sees no wrapper: `type(self)`, `self.__class__` and class-keyed lookups inside forward are as in eager."""
+    module = _original_module(module)
     cls = type(module)
     call_impl = cls.__call__
 
     def __call__(self, *args, **kwargs):
-        return _run_compiled(compiler, call_impl, (self,) + args, kwargs)
+        return _run_compiled(compiler, call_impl, (self._kiln_module,) + args, kwargs)
 
     compiled_cls = type(f"Compiled{cls.__name__}", (cls,), {
+        # The original module, outside the shared __dict__ (so state_dict and named_modules do not see it).
+        "__slots__": ("_kiln_module",),
         "__call__": __call__,
         "__module__": cls.__module__,
+        "__qualname__": f"Compiled{cls.__qualname__}",
         "_kiln_compiler": compiler,
         # Pickling or deep-copying a compiled module gives (a copy of) the plain original. Through `self`,
         # not a closure over `module`: guards hold this class, and must not keep the model alive.
@@ -62,7 +68,17 @@ def _compiled_module(module, compiler):
     })
     compiled = object.__new__(compiled_cls)
     object.__setattr__(compiled, "__dict__", module.__dict__)
+    object.__setattr__(compiled, "_kiln_module", module)
     return compiled
+
+
+def _original_module(module):
+    """The plain module behind a module kiln.compile returned (compiling it again compiles the original)."""
+    while True:
+        try:
+            module = object.__getattribute__(module, "_kiln_module")
+        except AttributeError:
+            return module
 
 
 def _new_plain(cls):
@@ -137,6 +153,9 @@ class ExplainOutput:
 
 def explain(fn, *, backend="eager"):
     """kiln.explain(fn)(*args) -> ExplainOutput. Compiles afresh, runs once, reports."""
+    if isinstance(fn, nn.Module):
+        fn = _original_module(fn)
+
     def run(*args, **kwargs):
         records = []
         compiler = _make_compiler(fn, backend, False, explain_sink=records)

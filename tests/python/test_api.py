@@ -237,6 +237,41 @@ def test_compiled_module_deep_copies_and_pickles_as_the_plain_module(fresh_kiln)
         torch.testing.assert_close(twin(x), model(x))
 
 
+class Named(nn.Module):
+    """Reads its own class inside forward, as model code does (type(self).__name__, class-keyed registries)."""
+    scale_of_class = {}
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    @classmethod
+    def name_length(cls):
+        return len(cls.__name__)
+
+    def forward(self, x):
+        scale = Named.scale_of_class.get(type(self), 0.0) + len(self.__class__.__name__) + type(self).name_length()
+        return self.linear(x) * scale
+
+
+Named.scale_of_class[Named] = 3.0
+
+
+def test_compiled_module_is_invisible_to_the_modules_own_code(fresh_kiln):
+    """Regression: forward ran with `self` an instance of kiln's wrapper class (CompiledNamed), so type(self),
+    self.__class__ and class-keyed lookups differed from eager and so did the output."""
+    model = Named()
+    compiled = kiln.compile(model)
+    assert isinstance(compiled, Named)
+    for _ in range(2):
+        assert_same_as_eager(model, random_tensor(2, 4, requires_grad=True), compiled=compiled)
+    assert compiled.state_dict().keys() == model.state_dict().keys()
+    compiled.eval()
+    assert not model.training
+    again = kiln.compile(compiled)  # compiling a compiled module compiles the original
+    torch.testing.assert_close(again(torch.ones(1, 4)), model(torch.ones(1, 4)))
+
+
 # --- stats, reset, explain, disable ------------------------------------------------------------
 
 def test_stats_counters_and_reset(fresh_kiln):

@@ -393,6 +393,38 @@ def test_gradients_of_non_leaves_are_not_packed_with_the_leaves():
     assert_compiled_autograd()
 
 
+@pytest.mark.parametrize("method", ["register_hook", "retain_grad"])
+def test_autograd_hooks_registered_in_compiled_code_act_as_in_eager(method):
+    """Regression: a hook registered on a tensor inside compiled code was registered on a trace-time fake and
+    dropped (x.grad was half of eager's). Such a call is a graph break and runs on the real tensor."""
+    seen = []
+
+    def f(x, w):
+        h = x @ w
+        if method == "register_hook":
+            h.register_hook(lambda g: g * 2)
+        else:
+            h.retain_grad()
+            seen.append(h)
+        return torch.tanh(h)
+
+    x, w = r(4, 5), r(5, 3)
+    out_eager = f(x, w)
+    out_eager.sum().backward()
+    grads_eager = x.grad.clone(), w.grad.clone()
+    eager_h_grad = seen.pop().grad if seen else None
+    x.grad = w.grad = None
+    compiled = kiln.compile(f)
+    for _ in range(2):  # the second call is a cache hit
+        compiled(x, w).sum().backward()
+        torch.testing.assert_close((x.grad, w.grad), grads_eager)
+        if method == "retain_grad":
+            torch.testing.assert_close(seen.pop().grad, eager_h_grad)
+        x.grad = w.grad = None
+    explained = kiln.explain(f)(x, w)
+    assert method in explained.break_reasons[0], explained.break_reasons
+
+
 def test_backward_twice_without_retain_graph_raises_like_eager():
     compiled = kiln.compile(lambda a: torch.tanh(a) * 2)
     out = compiled(r(3, 4)).sum()
@@ -925,6 +957,38 @@ def test_attention_trains_on_compiled_autograd(device, causal):
 
     shapes = [(2, 3, 7, 16), (2, 3, 9 if not causal else 7, 16), (2, 3, 9 if not causal else 7, 16)]
     assert_same_as_eager(attend, *[random_tensor(*s, requires_grad=True, device=device) for s in shapes])
+    assert_compiled_autograd()
+
+
+class CrossAttention(nn.Module):
+    """An encoder-decoder attention block written the way Whisper's is: q/k/v projections viewed into heads and
+    made contiguous, attention, then transpose(1, 2).contiguous().reshape and an output projection."""
+
+    def __init__(self, d=64, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = nn.Linear(d, d), nn.Linear(d, d, bias=False), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x, memory):
+        b, n, _ = x.shape
+        q = self.q(x).view(b, n, self.heads, -1).transpose(1, 2).contiguous()
+        k = self.k(memory).view(b, -1, self.heads, q.shape[-1]).transpose(1, 2).contiguous()
+        v = self.v(memory).view(b, -1, self.heads, q.shape[-1]).transpose(1, 2).contiguous()
+        a = F.scaled_dot_product_attention(q, k, v, scale=1.0)
+        a = a.transpose(1, 2).contiguous().reshape(b, n, -1).contiguous()
+        return self.o(a)
+
+
+def test_attention_over_contiguous_heads_trains_with_views_after_it(device):
+    """Regression: ATen's attention kernels lay their output out by their inputs' layout (CPU flash attention
+    returns contiguous heads for contiguous q/k/v), not always as recorded; the views after the lowered kernel
+    then raised 'view size is not compatible' in a training step (Whisper's decoder, CPU)."""
+    torch.manual_seed(0)
+    model = CrossAttention().to(device)
+    for target in (8, 16):
+        x = random_tensor(2, 8, 64, requires_grad=True, device=device)
+        memory = random_tensor(2, target, 64, requires_grad=True, device=device)
+        assert_same_as_eager(model, x, memory)
     assert_compiled_autograd()
 
 
