@@ -8,7 +8,7 @@
 #include "common/log.h"
 #include "frame/frame.h"
 #include "guards/guard_tree.h"
-#include "runtime/backends.h"
+#include "compile/backends.h"
 #include "runtime/host_buffers.h"
 #include "trace/compile_frame.h"
 
@@ -21,6 +21,29 @@ namespace {
 struct CompilerHandle {
   std::unique_ptr<trace::KilnCompiler> compiler;
 };
+
+// kiln.compile's mode, dynamic and options (validated by kiln/api.py, which names the known keys) as the pipeline
+// takes them.
+compile::CompileOptions compile_options_from_python(const std::string& mode, py::object dynamic, py::dict options) {
+  compile::CompileOptions parsed;
+  parsed.mode = compile::parse_mode(mode);
+  parsed.dynamic = dynamic.is_none() ? compile::Dynamic::kAutomatic
+                   : dynamic.cast<bool>() ? compile::Dynamic::kDynamic
+                                          : compile::Dynamic::kStatic;
+  for (auto [key, value] : options) {
+    const std::string name = py::str(key);
+    if (name == "debug_dir") {
+      parsed.debug_dir = py::str(value);
+    } else if (name == "cudagraphs") {
+      parsed.cudagraphs = value.cast<bool>();
+    } else if (name == "autotune") {
+      parsed.autotune = value.cast<bool>();
+    } else {
+      KILN_CHECK(false) << "unknown compile option '" << name << "' (known: autotune, cudagraphs, debug_dir)";
+    }
+  }
+  return parsed;
+}
 
 thread_local PyObject* tls_current = nullptr;  // the Python handle of this thread's compiler (owned)
 
@@ -38,8 +61,10 @@ py::object set_compiler(py::object handle) {
 void register_compile(py::module_& m) {
   py::class_<CompilerHandle>(m, "Compiler")
       .def(py::init([](const std::string& backend, py::object user_backend, bool fullgraph, int recompile_limit,
-                       py::list entry_codes, py::object explain_sink, bool trace_all) {
+                       py::list entry_codes, py::object explain_sink, bool trace_all, const std::string& mode,
+                       py::object dynamic, py::dict compile_options) {
              trace::CompileOptions options;
+             options.compile = compile_options_from_python(mode, dynamic, compile_options);
              options.trace_all = trace_all;
              options.backend = backend;
              options.fullgraph = fullgraph;
@@ -52,7 +77,8 @@ void register_compile(py::module_& m) {
              return handle;
            }),
            py::arg("backend"), py::arg("user_backend"), py::arg("fullgraph"), py::arg("recompile_limit"),
-           py::arg("entry_codes"), py::arg("explain_sink"), py::arg("trace_all") = false);
+           py::arg("entry_codes"), py::arg("explain_sink"), py::arg("trace_all") = false, py::arg("mode") = "default",
+           py::arg("dynamic") = py::none(), py::arg("options") = py::dict());
   m.def("set_compiler", &set_compiler, py::arg("compiler").none(true),
         "Sets this thread's compiler (None: none); returns the previous one.");
   m.def("stats", [] {
@@ -83,7 +109,7 @@ void register_compile(py::module_& m) {
     d["in_use_bytes"] = s.in_use_bytes;
     return d;
   }, "The CPU host buffer cache's counters (runtime/host_buffers.h).");
-  m.def("backend_names", &runtime::backend_names);
+  m.def("backend_names", &compile::backend_names);
   m.def(
       "guard_benchmark",
       [](py::object target, py::args rest) {

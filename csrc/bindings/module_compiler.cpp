@@ -5,6 +5,7 @@
 
 #include "bindings/module_register.h"
 #include "cache/kernel_cache.h"
+#include "compile/pipeline.h"
 #include "decomp/decompositions.h"
 #include "runtime/compiled_graph.h"
 #include "runtime/kernel_graph.h"
@@ -14,8 +15,8 @@ namespace py = pybind11;
 namespace kiln::bindings {
 
 void register_compiler(py::module_& m) {
-  m.def("set_compiled_autograd", &runtime::set_compiled_autograd, py::arg("on"));
-  m.def("compiled_autograd", &runtime::compiled_autograd);
+  m.def("set_compiled_autograd", &compile::set_compiled_autograd, py::arg("on"));
+  m.def("compiled_autograd", &compile::compiled_autograd);
   m.def(
       "compiler_stats",
       [] {
@@ -72,12 +73,12 @@ void register_compiler(py::module_& m) {
       "for a graph compiled by the kiln backend: {backend: 'kiln'|'eager', fallback_reason, kernels: [names], "
       "externs: [op overloads], plan: the run plan's steps in order (kernel names and extern op overloads), folded: [values computed at compile time], source: generated C++ or CUDA C, device: 'cpu'|'cuda:N', strategies: per CUDA "
       "kernel}; None for other backends");
-  m.def("set_cuda_ptx_check", &runtime::set_cuda_ptx_check, py::arg("on"),
+  m.def("set_cuda_ptx_check", &compile::set_cuda_ptx_check, py::arg("on"),
         "test switch: also emit every CPU graph's kernels as CUDA C and compile them to PTX with NVRTC");
   m.def(
       "cuda_ptx_check",
       [] {
-        const auto& c = runtime::cuda_ptx_check();
+        const auto& c = compile::cuda_ptx_check();
         py::dict d;
         d["compiled"] = c.compiled;
         d["failures"] = c.failures;

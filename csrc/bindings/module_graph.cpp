@@ -7,7 +7,7 @@
 #include "common/error.h"
 #include "graph/graph.h"
 #include "graph/py_records.h"
-#include "runtime/backends.h"
+#include "compile/backends.h"
 #include "runtime/python_bridge.h"
 
 namespace py = pybind11;
@@ -23,12 +23,12 @@ std::shared_ptr<CompiledGraph> compile_from_python(const std::shared_ptr<Graph>&
                                                    py::object example_inputs) {
   PyObject* examples = example_inputs.is_none() ? nullptr : example_inputs.ptr();
   if (py::isinstance<py::str>(backend))
-    return runtime::compile_graph(g, backend.cast<std::string>(), examples, nullptr);
-  KILN_CHECK(PyCallable_Check(backend.ptr())) << "backend must be a name (" << py::repr(py::cast(runtime::backend_names())).cast<std::string>()
+    return compile::compile_graph(g, backend.cast<std::string>(), examples, nullptr, compile::CompileOptions{});
+  KILN_CHECK(PyCallable_Check(backend.ptr())) << "backend must be a name (" << py::repr(py::cast(compile::backend_names())).cast<std::string>()
                                               << ") or a callable, got " << Py_TYPE(backend.ptr())->tp_name;
   std::string name = py::hasattr(backend, "__name__") ? py::str(backend.attr("__name__")).cast<std::string>()
                                                       : std::string("<callable>");
-  return runtime::compile_graph(g, name, examples, backend.ptr());
+  return compile::compile_graph(g, name, examples, backend.ptr(), compile::CompileOptions{});
 }
 
 py::list run_compiled(CompiledGraph& compiled, py::handle inputs) {
@@ -77,7 +77,7 @@ void register_graph(py::module_& m) {
   m.def(
       "_enum_codes", [] { return py::reinterpret_steal<py::dict>(runtime::enum_codes_for_python()); },
       "c10's numbering of dtypes, layouts, memory formats and device types, as graph/ stores them");
-  m.def("backend_names", &runtime::backend_names, "names of the registered backends");
+  m.def("backend_names", &compile::backend_names, "names of the registered backends");
   m.def("compile_graph", &compile_from_python, py::arg("graph"), py::arg("backend"),
         py::arg("example_inputs") = py::none(),
         "compile `graph` with a backend name or a user callable (graph, example_inputs) -> callable");

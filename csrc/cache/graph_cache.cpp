@@ -18,27 +18,27 @@ namespace {
 
 constexpr const char* kKind = "graphs";
 constexpr const char* kSuffix = ".kgraph";
-constexpr int64_t kRecordFormat = 2;
+constexpr int64_t kRecordFormat = 3;
 constexpr int64_t kLimit = 1 << 30;
 
-void write_launch(graph::ByteWriter& w, const codegen::cuda::CudaKernelLaunch& launch) {
-  w.text(launch.name);
-  w.integer(launch.grid);
-  w.integer(launch.block_x);
-  w.integer(launch.block_y);
-  w.text(launch.strategy);
-  w.integer(launch.part);
+void write_entry(graph::ByteWriter& w, const KernelEntry& entry) {
+  w.text(entry.name);
+  w.integer(entry.grid);
+  w.integer(entry.block_x);
+  w.integer(entry.block_y);
+  w.text(entry.strategy);
+  w.integer(entry.part);
 }
 
-codegen::cuda::CudaKernelLaunch read_launch(graph::ByteReader& r, int64_t num_parts) {
-  codegen::cuda::CudaKernelLaunch launch;
-  launch.name = r.text();
-  launch.grid = static_cast<unsigned>(r.count(0xffffffffLL));
-  launch.block_x = static_cast<unsigned>(r.count(1024));
-  launch.block_y = static_cast<unsigned>(r.count(1024));
-  launch.strategy = r.text();
-  launch.part = static_cast<int>(r.count(std::max<int64_t>(num_parts - 1, 0)));
-  return launch;
+KernelEntry read_entry(graph::ByteReader& r, int64_t num_parts) {
+  KernelEntry entry;
+  entry.name = r.text();
+  entry.grid = static_cast<unsigned>(r.count(0xffffffffLL));
+  entry.block_x = static_cast<unsigned>(r.count(1024));
+  entry.block_y = static_cast<unsigned>(r.count(1024));
+  entry.strategy = r.text();
+  entry.part = static_cast<int>(r.count(std::max<int64_t>(num_parts - 1, 0)));
+  return entry;
 }
 
 void write_texts(graph::ByteWriter& w, const std::vector<std::string>& texts) {
@@ -52,7 +52,7 @@ std::vector<std::string> read_texts(graph::ByteReader& r) {
   return texts;
 }
 
-std::string encode(const GraphRecord& record) {
+std::string encode(const CompiledArtifact& record) {
   graph::ByteWriter w;
   w.integer(kRecordFormat);
   graph::write_graph(w, record.optimised);
@@ -73,21 +73,20 @@ std::string encode(const GraphRecord& record) {
     w.integers(std::vector<int64_t>(k.in_place_from.begin(), k.in_place_from.end()));
     w.integer(k.gathers);
   }
-  w.text(record.cpp_source);
-  write_texts(w, record.cpp_functions);
-  write_texts(w, record.cuda_parts);
-  w.integer(static_cast<int64_t>(record.cuda_launches.size()));
-  for (const auto& launch : record.cuda_launches) write_launch(w, launch);
-  write_launch(w, record.cuda_group);
-  w.integers(std::vector<int64_t>(record.cuda_group_members.begin(), record.cuda_group_members.end()));
+  w.text(record.code.backend);
+  write_texts(w, record.code.parts);
+  w.integer(static_cast<int64_t>(record.code.kernels.size()));
+  for (const KernelEntry& entry : record.code.kernels) write_entry(w, entry);
+  write_entry(w, record.code.group);
+  w.integers(std::vector<int64_t>(record.code.group_members.begin(), record.code.group_members.end()));
   w.integers(std::vector<int64_t>(record.constant_sources.begin(), record.constant_sources.end()));
   return w.take();
 }
 
-GraphRecord decode(const std::string& bytes) {
+CompiledArtifact decode(const std::string& bytes) {
   graph::ByteReader r(bytes);
   KILN_CHECK_EQ(r.integer(), kRecordFormat) << "record format";
-  GraphRecord record;
+  CompiledArtifact record;
   record.optimised = graph::read_graph(r);
   const auto num_values = static_cast<int64_t>(record.optimised.values.size());
   record.steps.resize(r.count(kLimit));
@@ -110,17 +109,16 @@ GraphRecord decode(const std::string& bytes) {
     }
     k.gathers = r.integer() != 0;
   }
-  record.cpp_source = r.text();
-  record.cpp_functions = read_texts(r);
-  record.cuda_parts = read_texts(r);
-  const auto num_parts = static_cast<int64_t>(record.cuda_parts.size());
-  record.cuda_launches.resize(r.count(kLimit));
-  for (auto& launch : record.cuda_launches) launch = read_launch(r, num_parts);
-  record.cuda_group = read_launch(r, num_parts);
+  record.code.backend = r.text();
+  record.code.parts = read_texts(r);
+  const auto num_parts = static_cast<int64_t>(record.code.parts.size());
+  record.code.kernels.resize(r.count(kLimit));
+  for (KernelEntry& entry : record.code.kernels) entry = read_entry(r, num_parts);
+  record.code.group = read_entry(r, num_parts);
   const auto num_kernels = static_cast<int64_t>(record.kernels.size());
   for (int64_t member : r.integers()) {
     KILN_CHECK(member >= 0 && member < num_kernels) << "launch group member " << member;
-    record.cuda_group_members.push_back(static_cast<int32_t>(member));
+    record.code.group_members.push_back(static_cast<int32_t>(member));
   }
   for (int64_t source : r.integers()) record.constant_sources.push_back(static_cast<graph::ValueId>(source));
   KILN_CHECK(r.at_end()) << "trailing bytes";
@@ -128,8 +126,7 @@ GraphRecord decode(const std::string& bytes) {
   const auto num_nodes = static_cast<int64_t>(record.optimised.nodes.size());
   for (const fusion::Step& step : record.steps)
     KILN_CHECK(step.index < (step.kind == fusion::Step::Kind::Kernel ? num_kernels : num_nodes)) << "step " << step.index;
-  KILN_CHECK(record.cpp_functions.empty() || record.cpp_functions.size() == record.kernels.size()) << "function count";
-  KILN_CHECK(record.cuda_launches.empty() || record.cuda_launches.size() == record.kernels.size()) << "launch count";
+  KILN_CHECK(record.code.kernels.empty() || record.code.kernels.size() == record.kernels.size()) << "kernel entry count";
   return record;
 }
 
@@ -144,11 +141,11 @@ std::string graph_key(const graph::Graph& captured, const std::string& context) 
   return hash_hex(w.bytes());
 }
 
-std::optional<GraphRecord> load_graph_record(const std::string& key, const graph::Graph& captured) {
+std::optional<CompiledArtifact> load_artifact(const std::string& key, const graph::Graph& captured) {
   std::optional<std::string> bytes = load_record_bytes(kKind, key);
   if (!bytes) return std::nullopt;
   try {
-    GraphRecord record = decode(*bytes);
+    CompiledArtifact record = decode(*bytes);
     if (!attach_constants(record.optimised, record.constant_sources, captured)) return std::nullopt;
     return record;
   } catch (const std::exception& e) {
@@ -157,7 +154,7 @@ std::optional<GraphRecord> load_graph_record(const std::string& key, const graph
   }
 }
 
-void store_graph_record(const std::string& key, const GraphRecord& record) {
+void store_artifact(const std::string& key, const CompiledArtifact& record) {
   const auto& sources = record.constant_sources;
   if (std::find(sources.begin(), sources.end(), kUnknownConstant) != sources.end()) return;
   store_record_bytes(kKind, key, encode(record));

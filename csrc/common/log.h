@@ -15,6 +15,7 @@ namespace kiln::log {
   _(guards)                    \
   _(graph)                     \
   _(output_code)               \
+  _(passes)                    \
   _(perf)                      \
   _(bytecode)                  \
   _(trace)                     \

@@ -1,7 +1,8 @@
-// The pass pipeline: a straight line, each step commented with why it sits where it does.
+// run_pass and the generic clean-up passes (pipeline.h): each step commented with why it sits where it does.
 #include "passes/pipeline.h"
 
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 
 #include "common/log.h"
@@ -17,28 +18,45 @@ bool verify_enabled() {
   return v && *v && std::string(v) != "0";
 }
 
-void run_graph_passes(graph::Graph& g) {
-  const bool verify = verify_enabled();
-  auto after = [&](const char* pass) {
-    if (!verify) return;
+bool run_pass(const char* name, graph::Graph& g, const std::function<bool(graph::Graph&)>& pass) {
+  const bool changed = pass(g);
+  if (verify_enabled()) {
     try {
       g.verify();
     } catch (const std::exception& e) {
-      throw std::runtime_error(std::string("graph verifier failed after pass ") + pass + ": " + e.what());
+      throw std::runtime_error(std::string("graph verifier failed after pass ") + name + ": " + e.what());
     }
-  };
-  after("(input)");
+  }
+  if (changed) KILN_LOG(passes) << "after " << name << ":\n" << g.to_string();
+  else KILN_LOG(passes) << "after " << name << ": no change";
+  return changed;
+}
+
+void run_graph_passes(graph::Graph& g) {
+  if (verify_enabled()) {
+    try {
+      g.verify();
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string("graph verifier failed on the input of the graph passes: ") + e.what());
+    }
+  }
   // Identities first: their readers then read the operand, which CSE may merge further.
-  simplify_algebra(g);
-  after("simplify_algebra");
+  run_pass("simplify_algebra", g, [](graph::Graph& graph) { return simplify_algebra(graph) > 0; });
   // CSE next: merged duplicates become dead, and the dead-node sweep below collects them.
-  eliminate_common_subexpressions(g);
-  after("eliminate_common_subexpressions");
-  remove_dead_nodes(g);
-  after("remove_dead_nodes");
+  run_pass("eliminate_common_subexpressions", g, [](graph::Graph& graph) {
+    eliminate_common_subexpressions(graph);
+    return true;  // it reports nothing: the graph is printed whether or not it merged
+  });
+  run_pass("remove_dead_nodes", g, [](graph::Graph& graph) {
+    const size_t before = graph.nodes.size();
+    remove_dead_nodes(graph);
+    return graph.nodes.size() != before;
+  });
   // Last: it only reorders the nodes left.
-  fuse_recomputation(g);
-  after("fuse_recomputation");
+  run_pass("fuse_recomputation", g, [](graph::Graph& graph) {
+    fuse_recomputation(graph);
+    return true;
+  });
 }
 
 }  // namespace kiln::passes

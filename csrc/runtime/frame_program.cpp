@@ -12,7 +12,6 @@
 #include "common/error.h"
 #include "frame/frame.h"
 #include "graph/graph.h"
-#include "runtime/backends.h"
 #include "runtime/compiled_graph.h"
 
 namespace kiln::runtime {
@@ -350,12 +349,6 @@ PyObject* make_frame_program(FrameProgramSpec spec, std::shared_ptr<CompiledGrap
   p->spec = new FrameProgramSpec(std::move(spec));
   p->compiled = new std::shared_ptr<CompiledGraph>(std::move(compiled));
   return reinterpret_cast<PyObject*>(p);
-}
-
-std::shared_ptr<CompiledGraph> compile_graph_object(PyObject* graph, const std::string& backend,
-                                                    PyObject* example_inputs, PyObject* user_backend) {
-  auto g = pybind11::cast<std::shared_ptr<graph::Graph>>(pybind11::handle(graph));
-  return compile_graph(std::move(g), backend, example_inputs, user_backend);
 }
 
 }  // namespace kiln::runtime

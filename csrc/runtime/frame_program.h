@@ -64,9 +64,4 @@ PyObject* make_structured_tuple(PyTypeObject* type, PyObject* items);
 /// Creates the Python-callable program object (new reference). `compiled` runs the graph.
 PyObject* make_frame_program(FrameProgramSpec spec, std::shared_ptr<CompiledGraph> compiled);
 
-/// The backend table's entry point (runtime/backends.h) seen from torch-free code: compiles the
-/// graph held by the Python object `graph` (a kiln._C.Graph) with `backend` (a name) or `user_backend`.
-std::shared_ptr<CompiledGraph> compile_graph_object(PyObject* graph, const std::string& backend,
-                                                    PyObject* example_inputs, PyObject* user_backend);
-
 }  // namespace kiln::runtime

@@ -1,74 +1,38 @@
-// The "kiln" backend's compile pipeline and its CompiledGraph.
-//
-// Design: compile_kiln_graph is a straight line (checks -> graph passes -> schedule -> source -> compiled
-// kernels -> run plan); any exception on the way turns into the eager interpreter for this graph, so a
-// compiler problem costs speed, never an answer. CPU graphs become one C++/OpenMP shared library
-// (codegen/cpp), CUDA graphs one NVRTC program (codegen/cuda) whose kernels launch on torch's current
-// stream, with buffers from torch's caching allocator and no host synchronisation. The run plan is flat: per
-// step either a kernel (a function and the value ids whose data pointers it takes) or a prepared extern call.
+// Running a CompiledArtifact (kernel_graph.h): its device code loaded through the device backend that emitted it,
+// and a flat run plan, per step either a kernel (a loaded kernel and the value ids whose data pointers it takes)
+// or a prepared extern call. Buffers come from torch's allocators (CPU: large ones from host_buffers.h); kernels
+// run on the device backend's stream (CUDA: torch's current stream) with no host synchronisation.
 #include "runtime/kernel_graph.h"
 
 #include <algorithm>
-#include <atomic>
+#include <optional>
 
 #include <Python.h>
 #include <c10/core/GradMode.h>
 #include <ATen/ops/empty_strided.h>
 
-#include <cstdlib>
 #include <fstream>
 #include <mutex>
-#include <optional>
 #include <unordered_set>
 
-#include "autodiff/functionalize_buffer_updates.h"
-#include "cache/graph_cache.h"
 #include "cache/kernel_cache.h"
-#include "codegen/cpp/compile_cpp.h"
-#include "codegen/cpp/emit_cpp.h"
-#include "codegen/cuda/cuda_device_lib.h"
-#include "codegen/cuda/cuda_program_cache.h"
-#include "codegen/cuda/emit_cuda.h"
-#include "codegen/cuda/nvrtc_compiler.h"
+#include "codegen/device_backend.h"
 #include "common/error.h"
 #include "common/log.h"
-#include "fusion/in_place_outputs.h"
-#include "fusion/launch_groups.h"
-#include "fusion/schedule_kernels.h"
-#include "passes/channels_last.h"
-#include "passes/functionalize.h"
-#include "passes/lower_batch_norm.h"
-#include "passes/pipeline.h"
-#include "passes/sink_into_copies.h"
-#include "passes/split_addmm.h"
-#include "passes/stage_row_sums.h"
 #include "runtime/autograd_graph.h"
-#include "runtime/cuda_driver.h"
-#include "runtime/cuda_launch.h"
 #include "runtime/eager_interpreter.h"
-#include "runtime/fold_graph_constants.h"
 #include "runtime/host_buffers.h"
 #include "runtime/node_call.h"
 #include "runtime/packed_outputs.h"
-#include "runtime/torch_info.h"
 
 namespace kiln::runtime {
 
 namespace {
 
 using graph::ValueId;
-using KernelFn = void (*)(void* const*);
-
-// Parameters of one launch group: 8 bytes each, well inside the 4 KiB every CUDA architecture accepts.
-constexpr size_t kMaxGroupBuffers = 256;
-
-// Held while a CPU kernel with gathered loads runs and its library's index-error flag is read (KilnGraph::execute).
-std::mutex g_gathering_kernels;
 
 struct KernelCall {
-  KernelFn fn = nullptr;               // CPU
-  cuda::CudaFunction cuda_fn = nullptr;  // CUDA, with its launch configuration
-  cuda::LaunchConfig launch;
+  std::unique_ptr<codegen::LoadedKernel> kernel;  // null: nothing to run (never for a built plan)
   std::string name;
   std::vector<ValueId> buffers;
   std::vector<bool> is_output;
@@ -76,7 +40,6 @@ struct KernelCall {
   // Per buffer: the input buffer whose storage this output takes when nothing else holds it (in_place_outputs.h
   // and build_plan), or -1.
   std::vector<int32_t> in_place_from;
-  int* index_error = nullptr;  // CPU kernels with gathered loads: the library's flag for an index out of range
 };
 
 struct PlanStep {
@@ -97,6 +60,7 @@ class WithoutGil {
  private:
   PyThreadState* state_;
 };
+
 
 class KilnGraph final : public CompiledGraph {
  public:
@@ -147,10 +111,9 @@ class KilnGraph final : public CompiledGraph {
     std::vector<at::Tensor> env = constants_;
     for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i]] = std::move(inputs[i]);
     std::vector<void*> pointers;
-    std::vector<void*> arguments;
-    cuda::CudaStream stream = cuda_device_ >= 0 ? cuda::torch_current_stream(cuda_device_) : nullptr;
+    void* stream = backend_ ? backend_->current_stream(device_.index) : nullptr;
     std::optional<HostBufferScope> host_buffers;  // CPU: large buffers reused across calls (host_buffers.h)
-    if (cuda_device_ < 0) host_buffers.emplace();
+    if (device_.type == graph::DeviceType::CPU) host_buffers.emplace();
     // Held to the end of the call: while a bucket is referenced here, no kernel takes a packed value's storage
     // for an in-place output (that needs the storage's only reference).
     std::vector<at::Tensor> buckets(pack ? pack->bucket_bytes.size() : 0);
@@ -174,26 +137,10 @@ class KilnGraph final : public CompiledGraph {
           }
           pointers[b] = t.data_ptr();
         }
-        if (k.fn && k.index_error) {
-          // The flag is the library's: two threads running its gathering kernels at once (the GIL is released
-          // here) would read each other's error, so such a kernel and the read of the flag hold one lock.
-          bool out_of_range = false;
-          {
-            std::lock_guard<std::mutex> lock(g_gathering_kernels);
-            k.fn(pointers.data());
-            out_of_range = *k.index_error != 0;
-            *k.index_error = 0;
-          }
-          // eager's error, type and message: "index out of range in self" (an IndexError in Python)
-          TORCH_CHECK_INDEX(!out_of_range, "index out of range in self (kiln kernel ", k.name,
-                            ": an embedding, gather or index_select index outside its dim)");
-        } else if (k.fn) {
-          k.fn(pointers.data());
-        } else if (k.launch.grid.x > 0) {
-          arguments.resize(pointers.size());
-          for (size_t b = 0; b < pointers.size(); ++b) arguments[b] = &pointers[b];
-          cuda::launch_kernel(cuda_device_, k.cuda_fn, k.name, k.launch, stream, arguments.data());
-        }
+        const bool in_range = k.kernel->run(pointers.data(), pointers.size(), stream);
+        // eager's error, type and message: "index out of range in self" (an IndexError in Python)
+        TORCH_CHECK_INDEX(in_range, "index out of range in self (kiln kernel ", k.name,
+                          ": an embedding, gather or index_select index outside its dim)");
       } else if (pack && pack->extern_into[step.external]) {
         const PreparedNode& external = externs_[step.external];
         std::vector<at::Tensor> outs;
@@ -227,128 +174,33 @@ class KilnGraph final : public CompiledGraph {
   std::vector<KernelCall> kernels_;
   std::vector<PreparedNode> externs_;
   std::vector<PlanStep> plan_;
-  std::shared_ptr<codegen::cpp::SharedLibrary> library_;
-  std::vector<std::string> cpp_functions_;  // CPU: per schedule kernel, its function in library_
-  int cuda_device_ = -1;  // the CUDA device of a CUDA graph, -1 for CPU
-  std::vector<codegen::cuda::CudaProgram> cuda_programs_;  // per part of the CUDA source
-  std::vector<codegen::cuda::CudaKernelLaunch> cuda_launches_;  // per schedule kernel
-  codegen::cuda::CudaKernelLaunch cuda_group_;  // the launch group (fusion/launch_groups.h), if any
-  std::vector<int32_t> cuda_group_members_;
+  graph::Device device_;
+  const codegen::DeviceBackend* backend_ = nullptr;  // null when the graph has no generated kernel
+  std::shared_ptr<const codegen::LoadedCode> code_;
   std::mutex pack_mutex_;
   std::shared_ptr<const PackPlan> pack_plan_;  // the last mask's (pack_plan)
 };
 
-// True when the graph must record autograd history: grad mode on and some value requires grad.
-bool needs_autograd(const graph::Graph& g) {
-  if (!at::GradMode::is_enabled()) return false;
-  for (const graph::Value& v : g.values)
-    if (v.meta.requires_grad) return true;
-  return false;
-}
-
-// The device all of the graph's tensors live on (CPU, or one CUDA device), or nullopt with `why` set.
-std::optional<graph::Device> graph_device(const graph::Graph& g, std::string& why) {
-  std::optional<graph::Device> device;
-  for (const graph::Value& v : g.values) {
-    if (!v.is_tensor) continue;
-    const graph::Device& d = v.meta.device;
-    if (d.type != graph::DeviceType::CPU && d.type != graph::DeviceType::CUDA) {
-      why = "tensors on " + graph::device_type_name(d.type) + " (kiln generates code for CPU and CUDA)";
-      return std::nullopt;
-    }
-    if (d.type == graph::DeviceType::CUDA && d.index < 0) {
-      why = "a CUDA tensor without a device index";
-      return std::nullopt;
-    }
-    if (device && !(*device == d)) {
-      why = "tensors on more than one device (" + graph::device_type_name(device->type) + " and " +
-            graph::device_type_name(d.type) + ")";
-      return std::nullopt;
-    }
-    device = d;
-  }
-  return device ? device : graph::Device{};
-}
-
-// Why `g` must stay on the eager interpreter, or "".
-std::string unsupported_reason(const graph::Graph& g) {
-  for (const graph::Node& node : g.nodes)
-    if (node.mutates_args) return "in-place op " + node.qualified_name();
-  std::string why;
-  graph_device(g, why);
-  return why;
-}
-
-void dump_debug(const std::string& name, const std::string& graph_text, const std::string& source) {
-  const char* dir = std::getenv("KILN_DEBUG_DIR");
-  if (!dir || !*dir) return;
-  try {
-    std::string path = std::string(dir) + "/" + name;
-    std::ofstream(path + ".graph.txt") << graph_text;
-    std::ofstream(path + (source.rfind("// generated by kiln", 0) == 0 ? ".cu" : ".cpp")) << source;
-  } catch (...) {
-    // a debug dump never fails a compile
-  }
-}
-
-std::atomic<bool> g_cuda_ptx_check{false};
-
-CudaPtxCheck& ptx_check_state() {
-  static CudaPtxCheck state;
-  return state;
-}
-
-// The test suite's check that CUDA code generation works for every graph it compiles on CPU: the same
-// schedule emitted as CUDA C and compiled to PTX by NVRTC (no GPU needed). Failures are recorded, not
-// thrown: the CPU graph itself is fine.
-void check_cuda_ptx(const fusion::Schedule& schedule, const graph::Graph& g) {
-  if (!g_cuda_ptx_check) return;
-  CudaPtxCheck& state = ptx_check_state();
-  std::string source;
-  try {
-    fusion::Schedule grouped = schedule;  // the launch group's code is checked too
-    const std::vector<int32_t> group = fusion::hoist_input_kernels(grouped, g, kMaxGroupBuffers);
-    const codegen::cuda::CudaSource cuda = codegen::cuda::emit_cuda_source(grouped, g, group);
-    source = cuda.source;
-    KILN_LOG(output_code) << "kiln backend, PTX check of the same schedule as CUDA C:\n" << source;
-    codegen::cuda::NvrtcOptions options;
-    options.arch = "compute_90";
-    options.headers = codegen::cuda::cuda_device_headers();
-    for (const std::string& part : cuda.parts) codegen::cuda::compile_cuda(part, "kiln_ptx_check", options);
-    state.compiled++;
-  } catch (const std::exception& e) {
-    state.failures.push_back(std::string(e.what()) + "\n--- source ---\n" + source);
-  }
-}
-
-void build_plan(KilnGraph& kg, const cache::GraphRecord& record) {
+// The run plan of `record`'s loaded code: per step a bound kernel or a prepared extern call, in-place outputs where
+// nothing else holds the input, and each value released after its last use.
+void build_plan(KilnGraph& kg, const cache::CompiledArtifact& record) {
+  const cache::DeviceCode& code = record.code;
   const graph::Graph& g = *kg.graph_;
   std::vector<int32_t> last_use(g.values.size(), -1);
   for (const fusion::Step& step : record.steps) {
     PlanStep plan_step;
     const auto position = static_cast<int32_t>(kg.plan_.size());
     if (step.kind == fusion::Step::Kind::Kernel) {
-      const bool grouped = std::find(kg.cuda_group_members_.begin(), kg.cuda_group_members_.end(), step.index) !=
-                           kg.cuda_group_members_.end();
-      if (grouped && step.index != kg.cuda_group_members_.front()) continue;  // launched with the first member
+      const bool grouped = std::find(code.group_members.begin(), code.group_members.end(), step.index) !=
+                           code.group_members.end();
+      if (grouped && step.index != code.group_members.front()) continue;  // launched with the first member
       const cache::PlannedKernel& k = record.kernels[step.index];
       KernelCall call;
-      call.name = grouped ? kg.cuda_group_.name : k.name;
-      if (kg.cuda_device_ >= 0) {
-        const auto& launch = grouped ? kg.cuda_group_ : kg.cuda_launches_[step.index];
-        // may be a twin's (emit_cuda_source), in the part that defines it
-        call.cuda_fn = kg.cuda_programs_[launch.part].loaded->function(launch.name);
-        call.launch.grid.x = launch.grid;
-        call.launch.block.x = launch.block_x;
-        call.launch.block.y = launch.block_y;
-      } else {
-        call.fn = reinterpret_cast<KernelFn>(kg.library_->symbol(kg.cpp_functions_[step.index]));
-        if (k.gathers) call.index_error = static_cast<int*>(kg.library_->symbol("kiln_index_error"));
-      }
-      const at::Device device = kg.cuda_device_ >= 0 ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(kg.cuda_device_))
-                                                      : at::Device(at::kCPU);
+      call.name = grouped ? code.group.name : k.name;
+      call.kernel = kg.code_->kernel(grouped ? code.group : code.kernels[step.index], k.gathers);
+      const at::Device device = to_c10(kg.device_);
       // a launch group passes its members' buffers one after the other (emit_cuda_source)
-      const std::vector<int32_t> members = grouped ? kg.cuda_group_members_ : std::vector<int32_t>{step.index};
+      const std::vector<int32_t> members = grouped ? code.group_members : std::vector<int32_t>{step.index};
       for (int32_t member : members) {
         for (const auto& buf : record.kernels[member].buffers) {
           call.buffers.push_back(buf.value);
@@ -413,161 +265,29 @@ void build_plan(KilnGraph& kg, const cache::GraphRecord& record) {
     }
 }
 
-// What compile_kernels makes of a graph before loading anything: graph passes, the schedule and its source.
-// `training_half`: the graph is the forward or backward of a compiled training step (its CPU convolutions keep
-// their layout: passes/channels_last.h).
-cache::GraphRecord build_record(const graph::Graph& original, const graph::Device& device, bool training_half,
-                                const log::Stopwatch& started, double& schedule_ms, double& codegen_ms) {
-  cache::GraphRecord record;
-  record.optimised = original;
-  graph::Graph& optimised = record.optimised;
-  passes::lower_inference_batch_norm(optimised);
-  if (device.type == graph::DeviceType::CUDA &&
-      passes::split_addmm_bias(optimised, cuda::multiprocessor_count(std::max<int>(device.index, 0))))
-    KILN_LOG(perf) << "kiln backend: addmm bias adds fused after plain matmuls";
-  if (passes::sink_pointwise_into_copies(optimised)) KILN_LOG(perf) << "kiln backend: pointwise ops computed in their copies' layout";
-  if (passes::stage_row_sums(optimised)) KILN_LOG(perf) << "kiln backend: row sums of flattened views staged";
-  if (passes::relayout_convolutions_channels_last(optimised, /*cpu=*/!training_half)) {
-    KILN_LOG(perf) << "kiln backend: convolutions run channels-last";
-    if (passes::verify_enabled()) optimised.verify();
+// Writes the graph and its source into `dir` (KILN_DEBUG_DIR, or the compile's debug_dir option). A debug dump never
+// fails a compile.
+void dump_debug(const std::string& dir, const std::string& name, const std::string& graph_text, const std::string& source,
+                const std::string& backend) {
+  if (dir.empty()) return;
+  try {
+    std::string path = dir + "/" + name;
+    std::ofstream(path + ".graph.txt") << graph_text;
+    std::ofstream(path + (backend == "cuda" ? ".cu" : ".cpp")) << source;
+  } catch (...) {
   }
-  passes::run_graph_passes(optimised);
-  fusion::Schedule schedule = fusion::schedule_kernels(optimised);
-  if (passes::verify_enabled())
-    for (const auto& k : schedule.kernels) fusion::verify_kernel(k);
-  schedule_ms = started.ms();
-  bool has_kernels = false;
-  for (const auto& step : schedule.steps) has_kernels = has_kernels || step.kind == fusion::Step::Kind::Kernel;
-  if (has_kernels && device.type == graph::DeviceType::CUDA) {
-    const std::vector<int32_t> group =
-        fusion::hoist_input_kernels(schedule, optimised, kMaxGroupBuffers, /*keep_peak=*/training_half);
-    codegen::cuda::CudaSource cuda = codegen::cuda::emit_cuda_source(schedule, optimised, group);
-    record.cuda_parts = std::move(cuda.parts);
-    record.cuda_launches = std::move(cuda.kernels);
-    record.cuda_group = std::move(cuda.group);
-    record.cuda_group_members = std::move(cuda.group_members);
-  } else if (has_kernels) {
-    codegen::cpp::CppSource cpp = codegen::cpp::emit_cpp_source(schedule, optimised);
-    record.cpp_source = std::move(cpp.text);
-    record.cpp_functions = std::move(cpp.functions);
-    check_cuda_ptx(schedule, optimised);
-  }
-  codegen_ms = started.ms() - schedule_ms;
-  KILN_LOG(output_code) << "kiln backend: " << schedule.summary();
-  record.steps = schedule.steps;
-  for (const fusion::Kernel& k : schedule.kernels) {
-    bool gathers = false;
-    for (const fusion::Expr& e : k.exprs) gathers = gathers || fusion::Kernel::is_gathered(e);
-    record.kernels.push_back({k.name, k.buffers, fusion::in_place_sources(k), gathers});
-  }
-  // Constants by the captured graph's ids (passes may renumber values), so a record read back finds its tensors.
-  record.constant_sources = cache::constant_sources(original, optimised);
-  return record;
 }
 
-// The source text of a record, as logs, debug dumps and summaries show it.
-std::string record_source(const cache::GraphRecord& record) {
-  std::string source = record.cpp_source;
-  for (const std::string& part : record.cuda_parts) source += part;
-  return source;
-}
-
-// The KilnGraph a record describes: its programs compiled or found in their caches, and its run plan.
-std::shared_ptr<KilnGraph> instantiate(cache::GraphRecord record, const graph::Device& device, const ConstantsOf& constants_of) {
-  auto kg = std::make_shared<KilnGraph>();
-  auto optimised = std::make_shared<graph::Graph>(std::move(record.optimised));
-  kg->graph_ = optimised;
-  kg->constants_ = constants_of(*optimised);
-  kg->constants_.resize(optimised->values.size());
-  kg->summary.backend = "kiln";
-  kg->summary.device = device.type == graph::DeviceType::CUDA ? "cuda:" + std::to_string(device.index) : "cpu";
-  kg->summary.source = record_source(record);
-  if (!kg->summary.source.empty()) {
-    KILN_LOG(output_code) << "kiln backend (" << kg->summary.device << "):\n" << kg->summary.source;
-    dump_debug("kiln_" + cache::hash_hex(kg->summary.source).substr(0, 12), optimised->to_string(), kg->summary.source);
-  }
-  if (!record.cuda_parts.empty()) {
-    for (const auto& launch : record.cuda_launches) kg->summary.strategies.push_back(launch.strategy);
-    codegen::cuda::nvrtc_version();  // opens NVRTC with the GIL held: its search may ask importlib
-    codegen::cuda::cuda_device_headers();
-    WithoutGil no_gil;
-    kg->cuda_device_ = device.index;
-    kg->cuda_programs_ = codegen::cuda::cuda_programs_for_device(device.index, record.cuda_parts, "kiln_graph");
-    kg->cuda_launches_ = std::move(record.cuda_launches);
-    kg->cuda_group_ = std::move(record.cuda_group);
-    kg->cuda_group_members_ = std::move(record.cuda_group_members);
-  } else if (!record.cpp_source.empty()) {
-    kg->cpp_functions_ = std::move(record.cpp_functions);
-    WithoutGil no_gil;
-    kg->library_ = codegen::cpp::compile_cpp_library(kg->summary.source, "torch " + built_torch_version());
-  }
-  build_plan(*kg, record);
-  return kg;
-}
-
-// `training_half`: the graph is the forward or backward of a compiled training step (build_record).
-std::shared_ptr<KilnGraph> compile_kernels(std::shared_ptr<const graph::Graph> original, const ConstantsOf& constants_of,
-                                           bool training_half) {
-  const log::Stopwatch started;
-  std::string why;
-  const graph::Device device = *graph_device(*original, why);  // checked by unsupported_reason
-  std::string context = "torch " + built_torch_version() + (training_half ? ", training half" : "");
-  if (device.type == graph::DeviceType::CUDA)
-    context += ", cuda with " + std::to_string(cuda::multiprocessor_count(std::max<int>(device.index, 0))) + " SMs";
-  const std::string key = cache::graph_key(*original, context);
-  // The PTX check (a test switch) needs the schedule, so it always builds.
-  std::optional<cache::GraphRecord> cached = g_cuda_ptx_check ? std::nullopt : cache::load_graph_record(key, *original);
-  if (cached) {
-    const double read_ms = started.ms();
-    auto kg = instantiate(std::move(*cached), device, constants_of);
-    cache::stats().graph_hits++;
-    KILN_LOG(perf) << "kiln backend: found in the graph cache (" << kg->summary.kernels.size() << " kernels, "
-                   << kg->externs_.size() << " extern calls); read " << log::whole_ms(read_ms)
-                   << " ms, compiler or cache " << log::whole_ms(started.ms() - read_ms) << " ms";
-    return kg;
-  }
-  double schedule_ms = 0, codegen_ms = 0;
-  cache::GraphRecord record = build_record(*original, device, training_half, started, schedule_ms, codegen_ms);
-  cache::store_graph_record(key, record);
-  auto kg = instantiate(std::move(record), device, constants_of);
-  KILN_LOG(perf) << "kiln backend: " << kg->summary.kernels.size() << " kernels, " << kg->externs_.size()
-                 << " extern calls; passes and fusion " << log::whole_ms(schedule_ms) << " ms, code generation "
-                 << log::whole_ms(codegen_ms) << " ms, compiler or cache "
-                 << log::whole_ms(started.ms() - schedule_ms - codegen_ms) << " ms";
-  return kg;
-}
-
-}  // namespace
-
-KilnBackendStats& kiln_backend_stats() {
-  static KilnBackendStats s;
-  return s;
-}
-
-namespace {
-std::atomic<bool> g_compiled_autograd{true};
-}  // namespace
-
-void set_compiled_autograd(bool on) { g_compiled_autograd = on; }
-
-void set_cuda_ptx_check(bool on) { g_cuda_ptx_check = on; }
-CudaPtxCheck& cuda_ptx_check() { return ptx_check_state(); }
-bool compiled_autograd() { return g_compiled_autograd; }
-
-namespace {
-
-// A graph that updates buffers in place (train-mode BatchNorm's num_batches_tracked.add_(1) run under no_grad):
-// compiled with the updates made functional, then the final values copied into the caller's tensors, as eager's
-// in-place ops would have left them (same storage, version counter bumped).
+// A graph whose in-place updates of inputs were made functional (make_buffer_updating_graph).
 class BufferUpdatingGraph final : public CompiledGraph {
  public:
-  BufferUpdatingGraph(std::shared_ptr<CompiledGraph> inner, std::vector<autodiff::BufferUpdate> updates, size_t num_outputs)
-      : inner_(std::move(inner)), updates_(std::move(updates)), num_outputs_(num_outputs) {}
+  BufferUpdatingGraph(std::shared_ptr<CompiledGraph> inner, std::vector<int32_t> updated_inputs, size_t num_outputs)
+      : inner_(std::move(inner)), updated_inputs_(std::move(updated_inputs)), num_outputs_(num_outputs) {}
 
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) override {
     std::vector<at::Tensor> results = inner_->run(inputs);
     c10::NoGradGuard no_grad;
-    for (size_t i = 0; i < updates_.size(); ++i) inputs.at(updates_[i].input_index).copy_(results.at(num_outputs_ + i));
+    for (size_t i = 0; i < updated_inputs_.size(); ++i) inputs.at(updated_inputs_[i]).copy_(results.at(num_outputs_ + i));
     results.resize(num_outputs_);
     return results;
   }
@@ -575,7 +295,7 @@ class BufferUpdatingGraph final : public CompiledGraph {
 
  private:
   std::shared_ptr<CompiledGraph> inner_;
-  std::vector<autodiff::BufferUpdate> updates_;
+  std::vector<int32_t> updated_inputs_;
   size_t num_outputs_;
 };
 
@@ -602,99 +322,60 @@ class AliasCheckedGraph final : public CompiledGraph {
   std::vector<int32_t> updated_;
 };
 
-// Null when the graph's in-place ops are not all buffer updates (autodiff/functionalize_buffer_updates.h).
-std::shared_ptr<CompiledGraph> compile_with_buffer_updates(const std::shared_ptr<const graph::Graph>& g,
-                                                           const ConstantsOf& constants_of, bool training_half) {
-  auto functional = std::make_shared<graph::Graph>(*g);
-  std::vector<autodiff::BufferUpdate> updates;
-  try {
-    updates = autodiff::functionalize_buffer_updates(*functional);
-  } catch (const std::exception&) {
-    return nullptr;
-  }
-  if (updates.empty() || !unsupported_reason(*functional).empty()) return nullptr;
-  const size_t num_outputs = functional->outputs.size();
-  std::vector<graph::ValueId> outputs = functional->outputs;
-  for (const autodiff::BufferUpdate& update : updates) outputs.push_back(update.final_value);
-  functional->set_outputs(outputs);
-  if (passes::verify_enabled()) functional->verify();
-  try {
-    auto kg = compile_kernels(functional, constants_of, training_half);
-    kiln_backend_stats().graphs_compiled++;
-    std::vector<int32_t> updated;
-    for (const autodiff::BufferUpdate& update : updates) updated.push_back(update.input_index);
-    auto updating = std::make_shared<BufferUpdatingGraph>(std::move(kg), std::move(updates), num_outputs);
-    return std::make_shared<AliasCheckedGraph>(std::move(updating), make_eager_interpreter(g, constants_of(*g)),
-                                               std::move(updated));
-  } catch (const std::exception& e) {
-    KILN_LOG(fallbacks) << "kiln backend: a graph with buffer updates: " << e.what();
-    return nullptr;
-  }
-}
-
 }  // namespace
 
-std::shared_ptr<CompiledGraph> compile_kiln_graph(std::shared_ptr<const graph::Graph> g, const ConstantsOf& constants_of,
-                                                  bool training_half) {
-  bool mutates = false;
-  for (const graph::Node& node : g->nodes) mutates = mutates || node.mutates_args;
-  if (mutates) {  // in-place ops on the graph's own intermediates become functional (passes/functionalize.h)
-    auto functional = std::make_shared<graph::Graph>(*g);
-    if (passes::functionalize_inplace_ops(*functional)) {
-      if (passes::verify_enabled()) functional->verify();
-      g = std::move(functional);
-    }
+std::shared_ptr<CompiledGraph> make_kiln_graph(cache::CompiledArtifact artifact, const graph::Device& device,
+                                               const ConstantsOf& constants_of, const std::string& load_context,
+                                               const std::string& dump_dir, std::vector<std::string> folded) {
+  auto kg = std::make_shared<KilnGraph>();
+  auto optimised = std::make_shared<graph::Graph>(std::move(artifact.optimised));
+  kg->graph_ = optimised;
+  kg->constants_ = constants_of(*optimised);
+  kg->constants_.resize(optimised->values.size());
+  kg->device_ = device;
+  kg->summary.backend = "kiln";
+  kg->summary.folded = std::move(folded);
+  kg->summary.device = device.type == graph::DeviceType::CUDA ? "cuda:" + std::to_string(device.index) : "cpu";
+  const cache::DeviceCode& code = artifact.code;
+  kg->summary.source = code.source();
+  if (!code.empty()) {
+    KILN_LOG(output_code) << "kiln backend (" << kg->summary.device << "):\n" << kg->summary.source;
+    dump_debug(dump_dir, "kiln_" + cache::hash_hex(kg->summary.source).substr(0, 12), optimised->to_string(),
+               kg->summary.source, code.backend);
+    for (const cache::KernelEntry& entry : code.kernels)
+      if (!entry.strategy.empty()) kg->summary.strategies.push_back(entry.strategy);
+    kg->backend_ = &codegen::device_backend_named(code.backend);
+    kg->backend_->prepare_load();
+    WithoutGil no_gil;
+    kg->code_ = kg->backend_->load(code, device.index, load_context);
   }
-  // After functionalization: a mask built in place (`torch.full(...).triu_(1)`) is functional by now.
-  std::vector<std::string> folded;
-  g = fold_graph_constants(std::move(g), constants_of, folded);
-  std::string reason;
-  if (needs_eager_for_grad_mode(*g)) {
-    reason = "the graph switches grad mode over values that require grad (eager_interpreter.h)";
-  } else if (needs_autograd(*g) && !compiled_autograd()) {
-    reason = "the graph needs grad (compiled autograd is off: kiln.config.set_compiled_autograd)";
-  } else if (needs_autograd(*g)) {
-    // Forward and backward compiled ahead of time behind one autograd node; anything autodiff does not
-    // cover keeps the eager interpreter, which records eager's autograd history op by op.
-    try {
-      auto joint = compile_autograd_graph(g, [&](std::shared_ptr<const graph::Graph> part) {
-        at::AutoGradMode no_grad(false);  // the halves run with grad off: compile them as such
-        return compile_kiln_graph(std::move(part), constants_of, /*training_half=*/true);
-      });
-      kiln_backend_stats().graphs_autograd++;
-      std::vector<int32_t> updated = joint->updated_inputs();
-      if (updated.empty()) return joint;
-      return std::make_shared<AliasCheckedGraph>(std::move(joint), make_eager_interpreter(g, constants_of(*g)),
-                                                 std::move(updated));
-    } catch (const std::exception& e) {
-      reason = std::string("autodiff: ") + e.what();
-    }
-  } else {
-    reason = unsupported_reason(*g);
-    if (!reason.empty()) {
-      if (auto updating = compile_with_buffer_updates(g, constants_of, training_half)) return updating;
-    }
-  }
-  if (reason.empty()) {
-    try {
-      auto kg = compile_kernels(g, constants_of, training_half);
-      kg->summary.folded = folded;
-      kiln_backend_stats().graphs_compiled++;
-      return kg;
-    } catch (const std::exception& e) {
-      reason = e.what();
-    }
-  }
-  KILN_LOG(fallbacks) << "kiln backend: running the graph on the eager interpreter: " << reason;
-  kiln_backend_stats().graphs_fallback++;
-  kiln_backend_stats().last_fallback_reason = reason;
+  build_plan(*kg, artifact);
+  return kg;
+}
+
+std::shared_ptr<CompiledGraph> make_fallback_graph(std::shared_ptr<const graph::Graph> g, std::vector<at::Tensor> constants,
+                                                   std::string reason, std::vector<std::string> folded) {
   auto kg = std::make_shared<KilnGraph>();
   kg->summary.backend = "eager";
-  kg->summary.fallback_reason = reason;
-  kg->summary.folded = folded;
-  if (needs_autograd(*g)) g = with_cudnn_batch_norm(std::move(g));
-  kg->fallback_ = make_eager_interpreter(g, constants_of(*g));
+  kg->summary.fallback_reason = std::move(reason);
+  kg->summary.folded = std::move(folded);
+  kg->fallback_ = make_eager_interpreter(std::move(g), std::move(constants));
   return kg;
+}
+
+std::shared_ptr<CompiledGraph> make_buffer_updating_graph(std::shared_ptr<CompiledGraph> inner,
+                                                          std::vector<int32_t> updated_inputs, size_t num_outputs) {
+  return std::make_shared<BufferUpdatingGraph>(std::move(inner), std::move(updated_inputs), num_outputs);
+}
+
+std::shared_ptr<CompiledGraph> make_alias_checked_graph(std::shared_ptr<CompiledGraph> inner,
+                                                        std::shared_ptr<CompiledGraph> eager, std::vector<int32_t> updated) {
+  return std::make_shared<AliasCheckedGraph>(std::move(inner), std::move(eager), std::move(updated));
+}
+
+KilnBackendStats& kiln_backend_stats() {
+  static KilnBackendStats s;
+  return s;
 }
 
 const KilnGraphSummary* kiln_graph_summary(const CompiledGraph& compiled) {

@@ -1,27 +1,46 @@
 #pragma once
-// The "kiln" backend: decompose, fuse, generate C++/OpenMP, compile (cached), and run the schedule.
+// Running what the pipeline compiled (compile/pipeline.h): a CompiledArtifact's device code loaded through its
+// device backend (codegen/device_backend.h), and a flat run plan of kernel launches and extern ATen calls; plus the
+// wrappers that run a graph's buffer updates and the eager interpreter kept for a graph kiln does not compile.
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "cache/compiled_artifact.h"
 #include "graph/graph.h"
 #include "runtime/compiled_graph.h"
 
 namespace kiln::runtime {
 
-/// The real constant tensors of a graph, indexed by ValueId (backends.cpp owns the Python conversion).
+/// The real constant tensors of a graph, indexed by ValueId (compile/backends.cpp owns the Python conversion).
 using ConstantsOf = std::function<std::vector<at::Tensor>(const graph::Graph&)>;
 
-/// Compiles `g` into fused kernels plus extern ATen calls. Graphs it cannot compile (in-place ops, grad
-/// mode with inputs that require grad, non-CPU tensors) and any failure on the way (no compiler, a compile
-/// error) run on the eager interpreter instead, with one `fallbacks` log line. Call with the GIL held
-/// (it is released while the C++ compiler runs).
-/// `training_half`: `g` is the forward or backward half of a compiled training step (autograd_graph.h).
-std::shared_ptr<CompiledGraph> compile_kiln_graph(std::shared_ptr<const graph::Graph> g, const ConstantsOf& constants_of,
-                                                  bool training_half = false);
+/// Runs `artifact` on `device`: its code loaded (compiled, or found in the kernel caches) by the device backend that
+/// emitted it, with `load_context` (what the binary depends on beyond its source), and its run plan built. Call with
+/// the GIL held (it is released while compilers run). `dump_dir`: where the source and graph are written, or "".
+/// `folded`: the constant-folding lines for the summary.
+std::shared_ptr<CompiledGraph> make_kiln_graph(cache::CompiledArtifact artifact, const graph::Device& device,
+                                               const ConstantsOf& constants_of, const std::string& load_context,
+                                               const std::string& dump_dir, std::vector<std::string> folded);
 
-/// What compile_kiln_graph made of a graph, for tests and tools.
+/// The eager interpreter for a graph kiln does not compile, with `reason` and `folded` in its summary.
+std::shared_ptr<CompiledGraph> make_fallback_graph(std::shared_ptr<const graph::Graph> g, std::vector<at::Tensor> constants,
+                                                   std::string reason, std::vector<std::string> folded);
+
+/// A graph whose in-place updates of inputs were made functional (passes: functionalize_buffer_updates): `inner`
+/// returns the graph's `num_outputs` outputs, then one final value per entry of `updated_inputs`, which this copies
+/// into the caller's tensors, as eager's in-place ops would have left them (same storage, version counter bumped).
+std::shared_ptr<CompiledGraph> make_buffer_updating_graph(std::shared_ptr<CompiledGraph> inner,
+                                                          std::vector<int32_t> updated_inputs, size_t num_outputs);
+
+/// `inner` (a graph that updates the inputs `updated` in place), run on `eager` for a call where another input
+/// shares memory with an updated one (a view of it passed alongside): eager's in-place op shows through that view,
+/// while the compiled graph reads each input as its own buffer.
+std::shared_ptr<CompiledGraph> make_alias_checked_graph(std::shared_ptr<CompiledGraph> inner,
+                                                        std::shared_ptr<CompiledGraph> eager, std::vector<int32_t> updated);
+
+/// What the kiln backend made of a graph, for tests and tools.
 struct KilnGraphSummary {
   std::string backend;          // "kiln" (kernels) or "eager" (fell back)
   std::string fallback_reason;  // why it fell back, "" otherwise
@@ -35,7 +54,7 @@ struct KilnGraphSummary {
   std::vector<std::string> folded;      // "%7 = f32[8, 8] from aten::triu.default": values computed at compile time
 };
 
-/// The summary of a graph compiled by compile_kiln_graph, or nullptr for any other CompiledGraph.
+/// The summary of a graph compiled by the kiln backend, or nullptr for any other CompiledGraph.
 const KilnGraphSummary* kiln_graph_summary(const CompiledGraph& compiled);
 
 /// Process-wide counters of the kiln backend (graphs compiled, fallbacks).
@@ -48,21 +67,5 @@ struct KilnBackendStats {
   std::string last_fallback_reason;
 };
 KilnBackendStats& kiln_backend_stats();
-
-/// Whether graphs that need grad compile as forward + backward behind one autograd node (csrc/autodiff).
-/// Off by default: on CPU the compiled training step is still slower than eager's (benchmarks/README.md),
-/// so such graphs run on the eager interpreter, which records eager's autograd history op by op.
-/// kiln.config.set_compiled_autograd(True) turns it on for the process.
-void set_compiled_autograd(bool on);
-bool compiled_autograd();
-
-/// Test switch: every CPU graph the kiln backend compiles is also emitted as CUDA C and compiled to PTX by
-/// NVRTC, so CUDA code generation is checked on machines without a GPU. Failures are collected here.
-struct CudaPtxCheck {
-  int64_t compiled = 0;
-  std::vector<std::string> failures;  // NVRTC's message and the source, per failing graph
-};
-void set_cuda_ptx_check(bool on);
-CudaPtxCheck& cuda_ptx_check();
 
 }  // namespace kiln::runtime

@@ -1,5 +1,5 @@
 #pragma once
-// Python <-> LibTorch conversions used by the bindings, implemented in backends.cpp so that only one
+// Python <-> LibTorch conversions used by the bindings, implemented in python_bridge.cpp so that only one
 // runtime translation unit includes torch's Python headers. All need the GIL.
 #include <vector>
 

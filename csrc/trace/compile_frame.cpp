@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "compile/backends.h"
 #include "runtime/frame_program.h"
 #include "trace/code_layout.h"
 #include "trace/graph_break.h"
@@ -460,8 +461,8 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
     spec.name = PyUnicode_AsUTF8(frame.code->co_qualname);
     const double trace_ms = started.ms();
     const log::Stopwatch backend_started;
-    auto compiled = runtime::compile_graph_object(traced.graph, options_.backend, traced.example_inputs,
-                                                  options_.user_backend);
+    auto compiled = compile::compile_graph_object(traced.graph, options_.backend, traced.example_inputs,
+                                                  options_.user_backend, options_.compile);
     const double backend_ms = backend_started.ms();
     // The program is created before the code that calls it; the code passes arguments then free vars.
     PyObject* program = nullptr;

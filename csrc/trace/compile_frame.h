@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bytecode/bytecode.h"
+#include "compile/options.h"
 #include "frame/frame.h"
 #include "guards/guard_tree.h"
 
@@ -26,6 +27,8 @@ struct CompileOptions {
   /// Test-only: trace every frame the hook offers, standard library and torch included (kiln's own
   /// Python excepted), to show that tracing and falling back never change what a program does.
   bool trace_all = false;
+  /// kiln.compile's mode, dynamic and options, for the pipeline (compile/options.h).
+  compile::CompileOptions compile;
 };
 
 /// Counters behind kiln.stats().

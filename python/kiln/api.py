@@ -10,7 +10,48 @@ from kiln import _C, config
 from kiln.errors import KilnError
 
 _MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# Modes torch.compile has and kiln does not implement yet: refused rather than accepted and ignored.
+_MODES_NOT_YET = {
+    "reduce-overhead": "CUDA graph replay",
+    "max-autotune": "autotuning (and CUDA graph replay)",
+    "max-autotune-no-cudagraphs": "autotuning",
+}
 
+# options={...}: every key kiln knows, its type and what it does (README.md's option table).
+_OPTIONS = {
+    "debug_dir": (str, "directory where this compile's graphs and generated sources are written, as KILN_DEBUG_DIR "
+                       "does for every compile"),
+    "cudagraphs": (bool, "replay compiled graphs as CUDA graphs (not implemented yet: only False is accepted)"),
+    "autotune": (bool, "tune kernel and library choices (not implemented yet: only False is accepted)"),
+}
+_OPTIONS_NOT_YET = ("cudagraphs", "autotune")
+
+
+def _check_compile_arguments(mode, dynamic, options):
+    """Refuses what kiln cannot honour: an argument kiln accepts does what torch.compile's does, or raises."""
+    if mode is not None and options:
+        raise KilnError("kiln.compile: pass either mode or options, not both (as torch.compile)")
+    mode = "default" if mode is None else mode
+    if mode not in _MODES:
+        raise KilnError(f"unknown mode {mode!r}; choose one of {', '.join(_MODES)}")
+    if mode in _MODES_NOT_YET:
+        raise KilnError(f"mode={mode!r} needs {_MODES_NOT_YET[mode]}, which kiln does not implement yet; "
+                        "use mode='default' (the same results)")
+    if dynamic not in (None, True, False):
+        raise KilnError(f"dynamic must be None, True or False, got {dynamic!r}")
+    if options is None:
+        return
+    if not isinstance(options, dict):
+        raise KilnError(f"options must be a dict, got {type(options).__name__}")
+    known = ", ".join(sorted(_OPTIONS))
+    for key, value in options.items():
+        if key not in _OPTIONS:
+            raise KilnError(f"unknown option {key!r}; known options: {known}")
+        kind, _ = _OPTIONS[key]
+        if not isinstance(value, kind):
+            raise KilnError(f"option {key!r} takes a {kind.__name__}, got {type(value).__name__}")
+        if key in _OPTIONS_NOT_YET and value:
+            raise KilnError(f"option {key}=True is not implemented in kiln yet; leave it out or pass False")
 
 def _entry_code(target):
     """The code object whose frames kiln traces for `target` (a function or an nn.Module)."""
@@ -21,7 +62,7 @@ def _entry_code(target):
     return getattr(fn, "__code__", None)
 
 
-def _make_compiler(target, backend, fullgraph, explain_sink=None):
+def _make_compiler(target, backend, fullgraph, explain_sink=None, mode=None, dynamic=None, options=None):
     user_backend = None
     if callable(backend):
         user_backend, backend = backend, getattr(backend, "__name__", "user backend")
@@ -32,7 +73,8 @@ def _make_compiler(target, backend, fullgraph, explain_sink=None):
                         "or pass a callable(graph, example_inputs)")
     code = _entry_code(target)
     return _C.Compiler(backend, user_backend, bool(fullgraph), int(config.recompile_limit),
-                       [code] if code is not None else [], explain_sink)
+                       [code] if code is not None else [], explain_sink, mode=mode or "default", dynamic=dynamic,
+                       options=dict(options or {}))
 
 
 def _run_compiled(compiler, fn, args, kwargs):
@@ -86,23 +128,25 @@ def _new_plain(cls):
     return cls.__new__(cls)
 
 
-def compile(model=None, *, mode="default", dynamic=None, fullgraph=False, backend="kiln", options=None):
-    """Compile a function or an nn.Module. Also usable as @kiln.compile or @kiln.compile(...)."""
+def compile(model=None, *, mode=None, dynamic=None, fullgraph=False, backend="kiln", options=None, disable=False):
+    """Compile a function or an nn.Module. Also usable as @kiln.compile or @kiln.compile(...).
+
+    The arguments are torch.compile's: `mode` (None or "default"; the others raise until kiln implements them),
+    `dynamic` (None, False or True: sizes are specialised under every policy for now, and True warns), `fullgraph`
+    (a graph break raises), `backend` (a registered name or a callable(graph, example_inputs)), `options` (a dict
+    of the keys in kiln.api._OPTIONS) and `disable` (return `model` unchanged)."""
     if model is None:
         return lambda m: compile(m, mode=mode, dynamic=dynamic, fullgraph=fullgraph, backend=backend,
-                                 options=options)
-    if mode not in _MODES:
-        raise KilnError(f"unknown mode {mode!r}; choose one of {', '.join(_MODES)}")
-    if options is not None and not isinstance(options, dict):
-        raise KilnError("options must be a dict")
+                                 options=options, disable=disable)
+    _check_compile_arguments(mode, dynamic, options)
     if dynamic:
-        warnings.warn("kiln: dynamic shapes are not implemented yet; shapes are specialised "
-                      "(a new shape recompiles)", stacklevel=2)
+        warnings.warn("kiln: dynamic=True is accepted, but kiln does not compile symbolic sizes yet: each new size "
+                      "compiles its own graph (up to kiln.config.recompile_limit)", stacklevel=2)
     if not callable(model):
         raise KilnError(f"kiln.compile expects a function or an nn.Module, got {type(model).__name__}")
-    if config.disabled():  # KILN_DISABLE=1: compile is the identity
+    if disable or config.disabled():  # KILN_DISABLE=1: compile is the identity
         return model
-    compiler = _make_compiler(model, backend, fullgraph)
+    compiler = _make_compiler(model, backend, fullgraph, mode=mode, dynamic=dynamic, options=options)
     if isinstance(model, nn.Module):
         return _compiled_module(model, compiler)
 
@@ -193,12 +237,21 @@ class _Disabled:
         return False
 
 
+_warned_mark_dynamic = False
+
+
 def mark_dynamic(tensor, dim):
-    """Accepted for torch.compile compatibility; shapes are specialised for now (a new size recompiles)."""
+    """torch.compile's mark_dynamic: records that `dim` of `tensor` varies. kiln does not compile symbolic sizes yet,
+    so the mark has no effect on compilation (each new size compiles its own graph); the first call warns."""
+    global _warned_mark_dynamic
     if not isinstance(tensor, torch.Tensor):
         raise KilnError("mark_dynamic expects a tensor")
     if not -tensor.dim() <= dim < max(tensor.dim(), 1):
         raise KilnError(f"mark_dynamic: dimension {dim} out of range for a {tensor.dim()}-d tensor")
+    if not _warned_mark_dynamic:
+        _warned_mark_dynamic = True
+        warnings.warn("kiln.mark_dynamic has no effect yet: kiln does not compile symbolic sizes, so each new size "
+                      "compiles its own graph", stacklevel=2)
     marked = getattr(tensor, "_kiln_dynamic_dims", set())
     marked.add(dim % max(tensor.dim(), 1))
     tensor._kiln_dynamic_dims = marked

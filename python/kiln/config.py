@@ -2,7 +2,7 @@
 
 | switch (environment) | meaning |
 |---|---|
-| KILN_LOGS       | comma list of log categories: graph_breaks, recompiles, guards, graph, output_code, perf, bytecode, trace, fallbacks, or `all` |
+| KILN_LOGS       | comma list of log categories: graph_breaks, recompiles, guards, graph, output_code, passes, perf, bytecode, trace, fallbacks, or `all` |
 | KILN_DEBUG_DIR  | directory where graphs and generated sources are kept (used by the compiler backends) |
 | KILN_CACHE_DIR  | on-disk cache of compiled kernels and graphs (default ~/.cache/kiln) |
 | KILN_DISABLE    | `1`: kiln.compile returns functions that run eagerly |

@@ -128,25 +128,26 @@ TEST_CASE("truncated or damaged graph bytes throw instead of reading garbage") {
   CHECK_THROWS_AS(read_graph(reader), Error);
 }
 
-TEST_CASE("a graph record is stored and read back whole; a damaged entry is a miss") {
+TEST_CASE("a compiled artefact is stored and read back whole; a damaged entry is a miss") {
   const auto dir = std::filesystem::temp_directory_path() / ("kiln_graph_cache_test_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   ::setenv("KILN_CACHE_DIR", dir.c_str(), 1);
-  cache::GraphRecord record;
+  cache::CompiledArtifact record;
   record.optimised = every_argument_kind();
   record.constant_sources = {-1, 1, -1, -1};
   record.steps = {{fusion::Step::Kind::Kernel, 0}, {fusion::Step::Kind::Extern, 0}, {fusion::Step::Kind::Kernel, 1}};
   record.kernels = {{"kernel_0_add", {{0, ScalarType::Float, false}, {2, ScalarType::Float, true}}, {-1, 0}},
                     {"kernel_1_mul", {{3, ScalarType::Long, true}}, {-1}}};
-  record.cuda_parts = {"// part 0", "// part 1"};
-  record.cuda_launches = {{"kernel_0_add", 4096, 256, 1, "pointwise_vec4", 0}, {"kernel_1_mul", 1, 32, 8, "column", 1}};
-  record.cuda_group = {"group_0", 7, 128, 1, "group", 0};
-  record.cuda_group_members = {0};
+  record.code.backend = "cuda";
+  record.code.parts = {"// part 0", "// part 1"};
+  record.code.kernels = {{"kernel_0_add", 4096, 256, 1, "pointwise_vec4", 0}, {"kernel_1_mul", 1, 32, 8, "column", 1}};
+  record.code.group = {"group_0", 7, 128, 1, "group", 0};
+  record.code.group_members = {0};
   const std::string key = cache::graph_key(record.optimised, "test");
   REQUIRE(!cache::build_identity().empty());
-  CHECK(!cache::load_graph_record(key, record.optimised));
-  cache::store_graph_record(key, record);
-  std::optional<cache::GraphRecord> back = cache::load_graph_record(key, record.optimised);
+  CHECK(!cache::load_artifact(key, record.optimised));
+  cache::store_artifact(key, record);
+  std::optional<cache::CompiledArtifact> back = cache::load_artifact(key, record.optimised);
   REQUIRE(back);
   CHECK(bytes_of(back->optimised) == bytes_of(record.optimised));
   CHECK(back->constant_sources == record.constant_sources);
@@ -157,12 +158,13 @@ TEST_CASE("a graph record is stored and read back whole; a damaged entry is a mi
   CHECK(back->kernels[0].in_place_from == std::vector<int32_t>{-1, 0});
   CHECK(back->kernels[0].buffers[1].is_output);
   CHECK(back->kernels[1].buffers[0].dtype == ScalarType::Long);
-  CHECK(back->cuda_parts == record.cuda_parts);
-  CHECK(back->cuda_launches[1].block_y == 8);
-  CHECK(back->cuda_launches[1].part == 1);
-  CHECK(back->cuda_launches[0].strategy == "pointwise_vec4");
-  CHECK(back->cuda_group.grid == 7);
-  CHECK(back->cuda_group_members == std::vector<int32_t>{0});
+  CHECK(back->code.backend == "cuda");
+  CHECK(back->code.parts == record.code.parts);
+  CHECK(back->code.kernels[1].block_y == 8);
+  CHECK(back->code.kernels[1].part == 1);
+  CHECK(back->code.kernels[0].strategy == "pointwise_vec4");
+  CHECK(back->code.group.grid == 7);
+  CHECK(back->code.group_members == std::vector<int32_t>{0});
 
   // Damage the entry: its checksum fails, so it reads as missing and is counted.
   const auto entry = dir / "graphs" / (key + ".kgraph");
@@ -173,11 +175,11 @@ TEST_CASE("a graph record is stored and read back whole; a damaged entry is a mi
     f.seekp(5);
     f.write("garbage!", 8);
   }
-  CHECK(!cache::load_graph_record(key, record.optimised));
+  CHECK(!cache::load_artifact(key, record.optimised));
   CHECK(cache::stats().corrupt_entries == corrupt_before + 1);
   // A well-formed entry whose content does not parse (a checksum that matches garbage) is refused too.
   cache::publish_content("graphs", key, ".kgraph", "not a record");
-  CHECK(!cache::load_graph_record(key, record.optimised));
+  CHECK(!cache::load_artifact(key, record.optimised));
   CHECK(cache::stats().corrupt_entries == corrupt_before + 2);
   ::unsetenv("KILN_CACHE_DIR");
   std::filesystem::remove_all(dir);

@@ -63,6 +63,57 @@ def test_compile_function_call_form(fresh_kiln):
     assert kiln.stats()["frames_compiled"] == 1
 
 
+# --- mode, dynamic, options: each does what torch.compile's does, or raises ---------------------
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"])
+def test_modes_kiln_does_not_implement_raise(fresh_kiln, mode):
+    with pytest.raises(kiln.errors.KilnError, match=f"mode='{mode}' needs .* use mode='default'"):
+        kiln.compile(torch.sin, mode=mode)
+
+
+def test_unknown_mode_and_bad_dynamic_raise(fresh_kiln):
+    with pytest.raises(kiln.errors.KilnError, match="unknown mode 'fast'"):
+        kiln.compile(torch.sin, mode="fast")
+    with pytest.raises(kiln.errors.KilnError, match="dynamic must be None, True or False"):
+        kiln.compile(torch.sin, dynamic="yes")
+
+
+def test_options_are_checked_against_the_known_keys(fresh_kiln):
+    with pytest.raises(kiln.errors.KilnError, match="unknown option 'triton.cudagraphs'; known options: autotune, "
+                                                    "cudagraphs, debug_dir"):
+        kiln.compile(torch.sin, options={"triton.cudagraphs": True})
+    with pytest.raises(kiln.errors.KilnError, match="option 'debug_dir' takes a str, got int"):
+        kiln.compile(torch.sin, options={"debug_dir": 3})
+    for key in ("cudagraphs", "autotune"):
+        with pytest.raises(kiln.errors.KilnError, match=f"option {key}=True is not implemented"):
+            kiln.compile(torch.sin, options={key: True})
+    with pytest.raises(kiln.errors.KilnError, match="either mode or options"):
+        kiln.compile(torch.sin, mode="default", options={"autotune": False})
+    compiled = kiln.compile(sin_plus, options={"cudagraphs": False, "autotune": False})
+    x, y = random_tensor(4), random_tensor(4)
+    torch.testing.assert_close(compiled(x, y), sin_plus(x, y))
+
+
+def test_debug_dir_option_keeps_this_compiles_graph_and_source(fresh_kiln, tmp_path, monkeypatch):
+    monkeypatch.delenv("KILN_DEBUG_DIR", raising=False)
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    compiled = kiln.compile(sin_plus, options={"debug_dir": str(tmp_path)})
+    x, y = random_tensor(4), random_tensor(4)
+    torch.testing.assert_close(compiled(x, y), sin_plus(x, y))
+    kept = sorted(p.suffix for p in tmp_path.iterdir() if p.is_file())
+    assert kept == [".cpp", ".txt"], kept
+    source = next(tmp_path.glob("*.cpp")).read_text()
+    assert "kernel" in source
+
+
+def test_dynamic_true_warns_that_sizes_are_specialised_and_disable_returns_the_model(fresh_kiln):
+    with pytest.warns(UserWarning, match="does not compile symbolic sizes"):
+        compiled = kiln.compile(sin_plus, dynamic=True)
+    x, y = random_tensor(4), random_tensor(4)
+    torch.testing.assert_close(compiled(x, y), sin_plus(x, y))
+    assert kiln.compile(sin_plus, disable=True) is sin_plus
+
+
 # --- modules ------------------------------------------------------------------------------------
 
 def test_module_wrapper_shares_parameters_and_state_dict(fresh_kiln):
@@ -371,6 +422,18 @@ def test_kiln_logs_print_graph_guards_recompiles():
     assert "aten::sin" in stderr, stderr
     # Without KILN_LOGS kiln is silent.
     assert "[kiln:" not in run_with_logs(None)
+
+
+def test_kiln_logs_passes_prints_the_graph_after_each_pass(tmp_path):
+    stderr = run_with_logs("passes", cache_dir=tmp_path)
+    names = [line.split("after ", 1)[1].split(":")[0] for line in stderr.splitlines()
+             if line.startswith("[kiln:passes] after ")]
+    # the pipeline's passes in order, for each of the two graphs (float32, then float64)
+    order = ["lower_inference_batch_norm", "sink_pointwise_into_copies", "stage_row_sums",
+             "relayout_convolutions_channels_last", "simplify_algebra", "eliminate_common_subexpressions",
+             "remove_dead_nodes", "fuse_recomputation"]
+    assert names == order * 2, stderr
+    assert "aten::sin" in stderr, stderr
 
 
 def test_kiln_logs_perf_times_each_compile(tmp_path):

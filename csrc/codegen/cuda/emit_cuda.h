@@ -8,20 +8,14 @@
 #include <string>
 #include <vector>
 
+#include "cache/compiled_artifact.h"
 #include "fusion/loop_ir.h"
 #include "graph/graph.h"
 
 namespace kiln::codegen::cuda {
 
-struct CudaKernelLaunch {
-  std::string name;
-  unsigned grid = 0;     ///< 0: nothing to compute (empty domain), skip the launch
-  unsigned block_x = 1;  ///< threads per row group (pointwise: per block)
-  unsigned block_y = 1;  ///< rows per block (warp-per-row reductions)
-  std::string strategy;  ///< "pointwise", "pointwise_vec4", "warp_per_row", "block_per_row", "column",
-                         ///< "thread_per_row" (logs, tests)
-  int part = 0;          ///< which of CudaSource::parts defines it
-};
+/// A kernel's name and launch configuration (grid, block, strategy, part), as the artefact stores it.
+using CudaKernelLaunch = cache::KernelEntry;
 
 struct CudaSource {
   std::vector<std::string> parts;  ///< NVRTC programs, each complete (includes, kernels); compile them all

@@ -1,5 +1,5 @@
-// Constant folding on real tensors (runtime/fold_graph_constants.h).
-#include "runtime/fold_graph_constants.h"
+// Constant folding on real tensors (compile/fold_graph_constants.h).
+#include "compile/fold_graph_constants.h"
 
 #include <Python.h>
 #include <c10/core/GradMode.h>
@@ -13,7 +13,7 @@
 #include "runtime/node_call.h"
 #include "runtime/python_bridge.h"
 
-namespace kiln::runtime {
+namespace kiln::compile {
 
 namespace {
 
@@ -28,7 +28,7 @@ bool matches_meta(const at::Tensor& t, const graph::TensorMeta& meta) {
 
 }  // namespace
 
-std::shared_ptr<const graph::Graph> fold_graph_constants(std::shared_ptr<const graph::Graph> g, const ConstantsOf& constants_of,
+std::shared_ptr<const graph::Graph> fold_graph_constants(std::shared_ptr<const graph::Graph> g, const runtime::ConstantsOf& constants_of,
                                                          std::vector<std::string>& folded) {
   const passes::ConstantFolding plan = passes::plan_constant_folding(*g, kMaxFoldedBytes);
   if (plan.empty()) return g;
@@ -38,7 +38,7 @@ std::shared_ptr<const graph::Graph> fold_graph_constants(std::shared_ptr<const g
     std::vector<at::Tensor> constants = constants_of(*g);
     constants.resize(g->values.size());
     std::vector<at::Tensor> env(g->values.size());
-    for (graph::NodeIndex i : plan.nodes) call_node(prepare_node(*g, g->nodes[i], constants), *g, constants, env);
+    for (graph::NodeIndex i : plan.nodes) runtime::call_node(runtime::prepare_node(*g, g->nodes[i], constants), *g, constants, env);
     for (graph::ValueId v : plan.values) {
       if (!matches_meta(env[v], g->values[v].meta))
         throw std::runtime_error("a folded value came out with another layout than its recorded " +
@@ -64,7 +64,7 @@ std::shared_ptr<const graph::Graph> fold_graph_constants(std::shared_ptr<const g
     lines.push_back(line.str());
   }
   std::vector<PyObject*> tensors;
-  for (const at::Tensor& t : results) tensors.push_back(tensor_to_python(t));
+  for (const at::Tensor& t : results) tensors.push_back(runtime::tensor_to_python(t));
   auto rewritten = std::make_shared<graph::Graph>(*g);
   passes::fold_constants(*rewritten, plan, tensors);
   if (passes::verify_enabled()) rewritten->verify();
@@ -73,4 +73,4 @@ std::shared_ptr<const graph::Graph> fold_graph_constants(std::shared_ptr<const g
   return rewritten;
 }
 
-}  // namespace kiln::runtime
+}  // namespace kiln::compile

@@ -1,0 +1,82 @@
+#include "codegen/cpp/cpp_backend.h"
+
+#include <mutex>
+
+#include "codegen/cpp/compile_cpp.h"
+#include "codegen/cpp/emit_cpp.h"
+#include "common/error.h"
+
+namespace kiln::codegen::cpp {
+
+namespace {
+
+using KernelFn = void (*)(void* const*);
+
+// Held while a kernel with gathered loads runs and its library's index-error flag is read: the flag is the
+// library's, and two threads running such kernels at once (the runtime releases the GIL) would read each other's.
+std::mutex g_gathering_kernels;
+
+class CppKernel final : public LoadedKernel {
+ public:
+  CppKernel(KernelFn fn, int* index_error) : fn_(fn), index_error_(index_error) {}
+  bool run(void* const* buffers, size_t, void*) const override {
+    if (!index_error_) {
+      fn_(buffers);
+      return true;
+    }
+    std::lock_guard<std::mutex> lock(g_gathering_kernels);
+    fn_(buffers);
+    const bool in_range = *index_error_ == 0;
+    *index_error_ = 0;
+    return in_range;
+  }
+
+ private:
+  KernelFn fn_;
+  int* index_error_;  // the library's kiln_index_error (device_lib/cpp_prelude.h), for kernels with gathered loads
+};
+
+class CppCode final : public LoadedCode {
+ public:
+  explicit CppCode(std::shared_ptr<SharedLibrary> library) : library_(std::move(library)) {}
+  std::unique_ptr<LoadedKernel> kernel(const cache::KernelEntry& entry, bool gathers) const override {
+    auto fn = reinterpret_cast<KernelFn>(library_->symbol(entry.name));
+    int* index_error = gathers ? static_cast<int*>(library_->symbol("kiln_index_error")) : nullptr;
+    return std::make_unique<CppKernel>(fn, index_error);
+  }
+
+ private:
+  std::shared_ptr<SharedLibrary> library_;
+};
+
+class CppBackend final : public DeviceBackend {
+ public:
+  const char* name() const override { return "cpp"; }
+
+  cache::DeviceCode emit(fusion::Schedule& schedule, const graph::Graph& g, bool) const override {
+    CppSource source = emit_cpp_source(schedule, g);
+    cache::DeviceCode code;
+    code.backend = name();
+    code.parts = {std::move(source.text)};
+    for (std::string& function : source.functions) {
+      cache::KernelEntry entry;
+      entry.name = std::move(function);
+      code.kernels.push_back(std::move(entry));
+    }
+    return code;
+  }
+
+  std::shared_ptr<const LoadedCode> load(const cache::DeviceCode& code, int, const std::string& context) const override {
+    KILN_ASSERT_EQ(code.parts.size(), 1u) << "translation units of a CPU graph";
+    return std::make_shared<CppCode>(compile_cpp_library(code.parts[0], context));
+  }
+};
+
+}  // namespace
+
+const DeviceBackend& cpp_backend() {
+  static const CppBackend backend;
+  return backend;
+}
+
+}  // namespace kiln::codegen::cpp

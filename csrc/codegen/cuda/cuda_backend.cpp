@@ -1,0 +1,101 @@
+#include "codegen/cuda/cuda_backend.h"
+
+#include <vector>
+
+#include "codegen/cuda/cuda_device_lib.h"
+#include "codegen/cuda/cuda_program_cache.h"
+#include "codegen/cuda/emit_cuda.h"
+#include "codegen/cuda/nvrtc_compiler.h"
+#include "common/error.h"
+#include "fusion/launch_groups.h"
+
+namespace kiln::codegen::cuda {
+
+namespace {
+
+namespace driver = runtime::cuda;
+
+// Parameters of one launch group: 8 bytes each, well inside the 4 KiB every CUDA architecture accepts.
+constexpr size_t kMaxGroupBuffers = 256;
+
+class CudaKernel final : public LoadedKernel {
+ public:
+  CudaKernel(int device, driver::CudaFunction fn, const cache::KernelEntry& entry) : device_(device), fn_(fn), name_(entry.name) {
+    config_.grid.x = entry.grid;
+    config_.block.x = entry.block_x;
+    config_.block.y = entry.block_y;
+  }
+  bool run(void* const* buffers, size_t count, void* stream) const override {
+    if (config_.grid.x == 0) return true;  // an empty domain: nothing to launch
+    // cuLaunchKernel takes a pointer to each argument's value; on the stack for all but launch groups.
+    void* on_stack[64];
+    std::vector<void*> on_heap;
+    void** arguments = on_stack;
+    if (count > 64) {
+      on_heap.resize(count);
+      arguments = on_heap.data();
+    }
+    for (size_t b = 0; b < count; ++b) arguments[b] = const_cast<void**>(&buffers[b]);
+    driver::launch_kernel(device_, fn_, name_, config_, static_cast<driver::CudaStream>(stream), arguments);
+    return true;
+  }
+
+ private:
+  int device_;
+  driver::CudaFunction fn_;
+  std::string name_;
+  driver::LaunchConfig config_;
+};
+
+class CudaCode final : public LoadedCode {
+ public:
+  CudaCode(int device, std::vector<CudaProgram> programs) : device_(device), programs_(std::move(programs)) {}
+  std::unique_ptr<LoadedKernel> kernel(const cache::KernelEntry& entry, bool) const override {
+    KILN_ASSERT(entry.part >= 0 && static_cast<size_t>(entry.part) < programs_.size()) << "kernel part " << entry.part;
+    // may be a twin's (emit_cuda_source), in the part that defines it
+    return std::make_unique<CudaKernel>(device_, programs_[entry.part].loaded->function(entry.name), entry);
+  }
+
+ private:
+  int device_;
+  std::vector<CudaProgram> programs_;
+};
+
+class CudaBackend final : public DeviceBackend {
+ public:
+  const char* name() const override { return "cuda"; }
+
+  cache::DeviceCode emit(fusion::Schedule& schedule, const graph::Graph& g, bool keep_peak) const override {
+    const std::vector<int32_t> group = fusion::hoist_input_kernels(schedule, g, kMaxGroupBuffers, keep_peak);
+    CudaSource source = emit_cuda_source(schedule, g, group);
+    cache::DeviceCode code;
+    code.backend = name();
+    code.parts = std::move(source.parts);
+    code.kernels = std::move(source.kernels);
+    code.group = std::move(source.group);
+    code.group_members = std::move(source.group_members);
+    return code;
+  }
+
+  void prepare_load() const override {
+    nvrtc_version();  // opens NVRTC with the GIL held: its search may ask importlib
+    cuda_device_headers();
+  }
+
+  std::shared_ptr<const LoadedCode> load(const cache::DeviceCode& code, int index, const std::string&) const override {
+    return std::make_shared<CudaCode>(index, cuda_programs_for_device(index, code.parts, "kiln_graph"));
+  }
+
+  void* current_stream(int index) const override { return driver::torch_current_stream(index); }
+
+  int multiprocessors(int index) const override { return driver::multiprocessor_count(index); }
+};
+
+}  // namespace
+
+const DeviceBackend& cuda_backend() {
+  static const CudaBackend backend;
+  return backend;
+}
+
+}  // namespace kiln::codegen::cuda

@@ -1,0 +1,129 @@
+// The backend table (backends.h) and user backends: Python callables that compile a graph their own way.
+#include "compile/backends.h"
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <functional>
+#include <map>
+
+#include "common/error.h"
+#include "compile/pipeline.h"
+#include "runtime/eager_interpreter.h"
+#include "runtime/python_bridge.h"
+
+namespace py = pybind11;
+
+namespace kiln::compile {
+
+namespace {
+
+using runtime::CompiledGraph;
+using BackendFactory = std::function<std::shared_ptr<CompiledGraph>(std::shared_ptr<const graph::Graph>,
+                                                                    PyObject* example_inputs, const CompileOptions&)>;
+
+// The real tensors of the graph's constants, by ValueId.
+std::vector<at::Tensor> constant_tensors(const graph::Graph& g) {
+  std::vector<at::Tensor> constants(g.values.size());
+  for (const graph::Value& v : g.values) {
+    if (!v.is_constant) continue;
+    const bool tensor = v.constant.get() && runtime::tensor_or_none_from_python(v.constant.get(), constants[v.id]) &&
+                        constants[v.id].defined();
+    KILN_ASSERT(tensor) << "constant %" << v.id << " is not a tensor";
+  }
+  return constants;
+}
+
+std::shared_ptr<CompiledGraph> compile_eager(std::shared_ptr<const graph::Graph> g, PyObject*, const CompileOptions&) {
+  std::vector<at::Tensor> constants = constant_tensors(*g);
+  return runtime::make_eager_interpreter(std::move(g), std::move(constants));
+}
+
+std::shared_ptr<CompiledGraph> compile_kiln(std::shared_ptr<const graph::Graph> g, PyObject*, const CompileOptions& options) {
+  return compile_kiln_graph(std::move(g), constant_tensors, options);
+}
+
+const std::map<std::string, BackendFactory>& backend_table() {
+  static const std::map<std::string, BackendFactory> table = {
+      {"eager", compile_eager},
+      // "aot_eager" (ahead-of-time autodiff, then eager) is the op-by-op interpreter for now; the name exists
+      // so that callers can already choose it.
+      {"aot_eager", compile_eager},
+      {"kiln", compile_kiln},
+  };
+  return table;
+}
+
+// A user backend's compiled callable, called back with the GIL for every run.
+class PythonCallableGraph final : public runtime::CompiledGraph {
+ public:
+  PythonCallableGraph(py::object fn, std::string backend_name)
+      : fn_(std::move(fn)), backend_name_(std::move(backend_name)) {}
+  ~PythonCallableGraph() override {
+    if (!Py_IsInitialized()) {  // interpreter gone: leak rather than touch it
+      fn_.release();
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    fn_ = py::object();
+  }
+
+  bool reenters_python() const override { return true; }
+
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) override {
+    py::gil_scoped_acquire gil;
+    py::object args = py::reinterpret_steal<py::object>(runtime::tensors_to_python(inputs));
+    py::object result = fn_(args);
+    at::Tensor single;
+    if (runtime::tensor_or_none_from_python(result.ptr(), single) && single.defined()) return {single};
+    return runtime::tensors_from_python(result.ptr(), ("the result of backend " + backend_name_).c_str());
+  }
+
+ private:
+  py::object fn_;
+  std::string backend_name_;
+};
+
+std::shared_ptr<runtime::CompiledGraph> compile_with_callable(std::shared_ptr<const graph::Graph> g,
+                                                     const std::string& name, PyObject* user_backend,
+                                                     PyObject* example_inputs) {
+  py::object graph_obj = py::cast(std::const_pointer_cast<graph::Graph>(g));
+  py::object examples = example_inputs ? py::reinterpret_borrow<py::object>(example_inputs)
+                                       : py::reinterpret_steal<py::object>(PyList_New(0));
+  py::object compiled = py::reinterpret_borrow<py::object>(user_backend)(graph_obj, examples);
+  KILN_CHECK(PyCallable_Check(compiled.ptr()))
+      << "backend " << name << " returned " << py::str(py::type::of(compiled)).cast<std::string>()
+      << ", not a callable: a backend must return a function taking a list of tensors";
+  return std::make_shared<PythonCallableGraph>(std::move(compiled), name);
+}
+
+}  // namespace
+
+std::vector<std::string> backend_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, factory] : backend_table()) names.push_back(name);
+  return names;
+}
+
+std::shared_ptr<CompiledGraph> compile_graph(std::shared_ptr<const graph::Graph> g, const std::string& backend,
+                                             PyObject* example_inputs, PyObject* user_backend, const CompileOptions& options) {
+  KILN_ASSERT(g != nullptr) << "compile_graph without a graph";
+  if (user_backend) return compile_with_callable(std::move(g), backend, user_backend, example_inputs);
+  const auto& table = backend_table();
+  auto it = table.find(backend);
+  if (it == table.end()) {
+    std::string known;
+    for (const auto& name : backend_names()) known += (known.empty() ? "" : ", ") + name;
+    KILN_CHECK(false) << "unknown backend '" << backend << "': known backends are " << known
+                      << ", or pass a callable (graph, example_inputs) -> callable";
+  }
+  return it->second(std::move(g), example_inputs, options);
+}
+
+std::shared_ptr<CompiledGraph> compile_graph_object(PyObject* graph, const std::string& backend, PyObject* example_inputs,
+                                                    PyObject* user_backend, const CompileOptions& options) {
+  auto g = py::cast<std::shared_ptr<graph::Graph>>(py::handle(graph));
+  return compile_graph(std::move(g), backend, example_inputs, user_backend, options);
+}
+
+}  // namespace kiln::compile

@@ -1,0 +1,48 @@
+#include "compile/options.h"
+
+#include <cstdlib>
+
+#include "common/error.h"
+
+namespace kiln::compile {
+
+namespace {
+struct ModeName {
+  Mode mode;
+  const char* name;
+};
+constexpr ModeName kModeNames[] = {
+    {Mode::kDefault, "default"},
+    {Mode::kReduceOverhead, "reduce-overhead"},
+    {Mode::kMaxAutotune, "max-autotune"},
+    {Mode::kMaxAutotuneNoCudagraphs, "max-autotune-no-cudagraphs"},
+};
+}  // namespace
+
+const char* mode_name(Mode mode) {
+  for (const ModeName& m : kModeNames)
+    if (m.mode == mode) return m.name;
+  return "?";
+}
+
+Mode parse_mode(const std::string& name) {
+  for (const ModeName& m : kModeNames)
+    if (name == m.name) return m.mode;
+  KILN_CHECK(false) << "unknown mode '" << name << "': choose default, reduce-overhead, max-autotune or "
+                    << "max-autotune-no-cudagraphs";
+  return Mode::kDefault;
+}
+
+std::string CompileOptions::cache_key() const {
+  // Dynamic is left out while every policy specialises sizes: the same graph compiles to the same code.
+  return std::string("mode=") + mode_name(mode) + ";cudagraphs=" + (cudagraphs ? "1" : "0") +
+         ";autotune=" + (autotune ? "1" : "0");
+}
+
+std::string CompileOptions::dump_dir() const {
+  if (!debug_dir.empty()) return debug_dir;
+  const char* env = std::getenv("KILN_DEBUG_DIR");
+  return env ? env : "";
+}
+
+}  // namespace kiln::compile

@@ -1,0 +1,39 @@
+#pragma once
+// CompileOptions: what kiln.compile's `mode`, `dynamic` and `options` arguments ask of the compiler, carried from
+// the Python API (python/kiln/api.py validates them and names the mistakes) through the frame compiler
+// (trace/compile_frame.h) to the pipeline (compile/pipeline.h), which reads them and puts the part that changes
+// generated code into every cache key. Torch-free.
+#include <string>
+
+namespace kiln::compile {
+
+/// torch.compile's modes. Only kDefault is implemented: api.py refuses the others until CUDA graphs and
+/// autotuning exist, so no mode is ever accepted and ignored.
+enum class Mode { kDefault, kReduceOverhead, kMaxAutotune, kMaxAutotuneNoCudagraphs };
+
+/// torch.compile's `dynamic`: None (automatic), False (always specialise), True (symbolic from the first call).
+/// Sizes are specialised under every policy today; kiln.compile warns when True is asked.
+enum class Dynamic { kAutomatic, kStatic, kDynamic };
+
+struct CompileOptions {
+  Mode mode = Mode::kDefault;
+  Dynamic dynamic = Dynamic::kAutomatic;
+  /// options={"cudagraphs": ...} / {"autotune": ...}: only false is accepted until those exist (api.py).
+  bool cudagraphs = false;
+  bool autotune = false;
+  /// options={"debug_dir": path}: graphs and generated sources of this compile are written there, as
+  /// KILN_DEBUG_DIR does for every compile; empty: KILN_DEBUG_DIR, if set.
+  std::string debug_dir;
+
+  /// The options that change what the pipeline generates, as text for cache keys: two compiles whose options
+  /// differ here never share a cache entry. (debug_dir only adds files, so it is not part of it.)
+  std::string cache_key() const;
+  /// Where graphs and sources are dumped: debug_dir, else KILN_DEBUG_DIR, else "" (no dumps).
+  std::string dump_dir() const;
+};
+
+const char* mode_name(Mode mode);
+/// The Mode named as torch.compile names it ("default", "reduce-overhead", ...); throws a user error otherwise.
+Mode parse_mode(const std::string& name);
+
+}  // namespace kiln::compile

@@ -1,0 +1,308 @@
+// The pipeline (pipeline.h), read top to bottom: compile_kiln_graph decides what a captured graph needs
+// (functional form, folded constants, a forward/backward split, or the eager interpreter), lower_graph is the
+// straight-line lowering of one graph to a CompiledArtifact, and compile_artifact finds that artefact in the graph
+// cache or lowers and stores it, then hands it to runtime/ to load and run.
+#include "compile/pipeline.h"
+
+#include <algorithm>
+#include <atomic>
+#include <optional>
+
+#include <c10/core/GradMode.h>
+
+#include "autodiff/functionalize_buffer_updates.h"
+#include "cache/graph_cache.h"
+#include "cache/kernel_cache.h"
+#include "codegen/cuda/cuda_device_lib.h"
+#include "codegen/cuda/nvrtc_compiler.h"
+#include "codegen/device_backend.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "compile/fold_graph_constants.h"
+#include "fusion/in_place_outputs.h"
+#include "fusion/schedule_kernels.h"
+#include "passes/channels_last.h"
+#include "passes/functionalize.h"
+#include "passes/lower_batch_norm.h"
+#include "passes/pipeline.h"
+#include "passes/sink_into_copies.h"
+#include "passes/split_addmm.h"
+#include "passes/stage_row_sums.h"
+#include "runtime/autograd_graph.h"
+#include "runtime/eager_interpreter.h"
+#include "runtime/torch_info.h"
+
+namespace kiln::compile {
+
+namespace {
+
+std::atomic<bool> g_compiled_autograd{true};
+std::atomic<bool> g_cuda_ptx_check{false};
+
+CudaPtxCheck& ptx_check_state() {
+  static CudaPtxCheck state;
+  return state;
+}
+
+// True when the graph must record autograd history: grad mode on and some value requires grad.
+bool needs_autograd(const graph::Graph& g) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const graph::Value& v : g.values)
+    if (v.meta.requires_grad) return true;
+  return false;
+}
+
+// The device all of the graph's tensors live on (CPU, or one CUDA device), or nullopt with `why` set.
+std::optional<graph::Device> graph_device(const graph::Graph& g, std::string& why) {
+  std::optional<graph::Device> device;
+  for (const graph::Value& v : g.values) {
+    if (!v.is_tensor) continue;
+    const graph::Device& d = v.meta.device;
+    if (d.type != graph::DeviceType::CPU && d.type != graph::DeviceType::CUDA) {
+      why = "tensors on " + graph::device_type_name(d.type) + " (kiln generates code for CPU and CUDA)";
+      return std::nullopt;
+    }
+    if (d.type == graph::DeviceType::CUDA && d.index < 0) {
+      why = "a CUDA tensor without a device index";
+      return std::nullopt;
+    }
+    if (device && !(*device == d)) {
+      why = "tensors on more than one device (" + graph::device_type_name(device->type) + " and " +
+            graph::device_type_name(d.type) + ")";
+      return std::nullopt;
+    }
+    device = d;
+  }
+  return device ? device : graph::Device{};
+}
+
+// Why `g` must stay on the eager interpreter, or "".
+std::string unsupported_reason(const graph::Graph& g) {
+  for (const graph::Node& node : g.nodes)
+    if (node.mutates_args) return "in-place op " + node.qualified_name();
+  std::string why;
+  graph_device(g, why);
+  return why;
+}
+
+// The test suite's check that CUDA code generation works for every graph it compiles on CPU: the same schedule
+// emitted as CUDA C and compiled to PTX by NVRTC (no GPU needed). Failures are recorded, not thrown: the CPU graph
+// itself is fine.
+void check_cuda_ptx(const fusion::Schedule& schedule, const graph::Graph& g) {
+  if (!g_cuda_ptx_check) return;
+  CudaPtxCheck& state = ptx_check_state();
+  std::string source;
+  try {
+    fusion::Schedule grouped = schedule;  // the launch group's code is checked too
+    const cache::DeviceCode code = codegen::device_backend(graph::DeviceType::CUDA).emit(grouped, g, /*keep_peak=*/false);
+    source = code.source();
+    KILN_LOG(output_code) << "kiln backend, PTX check of the same schedule as CUDA C:\n" << source;
+    codegen::cuda::NvrtcOptions options;
+    options.arch = "compute_90";
+    options.headers = codegen::cuda::cuda_device_headers();
+    for (const std::string& part : code.parts) codegen::cuda::compile_cuda(part, "kiln_ptx_check", options);
+    state.compiled++;
+  } catch (const std::exception& e) {
+    state.failures.push_back(std::string(e.what()) + "\n--- source ---\n" + source);
+  }
+}
+
+// "N kernels, M extern calls" of an artefact's run plan, for KILN_LOGS=perf.
+std::string plan_counts(const cache::CompiledArtifact& artifact) {
+  size_t externs = 0;
+  for (const fusion::Step& step : artifact.steps) externs += step.kind == fusion::Step::Kind::Extern;
+  return std::to_string(artifact.kernels.size()) + " kernels, " + std::to_string(externs) + " extern calls";
+}
+
+// A lowering's artefact, found in the graph cache when one was stored under the same key, else lowered and stored;
+// then loaded and run by runtime/. `training_half`: the graph is the forward or backward of a compiled training step.
+std::shared_ptr<runtime::CompiledGraph> compile_artifact(std::shared_ptr<const graph::Graph> captured,
+                                                         const runtime::ConstantsOf& constants_of,
+                                                         const CompileOptions& options, bool training_half,
+                                                         std::vector<std::string> folded) {
+  const log::Stopwatch started;
+  std::string why;
+  const graph::Device device = *graph_device(*captured, why);  // checked by unsupported_reason
+  const codegen::DeviceBackend& backend = codegen::device_backend(device.type);
+  const std::string load_context = "torch " + runtime::built_torch_version();
+  std::string context = load_context + (training_half ? ", training half" : "") + ", " + options.cache_key();
+  if (const int sms = backend.multiprocessors(std::max<int>(device.index, 0)); sms > 0)
+    context += ", " + std::string(backend.name()) + " with " + std::to_string(sms) + " SMs";
+  const std::string key = cache::graph_key(*captured, context);
+  // The PTX check (a test switch) needs the schedule, so it always lowers.
+  std::optional<cache::CompiledArtifact> cached =
+      g_cuda_ptx_check ? std::nullopt : cache::load_artifact(key, *captured);
+  if (cached) {
+    const double read_ms = started.ms();
+    const std::string counts = plan_counts(*cached);
+    auto compiled = runtime::make_kiln_graph(std::move(*cached), device, constants_of, load_context, options.dump_dir(),
+                                             std::move(folded));
+    cache::stats().graph_hits++;
+    KILN_LOG(perf) << "kiln backend: found in the graph cache (" << counts << "); read "
+                   << log::whole_ms(read_ms) << " ms, compiler or cache " << log::whole_ms(started.ms() - read_ms) << " ms";
+    return compiled;
+  }
+  LoweringTimes times;
+  cache::CompiledArtifact artifact = lower_graph(*captured, device, options, training_half, times);
+  cache::store_artifact(key, artifact);
+  const std::string counts = plan_counts(artifact);
+  const double lowered_ms = started.ms();
+  auto compiled = runtime::make_kiln_graph(std::move(artifact), device, constants_of, load_context, options.dump_dir(),
+                                           std::move(folded));
+  KILN_LOG(perf) << "kiln backend: " << counts << "; passes and fusion " << log::whole_ms(times.passes_ms)
+                 << " ms, code generation " << log::whole_ms(times.emit_ms) << " ms, compiler or cache "
+                 << log::whole_ms(started.ms() - lowered_ms) << " ms";
+  return compiled;
+}
+
+// A graph whose only in-place ops update inputs that need no grad (BatchNorm's num_batches_tracked): compiled with
+// the updates made functional, their final values written back after it runs. Null when its in-place ops are not
+// all such updates (autodiff/functionalize_buffer_updates.h).
+std::shared_ptr<runtime::CompiledGraph> compile_with_buffer_updates(const std::shared_ptr<const graph::Graph>& g,
+                                                                    const runtime::ConstantsOf& constants_of,
+                                                                    const CompileOptions& options, bool training_half) {
+  auto functional = std::make_shared<graph::Graph>(*g);
+  std::vector<autodiff::BufferUpdate> updates;
+  try {
+    updates = autodiff::functionalize_buffer_updates(*functional);
+  } catch (const std::exception&) {
+    return nullptr;
+  }
+  if (updates.empty() || !unsupported_reason(*functional).empty()) return nullptr;
+  const size_t num_outputs = functional->outputs.size();
+  std::vector<graph::ValueId> outputs = functional->outputs;
+  std::vector<int32_t> updated;
+  for (const autodiff::BufferUpdate& update : updates) {
+    outputs.push_back(update.final_value);
+    updated.push_back(update.input_index);
+  }
+  functional->set_outputs(outputs);
+  if (passes::verify_enabled()) functional->verify();
+  try {
+    auto compiled = compile_artifact(functional, constants_of, options, training_half, {});
+    runtime::kiln_backend_stats().graphs_compiled++;
+    auto updating = runtime::make_buffer_updating_graph(std::move(compiled), updated, num_outputs);
+    return runtime::make_alias_checked_graph(std::move(updating), runtime::make_eager_interpreter(g, constants_of(*g)),
+                                             std::move(updated));
+  } catch (const std::exception& e) {
+    KILN_LOG(fallbacks) << "kiln backend: a graph with buffer updates: " << e.what();
+    return nullptr;
+  }
+}
+
+}  // namespace
+
+cache::CompiledArtifact lower_graph(const graph::Graph& captured, const graph::Device& device,
+                                    const CompileOptions& options, bool training_half, LoweringTimes& times) {
+  const log::Stopwatch started;
+  const codegen::DeviceBackend& backend = codegen::device_backend(device.type);
+  cache::CompiledArtifact artifact;
+  artifact.optimised = captured;
+  graph::Graph& g = artifact.optimised;
+  // Inference batch norm first: it becomes pointwise ops that every later pass sees as such.
+  passes::run_pass("lower_inference_batch_norm", g, passes::lower_inference_batch_norm);
+  // A matmul's bias add moves into the kernel that reads the product, where the device has the multiprocessors to
+  // make that pay (CUDA); before the layout passes, which see the plain matmul.
+  if (const int sms = backend.multiprocessors(std::max<int>(device.index, 0)); sms > 0)
+    passes::run_pass("split_addmm_bias", g, [sms](graph::Graph& graph) { return passes::split_addmm_bias(graph, sms); });
+  passes::run_pass("sink_pointwise_into_copies", g, passes::sink_pointwise_into_copies);
+  passes::run_pass("stage_row_sums", g, passes::stage_row_sums);
+  // Convolutions channels-last after the rewrites above; CPU convolutions of a training step keep their layout
+  // (passes/channels_last.h).
+  passes::run_pass("relayout_convolutions_channels_last", g, [training_half](graph::Graph& graph) {
+    return passes::relayout_convolutions_channels_last(graph, /*cpu=*/!training_half);
+  });
+  // The generic clean-ups last, over everything the rewrites above left (passes/pipeline.cpp).
+  passes::run_graph_passes(g);
+  fusion::Schedule schedule = fusion::schedule_kernels(g);
+  if (passes::verify_enabled())
+    for (const auto& k : schedule.kernels) fusion::verify_kernel(k);
+  times.passes_ms = started.ms();
+  bool has_kernels = false;
+  for (const auto& step : schedule.steps) has_kernels = has_kernels || step.kind == fusion::Step::Kind::Kernel;
+  if (has_kernels) {
+    // A training half's launch groups never raise the graph's peak of live bytes.
+    artifact.code = backend.emit(schedule, g, /*keep_peak=*/training_half);
+    if (device.type == graph::DeviceType::CPU) check_cuda_ptx(schedule, g);
+  }
+  times.emit_ms = started.ms() - times.passes_ms;
+  KILN_LOG(output_code) << "kiln backend: " << schedule.summary();
+  artifact.steps = schedule.steps;
+  for (const fusion::Kernel& k : schedule.kernels) {
+    bool gathers = false;
+    for (const fusion::Expr& e : k.exprs) gathers = gathers || fusion::Kernel::is_gathered(e);
+    artifact.kernels.push_back({k.name, k.buffers, fusion::in_place_sources(k), gathers});
+  }
+  // Constants by the captured graph's ids (passes may renumber values), so an artefact read back finds its tensors.
+  artifact.constant_sources = cache::constant_sources(captured, g);
+  return artifact;
+}
+
+std::shared_ptr<runtime::CompiledGraph> compile_kiln_graph(std::shared_ptr<const graph::Graph> g,
+                                                           const runtime::ConstantsOf& constants_of,
+                                                           const CompileOptions& options, bool training_half) {
+  // 1. Functionalize: in-place ops on the graph's own intermediates become functional (passes/functionalize.h).
+  bool mutates = false;
+  for (const graph::Node& node : g->nodes) mutates = mutates || node.mutates_args;
+  if (mutates) {
+    auto functional = std::make_shared<graph::Graph>(*g);
+    if (passes::functionalize_inplace_ops(*functional)) {
+      if (passes::verify_enabled()) functional->verify();
+      g = std::move(functional);
+    }
+  }
+  // 2. Fold: after functionalization, so a mask built in place (`torch.full(...).triu_(1)`) is functional by now.
+  std::vector<std::string> folded;
+  g = fold_graph_constants(std::move(g), constants_of, folded);
+  // 3. What the graph needs: a forward/backward split, buffer updates, or the plain lowering.
+  std::string reason;
+  if (runtime::needs_eager_for_grad_mode(*g)) {
+    reason = "the graph switches grad mode over values that require grad (eager_interpreter.h)";
+  } else if (needs_autograd(*g) && !compiled_autograd()) {
+    reason = "the graph needs grad (compiled autograd is off: kiln.config.set_compiled_autograd)";
+  } else if (needs_autograd(*g)) {
+    // Forward and backward compiled ahead of time behind one autograd node; each half goes through this pipeline
+    // again. Anything autodiff does not cover keeps the eager interpreter, which records eager's autograd history
+    // op by op.
+    try {
+      auto joint = runtime::compile_autograd_graph(g, [&](std::shared_ptr<const graph::Graph> part) {
+        at::AutoGradMode no_grad(false);  // the halves run with grad off: compile them as such
+        return compile_kiln_graph(std::move(part), constants_of, options, /*training_half=*/true);
+      });
+      runtime::kiln_backend_stats().graphs_autograd++;
+      std::vector<int32_t> updated = joint->updated_inputs();
+      if (updated.empty()) return joint;
+      return runtime::make_alias_checked_graph(std::move(joint), runtime::make_eager_interpreter(g, constants_of(*g)),
+                                               std::move(updated));
+    } catch (const std::exception& e) {
+      reason = std::string("autodiff: ") + e.what();
+    }
+  } else {
+    reason = unsupported_reason(*g);
+    if (!reason.empty())
+      if (auto updating = compile_with_buffer_updates(g, constants_of, options, training_half)) return updating;
+  }
+  // 4. Lower, or find the artefact in the graph cache; runtime/ loads and runs it.
+  if (reason.empty()) {
+    try {
+      auto compiled = compile_artifact(g, constants_of, options, training_half, folded);
+      runtime::kiln_backend_stats().graphs_compiled++;
+      return compiled;
+    } catch (const std::exception& e) {
+      reason = e.what();
+    }
+  }
+  KILN_LOG(fallbacks) << "kiln backend: running the graph on the eager interpreter: " << reason;
+  runtime::kiln_backend_stats().graphs_fallback++;
+  runtime::kiln_backend_stats().last_fallback_reason = reason;
+  if (needs_autograd(*g)) g = runtime::with_cudnn_batch_norm(std::move(g));
+  std::vector<at::Tensor> constants = constants_of(*g);
+  return runtime::make_fallback_graph(std::move(g), std::move(constants), std::move(reason), std::move(folded));
+}
+
+void set_compiled_autograd(bool on) { g_compiled_autograd = on; }
+bool compiled_autograd() { return g_compiled_autograd; }
+void set_cuda_ptx_check(bool on) { g_cuda_ptx_check = on; }
+CudaPtxCheck& cuda_ptx_check() { return ptx_check_state(); }
+
+}  // namespace kiln::compile
