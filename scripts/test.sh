@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs every kiln test: set-up (scripts/setup.sh), the C++ tests, pytest on tests/python and
-# tests/core with Python 3.11 + torch, and tests/core (torch-free) on 3.12 and 3.13.
-# On the GPU machine: pytest on everything with its python3, CUDA tests included.
+# Runs every kiln test: set-up (scripts/setup.sh), the include layering check, the C++ tests, pytest on
+# tests/python and tests/core with Python 3.11 + torch, and tests/core (torch-free) on 3.12 and 3.13.
+# On the GPU machine: the include layering check, then pytest on everything with its python3, CUDA tests included.
 #   bash scripts/test.sh            # everything
 #   bash scripts/test.sh -k seed    # extra arguments go to the main pytest run
 # Exits non-zero when any suite fails; ends with one summary line per suite.
@@ -32,6 +32,9 @@ run_suite() {
 
 test_dirs=()
 for d in tests/python tests/core; do [ -d "$d" ] && test_dirs+=("$d"); done
+
+# Both machines: it needs only python3, and a climbing include is a design error wherever it is found.
+run_suite "include layering" python3 scripts/check_layering.py
 
 if [ "$KILN_MACHINE" = gpu ]; then
   run_suite "pytest (GPU machine, $("$PY" -c 'import sys; print(sys.version.split()[0])'))" \

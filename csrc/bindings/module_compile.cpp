@@ -9,6 +9,7 @@
 #include "frame/frame.h"
 #include "guards/guard_tree.h"
 #include "compile/backends.h"
+#include "runtime/frame_program.h"
 #include "runtime/host_buffers.h"
 #include "trace/compile_frame.h"
 
@@ -59,6 +60,10 @@ py::object set_compiler(py::object handle) {
 }  // namespace
 
 void register_compile(py::module_& m) {
+  // Compiled frames suspend the hook around the Python they call; runtime/ reaches the hook only through this.
+  runtime::set_swap_thread_compiler([](void* compiler) -> void* {
+    return frame::set_thread_compiler(static_cast<frame::Compiler*>(compiler));
+  });
   py::class_<CompilerHandle>(m, "Compiler")
       .def(py::init([](const std::string& backend, py::object user_backend, bool fullgraph, int recompile_limit,
                        py::list entry_codes, py::object explain_sink, bool trace_all, const std::string& mode,

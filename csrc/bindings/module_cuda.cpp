@@ -8,11 +8,12 @@
 
 #include "bindings/module_register.h"
 #include "codegen/cuda/cuda_device_lib.h"
+#include "codegen/cuda/cuda_driver.h"
 #include "codegen/cuda/cuda_program_cache.h"
+#include "codegen/cuda/loaded_program.h"
 #include "codegen/cuda/nvrtc_compiler.h"
 #include "codegen/cuda/nvrtc_workers.h"
 #include "common/error.h"
-#include "runtime/cuda_driver.h"
 #include "runtime/cuda_launch.h"
 
 namespace py = pybind11;
@@ -58,21 +59,21 @@ void launch_pointwise(const std::string& source, const std::string& kernel_name,
     pointers.push_back(tensor.data_ptr());
   }
   cg::nvrtc_version();  // as in compile_for_python: the library search may need the GIL
-  rt::CudaStream launch_stream =
-      stream.is_none() ? rt::torch_current_stream(device) : reinterpret_cast<rt::CudaStream>(stream.cast<uintptr_t>());
+  cg::CudaStream launch_stream =
+      stream.is_none() ? rt::torch_current_stream(device) : reinterpret_cast<cg::CudaStream>(stream.cast<uintptr_t>());
   if (n == 0) return;
   long long per_block = static_cast<long long>(block) * elements_per_thread;
   long long blocks = std::min<long long>((n + per_block - 1) / per_block, INT_MAX);
   py::gil_scoped_release no_gil;
   cg::CudaProgram program = cg::cuda_program_for_device(device, source, "kiln_launch_pointwise.cu");
-  rt::CudaFunction function = program.loaded->function(kernel_name);
+  cg::CudaFunction function = program.loaded->function(kernel_name);
   std::vector<void*> args;
   for (void*& pointer : pointers) args.push_back(&pointer);
   args.push_back(&n);
-  rt::LaunchConfig config;
+  cg::LaunchConfig config;
   config.grid.x = static_cast<unsigned>(blocks);
   config.block.x = block;
-  rt::launch_kernel(device, function, kernel_name, config, launch_stream, args.data());
+  cg::launch_kernel(device, function, kernel_name, config, launch_stream, args.data());
 }
 
 }  // namespace
@@ -144,12 +145,12 @@ void register_cuda(py::module_& parent) {
       },
       py::arg("source"), py::arg("name"), py::arg("arch"), py::arg("line_info") = false,
       "compile a CUDA C program to a cubin (ELF bytes) for arch, e.g. 'sm_90'; needs no GPU");
-  m.def("driver_available", &rt::driver_available, "True when libcuda opens and cuInit succeeds (never raises)");
-  m.def("driver_library", &rt::driver_library_path, "the libcuda file in use ('' when none)");
+  m.def("driver_available", &cg::driver_available, "True when libcuda opens and cuInit succeeds (never raises)");
+  m.def("driver_library", &cg::driver_library_path, "the libcuda file in use ('' when none)");
   m.def(
       "compute_capability",
       [](int device) {
-        rt::ComputeCapability cc = rt::compute_capability(device);
+        cg::ComputeCapability cc = cg::compute_capability(device);
         return py::make_tuple(cc.major, cc.minor);
       },
       py::arg("device") = 0, "(major, minor) of a CUDA device, read through the driver API");
@@ -157,7 +158,7 @@ void register_cuda(py::module_& parent) {
       "target_arch",
       [](int device) {
         cg::nvrtc_version();
-        rt::ComputeCapability cc = rt::compute_capability(device);
+        cg::ComputeCapability cc = cg::compute_capability(device);
         return cg::target_arch_for(cc.major, cc.minor);
       },
       py::arg("device") = 0, "what kiln compiles for on a device: 'sm_90' on H100/H200");

@@ -21,8 +21,8 @@ namespace kiln::codegen {
 class LoadedKernel {
  public:
   virtual ~LoadedKernel() = default;
-  /// Runs the kernel over `buffers` (its buffers' data pointers, in the kernel's order) on `stream` (the device's
-  /// stream handle from DeviceBackend::current_stream; null on the CPU). Asynchronous on CUDA. Returns false when
+  /// Runs the kernel over `buffers` (its buffers' data pointers, in the kernel's order) on `stream` (CUDA: the
+  /// driver stream the caller computes on, torch's current one; null on the CPU). Asynchronous on CUDA. Returns false when
   /// a gathered load met an index out of range (the caller raises eager's IndexError).
   virtual bool run(void* const* buffers, size_t count, void* stream) const = 0;
 };
@@ -50,8 +50,6 @@ class DeviceBackend {
   /// depends on beyond the source (torch's version). Call without the GIL: compilers run here.
   virtual std::shared_ptr<const LoadedCode> load(const cache::DeviceCode& code, int index,
                                                  const std::string& context) const = 0;
-  /// The stream kernels of device `index` run on (CUDA: torch's current stream); null where there is none.
-  virtual void* current_stream(int index) const { return nullptr; }
   /// Work to do with the GIL held before load() (CUDA: NVRTC is found through importlib on first use).
   virtual void prepare_load() const {}
   /// The streaming multiprocessors of device `index` (CUDA), which decide how matmul epilogues are split

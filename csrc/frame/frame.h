@@ -21,17 +21,6 @@
 
 namespace kiln::frame {
 
-/// New reference to a type's own attribute dict. Python 3.12 keeps the dicts of static builtin types
-/// (object, dict, tuple, ...) in the interpreter, leaving their tp_dict NULL.
-inline PyObject* type_dict(PyTypeObject* type) {
-#if PY_VERSION_HEX >= 0x030C0000
-  return PyType_GetDict(type);
-#else
-  Py_XINCREF(type->tp_dict);
-  return type->tp_dict;
-#endif
-}
-
 /// A read-only view of an intercepted frame, valid only during the call that receives it.
 struct FrameView {
   PyCodeObject* code = nullptr;

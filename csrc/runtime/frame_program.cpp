@@ -10,7 +10,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include "common/error.h"
-#include "frame/frame.h"
+#include "common/type_dict.h"
 #include "graph/graph.h"
 #include "runtime/compiled_graph.h"
 
@@ -60,9 +60,17 @@ struct BuildContext {
 
 PyObject* build_output(const OutputSpec& spec, BuildContext& ctx);
 
+SwapThreadCompiler swap_thread_compiler = nullptr;  // registered once, at kiln._C's initialisation
+
+void* swap_registered(void* compiler) {
+  KILN_ASSERT(swap_thread_compiler) << "kiln._C did not register the frame hook's swap (set_swap_thread_compiler)";
+  return swap_thread_compiler(compiler);
+}
+
+// The calling thread has no compiler while this lives: Python run meanwhile takes the default evaluator.
 struct SuspendCompiler {
-  frame::Compiler* saved = frame::set_thread_compiler(nullptr);
-  ~SuspendCompiler() { frame::set_thread_compiler(saved); }
+  void* saved = swap_registered(nullptr);
+  ~SuspendCompiler() { swap_thread_compiler(saved); }
 };
 
 PyObject* construct(const OutputSpec& spec, BuildContext& ctx) {
@@ -326,9 +334,11 @@ PyTypeObject* program_type() {
 
 }  // namespace
 
+void set_swap_thread_compiler(SwapThreadCompiler swap) { swap_thread_compiler = swap; }
+
 PyObject* make_structured_tuple(PyTypeObject* type, PyObject* items) {
   static PyObject* sequence_fields = PyUnicode_InternFromString("n_sequence_fields");
-  PyObject* dict = frame::type_dict(type);
+  PyObject* dict = type_dict(type);
   PyObject* marker = dict ? PyDict_GetItemWithError(dict, sequence_fields) : nullptr;
   Py_XDECREF(dict);
   if (marker) return PyObject_CallOneArg((PyObject*)type, items);  // a structseq: type(sequence)

@@ -56,6 +56,14 @@ struct FrameProgramSpec {
   std::string name;                  ///< for errors: the traced function's qualified name
 };
 
+/// Swaps the calling thread's frame-hook compiler for `compiler` (nullptr: none) and returns the one it replaced,
+/// as frame::set_thread_compiler does. A FrameProgram suspends the hook with it around Python it calls (a user
+/// backend, a record's constructor, a module's __setattr__), so those frames run as plain Python, as in eager.
+using SwapThreadCompiler = void* (*)(void* compiler);
+/// Registers the swap; called once, when kiln._C is initialised (bindings/module_compile.cpp). runtime/ executes
+/// artefacts and does not know the frame hook, so the layer that knows both injects it.
+void set_swap_thread_compiler(SwapThreadCompiler swap);
+
 /// A namedtuple or structseq of type `type` holding the items of the plain tuple `items` (new reference,
 /// NULL with a Python error set): structseqs take the tuple as their one argument, namedtuples are made as
 /// their `_make` does (tuple.__new__), so neither runs user code.

@@ -1,7 +1,7 @@
 // Running a CompiledArtifact (kernel_graph.h): its device code loaded through the device backend that emitted it,
 // and a flat run plan, per step either a kernel (a loaded kernel and the value ids whose data pointers it takes)
 // or a prepared extern call. Buffers come from torch's allocators (CPU: large ones from host_buffers.h); kernels
-// run on the device backend's stream (CUDA: torch's current stream) with no host synchronisation.
+// run on torch's current stream (CUDA) with no host synchronisation.
 #include "runtime/kernel_graph.h"
 
 #include <algorithm>
@@ -20,6 +20,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "runtime/autograd_graph.h"
+#include "runtime/cuda_launch.h"
 #include "runtime/eager_interpreter.h"
 #include "runtime/host_buffers.h"
 #include "runtime/node_call.h"
@@ -111,7 +112,7 @@ class KilnGraph final : public CompiledGraph {
     std::vector<at::Tensor> env = constants_;
     for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i]] = std::move(inputs[i]);
     std::vector<void*> pointers;
-    void* stream = backend_ ? backend_->current_stream(device_.index) : nullptr;
+    void* stream = device_.type == graph::DeviceType::CUDA ? cuda::torch_current_stream(device_.index) : nullptr;
     std::optional<HostBufferScope> host_buffers;  // CPU: large buffers reused across calls (host_buffers.h)
     if (device_.type == graph::DeviceType::CPU) host_buffers.emplace();
     // Held to the end of the call: while a bucket is referenced here, no kernel takes a packed value's storage

@@ -1,6 +1,6 @@
 // Loads, stores and returns.
 #include "common/error.h"
-#include "frame/frame.h"
+#include "common/type_dict.h"
 #include "trace/interpreter.h"
 
 namespace kiln::trace {
@@ -336,7 +336,7 @@ VarPtr Tracer::super_attr(const VarPtr& super, PyObject* name) {
   if (start == n && n > 0 && PyTuple_GET_ITEM(mro, n - 1) != cls->value)
     KILN_UNSUPPORTED() << "super(" << ((PyTypeObject*)cls->value)->tp_name << ", obj): obj is not an instance or subtype";
   for (Py_ssize_t i = start; i < n; ++i) {
-    PyObject* dict = frame::type_dict((PyTypeObject*)PyTuple_GET_ITEM(mro, i));
+    PyObject* dict = type_dict((PyTypeObject*)PyTuple_GET_ITEM(mro, i));
     PyObject* attr = dict ? PyDict_GetItemWithError(dict, name) : nullptr;
     Py_XDECREF(dict);  // the type keeps its dict, and with it attr, alive
     if (!attr) {

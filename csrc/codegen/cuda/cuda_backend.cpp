@@ -4,7 +4,9 @@
 
 #include "codegen/cuda/cuda_device_lib.h"
 #include "codegen/cuda/cuda_program_cache.h"
+#include "codegen/cuda/cuda_driver.h"
 #include "codegen/cuda/emit_cuda.h"
+#include "codegen/cuda/loaded_program.h"
 #include "codegen/cuda/nvrtc_compiler.h"
 #include "common/error.h"
 #include "fusion/launch_groups.h"
@@ -13,14 +15,12 @@ namespace kiln::codegen::cuda {
 
 namespace {
 
-namespace driver = runtime::cuda;
-
 // Parameters of one launch group: 8 bytes each, well inside the 4 KiB every CUDA architecture accepts.
 constexpr size_t kMaxGroupBuffers = 256;
 
 class CudaKernel final : public LoadedKernel {
  public:
-  CudaKernel(int device, driver::CudaFunction fn, const cache::KernelEntry& entry) : device_(device), fn_(fn), name_(entry.name) {
+  CudaKernel(int device, CudaFunction fn, const cache::KernelEntry& entry) : device_(device), fn_(fn), name_(entry.name) {
     config_.grid.x = entry.grid;
     config_.block.x = entry.block_x;
     config_.block.y = entry.block_y;
@@ -36,15 +36,15 @@ class CudaKernel final : public LoadedKernel {
       arguments = on_heap.data();
     }
     for (size_t b = 0; b < count; ++b) arguments[b] = const_cast<void**>(&buffers[b]);
-    driver::launch_kernel(device_, fn_, name_, config_, static_cast<driver::CudaStream>(stream), arguments);
+    launch_kernel(device_, fn_, name_, config_, static_cast<CudaStream>(stream), arguments);
     return true;
   }
 
  private:
   int device_;
-  driver::CudaFunction fn_;
+  CudaFunction fn_;
   std::string name_;
-  driver::LaunchConfig config_;
+  LaunchConfig config_;
 };
 
 class CudaCode final : public LoadedCode {
@@ -86,9 +86,7 @@ class CudaBackend final : public DeviceBackend {
     return std::make_shared<CudaCode>(index, cuda_programs_for_device(index, code.parts, "kiln_graph"));
   }
 
-  void* current_stream(int index) const override { return driver::torch_current_stream(index); }
-
-  int multiprocessors(int index) const override { return driver::multiprocessor_count(index); }
+  int multiprocessors(int index) const override { return multiprocessor_count(index); }
 };
 
 }  // namespace

@@ -1,5 +1,5 @@
 // Program cache for CUDA: compile once per (device, flags, source), load once into the device's primary
-// context. Entries live for the process (loaded modules are never unloaded, see cuda_launch.h). Below the
+// context. Entries live for the process (loaded modules are never unloaded, see loaded_program.h). Below the
 // memory cache, compiled images live on disk (cache/kernel_cache.h, kind "cuda"), keyed by the source, the
 // device helpers, NVRTC's version, the flags and the architecture: a new process loads them without NVRTC.
 #include "codegen/cuda/cuda_program_cache.h"
@@ -144,7 +144,7 @@ std::vector<CudaProgram> cuda_programs_for_device(int ordinal, const std::vector
     if (missing.empty()) return programs;
     auto arch = c.arch_of_device.find(ordinal);
     if (arch == c.arch_of_device.end()) {
-      runtime::cuda::ComputeCapability cc = runtime::cuda::compute_capability(ordinal);
+      ComputeCapability cc = compute_capability(ordinal);
       arch = c.arch_of_device.emplace(ordinal, target_arch_for(cc.major, cc.minor)).first;
     }
     options.arch = arch->second;
@@ -167,7 +167,7 @@ std::vector<CudaProgram> cuda_programs_for_device(int ordinal, const std::vector
     auto found = c.programs.find(key);
     if (found == c.programs.end()) {
       CudaProgram program;
-      program.loaded = std::make_shared<runtime::cuda::LoadedProgram>(ordinal, compiled[m].image);
+      program.loaded = std::make_shared<LoadedProgram>(ordinal, compiled[m].image);
       program.arch = compiled[m].arch;
       program.nvrtc_version = compiled[m].version;
       program.compile_ms = compiled[m].compile_ms;

@@ -8,12 +8,12 @@
 #include <vector>
 
 #include "codegen/cuda/nvrtc_compiler.h"
-#include "runtime/cuda_launch.h"
+#include "codegen/cuda/loaded_program.h"
 
 namespace kiln::codegen::cuda {
 
 struct CudaProgram {
-  std::shared_ptr<runtime::cuda::LoadedProgram> loaded;
+  std::shared_ptr<LoadedProgram> loaded;
   std::string arch;  ///< what NVRTC compiled for: sm_XY, or compute_XY when only PTX fits the device
   NvrtcVersion nvrtc_version;
   double compile_ms = 0;

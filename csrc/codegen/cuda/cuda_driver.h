@@ -4,10 +4,12 @@
 // file compiles on machines without a toolkit; the declarations follow the driver's stable C ABI.
 // Every failing call becomes a kiln::Error that names the call and the driver's error name and text, so
 // Python sees an exception, never an abort.
+// It sits in codegen/ because loading what NVRTC compiled is the code generator's job (cuda_program_cache.h);
+// runtime/ adds only torch's current stream to launch on (runtime/cuda_launch.h). Nothing here includes torch.
 #include <cstdint>
 #include <string>
 
-namespace kiln::runtime::cuda {
+namespace kiln::codegen::cuda {
 
 // Opaque driver handles (the same pointers cuda.h's CUcontext/CUmodule/CUfunction/CUstream are).
 using CudaResult = int;  // CUresult; 0 is CUDA_SUCCESS
@@ -87,4 +89,4 @@ class DeviceContextGuard {
   bool switched_ = false;
 };
 
-}  // namespace kiln::runtime::cuda
+}  // namespace kiln::codegen::cuda

@@ -1,7 +1,7 @@
 // Opens libcuda once per process and wraps the calls kiln needs. The library is looked up where the
 // driver installs it (the loader's path, then /usr/local/nvidia/lib64 on the GPU machine); when torch
 // already loaded it, dlopen returns that same copy by soname.
-#include "runtime/cuda_driver.h"
+#include "codegen/cuda/cuda_driver.h"
 
 #include <dlfcn.h>
 
@@ -14,7 +14,7 @@
 #include "common/error.h"
 #include "common/log.h"
 
-namespace kiln::runtime::cuda {
+namespace kiln::codegen::cuda {
 namespace {
 
 constexpr const char* kDriverCandidates[] = {
@@ -190,4 +190,4 @@ DeviceContextGuard::~DeviceContextGuard() {
   if (switched_) loaded_driver().api.cuCtxSetCurrent(previous_);  // no throw from a destructor
 }
 
-}  // namespace kiln::runtime::cuda
+}  // namespace kiln::codegen::cuda
