@@ -94,11 +94,12 @@ setup_main_venv() {
     step "creating .venv from $base"
     "$base" -m venv .venv
   fi
-  if .venv/bin/python -c "import torch, pybind11, pytest, expecttest" >/dev/null 2>&1; then
+  # transformers: the real-model tests (tests/python/test_hf_models.py) build small random-weight models from it.
+  if .venv/bin/python -c "import torch, pybind11, pytest, expecttest, transformers" >/dev/null 2>&1; then
     step ".venv ready ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
   else
-    step "installing torch==2.13.0 and the build/test tools into .venv"
-    .venv/bin/python -m pip install -q torch==2.13.0 pybind11 scikit-build-core ninja pytest expecttest numpy
+    step "installing torch==2.13.0, transformers and the build/test tools into .venv"
+    .venv/bin/python -m pip install -q torch==2.13.0 pybind11 scikit-build-core ninja pytest expecttest numpy transformers
   fi
 }
 
