@@ -60,6 +60,10 @@ SourcePtr Source::mapping_get(SourcePtr base, std::string key) {
   return SourcePtr(new Source(SourceKind::kMappingGet, std::move(base), std::move(key), 0));
 }
 
+SourcePtr Source::call(SourcePtr base) {
+  return SourcePtr(new Source(SourceKind::kCall, std::move(base), "", 0));
+}
+
 SourcePtr Source::type_of(SourcePtr base) {
   return SourcePtr(new Source(SourceKind::kType, std::move(base), "", 0));
 }
@@ -85,6 +89,7 @@ std::string Source::describe() const {
     case SourceKind::kObject: return name_;
     case SourceKind::kType: return "type(" + base_->describe() + ")";
     case SourceKind::kMappingGet: return base_->describe() + ".get('" + name_ + "')";
+    case SourceKind::kCall: return base_->describe() + "()";
   }
   return "?";
 }
@@ -144,6 +149,7 @@ PyObject* Source::resolve_from(PyObject* base, const SourceRoots& roots) const {
       return PyObject_GetItem(base, py_name_);
     case SourceKind::kType: return Py_NewRef((PyObject*)Py_TYPE(base));
     case SourceKind::kMappingGet: return PyObject_CallMethod(base, "get", "O", py_name_);
+    case SourceKind::kCall: return PyObject_CallNoArgs(base);
     default: break;
   }
   PyErr_Format(PyExc_IndexError, "kiln source %s out of range", describe().c_str());

@@ -38,6 +38,7 @@ enum class SourceKind : unsigned char {
   kObject,       ///< a fixed object held by the source (another module's globals dict, a closure cell)
   kType,         ///< type(base)
   kMappingGet,   ///< base.get(name): a mapping's item or None (os.environ, whose reads run Python)
+  kCall,         ///< base(): the answer of a query of process state that takes no arguments
 };
 
 class Source;
@@ -59,6 +60,8 @@ class Source {
   static SourcePtr type_of(SourcePtr base);
   /// base.get(key), None when the key is absent: read again on every check (no snapshot covers it).
   static SourcePtr mapping_get(SourcePtr base, std::string key);
+  /// base() (a query of process state, `torch.cuda.is_current_stream_capturing`): called again on every check.
+  static SourcePtr call(SourcePtr base);
   /// A root that is `object` itself (kept alive by the source); `label` is for describe().
   static SourcePtr object(PyObject* object, std::string label);
 

@@ -1,6 +1,7 @@
 #pragma once
 // Helpers shared by the call tracer's two files (calls.cpp: torch calls, inlining, builtins;
 // calls_python.cpp: the Python constructs of real models).
+#include <string>
 #include <vector>
 
 #include "trace/tracer.h"
@@ -12,6 +13,23 @@ inline bool contains(PyObject* set, PyObject* item) {
   int r = PySet_Contains(set, item);
   if (r < 0) PyErr_Clear();  // unhashable
   return r == 1;
+}
+
+// A callable's qualified name for messages ("Tensor.register_hook"), else its type's name.
+inline std::string name_of(PyObject* fn) {
+  PyObject* n = PyObject_GetAttrString(fn, "__qualname__");
+  if (!n) {
+    PyErr_Clear();
+    n = PyObject_GetAttrString(fn, "__name__");
+  }
+  if (!n || !PyUnicode_Check(n)) {
+    PyErr_Clear();
+    Py_XDECREF(n);
+    return Py_TYPE(fn)->tp_name;
+  }
+  std::string s = PyUnicode_AsUTF8(n);
+  Py_DECREF(n);
+  return s;
 }
 
 inline PyObject* builtin(const char* name) { return PyDict_GetItemString(PyEval_GetBuiltins(), name); }

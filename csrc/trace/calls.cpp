@@ -16,21 +16,6 @@ namespace {
 
 constexpr int kMaxInlineDepth = 64;
 
-std::string name_of(PyObject* fn) {
-  PyObject* n = PyObject_GetAttrString(fn, "__qualname__");
-  if (!n) {
-    PyErr_Clear();
-    n = PyObject_GetAttrString(fn, "__name__");
-  }
-  if (!n || !PyUnicode_Check(n)) {
-    PyErr_Clear();
-    Py_XDECREF(n);
-    return Py_TYPE(fn)->tp_name;
-  }
-  std::string s = PyUnicode_AsUTF8(n);
-  Py_DECREF(n);
-  return s;
-}
 
 
 

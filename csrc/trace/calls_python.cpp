@@ -73,13 +73,40 @@ PyObject* lookup(const char* module, const char* name) {
   return f;  // new reference, kept for the process
 }
 
-// Questions whose eager answer is False whenever kiln runs the code: nothing else compiles or exports it.
-bool answers_false(PyObject* f) {
-  static const std::vector<PyObject*> predicates = {
-      lookup("torch.compiler", "is_compiling"), lookup("torch.compiler", "is_dynamo_compiling"),
-      lookup("torch.compiler", "is_exporting"), lookup("torch.jit", "is_scripting")};
-  for (PyObject* p : predicates)
-    if (p && p == f) return true;
+// Questions about who runs the code, answered as torch.compile's tracer answers them: True for "is this being
+// compiled" (libraries take their compile-friendly path: no data-dependent checks, no stream queries), False for
+// exporting and TorchScript, which never run kiln's traces. Code that runs eagerly (at a graph break) asks torch
+// itself and gets eager's answer, as under torch.compile.
+PyObject* compile_time_answer(PyObject* f) {
+  struct Answer {
+    PyObject* function;
+    PyObject* answer;
+  };
+  static const std::vector<Answer> answers = {
+      {lookup("torch.compiler", "is_compiling"), Py_True},
+      {lookup("torch.compiler", "is_dynamo_compiling"), Py_True},
+      {lookup("torch._dynamo", "is_compiling"), Py_True},
+      {lookup("torch._utils", "is_compiling"), Py_True},
+      {lookup("torch.compiler", "is_exporting"), Py_False},
+      {lookup("torch.jit", "is_scripting"), Py_False},
+      {lookup("torch.jit", "is_tracing"), Py_False},
+  };
+  for (const Answer& a : answers)
+    if (a.function && a.function == f) return a.answer;
+  return nullptr;
+}
+
+// Queries of process state that take no arguments and whose answer can change between calls (a CUDA graph
+// capture starts, a device becomes visible): answered at trace time and guarded by asking again on every call
+// (Source::call), so a different answer recompiles instead of replaying a branch taken on a stale one.
+bool guarded_query(PyObject* f) {
+  static const std::vector<PyObject*> queries = {
+      lookup("torch.cuda", "is_current_stream_capturing"), lookup("torch.cuda", "is_available"),
+      lookup("torch.cuda", "device_count"), lookup("torch.cuda", "is_initialized"),
+      lookup("torch", "are_deterministic_algorithms_enabled"),
+  };
+  for (PyObject* q : queries)
+    if (q && q == f) return true;
   return false;
 }
 
@@ -289,7 +316,16 @@ VarPtr Tracer::call_python_construct(const VarPtr& fn, std::vector<VarPtr>& args
       }
       return p;
     }
-    if (answers_false(f) && n == 0 && kwargs.empty()) return make_const(Py_False);
+    if (PyObject* answer = compile_time_answer(f); answer && n == 0 && kwargs.empty()) return make_const(answer);
+    if (guarded_query(f) && n == 0 && kwargs.empty()) {
+      const SourcePtr asked = Source::call(Source::object(f, name_of(f)));
+      PyObject* value = asked->resolve_from(f, SourceRoots{});
+      if (!value) rethrow_python("asking " + name_of(f) + "()");
+      guards_->add_constant(asked, value);
+      VarPtr out = make_const(value);
+      Py_DECREF(value);
+      return out;
+    }
     if (f == builtin("sum") && (n == 1 || n == 2) && kwargs.empty() && !is_constant(args[0])) {
       // sum(items, start) is start + items[0] + items[1] ..., left to right, as Python adds them.
       static PyObject* add = lookup("operator", "add");

@@ -1486,3 +1486,44 @@ def test_reading_an_unset_environment_variable_by_subscript_raises_as_eager(monk
 
     with pytest.raises(KeyError, match="KILN_TEST_UNSET"):
         kiln.compile(f)(random_tensor(3))
+
+
+# --- questions about who runs the code, and process-state queries ----------------------------------
+
+def test_is_compiling_answers_true_inside_the_trace_as_under_torch_compile():
+    """Libraries take their compile-friendly path under torch.compiler.is_compiling(); kiln's traces answer it as
+    torch.compile's do. Eager code (here the uncompiled function) still gets torch's own answer."""
+    def f(x):
+        if torch.compiler.is_compiling() and not torch.jit.is_scripting():
+            return x * 2
+        return x * 3
+
+    x = random_tensor(5)
+    torch.testing.assert_close(f(x), x * 3)
+    compiled = kiln.compile(f, fullgraph=True)
+    torch.testing.assert_close(compiled(x), x * 2)
+    assert not torch.compiler.is_compiling()
+
+
+def test_process_state_queries_are_guarded_and_a_new_answer_recompiles():
+    """torch.are_deterministic_algorithms_enabled() (like torch.cuda.is_current_stream_capturing()) is answered at
+    trace time and asked again on every call: flipping it recompiles rather than replaying the old branch."""
+    def f(x):
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():  # raises without CUDA, as eager
+            return x.cos()
+        if torch.are_deterministic_algorithms_enabled():
+            return x + 1
+        return x - 1
+
+    x = random_tensor(5)
+    compiled = kiln.compile(f, fullgraph=True)
+    torch.testing.assert_close(compiled(x), x - 1)
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        torch.testing.assert_close(compiled(x), x + 1)
+    finally:
+        torch.use_deterministic_algorithms(before)
+    torch.testing.assert_close(compiled(x), x - 1)
+    stats = kiln.stats()
+    assert stats["frames_compiled"] == 2 and stats["graph_breaks"] == 0, stats
