@@ -1490,19 +1490,19 @@ def test_reading_an_unset_environment_variable_by_subscript_raises_as_eager(monk
 
 # --- questions about who runs the code, and process-state queries ----------------------------------
 
-def test_is_compiling_answers_true_inside_the_trace_as_under_torch_compile():
-    """Libraries take their compile-friendly path under torch.compiler.is_compiling(); kiln's traces answer it as
-    torch.compile's do. Eager code (here the uncompiled function) still gets torch's own answer."""
+def test_is_compiling_is_answered_as_eager_answers_it():
+    """torch.compiler.is_compiling() inside kiln's traces answers False, as in eager: libraries' compile-friendly
+    paths (transformers builds a full attention mask instead of skipping an all-ones one) would cost kiln more
+    than they save while it runs masked attention in training on the eager interpreter. The answer is a constant
+    of the trace: no graph break."""
     def f(x):
-        if torch.compiler.is_compiling() and not torch.jit.is_scripting():
+        if torch.compiler.is_compiling() or torch.jit.is_scripting():
             return x * 2
         return x * 3
 
     x = random_tensor(5)
-    torch.testing.assert_close(f(x), x * 3)
     compiled = kiln.compile(f, fullgraph=True)
-    torch.testing.assert_close(compiled(x), x * 2)
-    assert not torch.compiler.is_compiling()
+    torch.testing.assert_close(compiled(x), f(x))
 
 
 def test_process_state_queries_are_guarded_and_a_new_answer_recompiles():
