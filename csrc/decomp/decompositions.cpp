@@ -18,30 +18,6 @@ using graph::Graph;
 using graph::Node;
 using graph::ScalarType;
 
-const char* prim_name(PrimOp op) {
-  static const char* const names[] = {
-      "neg",   "abs",   "exp",   "log",   "sqrt",  "rsqrt", "tanh",     "sigmoid",  "erf",   "not",   "add",
-      "sub",   "mul",   "div",   "max",   "min",   "pow",   "lt",       "le",       "gt",    "ge",    "eq",
-      "ne",    "and",   "or",    "where", "sin",   "cos",   "tan",      "asin",     "acos",  "atan",  "sinh",
-      "cosh",  "asinh", "acosh", "atanh", "log1p", "expm1", "log2",     "log10",    "exp2",  "erfc",  "ceil",
-      "floor", "round", "trunc", "signbit", "bitnot", "atan2", "fmod",  "hypot",    "copysign", "fmax", "fmin",
-      "bitand", "bitor", "bitxor", "lgamma", "digamma", "erfinv", "nextafter"};
-  static_assert(sizeof(names) / sizeof(names[0]) == kPrimOpCount, "one name per PrimOp");
-  return names[static_cast<int>(op)];
-}
-
-const char* reduce_name(ReduceOp op) {
-  static const char* const names[] = {"sum", "max", "min"};
-  return names[static_cast<int>(op)];
-}
-
-bool is_comparison(PrimOp op) { return op >= PrimOp::Lt && op <= PrimOp::Ne; }
-
-bool has_bool_result(PrimOp op) {
-  return is_comparison(op) || op == PrimOp::LogicalAnd || op == PrimOp::LogicalOr || op == PrimOp::LogicalNot ||
-         op == PrimOp::Signbit;
-}
-
 bool is_codegen_dtype(ScalarType t) {
   switch (t) {
     case ScalarType::Bool: case ScalarType::Byte: case ScalarType::Char: case ScalarType::Short:
