@@ -9,6 +9,7 @@
 #include <map>
 
 #include "decomp/decomposition_helpers.h"
+#include "graph/op_facts.h"
 
 namespace kiln::decomp {
 
@@ -285,24 +286,19 @@ std::optional<double> constant_node_value(const Graph& g, const Node& node, Scal
 }
 
 bool is_affine_view(const Graph& g, const Node& node) {
-  static const char* const always[] = {"aten::view.default", "aten::expand.default", "aten::unsqueeze.default",
-                                       "aten::squeeze.default", "aten::squeeze.dim", "aten::squeeze.dims",
-                                       "aten::permute.default", "aten::transpose.int", "aten::t.default",
-                                       "aten::slice.Tensor", "aten::select.int", "aten::alias.default",
-                                       "aten::numpy_T.default", "aten::as_strided.default"};
-  static const char* const contiguous_only[] = {"aten::reshape.default", "aten::_unsafe_view.default",
-                                                "aten::_reshape_alias.default"};
   if (node.outputs.size() != 1 || node.mutates_args || node.args.empty()) return false;
   auto* base = std::get_if<graph::TensorArg>(&node.args[0]);
   if (!base) return false;
-  const std::string name = node.qualified_name();
-  for (const char* n : always)
-    if (name == n) return true;
-  for (const char* n : contiguous_only) {
-    if (name != n) continue;
-    const auto& m = g.value(base->id).meta;
-    return m.strides == graph::contiguous_strides(m.sizes) &&
-           g.value(node.outputs[0]).meta.strides == graph::contiguous_strides(g.value(node.outputs[0]).meta.sizes);
+  switch (graph::op_facts(node.qualified_name()).view) {
+    case graph::OpView::kNone:
+      return false;
+    case graph::OpView::kAffine:
+      return true;
+    case graph::OpView::kAffineWhenContiguous: {
+      const auto& m = g.value(base->id).meta;
+      return m.strides == graph::contiguous_strides(m.sizes) &&
+             g.value(node.outputs[0]).meta.strides == graph::contiguous_strides(g.value(node.outputs[0]).meta.sizes);
+    }
   }
   return false;
 }
