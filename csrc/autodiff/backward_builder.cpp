@@ -2,9 +2,9 @@
 #include "autodiff/backward_builder.h"
 
 #include <algorithm>
-#include <set>
 
 #include "common/error.h"
+#include "graph/op_facts.h"
 
 namespace kiln::autodiff {
 
@@ -21,16 +21,8 @@ bool is_contiguous(const graph::TensorMeta& meta) {
 
 }  // namespace
 
-// Views whose single tensor argument is their base: the backward redoes them on the saved base rather
-// than having the forward return (and keep alive) one more aliasing tensor.
 bool is_recomputed_view(const std::string& qualified_name) {
-  static const std::set<std::string> ops = {
-      "aten::t.default",         "aten::transpose.int",   "aten::permute.default", "aten::view.default",
-      "aten::_unsafe_view.default", "aten::expand.default", "aten::unsqueeze.default", "aten::squeeze.dim",
-      "aten::squeeze.dims",      "aten::squeeze.default", "aten::select.int",      "aten::slice.Tensor",
-      "aten::reshape.default",   "aten::alias.default",
-  };
-  return ops.count(qualified_name) > 0;
+  return graph::op_facts(qualified_name).cost == graph::OpCost::kView;
 }
 
 ValueId copy_constant(const graph::Value& constant, graph::Graph& into) {

@@ -20,7 +20,7 @@ namespace kiln::autodiff {
 using graph::ValueId;
 
 /// True for the view ops (one tensor argument, their base) that the backward recomputes from the base
-/// instead of reading a saved aliasing tensor.
+/// instead of reading a saved aliasing tensor: the op table's OpCost::kView.
 bool is_recomputed_view(const std::string& qualified_name);
 
 /// Adds a copy of forward constant `constant` (sharing its tensor reference, requires_grad off) to `into`.

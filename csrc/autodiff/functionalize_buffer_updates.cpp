@@ -3,8 +3,9 @@
 // Design: a train-mode BatchNorm records `num_batches_tracked.add_(1)`, an in-place op on a graph input.
 // The compiled forward cannot keep it (the kernel backend refuses in-place ops on inputs), and need not:
 // the forward performs the update once and the backward never sees it. So the op becomes its functional
-// twin, later readers read the twin's result, and the runtime copies the last version into the input
-// after the forward has run (as eager, the input's storage changes and its version counter moves).
+// twin (for the ops the op table marks with buffer_update), later readers read the twin's result, and the
+// runtime copies the last version into the input after the forward has run (as eager, the input's storage
+// changes and its version counter moves).
 // This is exact only while nothing else shares the input's storage inside the graph, so an input that is
 // viewed, written by any other op, or handed to an op that updates its arguments itself (BatchNorm's
 // running statistics) is left alone: its in-place op stays and the joint builder refuses the graph.
@@ -13,9 +14,11 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 
 #include "autodiff/derivative_rules.h"
 #include "common/error.h"
+#include "graph/op_facts.h"
 
 namespace kiln::autodiff {
 
@@ -24,26 +27,6 @@ namespace {
 using graph::Graph;
 using graph::Node;
 using graph::ValueId;
-
-struct FunctionalTwin {
-  const char* op;              // the functional op; the overload is the in-place op's own
-  bool floating_only = false;  // the functional op would promote an integer tensor (true division)
-};
-
-// In-place updates whose functional op takes the same arguments and, for operands of the written
-// tensor's dtype, returns that dtype.
-const std::map<std::string, FunctionalTwin>& functional_twins() {
-  static const std::map<std::string, FunctionalTwin> table = {
-      {"aten::add_.Tensor", {"aten::add"}},       {"aten::add_.Scalar", {"aten::add"}},
-      {"aten::sub_.Tensor", {"aten::sub"}},       {"aten::sub_.Scalar", {"aten::sub"}},
-      {"aten::mul_.Tensor", {"aten::mul"}},       {"aten::mul_.Scalar", {"aten::mul"}},
-      {"aten::div_.Tensor", {"aten::div", true}}, {"aten::div_.Scalar", {"aten::div", true}},
-      {"aten::copy_.default", {"aten::copy"}},    {"aten::fill_.Scalar", {"aten::fill"}},
-      {"aten::fill_.Tensor", {"aten::fill"}},     {"aten::zero_.default", {"aten::zero"}},
-      {"aten::lerp_.Scalar", {"aten::lerp", true}}, {"aten::lerp_.Tensor", {"aten::lerp", true}},
-  };
-  return table;
-}
 
 template <typename Fn>
 void for_each_tensor_arg(const Node& node, Fn&& fn) {
@@ -57,11 +40,11 @@ bool is_dense_contiguous(const graph::TensorMeta& meta) {
   return meta.storage_offset == 0;
 }
 
-// True when functional twin `twin` of `node` gives exactly the in-place result: every tensor operand has
-// the written tensor's dtype, and no Python float would promote an integer tensor.
-bool keeps_dtype(const Graph& g, const Node& node, const FunctionalTwin& twin, const graph::TensorMeta& written) {
+// True when the functional twin of `node` (an op with `facts`) gives exactly the in-place result: every tensor
+// operand has the written tensor's dtype, and no Python float would promote an integer tensor.
+bool keeps_dtype(const Graph& g, const Node& node, const graph::OpFacts& facts, const graph::TensorMeta& written) {
   const bool floating = graph::is_floating_or_complex(written.dtype);
-  if (twin.floating_only && !floating) return false;
+  if (facts.buffer_update == graph::OpBufferUpdate::kFloatingOnly && !floating) return false;
   bool same = true;
   for_each_tensor_arg(node, [&](ValueId id) { same = same && g.value(id).meta.dtype == written.dtype; });
   for (size_t i = 1; i < node.args.size(); ++i) {
@@ -89,12 +72,13 @@ std::vector<BufferUpdate> functionalize_buffer_updates(Graph& g) {
   for (size_t n = 0; n < g.nodes.size(); ++n) {
     const Node& node = g.nodes[n];
     const std::string name = node.qualified_name();
-    auto twin = functional_twins().find(name);
+    const graph::OpFacts& facts = graph::op_facts(name);
     const auto* first = node.args.empty() ? nullptr : std::get_if<graph::TensorArg>(&node.args[0]);
-    if (twin != functional_twins().end() && first && version_of.count(first->id) && node.outputs.size() == 1) {
+    if (facts.buffer_update != graph::OpBufferUpdate::kNo && first && version_of.count(first->id) &&
+        node.outputs.size() == 1) {
       const ValueId input = version_of.at(first->id);
       const graph::Value& result = g.value(node.outputs[0]);
-      if (!result.meta.requires_grad && keeps_dtype(g, node, twin->second, g.value(input).meta)) {
+      if (!result.meta.requires_grad && keeps_dtype(g, node, facts, g.value(input).meta)) {
         updates.insert(n);
         updated.insert(input);
         storage_of[node.outputs[0]] = version_of[node.outputs[0]] = input;
@@ -129,7 +113,7 @@ std::vector<BufferUpdate> functionalize_buffer_updates(Graph& g) {
     if (!updates.count(n)) continue;
     const ValueId input = version_of.at(node.outputs[0]);
     if (!latest.count(input)) continue;  // aliased: the in-place op stays (and is refused)
-    node.op = functional_twins().at(node.qualified_name()).op;
+    std::tie(node.op, node.overload) = graph::split_qualified_name(graph::op_facts(node.qualified_name()).functional);
     node.mutates_args = false;
     graph::TensorMeta meta = g.value(input).meta;  // a fresh contiguous tensor like the input
     meta.strides = graph::contiguous_strides(meta.sizes);

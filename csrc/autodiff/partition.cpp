@@ -23,12 +23,11 @@
 #include <algorithm>
 #include <map>
 #include <optional>
-#include <set>
-#include <string>
 
 #include "autodiff/backward_builder.h"
 #include "autodiff/max_flow.h"
 #include "common/error.h"
+#include "graph/op_facts.h"
 
 namespace kiln::autodiff {
 
@@ -46,37 +45,6 @@ using graph::ValueId;
 // approximation spelled out is seven) but stops the backward from redoing a layer's worth of elementwise
 // math: a node past the bound is treated as not recomputable, and the next chain starts at it.
 constexpr int kMaxRecomputeDepth = 8;
-
-// Elementwise ops whose result is cheap to redo from their operands (casts and copies included).
-const std::set<std::string>& pointwise_ops() {
-  static const std::set<std::string> ops = {
-      "aten::add.Tensor",      "aten::add.Scalar",       "aten::sub.Tensor",      "aten::sub.Scalar",
-      "aten::mul.Tensor",      "aten::mul.Scalar",       "aten::div.Tensor",      "aten::div.Scalar",
-      "aten::neg.default",     "aten::exp.default",      "aten::log.default",     "aten::tanh.default",
-      "aten::sigmoid.default", "aten::relu.default",     "aten::gelu.default",    "aten::silu.default",
-      "aten::erf.default",     "aten::sqrt.default",     "aten::rsqrt.default",   "aten::abs.default",
-      "aten::reciprocal.default", "aten::sin.default",   "aten::cos.default",     "aten::pow.Tensor_Scalar",
-      "aten::where.self",      "aten::masked_fill.Scalar", "aten::clamp.default", "aten::clamp_min.default",
-      "aten::gt.Scalar",       "aten::lt.Scalar",        "aten::ge.Scalar",       "aten::le.Scalar",
-      "aten::eq.Scalar",       "aten::ne.Scalar",        "aten::clone.default",   "aten::_to_copy.default",
-  };
-  return ops;
-}
-
-// Random ops are never recomputed: the backward would draw different numbers than the forward did. The
-// pointwise table holds none of them; this list is checked first so that the rule stays true even if a
-// random op is ever added there.
-const std::set<std::string>& random_ops() {
-  static const std::set<std::string> ops = {
-      "aten::native_dropout.default", "aten::dropout.default",      "aten::bernoulli.default",
-      "aten::bernoulli.p",            "aten::rand.default",         "aten::rand_like.default",
-      "aten::randn.default",          "aten::randn_like.default",   "aten::randint.low",
-      "aten::randint_like.default",   "aten::normal.Tensor_float",  "aten::normal.float_Tensor",
-      "aten::normal.Tensor_Tensor",   "aten::multinomial.default",  "aten::randperm.default",
-      "aten::rrelu_with_noise.default",
-  };
-  return ops;
-}
 
 // How the backward may obtain a node's result.
 enum class Recompute : uint8_t {
@@ -118,13 +86,15 @@ std::vector<Recompute> classify_nodes(const Graph& g) {
   std::vector<int> depth(g.values.size(), 0);  // pointwise ops since the nearest non-recomputable value
   for (size_t n = 0; n < g.nodes.size(); ++n) {
     const Node& node = g.nodes[n];
-    const std::string name = node.qualified_name();
+    const graph::OpFacts& facts = graph::op_facts(node.qualified_name());
     Recompute kind = Recompute::kNever;
     const bool single_result = node.outputs.size() == 1 && !node.returns_list && !node.mutates_args;
-    if (single_result && !random_ops().count(name)) {
-      if (is_recomputed_view(name)) {
+    // Random ops are checked first: the backward would draw different numbers than the forward did, whatever
+    // their cost class says.
+    if (single_result && !facts.random) {
+      if (facts.cost == graph::OpCost::kView) {
         kind = Recompute::kView;
-      } else if (pointwise_ops().count(name) && operands_on_output_device(g, node)) {
+      } else if (facts.cost == graph::OpCost::kPointwise && operands_on_output_device(g, node)) {
         bool reads_written = false;
         for_each_tensor_arg(node, [&](ValueId id) { reads_written = reads_written || written[root[id]]; });
         if (!reads_written) kind = Recompute::kPointwise;

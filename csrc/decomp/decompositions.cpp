@@ -9,6 +9,7 @@
 #include <map>
 
 #include "decomp/decomposition_helpers.h"
+#include "graph/op_facts.h"
 
 namespace kiln::decomp {
 
@@ -17,30 +18,6 @@ using graph::ArgValue;
 using graph::Graph;
 using graph::Node;
 using graph::ScalarType;
-
-const char* prim_name(PrimOp op) {
-  static const char* const names[] = {
-      "neg",   "abs",   "exp",   "log",   "sqrt",  "rsqrt", "tanh",     "sigmoid",  "erf",   "not",   "add",
-      "sub",   "mul",   "div",   "max",   "min",   "pow",   "lt",       "le",       "gt",    "ge",    "eq",
-      "ne",    "and",   "or",    "where", "sin",   "cos",   "tan",      "asin",     "acos",  "atan",  "sinh",
-      "cosh",  "asinh", "acosh", "atanh", "log1p", "expm1", "log2",     "log10",    "exp2",  "erfc",  "ceil",
-      "floor", "round", "trunc", "signbit", "bitnot", "atan2", "fmod",  "hypot",    "copysign", "fmax", "fmin",
-      "bitand", "bitor", "bitxor", "lgamma", "digamma", "erfinv", "nextafter"};
-  static_assert(sizeof(names) / sizeof(names[0]) == kPrimOpCount, "one name per PrimOp");
-  return names[static_cast<int>(op)];
-}
-
-const char* reduce_name(ReduceOp op) {
-  static const char* const names[] = {"sum", "max", "min"};
-  return names[static_cast<int>(op)];
-}
-
-bool is_comparison(PrimOp op) { return op >= PrimOp::Lt && op <= PrimOp::Ne; }
-
-bool has_bool_result(PrimOp op) {
-  return is_comparison(op) || op == PrimOp::LogicalAnd || op == PrimOp::LogicalOr || op == PrimOp::LogicalNot ||
-         op == PrimOp::Signbit;
-}
 
 bool is_codegen_dtype(ScalarType t) {
   switch (t) {
@@ -309,24 +286,19 @@ std::optional<double> constant_node_value(const Graph& g, const Node& node, Scal
 }
 
 bool is_affine_view(const Graph& g, const Node& node) {
-  static const char* const always[] = {"aten::view.default", "aten::expand.default", "aten::unsqueeze.default",
-                                       "aten::squeeze.default", "aten::squeeze.dim", "aten::squeeze.dims",
-                                       "aten::permute.default", "aten::transpose.int", "aten::t.default",
-                                       "aten::slice.Tensor", "aten::select.int", "aten::alias.default",
-                                       "aten::numpy_T.default", "aten::as_strided.default"};
-  static const char* const contiguous_only[] = {"aten::reshape.default", "aten::_unsafe_view.default",
-                                                "aten::_reshape_alias.default"};
   if (node.outputs.size() != 1 || node.mutates_args || node.args.empty()) return false;
   auto* base = std::get_if<graph::TensorArg>(&node.args[0]);
   if (!base) return false;
-  const std::string name = node.qualified_name();
-  for (const char* n : always)
-    if (name == n) return true;
-  for (const char* n : contiguous_only) {
-    if (name != n) continue;
-    const auto& m = g.value(base->id).meta;
-    return m.strides == graph::contiguous_strides(m.sizes) &&
-           g.value(node.outputs[0]).meta.strides == graph::contiguous_strides(g.value(node.outputs[0]).meta.sizes);
+  switch (graph::op_facts(node.qualified_name()).view) {
+    case graph::OpView::kNone:
+      return false;
+    case graph::OpView::kAffine:
+      return true;
+    case graph::OpView::kAffineWhenContiguous: {
+      const auto& m = g.value(base->id).meta;
+      return m.strides == graph::contiguous_strides(m.sizes) &&
+             g.value(node.outputs[0]).meta.strides == graph::contiguous_strides(g.value(node.outputs[0]).meta.sizes);
+    }
   }
   return false;
 }

@@ -45,6 +45,7 @@ std::optional<double> constant_node_value(const graph::Graph& g, const graph::No
 
 /// View ops whose output is an affine re-indexing (sizes, strides, offset of the meta) of argument 0's
 /// storage: kernels load through them without copying. `reshape`-like ops qualify only on contiguous input.
+/// Which ops are such views is the op table's OpView (graph/op_facts.h).
 bool is_affine_view(const graph::Graph& g, const graph::Node& node);
 
 /// Dtypes the generated code can load, compute and store.

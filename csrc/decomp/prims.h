@@ -41,12 +41,31 @@ constexpr int kPrimOpCount = static_cast<int>(PrimOp::Nextafter) + 1;
 
 enum class ReduceOp : int8_t { Sum, Max, Min };
 
-/// "add", "exp" ...: used in kernel names and verifier messages.
-const char* prim_name(PrimOp op);
-const char* reduce_name(ReduceOp op);
-bool is_comparison(PrimOp op);
+/// Everything kiln knows about one prim: one row of the prim table (decomp/prims.cpp), which the scheduler
+/// and both code generators read, so that a new prim is added in one place.
+enum class PrimKind : int8_t {
+  kValue,       // the result has the (compute) dtype of its operands
+  kPredicate,   // a bool result whatever its operands: logical ops, signbit
+  kComparison,  // a bool result comparing its operands: lt, le, gt, ge, eq, ne
+};
+
+struct PrimFacts {
+  PrimOp op;
+  const char* name;  // "add", "exp" ...: kernel names and verifier messages
+  PrimKind kind;
+  // How the code generators print it: $a $b $c are the operands' names, $T their compute type (the first
+  // operand's; Where's second, since its first is the condition).
+  const char* cpp;   // C++ (codegen/cpp), over device_lib/cpp_prelude.h's helpers
+  const char* cuda;  // CUDA C (codegen/cuda), over device_lib/cuda/kiln_scalar.cuh's helpers
+};
+
+/// The prim table's row for `op`.
+const PrimFacts& prim_facts(PrimOp op);
+inline const char* prim_name(PrimOp op) { return prim_facts(op).name; }
+inline bool is_comparison(PrimOp op) { return prim_facts(op).kind == PrimKind::kComparison; }
 /// Prims whose result is bool whatever their operands (comparisons, logical ops, signbit).
-bool has_bool_result(PrimOp op);
+inline bool has_bool_result(PrimOp op) { return prim_facts(op).kind != PrimKind::kValue; }
+const char* reduce_name(ReduceOp op);
 
 /// A scalar value inside a decomposition (an index into the implementer's value table).
 using Prim = int32_t;

@@ -3,8 +3,8 @@
 // Design: one walk over the nodes in order, knowing for each value whether it now lives in channels-last
 // layout ("relaid"). A convolution that qualifies gets its input and weight relaid (a clone node each,
 // unless the input already is) and produces a relaid output. Ops that keep a channels-last input's layout in
-// eager (pointwise ops, batch norm, max pooling) pass it on when all their operands shaped like the output
-// are relaid (broadcast operands, like a [C, 1, 1] scale, do not decide the layout). Anything else, and the
+// eager (pointwise ops, batch norm, max pooling: the op table's OpLayout) pass it on when all their operands shaped
+// like the output are relaid (broadcast operands, like a [C, 1, 1] scale, do not decide the layout). Anything else, and the
 // graph's outputs, get the value back in its recorded layout (one clone per value, made on first need), so
 // the graph's observable strides, views and aliasing are the recorded ones. New metas are derived, not
 // traced: relaid values keep their sizes and take channels-last strides, which is what ATen's CUDA kernels
@@ -12,9 +12,7 @@
 // before a kernel reads it).
 #include "passes/channels_last.h"
 
-#include <string>
-#include <unordered_set>
-
+#include "graph/op_facts.h"
 #include "passes/graph_rewriter.h"
 
 namespace kiln::passes {
@@ -22,6 +20,7 @@ namespace kiln::passes {
 using graph::ArgValue;
 using graph::Graph;
 using graph::Node;
+using graph::OpLayout;
 using graph::ScalarType;
 using graph::TensorArg;
 using graph::ValueId;
@@ -31,35 +30,6 @@ namespace {
 constexpr int8_t kContiguousFormat = 0;    // c10::MemoryFormat::Contiguous
 constexpr int8_t kChannelsLastFormat = 2;  // c10::MemoryFormat::ChannelsLast
 constexpr int64_t kMinChannels = 16;       // below this (an RGB stem) NHWC gains nothing and costs a copy
-
-// Ops whose output keeps a channels-last input's layout and whose every output is 4-d like the input.
-const std::unordered_set<std::string>& layout_following_ops() {
-  static const std::unordered_set<std::string> ops = {
-      "aten::relu.default", "aten::relu_.default", "aten::gelu.default", "aten::silu.default",
-      "aten::sigmoid.default", "aten::tanh.default", "aten::hardtanh.default", "aten::hardswish.default",
-      "aten::leaky_relu.default", "aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor",
-      "aten::div.Tensor", "aten::clamp.default", "aten::clamp_min.default",
-      "aten::rsqrt.default", "aten::sqrt.default", "aten::exp.default", "aten::neg.default", "aten::abs.default",
-      "aten::reciprocal.default", "aten::pow.Tensor_Scalar", "aten::add.Scalar", "aten::mul.Scalar", "aten::sub.Scalar"};
-  return ops;
-}
-
-// Batch norm: output 0 follows the input's layout; the others are per-channel vectors.
-bool is_batch_norm(const std::string& name) {
-  return name == "aten::native_batch_norm.default" || name == "aten::_native_batch_norm_legit_no_training.default" ||
-         name == "aten::cudnn_batch_norm.default";
-}
-
-// Ops whose 4-d outputs (pooled values, max-pool indices, padded values) take the layout of their first
-// operand, whatever its shape: ATen's CUDA pooling kernels have channels-last variants, constant_pad_nd
-// allocates its output in its input's suggested layout, and kiln's generated pooling and padding kernels
-// index any layout.
-bool is_pooling(const std::string& name) {
-  static const std::unordered_set<std::string> ops = {
-      "aten::max_pool2d_with_indices.default", "aten::max_pool2d.default", "aten::avg_pool2d.default",
-      "aten::_adaptive_avg_pool2d.default", "aten::constant_pad_nd.default"};
-  return ops.count(name) > 0;
-}
 
 // True when some dim of size > 1 has stride 0 (an expanded operand).
 bool broadcast(const graph::TensorMeta& m) {
@@ -126,18 +96,18 @@ class Relayout {
 
   void run() {
     for (Node& node : rewriter_.take_nodes()) {
-      const std::string name = node.qualified_name();
+      const OpLayout layout = graph::op_facts(node.qualified_name()).layout;
       if (qualifies(g_, node, stems_, cpu_)) {
         for (int a : {0, 1}) {
           ValueId& id = std::get<TensorArg>(node.args[a]).id;
           if (!relaid_[id] && !already_channels_last(g_.values[id].meta)) id = clone(id, kChannelsLastFormat);
         }
         set_relaid(node.outputs[0]);
-      } else if (follows(node, name)) {
-        if (is_batch_norm(name)) set_relaid(node.outputs[0]);
+      } else if (follows(node, layout)) {
+        if (layout == OpLayout::kBatchNorm) set_relaid(node.outputs[0]);
         else
           for (ValueId out : node.outputs) set_relaid(out);
-      } else if (only_broadcast_operands(node, name)) {
+      } else if (only_broadcast_operands(node, layout)) {
         for (ValueId out : node.outputs) neutral_[out] = true;
       } else {
         restore_args(node);
@@ -153,8 +123,8 @@ class Relayout {
  private:
   // A pointwise op over broadcast (or broadcast-derived) operands only, like `rsqrt(var + eps)` expanded
   // from a per-channel vector: its output has no layout of its own to keep, and it does not break a chain.
-  bool only_broadcast_operands(const Node& node, const std::string& name) const {
-    if (!layout_following_ops().count(name) || node.outputs.size() != 1) return false;
+  bool only_broadcast_operands(const Node& node, OpLayout layout) const {
+    if (layout != OpLayout::kFollowsOperands || node.outputs.size() != 1) return false;
     bool any = false;
     for (const ArgValue& arg : node.args) {
       const auto* t = std::get_if<TensorArg>(&arg);
@@ -168,21 +138,22 @@ class Relayout {
   bool neutral(ValueId id) const { return neutral_[id] || broadcast(g_.values[id].meta); }
 
   // True when every 4-d tensor operand is relaid and at least one is (so the op keeps the layout).
-  bool follows(const Node& node, const std::string& name) const {
-    if (is_pooling(name)) {
+  bool follows(const Node& node, OpLayout layout) const {
+    if (layout == OpLayout::kFollowsFirstOperand) {
       const auto* input = std::get_if<TensorArg>(&node.args[0]);
       if (!input || !relaid_[input->id]) return false;
       for (ValueId out : node.outputs)
         if (g_.values[out].meta.sizes.size() != 4) return false;
       return true;
     }
-    if (!layout_following_ops().count(name) && !is_batch_norm(name)) return false;
+    const bool batch_norm = layout == OpLayout::kBatchNorm;
+    if (layout != OpLayout::kFollowsOperands && !batch_norm) return false;
     bool any = false, all = true;
     for (size_t a = 0; a < node.args.size(); ++a) {
       const auto* t = std::get_if<TensorArg>(&node.args[a]);
       if (!t) continue;
       const auto& meta = g_.values[t->id].meta;
-      if (is_batch_norm(name) && a > 0) continue;  // weight, bias, running stats: vectors
+      if (batch_norm && a > 0) continue;  // weight, bias, running stats: vectors
       // Operands shaped like the output decide its layout; broadcast ones (a [C, 1, 1] scale, or one expanded
       // with stride 0) do not.
       if (meta.sizes.size() == 4 && meta.sizes == g_.values[node.outputs[0]].meta.sizes && !neutral(t->id)) {
@@ -194,7 +165,7 @@ class Relayout {
     }
     if (!any || !all) return false;
     for (ValueId out : node.outputs)
-      if (!is_batch_norm(name) && g_.values[out].meta.sizes.size() != 4) return false;
+      if (!batch_norm && g_.values[out].meta.sizes.size() != 4) return false;
     return true;
   }
 

@@ -1,10 +1,8 @@
 // Constant folding over the ATen graph (passes/fold_constants.h).
 #include "passes/fold_constants.h"
 
-#include <set>
-#include <string>
-
 #include "common/error.h"
+#include "graph/op_facts.h"
 #include "passes/remove_dead_nodes.h"
 
 namespace kiln::passes {
@@ -17,23 +15,12 @@ namespace {
 
 // Ops without a decomposition whose result depends on their arguments alone (the ones masks, position tables
 // and small constant products are built from).
-bool is_deterministic_extern(const Node& n) {
-  static const std::set<std::string> ops = {
-      "aten::arange.default", "aten::arange.start", "aten::arange.start_step", "aten::linspace.default",
-      "aten::logspace.default", "aten::eye.default", "aten::eye.m", "aten::triu.default", "aten::tril.default",
-      "aten::cat.default", "aten::stack.default", "aten::mm.default", "aten::bmm.default", "aten::addmm.default",
-      "aten::cumsum.default", "aten::cumprod.default"};
-  return ops.count(n.qualified_name()) > 0;
-}
+bool is_deterministic_extern(const Node& n) { return graph::op_facts(n.qualified_name()).deterministic; }
 
 // Nodes left in the graph when a kept node reads them: views, and fills and allocations, which fusion writes
 // inside their readers' kernels.
 bool is_cheap_to_keep(const Node& n) {
-  static const std::set<std::string> fills = {
-      "aten::full.default", "aten::full_like.default", "aten::new_full.default", "aten::zeros.default",
-      "aten::zeros_like.default", "aten::new_zeros.default", "aten::ones.default", "aten::ones_like.default",
-      "aten::new_ones.default", "aten::scalar_tensor.default"};
-  return n.is_view || is_allocation(n) || fills.count(n.qualified_name()) > 0;
+  return n.is_view || graph::op_facts(n.qualified_name()).creates != graph::OpCreates::kNothing;
 }
 
 }  // namespace

@@ -4,17 +4,20 @@
 // (not a view, not an input or constant) and nothing has viewed x so far is rewritten as `y = relu(x)`, and
 // every later use of x (or of the alias the in-place op returned) reads y instead. That is exactly what
 // the mutation did, because nothing else could observe x's storage. Only ops whose in-place and functional
-// schemas match argument for argument are converted (the table below, checked against torch), and only
-// when every other tensor operand has x's dtype or is bool (a mask), so the functional op's type promotion
+// schemas match argument for argument are converted (those with a functional twin in the op table,
+// graph/op_facts.h), and only when every other tensor operand has x's dtype or is bool (a mask; the op table
+// says which ops take operands of any dtype, such as indices), so the functional op's type promotion
 // gives x's dtype as the in-place op does. Random fills of a fresh tensor (uniform_, normal_, ...) become their
 // functional ops, which fill a new tensor from the same generator (the same numbers under the same seed).
 // In-place views (squeeze_, t_, transpose_) become views.
 #include "passes/functionalize.h"
 
 #include <optional>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "graph/op_facts.h"
 #include "passes/graph_rewriter.h"
 
 namespace kiln::passes {
@@ -27,60 +30,9 @@ using graph::ValueId;
 
 namespace {
 
-// "op_.overload" whose functional twin "op.overload" takes the same arguments.
-const std::unordered_set<std::string>& convertible() {
-  static const std::unordered_set<std::string> ops = {
-      "aten::relu_.default", "aten::hardtanh_.default", "aten::leaky_relu_.default", "aten::sigmoid_.default",
-      "aten::tanh_.default", "aten::silu_.default", "aten::gelu_.default", "aten::elu_.default",
-      "aten::hardswish_.default", "aten::hardsigmoid_.default", "aten::neg_.default", "aten::exp_.default",
-      "aten::abs_.default", "aten::sqrt_.default", "aten::rsqrt_.default", "aten::clamp_.default",
-      "aten::clamp_.Tensor", "aten::clamp_min_.default", "aten::clamp_min_.Tensor", "aten::clamp_max_.default",
-      "aten::clamp_max_.Tensor", "aten::add_.Tensor", "aten::add_.Scalar", "aten::sub_.Tensor", "aten::sub_.Scalar",
-      "aten::mul_.Tensor", "aten::mul_.Scalar", "aten::div_.Tensor", "aten::div_.Tensor_mode", "aten::div_.Scalar",
-      "aten::div_.Scalar_mode", "aten::masked_fill_.Scalar", "aten::masked_fill_.Tensor", "aten::fill_.Scalar",
-      "aten::fill_.Tensor", "aten::zero_.default", "aten::copy_.default", "aten::pow_.Scalar", "aten::threshold_.default",
-      "aten::mish_.default", "aten::celu_.default", "aten::selu_.default", "aten::sin_.default", "aten::cos_.default",
-      "aten::log_.default", "aten::floor_.default", "aten::ceil_.default", "aten::round_.default", "aten::trunc_.default",
-      "aten::addcmul_.default", "aten::addcdiv_.default", "aten::lerp_.Scalar", "aten::lerp_.Tensor",
-      "aten::fmod_.Tensor", "aten::fmod_.Scalar", "aten::remainder_.Tensor", "aten::remainder_.Scalar",
-      "aten::nan_to_num_.default", "aten::sign_.default", "aten::reciprocal_.default", "aten::erf_.default",
-      "aten::exp2_.default", "aten::log1p_.default", "aten::expm1_.default", "aten::sinh_.default", "aten::cosh_.default",
-      "aten::atan2_.default", "aten::hypot_.default", "aten::logical_not_.default", "aten::bitwise_not_.default",
-      "aten::index_put_.default", "aten::scatter_.src", "aten::scatter_.value", "aten::scatter_add_.default",
-      "aten::index_fill_.int_Tensor", "aten::index_fill_.int_Scalar", "aten::index_copy_.default",
-      "aten::masked_scatter_.default", "aten::bitwise_and_.Tensor", "aten::bitwise_and_.Scalar",
-      "aten::bitwise_or_.Tensor", "aten::bitwise_or_.Scalar", "aten::bitwise_xor_.Tensor", "aten::bitwise_xor_.Scalar",
-      "aten::triu_.default", "aten::tril_.default",
-      // random fills of a fresh tensor: the functional op draws the same numbers from the same generator
-      "aten::cauchy_.default", "aten::exponential_.default", "aten::geometric_.default", "aten::log_normal_.default",
-      "aten::uniform_.default", "aten::normal_.default", "aten::bernoulli_.float",
-      // in-place views: the functional op returns a view of self with the same sizes and strides
-      "aten::squeeze_.default", "aten::squeeze_.dim", "aten::squeeze_.dims", "aten::unsqueeze_.default",
-      "aten::t_.default", "aten::transpose_.default"};
-  return ops;
-}
-
-// Functional twins whose name is not the in-place name without its underscore.
-const std::unordered_map<std::string, std::pair<std::string, std::string>>& renamed() {
-  static const std::unordered_map<std::string, std::pair<std::string, std::string>> ops = {
-      {"aten::transpose_.default", {"aten::transpose", "int"}},
-      {"aten::normal_.default", {"aten::normal_functional", "default"}},
-      {"aten::bernoulli_.float", {"aten::bernoulli", "p"}}};
-  return ops;
-}
-
-// In-place views: their functional form returns a view of self (is_view).
-bool is_inplace_view(const std::string& name) {
-  static const std::unordered_set<std::string> ops = {"aten::squeeze_.default", "aten::squeeze_.dim",
-                                                      "aten::squeeze_.dims",    "aten::unsqueeze_.default",
-                                                      "aten::t_.default",       "aten::transpose_.default"};
-  return ops.count(name) > 0;
-}
-
-// Ops that read but do not constrain dtypes of their other tensors (indices, masks, sources cast on store).
-bool any_operand_dtype(const std::string& name) {
-  return name.rfind("aten::index_", 0) == 0 || name.rfind("aten::scatter", 0) == 0 || name == "aten::copy_.default" ||
-         name == "aten::fill_.Tensor" || name == "aten::masked_scatter_.default";
+// In-place views (squeeze_, t_, transpose_): their functional twin is a view of self.
+bool is_inplace_view(const graph::OpFacts& facts) {
+  return !facts.functional.empty() && graph::op_facts(facts.functional).view != graph::OpView::kNone;
 }
 
 // How many nodes (and graph outputs) read each value of `g`.
@@ -117,12 +69,12 @@ bool made_here(const Graph& g, const std::vector<int32_t>& readers, ValueId id) 
 // Rewrites in-place `node` (its self already renamed) as its functional twin when the table and the operand dtypes
 // allow it; false (node untouched) otherwise.
 bool make_functional(const Graph& g, Node& node) {
-  const std::string name = node.qualified_name();
-  if (!convertible().count(name) || node.args.empty() || node.outputs.size() != 1) return false;
+  const graph::OpFacts& facts = graph::op_facts(node.qualified_name());
+  if (facts.functional.empty() || node.args.empty() || node.outputs.size() != 1) return false;
   const auto* self = std::get_if<TensorArg>(&node.args[0]);
   if (!self) return false;
   const graph::ScalarType dtype = g.values[self->id].meta.dtype;
-  if (!any_operand_dtype(name)) {
+  if (!facts.any_operand_dtype) {
     for (size_t a = 1; a < node.args.size(); ++a) {
       bool same = true;
       graph::for_each_tensor(node.args[a], [&](ValueId id) {
@@ -132,13 +84,8 @@ bool make_functional(const Graph& g, Node& node) {
       if (!same) return false;
     }
   }
-  if (auto it = renamed().find(name); it != renamed().end()) {
-    node.op = it->second.first;
-    node.overload = it->second.second;
-  } else {
-    node.op.pop_back();  // "aten::relu_" -> "aten::relu"
-  }
-  if (is_inplace_view(name)) node.is_view = true;  // y = squeeze(x) aliases x like any view
+  std::tie(node.op, node.overload) = graph::split_qualified_name(facts.functional);
+  if (is_inplace_view(facts)) node.is_view = true;  // y = squeeze(x) aliases x like any view
   node.mutates_args = false;
   return true;
 }
@@ -269,7 +216,7 @@ class ViewWrites {
 
   bool write_through(Node& node) {
     const auto* self = node.args.empty() ? nullptr : std::get_if<TensorArg>(&node.args[0]);
-    if (!self || is_inplace_view(node.qualified_name())) return false;
+    if (!self || is_inplace_view(graph::op_facts(node.qualified_name()))) return false;
     auto t = tracked_.find(original_of(self->id));
     if (t == tracked_.end() || tainted_.count(t->second.root)) return false;
     const Tracked tracked = t->second;

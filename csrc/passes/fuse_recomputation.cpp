@@ -2,10 +2,10 @@
 #include "passes/fuse_recomputation.h"
 
 #include <set>
-#include <string>
 #include <vector>
 
 #include "decomp/decompositions.h"
+#include "graph/op_facts.h"
 
 namespace kiln::passes {
 
@@ -25,10 +25,9 @@ bool is_pointwise(const graph::Graph& g, const graph::Node& node) {
 
 // Nodes that may move past others: deterministic and free of side effects.
 bool movable(const graph::Graph& g, const graph::Node& node) {
-  static const std::set<std::string> externs = {"aten::mm.default", "aten::bmm.default", "aten::addmm.default"};
   if (node.mutates_args) return false;
   return decomp::find_decomposition(g, node) != nullptr || decomp::is_affine_view(g, node) ||
-         externs.count(node.qualified_name()) > 0;
+         graph::op_facts(node.qualified_name()).cost == graph::OpCost::kMatmul;
 }
 
 // The value a view chain starts from.

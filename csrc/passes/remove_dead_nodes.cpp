@@ -1,17 +1,13 @@
 // Dead-node removal: one backward sweep marking the values each live node reads.
 #include "passes/remove_dead_nodes.h"
 
-#include <set>
-#include <string>
-
 #include "decomp/decompositions.h"
+#include "graph/op_facts.h"
 
 namespace kiln::passes {
 
 bool is_allocation(const graph::Node& node) {
-  static const std::set<std::string> allocations = {"aten::empty.memory_format", "aten::empty_strided.default",
-                                                    "aten::empty_like.default"};
-  return allocations.count(node.qualified_name()) > 0;
+  return graph::op_facts(node.qualified_name()).creates == graph::OpCreates::kAllocation;
 }
 
 bool is_pure_node(const graph::Graph& g, const graph::Node& node) {
@@ -20,8 +16,7 @@ bool is_pure_node(const graph::Graph& g, const graph::Node& node) {
   if (is_allocation(node)) return true;  // batch norm's meta path records an empty reserve per call
   // Extern ops known to do nothing but compute their result (the backward builder leaves unread gradient
   // pieces of these behind when it merges them: autodiff/build_joint_graphs.cpp).
-  static const std::set<std::string> pure_externs = {"aten::select_backward.default", "aten::slice_backward.default"};
-  if (pure_externs.count(node.qualified_name())) return true;
+  if (graph::op_facts(node.qualified_name()).side_effect_free) return true;
   graph::ScalarType unused;
   return decomp::find_decomposition(g, node) != nullptr || decomp::is_affine_view(g, node) ||
          decomp::constant_node_value(g, node, unused).has_value();

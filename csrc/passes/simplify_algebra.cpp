@@ -1,8 +1,10 @@
 // Exact algebraic identities removed from the ATen graph (passes/simplify_algebra.h).
 #include "passes/simplify_algebra.h"
 
-#include <string>
+#include <optional>
 #include <vector>
+
+#include "graph/op_facts.h"
 
 namespace kiln::passes {
 
@@ -16,12 +18,8 @@ ValueId identity_operand(const Node& n) {
   if (n.outputs.size() != 1 || n.mutates_args || n.is_view || n.args.size() < 2) return -1;
   const auto* x = std::get_if<graph::TensorArg>(&n.args[0]);
   if (!x) return -1;
-  const std::string name = n.qualified_name();
-  const bool identity = ((name == "aten::mul.Tensor" || name == "aten::mul.Scalar" || name == "aten::div.Tensor" ||
-                          name == "aten::div.Scalar" || name == "aten::pow.Tensor_Scalar") &&
-                         graph::is_number(n.args[1], 1.0)) ||
-                        ((name == "aten::sub.Tensor" || name == "aten::sub.Scalar") && graph::is_number(n.args[1], 0.0));
-  return identity ? x->id : -1;
+  const std::optional<double> identity = graph::op_facts(n.qualified_name()).right_identity;
+  return identity && graph::is_number(n.args[1], *identity) ? x->id : -1;
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <unordered_set>
 
 #include "decomp/decompositions.h"
+#include "graph/op_facts.h"
 #include "passes/graph_rewriter.h"
 
 namespace kiln::passes {
@@ -29,9 +30,7 @@ using graph::ValueId;
 namespace {
 
 bool sinkable_op(const Node& n) {
-  static const char* const ops[] = {"aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor", "aten::div.Tensor"};
-  const std::string name = n.qualified_name();
-  return n.outputs.size() == 1 && !n.mutates_args && std::any_of(std::begin(ops), std::end(ops), [&](const char* o) { return name == o; });
+  return n.outputs.size() == 1 && !n.mutates_args && graph::op_facts(n.qualified_name()).elementwise_binary;
 }
 
 // e's dims as (y's dim, multiple of its contiguous stride), or nullopt when a dim straddles y's dims.

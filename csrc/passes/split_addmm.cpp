@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "decomp/decompositions.h"
+#include "graph/op_facts.h"
 #include "passes/graph_rewriter.h"
 
 namespace kiln::passes {
@@ -43,10 +44,7 @@ bool qualifies(const Graph& g, const Node& n) {
          bm.sizes[0] == out.sizes[1] && out.strides == graph::contiguous_strides(out.sizes);
 }
 
-bool is_reshape(const Node& n) {
-  const std::string name = n.qualified_name();
-  return name == "aten::view.default" || name == "aten::_unsafe_view.default";
-}
+bool is_reshape(const Node& n) { return graph::op_facts(n.qualified_name()).reshape == graph::OpReshape::kView; }
 
 struct Split {
   NodeIndex tail = -1;  // the reshaping view whose result the add defines, or -1

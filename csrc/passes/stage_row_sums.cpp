@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "decomp/decompositions.h"
+#include "graph/op_facts.h"
 #include "passes/graph_rewriter.h"
 
 namespace kiln::passes {
@@ -45,9 +46,8 @@ bool computed_with_a_reduction(const Graph& g, ValueId v, int depth = 0) {
 }
 
 bool is_flattening_view(const Node& n) {
-  const std::string name = n.qualified_name();
-  return (name == "aten::view.default" || name == "aten::_unsafe_view.default" || name == "aten::reshape.default") &&
-         n.outputs.size() == 1 && !n.args.empty() && std::holds_alternative<TensorArg>(n.args[0]);
+  return graph::op_facts(n.qualified_name()).reshape != graph::OpReshape::kNone && n.outputs.size() == 1 &&
+         !n.args.empty() && std::holds_alternative<TensorArg>(n.args[0]);
 }
 
 // x can share a kernel with a sum over its rows: it is made by decomposed ops, none of them a reduction.

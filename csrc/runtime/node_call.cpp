@@ -7,9 +7,9 @@
 
 #include <algorithm>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "common/error.h"
+#include "graph/op_facts.h"
 
 namespace kiln::runtime {
 
@@ -182,14 +182,7 @@ PreparedNode prepare_node(const graph::Graph& g, const graph::Node& node, const 
   // its inputs' layouts, so the recorded strides (kiln/_fake.py's guess for the whole op, kept by
   // autodiff/lower_attention for the kernel it names) can differ from what the run returns: every output of these
   // ops is copied into its recorded layout when they differ, since the views after it were recorded against it.
-  static const std::unordered_set<std::string> kernel_chosen_layouts = {
-      "aten::scaled_dot_product_attention.default",
-      "aten::_scaled_dot_product_efficient_attention.default",
-      "aten::_scaled_dot_product_efficient_attention_backward.default",
-      "aten::_scaled_dot_product_flash_attention_for_cpu.default",
-      "aten::_scaled_dot_product_flash_attention_for_cpu_backward.default",
-  };
-  if (kernel_chosen_layouts.count(prepared.name))
+  if (graph::op_facts(prepared.name).layout == graph::OpLayout::kChosenByKernel)
     for (size_t position = 0; position < prepared.outputs.size(); ++position) restore_recorded_layout(prepared, position);
   return prepared;
 }

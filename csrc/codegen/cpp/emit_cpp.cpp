@@ -72,28 +72,6 @@ std::string literal(double v, ScalarType t) {
   return out.str();
 }
 
-// Format strings of the prims: $a $b are operand names, $T the compute type. A table indexed by PrimOp, checked
-// to have one entry per op, so that a new prim cannot be forgotten here.
-const char* prim_format(PrimOp op) {
-  static const char* const formats[] = {
-      "(-$a)", "std::abs($a)", "kiln_exp($a)", "std::log($a)", "std::sqrt($a)", "kiln_rsqrt($a)",   // Neg..Rsqrt
-      "std::tanh($a)", "kiln_sigmoid($a)", "kiln_erf($a)", "(!$a)",                                  // ..LogicalNot
-      "($a + $b)", "($a - $b)", "($a * $b)", "($a / $b)", "kiln_max<$T>($a, $b)", "kiln_min<$T>($a, $b)",
-      "std::pow($a, $b)", "($a < $b)", "($a <= $b)", "($a > $b)", "($a >= $b)", "($a == $b)", "($a != $b)",
-      "($a && $b)", "($a || $b)", "($a ? $b : $c)",                                                  // ..Where
-      "std::sin($a)", "std::cos($a)", "std::tan($a)", "std::asin($a)", "std::acos($a)", "std::atan($a)",
-      "std::sinh($a)", "std::cosh($a)", "std::asinh($a)", "std::acosh($a)", "std::atanh($a)", "std::log1p($a)",
-      "std::expm1($a)", "std::log2($a)", "std::log10($a)", "std::exp2($a)", "std::erfc($a)",          // ..Erfc
-      "std::ceil($a)", "std::floor($a)", "std::nearbyint($a)", "std::trunc($a)",                     // ..Trunc
-      "std::signbit($a)", "kiln_bitwise_not($a)",                                                    // ..BitwiseNot
-      "std::atan2($a, $b)", "std::fmod($a, $b)", "std::hypot($a, $b)", "std::copysign($a, $b)",
-      "std::fmax($a, $b)", "std::fmin($a, $b)",                                                      // ..Fmin
-      "static_cast<$T>($a & $b)", "static_cast<$T>($a | $b)", "static_cast<$T>($a ^ $b)",           // ..BitwiseXor
-      "std::lgamma($a)", "kiln_digamma($a)", "kiln_erfinv($a)", "std::nextafter($a, $b)"};          // ..Nextafter
-  static_assert(sizeof(formats) / sizeof(formats[0]) == decomp::kPrimOpCount, "one format per PrimOp");
-  return formats[static_cast<int>(op)];
-}
-
 class KernelEmitter {
  public:
   KernelEmitter(const Kernel& k, const graph::Graph& g)
@@ -309,7 +287,7 @@ class KernelEmitter {
       case ExprKind::Unary:
       case ExprKind::Binary:
       case ExprKind::Where: {
-        return fill_prim_format(prim_format(x.kind == ExprKind::Where ? PrimOp::Where : x.op), x,
+        return fill_prim_format(decomp::prim_facts(x.kind == ExprKind::Where ? PrimOp::Where : x.op).cpp, x,
                                 compute_type(k_.exprs[typed_operand(x)].dtype), names_);
       }
       case ExprKind::Reduce:

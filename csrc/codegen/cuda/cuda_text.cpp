@@ -52,32 +52,7 @@ std::string literal(double v, ScalarType t) {
   return out.str();
 }
 
-// Format strings of the prims: $a $b $c are operand names, $T the operands' compute type. A table indexed
-// by PrimOp, checked to have one entry per op, so that a new prim cannot be forgotten here.
-const char* prim_format(PrimOp op) {
-  static const char* const formats[] = {
-      "(-$a)", "kiln::abs_($a)", "kiln::exp_($a)", "kiln::log_($a)", "kiln::sqrt_($a)", "kiln::rsqrt_($a)",  // Neg..Rsqrt
-      "kiln::tanh_($a)", "kiln::sigmoid_($a)", "kiln::erf_($a)", "(!$a)",                                  // ..LogicalNot
-      "($a + $b)", "($a - $b)", "($a * $b)", "($a / $b)", "kiln::max_<$T>($a, $b)", "kiln::min_<$T>($a, $b)",
-      "kiln::pow_(static_cast<$T>($a), static_cast<$T>($b))", "($a < $b)", "($a <= $b)", "($a > $b)", "($a >= $b)",
-      "($a == $b)", "($a != $b)", "($a && $b)", "($a || $b)", "($a ? $b : $c)",                             // ..Where
-      "kiln::sin_($a)", "kiln::cos_($a)", "kiln::tan_($a)", "kiln::asin_($a)", "kiln::acos_($a)", "kiln::atan_($a)",
-      "kiln::sinh_($a)", "kiln::cosh_($a)", "kiln::asinh_($a)", "kiln::acosh_($a)", "kiln::atanh_($a)",
-      "kiln::log1p_($a)", "kiln::expm1_($a)", "kiln::log2_($a)", "kiln::log10_($a)", "kiln::exp2_($a)",
-      "kiln::erfc_($a)",                                                                                   // ..Erfc
-      "kiln::ceil_($a)", "kiln::floor_($a)", "kiln::round_($a)", "kiln::trunc_($a)",                         // ..Trunc
-      "kiln::signbit_($a)", "kiln::bitwise_not_($a)",                                                      // ..BitwiseNot
-      "kiln::atan2_(static_cast<$T>($a), static_cast<$T>($b))", "kiln::fmod_(static_cast<$T>($a), static_cast<$T>($b))",
-      "kiln::hypot_(static_cast<$T>($a), static_cast<$T>($b))", "kiln::copysign_(static_cast<$T>($a), static_cast<$T>($b))",
-      "kiln::fmax_(static_cast<$T>($a), static_cast<$T>($b))", "kiln::fmin_(static_cast<$T>($a), static_cast<$T>($b))",
-      "static_cast<$T>($a & $b)", "static_cast<$T>($a | $b)", "static_cast<$T>($a ^ $b)",                  // ..BitwiseXor
-      "kiln::lgamma_($a)", "kiln::digamma_($a)", "kiln::erfinv_($a)",
-      "kiln::nextafter_(static_cast<$T>($a), static_cast<$T>($b))"};                                        // ..Nextafter
-  static_assert(sizeof(formats) / sizeof(formats[0]) == decomp::kPrimOpCount, "one format per PrimOp");
-  const int index = static_cast<int>(op);
-  KILN_CHECK(index >= 0 && index < decomp::kPrimOpCount) << "the CUDA code generator has no code for prim " << index;
-  return formats[index];
-}
+const char* prim_format(PrimOp op) { return decomp::prim_facts(op).cuda; }
 
 const char* combiner(ReduceOp op) {
   switch (op) {

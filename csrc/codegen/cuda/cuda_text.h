@@ -26,7 +26,8 @@ inline const char* compute_type(graph::ScalarType t) { return type_info(t).compu
 
 /// `v` as a constant of `t`'s compute type.
 std::string literal(double v, graph::ScalarType t);
-/// The prim's format string: $a $b $c are operand names, $T the operands' compute type.
+/// The prim's CUDA format string (the prim table's, decomp/prims.h): $a $b $c are operand names, $T the operands'
+/// compute type.
 const char* prim_format(decomp::PrimOp op);
 /// kiln_reduce.cuh's combiner struct for `op`, and the identity it starts from.
 const char* combiner(decomp::ReduceOp op);
