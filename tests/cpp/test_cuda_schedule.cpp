@@ -163,6 +163,14 @@ TEST_CASE("sums over the rows of a matrix take the column kind", "[cuda_schedule
   CHECK(v.grid == 512);
 }
 
+TEST_CASE("a column kernel without outputs launches nothing", "[cuda_schedule]") {
+  Kernel k = kernel({3, 0, 4}, {true, false, false});  // x.sum(0) of a 3x0x4 tensor
+  store(k, reduce(k, load(k, {4, 4, 1})), {0, 4, 1});
+  const CudaKernelSchedule s = schedule(k);
+  CHECK(s.kind == CudaKernelKind::Column);
+  CHECK(s.grid == 0);
+}
+
 TEST_CASE("small pooling windows take a thread per output", "[cuda_schedule]") {
   Kernel k = kernel({1000, 9}, {false, true});
   k.window_reduction = true;

@@ -109,7 +109,8 @@ CudaKernelSchedule schedule_column(const KernelAnalysis& a) {
   // benchmarks/fused_column_sums_cuda.py; 12 rows over 16 threads made ViT's layer norm weight gradients 28% slower
   // than 25 over 8), more (down to 4 rows each) where there are too few outputs to give kColumnThreadsWanted threads.
   const int64_t by_rows = pow2_floor(std::max<int64_t>(reduced / 16, 1));
-  const int64_t by_threads = pow2_ceil((kColumnThreadsWanted + groups - 1) / groups);
+  // (An empty domain has no groups; it launches nothing, schedule_cuda_kernel sees to that.)
+  const int64_t by_threads = pow2_ceil((kColumnThreadsWanted + groups - 1) / std::max<int64_t>(groups, 1));
   const int64_t most = std::min<int64_t>(1024 / s.column_width, pow2_floor(std::max<int64_t>(reduced / 4, 1)));
   s.block_y = static_cast<unsigned>(std::clamp<int64_t>(std::max(by_rows, by_threads), 1, most));
   s.grid = static_cast<unsigned>(std::min<int64_t>((groups + s.column_width - 1) / s.column_width, kMaxGrid));
