@@ -88,8 +88,8 @@ CudaKernelSchedule schedule_cuda_kernel(const KernelAnalysis& a);
 /// kind's name from one table, with the pointwise vector width and `_cached` for cached rows.
 std::string strategy_name(const CudaKernelSchedule& s);
 
-// One scheduler per kind, each deciding only its own parameters and launch (schedule_cuda_kernel's table calls them
-// where their kind applies; schedule_column_reduction.cpp and schedule_pointwise.cpp explain the conditions).
+// One scheduler per kind, each deciding only its own parameters and launch. schedule_cuda_kernel's table calls them
+// where their kind applies (kernel_schedule.cpp says when); they assume it does.
 CudaKernelSchedule schedule_pointwise(const KernelAnalysis& a);
 CudaKernelSchedule schedule_thread_per_row(const KernelAnalysis& a);
 CudaKernelSchedule schedule_column(const KernelAnalysis& a);
