@@ -1,24 +1,15 @@
 // CUDA C code generation from the loop IR.
 //
-// Design: the kernel's domain is turned into loops (fusion/loop_nest.h), then one of three shapes:
-// - pointwise (no reduction): one thread per element in a grid-stride loop over the flat outer index, which
-//   is split back into loop indices with constant divisors. When the nest is one contiguous loop, each
-//   thread moves 16 bytes per access (`kiln::vec`, ld.global.v4) after a run-time alignment test, with a
-//   scalar loop for the tail and for unaligned views.
-// - warp_per_row: reductions over at most kWarpRowLimit elements; a warp owns a row (8 rows per block), each
-//   lane strides over the row, the lanes combine with register shuffles.
-// - block_per_row: longer rows; a block owns a row and combines through shared memory (kiln_reduce.cuh).
-// - thread_per_row: pooling windows (fusion's window reductions of at most kThreadRowLimit elements): one
-//   thread per output, like a pointwise kernel, walking its window serially; neighbouring threads take
-//   neighbouring outputs, so channels-last reads are coalesced. A warp per 9-element window idled 23 lanes.
-// - column: reductions whose inputs are contiguous along the outputs rather than along the reduced dims (a
-//   bias gradient, a sum over the batch dim): 32 neighbouring outputs per block, one per threadIdx.x, so each
-//   warp reads 32 consecutive elements; threadIdx.y splits the reduced range, combined in shared memory.
-// In both row shapes the body mirrors the C++ generator: per row, each reduction in its own pass over the
-// reduced loops (recomputing the pointwise prologue it needs), then the per-row values and stores (lane 0),
+// Design: each kernel's domain is turned into loops (fusion/loop_nest.h); a scheduler per kernel kind decides how
+// they map onto threads (pointwise, thread_per_row, column, warp_per_row, block_per_row: kernel_schedule.h and the
+// schedule_*.cpp files, whose comments say why), and KernelEmitter renders that schedule. Pointwise kernels run a
+// grid-stride loop over the flat outer index, split back into loop indices with constant divisors.
+// In the reduction kinds the body mirrors the C++ generator: per row, each walk of reductions in its own pass over
+// the reduced loops (recomputing the pointwise prologue it needs), then the per-row values and stores (lane 0),
 // then one more pass for stores that run along the reduced loops (softmax's output, layer norm's y). Rows are
-// re-read from L1/L2 rather than held in registers; a persistent register-resident variant is future work.
-// Index arithmetic is 32-bit when every index a kernel forms stays below 2^30, else 64-bit.
+// re-read from L1/L2 in each pass unless the schedule caches them in registers.
+// This file joins the kernels into NVRTC programs: twins emitted once, parts compiled side by side, and the launch
+// group of pointwise kernels that read only graph inputs.
 #include "codegen/cuda/emit_cuda.h"
 
 #include <algorithm>
@@ -79,7 +70,8 @@ CudaSource emit_cuda_source(const fusion::Schedule& schedule, const graph::Graph
   int distinct_launchable = 0;
   for (size_t i = 0; i < schedule.kernels.size(); ++i) {
     CudaKernelLaunch& launch = result.kernels[i];
-    texts[i] = KernelEmitter(schedule.kernels[i], g, grouped[i]).emit(launch);
+    const KernelAnalysis analysis(schedule.kernels[i]);
+    texts[i] = KernelEmitter(analysis, schedule_cuda_kernel(analysis), g, grouped[i]).emit(launch);
     const size_t signature = texts[i].find(grouped[i] ? "\n__device__" : "\nextern \"C\"");
     const std::string body = substitute(texts[i].substr(signature), launch.name + "(", "kernel(");
     auto [it, fresh] = first_of_body.emplace(body, i);

@@ -1,25 +1,13 @@
-// KernelEmitter (kernel_emitter.h): the kernel frame, index arithmetic, expressions and pointwise kernels.
+// KernelEmitter (kernel_emitter.h): the kernel frame, index arithmetic, expressions and pointwise kernels, rendered
+// from the kernel's CudaKernelSchedule.
 #include "codegen/cuda/kernel_emitter.h"
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "codegen/prim_text.h"
 #include "common/error.h"
 
 namespace kiln::codegen::cuda {
-
-int64_t pow2_ceil(int64_t v) {
-  int64_t p = 1;
-  while (p < v) p *= 2;
-  return p;
-}
-
-int64_t pow2_floor(int64_t v) {
-  int64_t p = 1;
-  while (p * 2 <= v) p *= 2;
-  return p;
-}
 
 std::string covers_comment(const Kernel& k, const graph::Graph& g) {
   std::ostringstream out;
@@ -39,148 +27,41 @@ std::string parameters(const Kernel& k, const std::string& prefix, size_t first)
   return text;
 }
 
-KernelEmitter::KernelEmitter(const Kernel& k, const graph::Graph& g, bool device_function)
-    : k_(k), g_(g), nest_(fusion::build_loop_nest(k)), device_function_(device_function) {
-  depends_ = fusion::depends_on_reduced_loops(k, nest_);
-  uses_reductions_ = fusion::uses_reductions(k);
-  for (const Expr& e : k.exprs) rows_ = rows_ || e.kind == ExprKind::Reduce;
-  rows_ = rows_ || nest_.outer_count < static_cast<int>(nest_.loops.size());
-  thread_row_ = rows_ && k.window_reduction && nest_.reduced_numel() <= kThreadRowLimit;
-  column_ = rows_ && !thread_row_ && column_shaped();
-  names_.resize(k.exprs.size());
+KernelEmitter::KernelEmitter(const KernelAnalysis& analysis, const CudaKernelSchedule& schedule, const graph::Graph& g,
+                             bool device_function)
+    : k_(analysis.kernel), g_(g), a_(analysis), nest_(analysis.nest), depends_(analysis.depends),
+      uses_reductions_(analysis.uses_reductions), schedule_(schedule), device_function_(device_function),
+      cached_chunks_(schedule.cached_row_chunks) {
+  names_.resize(k_.exprs.size());
 }
 
 std::string KernelEmitter::emit(CudaKernelLaunch& launch) {
   launch.name = k_.name;
+  launch.strategy = strategy_name(schedule_);
+  launch.grid = schedule_.grid;
+  launch.block_x = schedule_.block_x;
+  launch.block_y = schedule_.block_y;
   const int64_t outer = nest_.outer_numel();
-  const int64_t reduced = nest_.reduced_numel();
-  unsigned threads = kPointwiseBlock;
-  if (!rows_) {
-    vector_width_ = vector_width();
-    launch.strategy = vector_width_ > 1 ? "pointwise_vec" + std::to_string(vector_width_) : "pointwise";
-    const int64_t work = (outer + std::max(vector_width_, 1) - 1) / std::max(vector_width_, 1);
-    launch.block_x = kPointwiseBlock;
-    launch.grid = static_cast<unsigned>(std::min<int64_t>((work + kPointwiseBlock - 1) / kPointwiseBlock, kMaxGrid));
-  } else if (thread_row_) {
-    launch.strategy = "thread_per_row";
-    launch.block_x = kPointwiseBlock;
-    launch.grid = static_cast<unsigned>(std::min<int64_t>((outer + kPointwiseBlock - 1) / kPointwiseBlock, kMaxGrid));
-  } else if (column_) {
-    // 32 outputs per block read whole 128-byte lines, but a bias gradient of 512 columns then fills 16 blocks of
-    // an H200's 132 multiprocessors (14 us for 4096 rows, where the copy bound is 3 us). Narrower blocks (8
-    // floats still fill a 32-byte sector) with more threads per column keep more of the GPU busy.
-    launch.strategy = "column";
-    column_vec_ = column_vector_width();
-    const int64_t groups = outer / column_vec_;  // each thread's outputs: column_vec_ neighbouring columns
-    column_width_ = groups >= 32 * kColumnBlocksWanted ? 32 : groups >= 16 * kColumnBlocksWanted ? 16 : 8;
-    launch.block_x = static_cast<unsigned>(column_width_);
-    // Threads along the rows: about 16 rows each (with 6, a ViT's 197 rows over 32 threads, the block's
-    // shared-memory combine cost a fused producer + sum 86 us where 8 threads per column took 74: H200,
-    // 32x197x3072, benchmarks/fused_column_sums_cuda.py; 12 rows over 16 threads made ViT's layer norm weight
-    // gradients 28% slower than 25 over 8), more (down to 4 rows each) where there are too few outputs to give
-    // kColumnThreadsWanted threads.
-    const int64_t by_rows = pow2_floor(std::max<int64_t>(reduced / 16, 1));
-    const int64_t by_threads = pow2_ceil((kColumnThreadsWanted + groups - 1) / groups);
-    const int64_t most = std::min<int64_t>(1024 / column_width_, pow2_floor(std::max<int64_t>(reduced / 4, 1)));
-    launch.block_y = static_cast<unsigned>(std::clamp<int64_t>(std::max(by_rows, by_threads), 1, most));
-    launch.grid = static_cast<unsigned>(std::min<int64_t>((groups + column_width_ - 1) / column_width_, kMaxGrid));
-    threads = launch.block_x * launch.block_y;
-  } else if (reduced <= kWarpRowLimit) {
-    launch.strategy = "warp_per_row";
-    launch.block_x = 32;
-    launch.block_y = kRowsPerBlock;
-    launch.grid = static_cast<unsigned>(std::min<int64_t>((outer + kRowsPerBlock - 1) / kRowsPerBlock, kMaxGrid));
-    row_vec_ = row_vector_width();
-    cached_chunks_ = cached_row_chunks(row_vec_, 32);
-  } else {
-    launch.strategy = "block_per_row";
-    row_vec_ = row_vector_width();
-    threads = static_cast<unsigned>(block_row_threads(row_vec_));
-    launch.block_x = threads;
-    launch.grid = static_cast<unsigned>(std::min<int64_t>(outer, kMaxGrid));
-    cached_chunks_ = cached_row_chunks(row_vec_, threads);
-  }
-  block_reduce_ = launch.strategy == "block_per_row";
-  if (cached_chunks_ > 0) launch.strategy += "_cached";
-  if (outer == 0) launch.grid = 0;
-  index_type_ = needs_64bit_index(launch) ? "long long" : "int";
+  const bool pointwise = is(CudaKernelKind::Pointwise);
 
   std::ostringstream out;
-  KILN_ASSERT(!device_function_ || !rows_) << "kernel " << k_.name << ": only pointwise kernels join a launch group";
+  KILN_ASSERT(!device_function_ || pointwise) << "kernel " << k_.name << ": only pointwise kernels join a launch group";
   out << covers_comment(k_, g_) << "// strategy: " << launch.strategy << "\n";
   if (device_function_)
     out << "__device__ __forceinline__ void ";
   else
-    out << "extern \"C\" __global__ void __launch_bounds__(" << (rows_ && !block_reduce_ && !column_ && !thread_row_ ? 32 * kRowsPerBlock : threads)
-        << ") ";
+    out << "extern \"C\" __global__ void __launch_bounds__(" << schedule_.threads_per_block() << ") ";
   out << k_.name << "(" << parameters(k_);
   if (device_function_) out << ", unsigned kiln_block, unsigned kiln_blocks";
   out << ") {\n";
-  out << "  typedef " << index_type_ << " index_t;\n";
+  out << "  typedef " << (schedule_.index_64bit ? "long long" : "int") << " index_t;\n";
   body_ = &out;
   if (outer > 0) {
-    if (rows_) emit_rows(outer);
-    else emit_pointwise(outer);
+    if (pointwise) emit_pointwise(outer);
+    else emit_rows(outer);
   }
   out << "}\n";
   return out.str();
-}
-
-bool KernelEmitter::needs_64bit_index(const CudaKernelLaunch& launch) const {
-  const int64_t threads = int64_t{launch.grid} * launch.block_x * launch.block_y;
-  int64_t largest = nest_.outer_numel() + threads;
-  largest = std::max(largest, nest_.reduced_numel() + launch.block_x);
-  auto extent = [&](const std::vector<int64_t>& strides, int64_t offset) {
-    int64_t e = std::llabs(offset);
-    for (size_t l = 0; l < strides.size(); ++l) e += std::llabs(strides[l]) * std::max<int64_t>(nest_.loops[l].size - 1, 0);
-    return e;
-  };
-  for (size_t i = 0; i < k_.exprs.size(); ++i)
-    if (k_.exprs[i].kind == ExprKind::Load)
-      largest = std::max<int64_t>(largest, extent(nest_.load_strides[i], k_.exprs[i].index.offset) +
-                                      std::llabs(k_.exprs[i].gather_stride) * std::max<int64_t>(k_.exprs[i].gather_extent - 1, 0));
-  for (size_t s = 0; s < k_.stores.size(); ++s)
-    largest = std::max(largest, extent(nest_.store_strides[s], k_.stores[s].index.offset));
-  for (size_t i = 0; i < k_.exprs.size(); ++i)
-    for (size_t b = 0; b < k_.exprs[i].bounds.size(); ++b)
-      largest = std::max(largest, extent(nest_.bound_strides[i][b], k_.exprs[i].bounds[b].index.offset));
-  return largest >= kIndex32Limit;
-}
-
-int KernelEmitter::vector_width() const {
-  const size_t loops = nest_.loops.size();
-  if (loops == 0 || k_.scalar_loads_only()) return 1;  // guarded and gathered loads are scalar
-  const size_t inner = loops - 1;
-  int width = 8;
-  bool any = false;
-  std::vector<std::pair<const std::vector<int64_t>*, int64_t>> contiguous;  // strides, offset
-  for (size_t i = 0; i < k_.exprs.size(); ++i) {
-    const Expr& e = k_.exprs[i];
-    if (e.kind != ExprKind::Load) continue;
-    const int64_t stride = nest_.load_strides[i][inner];
-    if (stride != 0 && stride != 1) return 1;
-    if (stride != 1) continue;
-    width = std::min(width, 16 / type_info(k_.buffers[e.buffer].dtype).bytes);
-    contiguous.push_back({&nest_.load_strides[i], e.index.offset});
-    any = true;
-  }
-  for (size_t s = 0; s < k_.stores.size(); ++s) {
-    if (nest_.store_strides[s][inner] != 1) return 1;
-    width = std::min(width, 16 / type_info(k_.buffers[k_.stores[s].buffer].dtype).bytes);
-    contiguous.push_back({&nest_.store_strides[s], k_.stores[s].index.offset});
-    any = true;
-  }
-  if (!any || width < 2) return 1;
-  if (loops == 1) return width;
-  for (; width >= 2; width /= 2) {
-    bool fits = nest_.loops[inner].size % width == 0;
-    for (const auto& [strides, offset] : contiguous) {
-      fits = fits && offset % width == 0;
-      for (size_t l = 0; l < inner; ++l) fits = fits && (*strides)[l] % width == 0;
-    }
-    if (fits) return width;
-  }
-  return 1;
 }
 
 void KernelEmitter::decompose(const std::string& flat, int first, int last, const std::string& indent) {
@@ -293,11 +174,11 @@ void KernelEmitter::emit_pointwise(int64_t n) {
     emit_scalar_element(indent + "  ");
     out << indent << "}\n";
   };
-  if (vector_width_ <= 1) {
+  if (schedule_.vector_width <= 1) {
     scalar_loop("first", "  ");
     return;
   }
-  const int v = vector_width_;
+  const int v = schedule_.vector_width;
   auto vec_type = [&](int buffer) { return this->vec_type(buffer, v); };
   auto contiguous_load = [&](size_t i) { return k_.exprs[i].kind == ExprKind::Load && nest_.load_strides[i].back() == 1; };
   out << "  const bool aligned = " << alignment_test(v) << ";\n  if (aligned) {\n";

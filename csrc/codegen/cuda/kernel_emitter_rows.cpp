@@ -1,4 +1,5 @@
-// KernelEmitter (kernel_emitter.h): reductions, one row per warp, block or thread, or 32 columns per block.
+// KernelEmitter (kernel_emitter.h): reductions, one row per warp, block or thread, or neighbouring columns per block,
+// rendered from the kernel's CudaKernelSchedule.
 #include "codegen/cuda/kernel_emitter.h"
 
 #include <algorithm>
@@ -9,79 +10,15 @@
 
 namespace kiln::codegen::cuda {
 
-bool KernelEmitter::column_shaped() const {
-  const int inner = nest_.outer_count - 1;
-  if (inner < 0) return false;
-  bool contiguous = false;
-  for (size_t i = 0; i < k_.exprs.size(); ++i) {
-    if (k_.exprs[i].kind != ExprKind::Load) continue;
-    const auto& strides = nest_.load_strides[i];
-    // A value per row, the same for every column (a layer norm's mean and rstd), is read once per step by all
-    // of a warp's threads: it may walk the rows contiguously.
-    for (size_t l = nest_.outer_count; l < strides.size(); ++l)
-      if (strides[l] == 1 && strides[inner] != 0) return false;
-    if (strides[inner] != 0 && strides[inner] != 1) return false;
-    contiguous = contiguous || (strides[inner] == 1 && nest_.runs_reduced(strides));
-  }
-  for (size_t s = 0; s < k_.stores.size(); ++s) {
-    if ((store_along_reduced(s) && uses_reductions_[k_.stores[s].expr]) || nest_.store_strides[s][inner] != 1) return false;
-  }
-  return contiguous;
-}
-
-int KernelEmitter::column_vector_width() const {
-  if (!column_ || k_.scalar_loads_only()) return 1;
-  // Four columns per thread leave a quarter of the threads: on an H200 that paid only with 98304 outputs (vit_train's
-  // fused gelu gradient + bias sums, 97 -> 85 us); with 24576 (its layer norm sums, 12.2 -> 17.4 us) or 768 (bias
-  // sums of 6304 rows, 9.8 -> 17.8 us) it lost.
-  if (nest_.outer_numel() < kColumnVectorOutputsWanted) return 1;
-  const int inner = nest_.outer_count - 1;
-  const int64_t columns = nest_.loops[inner].size;
-  int width = 4;
-  std::vector<std::pair<const std::vector<int64_t>*, int64_t>> contiguous;  // strides, offset
-  for (size_t i = 0; i < k_.exprs.size(); ++i) {
-    const Expr& e = k_.exprs[i];
-    if (e.kind == ExprKind::Reduce && uses_reductions_[e.operands[0]]) return 1;  // one walk only
-    if (e.kind != ExprKind::Load) continue;
-    if (e.operands[0] >= 0) return 1;  // guarded loads are scalar
-    const auto& strides = nest_.load_strides[i];
-    if (strides[inner] == 0) continue;  // the same for every column of a row: one scalar load
-    if (!depends_[i]) return 1;           // a value per column, the same along the rows (not handled here)
-    width = std::min(width, 16 / type_info(k_.buffers[e.buffer].dtype).bytes);
-    contiguous.push_back({&strides, e.index.offset});
-  }
-  for (size_t s = 0; s < k_.stores.size(); ++s) {
-    const fusion::Store& st = k_.stores[s];
-    if (store_along_reduced(s)) {
-      width = std::min(width, 16 / type_info(k_.buffers[st.buffer].dtype).bytes);
-      contiguous.push_back({&nest_.store_strides[s], st.index.offset});
-      continue;
-    }
-    const Expr& x = k_.exprs[st.expr];  // a reduction's result, stored per column (cast to the output's type)
-    const bool reduction = x.kind == ExprKind::Reduce ||
-                           (x.kind == ExprKind::Cast && k_.exprs[x.operands[0]].kind == ExprKind::Reduce);
-    if (!reduction) return 1;
-  }
-  for (; width >= 2; width /= 2) {
-    bool fits = columns % width == 0;
-    for (const auto& [strides, offset] : contiguous) {
-      fits = fits && offset % width == 0;
-      for (size_t l = 0; l < strides->size(); ++l)
-        if (static_cast<int>(l) != inner) fits = fits && (*strides)[l] % width == 0;
-    }
-    if (fits) return width;
-  }
-  return 1;
-}
-
 void KernelEmitter::emit_column_vector_loop(int64_t rows, const std::string& base_indent) {
   std::ostream& out = *body_;
-  const int v = column_vec_;
+  const int v = schedule_.column_vector_width;
   const int inner_loop = nest_.outer_count - 1;
   const std::string indent = base_indent + "  ", walk = indent + "  ";
   const int64_t groups = rows / v;
+  const int width = schedule_.column_width;
   out << base_indent << "#pragma unroll 1\n" << base_indent << "for (index_t first_row = static_cast<index_t>(blockIdx.x) * "
-      << column_width_ << "; first_row < " << groups << "; first_row += static_cast<index_t>(gridDim.x) * " << column_width_ << ") {\n";
+      << width << "; first_row < " << groups << "; first_row += static_cast<index_t>(gridDim.x) * " << width << ") {\n";
   out << indent << "const bool active = first_row + threadIdx.x < " << groups << ";\n";
   out << indent << "const index_t row = (active ? first_row + threadIdx.x : " << groups - 1 << ") * " << v << ";\n";
   decompose("row", 0, nest_.outer_count, indent);
@@ -128,7 +65,7 @@ void KernelEmitter::emit_column_vector_loop(int64_t rows, const std::string& bas
   out << indent << "}\n";
   for (size_t r : reductions)
     for (int l = 0; l < v; ++l)
-      out << indent << acc(r, l) << " = kiln::column_reduce<" << combiner(k_.exprs[r].reduce_op) << ", " << column_width_ << ">("
+      out << indent << acc(r, l) << " = kiln::column_reduce<" << combiner(k_.exprs[r].reduce_op) << ", " << width << ">("
           << acc(r, l) << ");\n";
   for (size_t s : per_column) {
     const fusion::Store& st = k_.stores[s];
@@ -152,74 +89,6 @@ void KernelEmitter::emit_row_values(int32_t e, const std::string& indent) {
     if (op >= 0) emit_row_values(op, indent);
 }
 
-int KernelEmitter::row_vector_width() const {
-  if (static_cast<int>(nest_.loops.size()) != nest_.outer_count + 1 || k_.scalar_loads_only()) return 1;
-  const size_t red = nest_.loops.size() - 1;
-  int width = 8;
-  std::vector<std::pair<const std::vector<int64_t>*, int64_t>> contiguous;
-  for (size_t i = 0; i < k_.exprs.size(); ++i) {
-    const Expr& e = k_.exprs[i];
-    if (e.kind != ExprKind::Load || nest_.load_strides[i][red] == 0) continue;
-    if (nest_.load_strides[i][red] != 1) return 1;
-    width = std::min(width, 16 / type_info(k_.buffers[e.buffer].dtype).bytes);
-    contiguous.push_back({&nest_.load_strides[i], e.index.offset});
-  }
-  for (size_t s = 0; s < k_.stores.size(); ++s) {
-    if (nest_.store_strides[s][red] == 0) continue;
-    if (nest_.store_strides[s][red] != 1) return 1;
-    width = std::min(width, 16 / type_info(k_.buffers[k_.stores[s].buffer].dtype).bytes);
-    contiguous.push_back({&nest_.store_strides[s], k_.stores[s].index.offset});
-  }
-  if (contiguous.empty()) return 1;
-  width = std::min<int64_t>(width, 4);  // 4 lanes already give 16-byte float loads; more only adds registers
-  for (; width >= 2; width /= 2) {
-    bool fits = nest_.loops[red].size % width == 0 && nest_.loops[red].size >= width * 32;
-    for (const auto& [strides, offset] : contiguous) {
-      fits = fits && offset % width == 0;
-      for (size_t l = 0; l < red; ++l) fits = fits && (*strides)[l] % width == 0;
-    }
-    if (fits) return width;
-  }
-  return 1;
-}
-
-int KernelEmitter::row_passes() const {
-  int passes = 0;
-  bool first_walk = false;
-  for (const Expr& e : k_.exprs) {
-    if (e.kind != ExprKind::Reduce) continue;
-    if (uses_reductions_[e.operands[0]]) ++passes;
-    else first_walk = true;
-  }
-  bool along = false;
-  for (size_t s = 0; s < k_.stores.size(); ++s) along = along || store_along_reduced(s);
-  return passes + (first_walk ? 1 : 0) + (along ? 1 : 0);
-}
-
-int KernelEmitter::cached_row_chunks(int width, int64_t threads_per_row) const {
-  // A layer norm's three passes re-read its row (from L1 or L2) twice: 24 us per ViT layer norm (6304 rows of
-  // 768, an add and two outputs) against 14-26 us for torch.compile's kernels, which keep the row in registers.
-  if (width <= 1 || row_passes() < 2) return 0;
-  const int64_t vectors = nest_.reduced_numel() / width;  // row_vector_width: the row is a multiple of the width
-  const int64_t chunks = (vectors + threads_per_row - 1) / threads_per_row;
-  int64_t words = 0;
-  for (size_t i = 0; i < k_.exprs.size(); ++i) {
-    const Expr& e = k_.exprs[i];
-    if (e.kind == ExprKind::Load && contiguous_along_reduced(nest_.load_strides[i]))
-      words += chunks * ((width * type_info(k_.buffers[e.buffer].dtype).bytes + 3) / 4);
-  }
-  return chunks <= kCachedRowChunks && words > 0 && words <= kCachedRowWords ? static_cast<int>(chunks) : 0;
-}
-
-int64_t KernelEmitter::block_row_threads(int width) const {
-  const int64_t reduced = nest_.reduced_numel();
-  if (width <= 1) return std::min<int64_t>(1024, std::max<int64_t>(64, pow2_ceil((reduced + 3) / 4)));
-  // 768 floats as vectors of 4 are 192 threads (6 warps), where the power of two above left 64 of 256 idle
-  const int64_t vectors = reduced / width;
-  const int64_t steps = (vectors + kRowBlockVectors - 1) / kRowBlockVectors;
-  return ((vectors + steps - 1) / steps + 31) / 32 * 32;
-}
-
 std::string KernelEmitter::open_cached_steps(const std::string& indent) {
   const std::string inner = indent + "  ";
   *body_ << indent << "#pragma unroll\n" << indent << "for (int chunk = 0; chunk < " << cached_chunks_ << "; ++chunk) {\n";
@@ -235,7 +104,7 @@ void KernelEmitter::reduced_pass(const std::string& indent, Body body, const std
   if (w <= 1) {
     // A column block's threads each walk a whole column with one scalar load per step: unrolled, eight loads are
     // in flight before the first add needs one (the adds keep their order: the same result, bit for bit).
-    if (column_) *body_ << indent << "#pragma unroll 8\n";
+    if (is(CudaKernelKind::Column)) *body_ << indent << "#pragma unroll 8\n";
     *body_ << indent << "for (index_t red = lane; red < " << nest_.reduced_numel() << "; red += group) {\n";
     decompose("red", nest_.outer_count, static_cast<int>(nest_.loops.size()), inner);
     body(inner);
@@ -291,15 +160,16 @@ void KernelEmitter::emit_row_cache(const std::string& indent) {
 void KernelEmitter::emit_rows(int64_t rows) {
   std::ostream& out = *body_;
   // `lane` and `group`: a thread's place among those sharing one output, and their number
-  if (thread_row_) {
+  const bool column = is(CudaKernelKind::Column);
+  if (is(CudaKernelKind::ThreadPerRow)) {
     out << "  const index_t lane = 0;\n  const index_t group = 1;\n";
   } else {
-    out << "  const index_t lane = threadIdx." << (column_ ? "y" : "x") << ";\n";
-    out << "  const index_t group = blockDim." << (column_ ? "y" : "x") << ";\n";
+    out << "  const index_t lane = threadIdx." << (column ? "y" : "x") << ";\n";
+    out << "  const index_t group = blockDim." << (column ? "y" : "x") << ";\n";
   }
-  if (column_ && column_vec_ > 1) {
+  if (column && schedule_.column_vector_width > 1) {
     // Vector accesses need every access along the columns aligned; otherwise the scalar columns.
-    out << "  if (" << alignment_test(column_vec_, nest_.outer_count - 1) << ") {\n";
+    out << "  if (" << alignment_test(schedule_.column_vector_width, nest_.outer_count - 1) << ") {\n";
     emit_column_vector_loop(rows, "    ");
     for (auto& name : names_) name.clear();
     out << "  } else {\n";
@@ -307,7 +177,7 @@ void KernelEmitter::emit_rows(int64_t rows) {
     out << "  }\n";
     return;
   }
-  const int width = column_ || thread_row_ ? 1 : row_vec_;
+  const int width = schedule_.row_vector_width;  // 1 but for warp and block per row
   if (width <= 1) {
     emit_row_loop(rows, "  ");
     return;
@@ -318,30 +188,31 @@ void KernelEmitter::emit_rows(int64_t rows) {
   emit_row_loop(rows, "    ");
   for (auto& name : names_) name.clear();
   row_width_ = 1;
-  const int cached = cached_chunks_;
   cached_chunks_ = 0;
   out << "  } else {\n";
   emit_row_loop(rows, "    ");
   out << "  }\n";
-  cached_chunks_ = cached;
+  cached_chunks_ = schedule_.cached_row_chunks;
 }
 
 void KernelEmitter::emit_row_loop(int64_t rows, const std::string& base_indent) {
   std::ostream& out = *body_;
   const std::string indent = base_indent + "  ";
-  if (column_) {
+  const bool column = is(CudaKernelKind::Column);
+  if (column) {
     // Every thread of the block runs every step (column_reduce has barriers): the threads past the last
     // output redo the last one and store nothing.
     out << base_indent << "#pragma unroll 1\n" << base_indent << "for (index_t first_row = static_cast<index_t>(blockIdx.x) * "
-        << column_width_ << "; first_row < " << rows << "; first_row += static_cast<index_t>(gridDim.x) * " << column_width_ << ") {\n";
+        << schedule_.column_width << "; first_row < " << rows << "; first_row += static_cast<index_t>(gridDim.x) * "
+        << schedule_.column_width << ") {\n";
     out << indent << "const bool active = first_row + threadIdx.x < " << rows << ";\n";
     out << indent << "const index_t row = active ? first_row + threadIdx.x : " << rows - 1 << ";\n";
-  } else if (thread_row_) {
+  } else if (is(CudaKernelKind::ThreadPerRow)) {
     out << base_indent << "#pragma unroll 1\n" << base_indent
         << "for (index_t row = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x; row < " << rows
         << "; row += static_cast<index_t>(gridDim.x) * blockDim.x) {\n";
   } else {
-    const unsigned rows_per_block = block_reduce_ ? 1 : kRowsPerBlock;
+    const unsigned rows_per_block = schedule_.rows_per_block;
     out << base_indent << "#pragma unroll 1\n" << base_indent << "for (index_t row = static_cast<index_t>(blockIdx.x) * "
         << rows_per_block
         << " + threadIdx.y; row < " << rows << "; row += static_cast<index_t>(gridDim.x) * " << rows_per_block << ") {\n";
@@ -351,7 +222,7 @@ void KernelEmitter::emit_row_loop(int64_t rows, const std::string& base_indent) 
   // The column strategy's stores along the reduced loops (a fused producer's result, which the reduction sums
   // too) are made in the first reduction's walk: its loads are not repeated in a second one.
   std::vector<size_t> early;
-  if (column_)
+  if (column)
     for (size_t s = 0; s < k_.stores.size(); ++s)
       if (store_along_reduced(s) && !uses_reductions_[k_.stores[s].expr]) early.push_back(s);
   // Walks over the reduced loops: the first computes every reduction whose operand uses no other reduction (a
@@ -387,14 +258,24 @@ void KernelEmitter::emit_row_loop(int64_t rows, const std::string& base_indent) 
     for (size_t r : reductions) {
       const Expr& x = k_.exprs[r];
       const std::string acc = "acc" + std::to_string(r);
-      // (thread_per_row: the thread's own serial walk was the whole reduction)
-      if (column_)
-        out << indent << acc << " = kiln::column_reduce<" << combiner(x.reduce_op) << ", " << column_width_ << ">(" << acc
-            << ");\n";
-      else if (block_reduce_)
-        out << indent << acc << " = kiln::block_reduce<" << combiner(x.reduce_op) << ">(" << acc << ", "
-            << identity(x.reduce_op, x.dtype) << ");\n";
-      else if (!thread_row_) out << indent << acc << " = kiln::warp_reduce<" << combiner(x.reduce_op) << ">(" << acc << ");\n";
+      // The threads sharing the row combine their accumulators, each kind its own way (thread_per_row: the
+      // thread's own serial walk was the whole reduction).
+      switch (schedule_.kind) {
+        case CudaKernelKind::Column:
+          out << indent << acc << " = kiln::column_reduce<" << combiner(x.reduce_op) << ", " << schedule_.column_width << ">("
+              << acc << ");\n";
+          break;
+        case CudaKernelKind::BlockPerRow:
+          out << indent << acc << " = kiln::block_reduce<" << combiner(x.reduce_op) << ">(" << acc << ", "
+              << identity(x.reduce_op, x.dtype) << ");\n";
+          break;
+        case CudaKernelKind::WarpPerRow:
+          out << indent << acc << " = kiln::warp_reduce<" << combiner(x.reduce_op) << ">(" << acc << ");\n";
+          break;
+        case CudaKernelKind::ThreadPerRow:
+        case CudaKernelKind::Pointwise:
+          break;
+      }
       names_[r] = acc;
     }
   }
@@ -406,7 +287,7 @@ void KernelEmitter::emit_row_loop(int64_t rows, const std::string& base_indent) 
       continue;
     }
     emit_row_values(st.expr, indent);
-    out << indent << (column_ ? "if (lane == 0 && active) " : "if (lane == 0) ") << store_text(s, names_[st.expr], true) << "\n";
+    out << indent << (column ? "if (lane == 0 && active) " : "if (lane == 0) ") << store_text(s, names_[st.expr], true) << "\n";
   }
   if (!along.empty()) {
     for (size_t s : along) emit_row_values(k_.stores[s].expr, indent);
