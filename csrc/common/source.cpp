@@ -56,6 +56,21 @@ SourcePtr Source::dict_key(SourcePtr base, std::string key) {
   return SourcePtr(new Source(SourceKind::kDictKey, std::move(base), std::move(key), 0));
 }
 
+SourcePtr Source::dict_item(SourcePtr base, PyObject* key) {
+  if (PyUnicode_CheckExact(key)) return dict_key(std::move(base), PyUnicode_AsUTF8(key));
+  PyObject* text = PyObject_Repr(key);
+  std::string label = text ? PyUnicode_AsUTF8(text) : "?";
+  Py_XDECREF(text);
+  auto* s = new Source(SourceKind::kDictKey, std::move(base), "", 0);
+  s->name_ = std::move(label);  // describe() only: lookups use the key object itself
+  s->py_name_ = Py_NewRef(key);
+  return SourcePtr(s);
+}
+
+bool Source::is_plain_key(PyObject* key) {
+  return PyUnicode_CheckExact(key) || PyLong_CheckExact(key) || PyBool_Check(key) || key == Py_None;
+}
+
 SourcePtr Source::mapping_get(SourcePtr base, std::string key) {
   return SourcePtr(new Source(SourceKind::kMappingGet, std::move(base), std::move(key), 0));
 }
@@ -85,7 +100,9 @@ std::string Source::describe() const {
     case SourceKind::kInstanceDict:
     case SourceKind::kModuleSlot: return base_->describe() + "." + name_;
     case SourceKind::kIndex: return base_->describe() + "[" + std::to_string(index_) + "]";
-    case SourceKind::kDictKey: return base_->describe() + "['" + name_ + "']";
+    case SourceKind::kDictKey:
+      return py_name_ && PyUnicode_CheckExact(py_name_) ? base_->describe() + "['" + name_ + "']"
+                                                        : base_->describe() + "[" + name_ + "]";
     case SourceKind::kObject: return name_;
     case SourceKind::kType: return "type(" + base_->describe() + ")";
     case SourceKind::kMappingGet: return base_->describe() + ".get('" + name_ + "')";

@@ -34,7 +34,7 @@ enum class SourceKind : unsigned char {
   kInstanceDict, ///< base.__dict__[name]: plain instance attributes (no descriptor ran)
   kModuleSlot,   ///< base.__dict__[<dict_name>][name]: nn.Module _parameters/_buffers/_modules
   kIndex,        ///< base[index] for tuples and lists
-  kDictKey,      ///< base[key] for dicts with constant string keys (key in `name`)
+  kDictKey,      ///< base[key] for dicts with constant keys (str, int or None: the key object in py_name)
   kObject,       ///< a fixed object held by the source (another module's globals dict, a closure cell)
   kType,         ///< type(base)
   kMappingGet,   ///< base.get(name): a mapping's item or None (os.environ, whose reads run Python)
@@ -56,6 +56,10 @@ class Source {
   static SourcePtr module_slot(SourcePtr base, std::string slot, std::string name);
   static SourcePtr index(SourcePtr base, long long i);
   static SourcePtr dict_key(SourcePtr base, std::string key);
+  /// base[key] for a dict key that is a str, an int (bool included) or None: `key` is kept by the source.
+  static SourcePtr dict_item(SourcePtr base, PyObject* key);
+  /// The keys dict_item takes: hashable, immutable, equal only to themselves across calls.
+  static bool is_plain_key(PyObject* key);
   /// type(base): the class of the value `base` reaches (its attributes are guarded through this).
   static SourcePtr type_of(SourcePtr base);
   /// base.get(key), None when the key is absent: read again on every check (no snapshot covers it).

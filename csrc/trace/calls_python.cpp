@@ -412,7 +412,7 @@ VarPtr Tracer::snapshot_dict(const VarPtr& obj) {
   Py_ssize_t pos = 0;
   PyObject *k, *v;
   while (PyDict_Next(dict, &pos, &k, &v))
-    if (!PyUnicode_CheckExact(k)) KILN_UNSUPPORTED() << "reading a " << Py_TYPE(dict)->tp_name << " with non-string keys";
+    if (!Source::is_plain_key(k)) KILN_UNSUPPORTED() << "reading a " << Py_TYPE(dict)->tp_name << " with keys other than str, int or None";
   PyObject* keys = PyTuple_New(PyDict_GET_SIZE(dict));
   std::vector<PyObject*> key_refs;
   std::vector<VarPtr> items;
@@ -421,7 +421,7 @@ VarPtr Tracer::snapshot_dict(const VarPtr& obj) {
   while (PyDict_Next(dict, &pos, &k, &v)) {
     PyTuple_SET_ITEM(keys, i++, Py_NewRef(k));
     key_refs.push_back(Py_NewRef(k));
-    items.push_back(wrap(v, Source::dict_key(obj->source, PyUnicode_AsUTF8(k))));
+    items.push_back(wrap(v, Source::dict_item(obj->source, k)));
   }
   guards_->add_dict_keys(obj->source, keys);
   Py_DECREF(keys);

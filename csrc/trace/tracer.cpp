@@ -193,9 +193,9 @@ VarPtr Tracer::wrap(PyObject* value, SourcePtr source) {
     std::vector<VarPtr> items;
     Py_ssize_t pos = 0;
     PyObject *k, *v;
-    bool string_keys = true;
-    while (PyDict_Next(value, &pos, &k, &v)) string_keys = string_keys && PyUnicode_CheckExact(k);
-    if (string_keys) {
+    bool plain_keys = true;  // str, int or None: each item gets a source of its own (Source::dict_item)
+    while (PyDict_Next(value, &pos, &k, &v)) plain_keys = plain_keys && Source::is_plain_key(k);
+    if (plain_keys) {
       if (source) {
         guards_->add_type(source, Py_TYPE(value));
         PyObject* key_tuple = PySequence_Tuple(value);
@@ -206,7 +206,7 @@ VarPtr Tracer::wrap(PyObject* value, SourcePtr source) {
       while (PyDict_Next(value, &pos, &k, &v)) {
         Py_INCREF(k);
         keys.push_back(k);
-        items.push_back(wrap(v, source ? Source::dict_key(source, str_of(k)) : nullptr));
+        items.push_back(wrap(v, source ? Source::dict_item(source, k) : nullptr));
       }
       return make_dict(std::move(keys), std::move(items), source);
     }

@@ -1527,3 +1527,28 @@ def test_process_state_queries_are_guarded_and_a_new_answer_recompiles():
     torch.testing.assert_close(compiled(x), x - 1)
     stats = kiln.stats()
     assert stats["frames_compiled"] == 2 and stats["graph_breaks"] == 0, stats
+
+
+class LayerFlags:
+    """An object holding a dict keyed by layer index, as transformers' EncoderDecoderCache.is_updated is."""
+
+    def __init__(self):
+        self.updated = {0: False, 1: True, None: False}
+
+
+def test_dicts_with_int_keys_from_outside_are_read_in_the_trace_and_guarded():
+    def f(x, flags, layer):
+        if flags.updated.get(layer) or flags.updated[None]:
+            return x + 1
+        return x * 2 if 1 in flags.updated else x
+
+    flags = LayerFlags()
+    compiled = kiln.compile(f, fullgraph=True)
+    x = random_tensor(4)
+    for layer in (0, 1, 0):
+        torch.testing.assert_close(compiled(x, flags, layer), f(x, flags, layer))
+    flags.updated[0] = True  # a value read by the trace changed: the guard on flags.updated[0] fails
+    torch.testing.assert_close(compiled(x, flags, 0), x + 1)
+    flags.updated[2] = False  # a new key: the keys' guard fails
+    torch.testing.assert_close(compiled(x, flags, 2), f(x, flags, 2))
+    assert kiln.stats()["graph_breaks"] == 0
