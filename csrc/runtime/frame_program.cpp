@@ -151,9 +151,17 @@ PyObject* build_output(const OutputSpec& spec, BuildContext& ctx) {
         PyObject* target = build_output(spec.children[1 + 2 * i], ctx);
         PyObject* value = target ? build_output(spec.children[2 + 2 * i], ctx) : nullptr;
         int r = -1;
-        if (value)
-          r = PyTuple_GET_ITEM(entry, 1) == Py_True ? PyDict_SetItem(target, PyTuple_GET_ITEM(entry, 0), value)
-                                                     : PyObject_SetAttr(target, PyTuple_GET_ITEM(entry, 0), value);
+        if (value) {
+          PyObject* name = PyTuple_GET_ITEM(entry, 0);
+          switch (static_cast<StoreKind>(PyLong_AsLong(PyTuple_GET_ITEM(entry, 1)))) {
+            case StoreKind::kAttribute: r = PyObject_SetAttr(target, name, value); break;
+            case StoreKind::kItem: r = PyDict_SetItem(target, name, value); break;
+            case StoreKind::kDictContents:  // the same dict object, with the items the trace left in it
+              PyDict_Clear(target);
+              r = PyDict_Update(target, value);
+              break;
+          }
+        }
         Py_XDECREF(target);
         Py_XDECREF(value);
         if (r < 0) {

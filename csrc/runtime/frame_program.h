@@ -19,6 +19,9 @@ namespace kiln::runtime {
 class CompiledGraph;
 
 /// The shape of a frame's return value around the graph's outputs.
+/// How an assignment of OutputSpec::kStores is made (its code in the pair).
+enum class StoreKind : int { kAttribute = 0, kItem = 1, kDictContents = 2 };
+
 struct OutputSpec {
   /// kSource: a value of the frame re-read through `source` (keeps its identity across a graph break);
   /// kBoundMethod: `object.__get__(children[0])` (a method of a rebuilt self);
@@ -27,8 +30,9 @@ struct OutputSpec {
   /// kConstruct: `cls(*children[:-n], **{names: children[-n:]})` with `object` = (cls, names): a record
   /// (dataclass, ModelOutput) built the way the traced code built it, so __post_init__ runs as in eager;
   /// kStores: children[0] (the frame's own output), then the assignments the traced code made, in order:
-  /// children[1 + 2i] = target, children[2 + 2i] = value, `object` a tuple of (name, is_item) pairs
-  /// (setattr(target, name, value), or target[name] = value for a globals dict).
+  /// children[1 + 2i] = target, children[2 + 2i] = value, `object` a tuple of (name, StoreKind) pairs:
+  /// setattr(target, name, value); target[name] = value (a globals dict); or target's items replaced by
+  /// value's (a dict from the frame that the traced code changed; name is None).
   enum class Kind : unsigned char {
     kGraphOutput, kConstant, kTuple, kList, kDict, kSource, kBoundMethod, kRepeat, kTypedTuple, kConstruct, kStores,
     kCell  ///< the cell of the frame's free variable `index` (the frame passes its cells)

@@ -127,10 +127,18 @@ PyObject* context_var_type() {
 
 bool Tracer::claim_container(const VarPtr& v) {
   if (!v->source) return true;
+  if (!v->is(VarKind::kDict)) return false;
   PyCodeObject* code = root_.code;
-  if (!v->is(VarKind::kDict) || !(code->co_flags & CO_VARKEYWORDS) || v->source->kind() != SourceKind::kLocal) return false;
-  int varkeywords = code->co_argcount + code->co_kwonlyargcount + ((code->co_flags & CO_VARARGS) ? 1 : 0);
-  if (v->source->index() != varkeywords) return false;
+  const int varkeywords = code->co_argcount + code->co_kwonlyargcount + ((code->co_flags & CO_VARARGS) ? 1 : 0);
+  const bool kwargs = (code->co_flags & CO_VARKEYWORDS) && v->source->kind() == SourceKind::kLocal &&
+                      v->source->index() == varkeywords;
+  if (!kwargs) {
+    // Any other dict from the frame (a cache's per-layer table, a config's dict): the trace changes its Var, and
+    // the compiled frame writes the items it ends with back into the very same dict after the graph (stores.cpp).
+    if (!v->built_from) return false;
+    record_store({v, v->built_from, Py_None, v, /*item=*/false, /*free_index=*/-1, /*contents=*/true});
+    return true;
+  }
   // The root frame's **kwargs: made by the call for this frame alone. Once the trace changes it, outputs and
   // graph breaks rebuild it from its items (each re-read through its own source) instead of re-reading it.
   v->source = nullptr;

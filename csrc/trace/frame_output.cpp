@@ -29,6 +29,18 @@ bool Tracer::repeated(const VarPtr& v, runtime::OutputSpec& spec) {
   return !first;
 }
 
+runtime::OutputSpec Tracer::dict_spec(const VarPtr& v, std::vector<PyObject*>& graph_outputs, bool break_output) {
+  runtime::OutputSpec spec;
+  spec.kind = runtime::OutputSpec::Kind::kDict;
+  spec.object = PyTuple_New(v->keys.size());
+  for (size_t i = 0; i < v->keys.size(); ++i) {
+    Py_INCREF(v->keys[i]);
+    PyTuple_SET_ITEM(spec.object, i, v->keys[i]);
+    spec.children.push_back(output_spec(v->items[i], graph_outputs, break_output));
+  }
+  return spec;
+}
+
 runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>& graph_outputs, bool break_output) {
   runtime::OutputSpec spec;
   if (break_output && is_traced_autocast_exit(v)) {
@@ -107,14 +119,9 @@ runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>&
       for (const VarPtr& item : v->items) spec.children.push_back(output_spec(item, graph_outputs, break_output));
       return spec;
     case VarKind::kDict: {
-      spec.kind = runtime::OutputSpec::Kind::kDict;
-      spec.object = PyTuple_New(v->keys.size());
-      for (size_t i = 0; i < v->keys.size(); ++i) {
-        Py_INCREF(v->keys[i]);
-        PyTuple_SET_ITEM(spec.object, i, v->keys[i]);
-        spec.children.push_back(output_spec(v->items[i], graph_outputs, break_output));
-      }
-      return spec;
+      runtime::OutputSpec dict = dict_spec(v, graph_outputs, break_output);
+      dict.index = spec.index;  // the memo slot repeated() may have given it
+      return dict;
     }
     case VarKind::kMethod:
       if (!break_output) break;

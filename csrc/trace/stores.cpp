@@ -102,9 +102,13 @@ void Tracer::store_cell(int index, PyObject* cell, const VarPtr& value) {
   record_store({nullptr, cell, cell_contents_name(), value, /*item=*/false, index});
 }
 
-Tracer::PendingStore* Tracer::find_store(PyObject* owner, PyObject* name) const {
-  for (const PendingStore& store : stores_)
-    if (store.owner == owner && PyUnicode_Compare(store.name, name) == 0) return const_cast<PendingStore*>(&store);
+Tracer::Tracer::PendingStore* Tracer::find_store(PyObject* owner, PyObject* name) const {
+  for (const PendingStore& store : stores_) {
+    if (store.owner != owner) continue;
+    // A dict's contents are one place (name None); attributes and items are places by name.
+    if (name == Py_None ? store.contents : !store.contents && PyUnicode_Compare(store.name, name) == 0)
+      return const_cast<PendingStore*>(&store);
+  }
   return nullptr;
 }
 
@@ -142,8 +146,13 @@ runtime::OutputSpec Tracer::with_stores(runtime::OutputSpec output, std::vector<
       target.object = Py_NewRef(store.owner);
     }
     spec.children.push_back(std::move(target));
-    spec.children.push_back(output_spec(store.value, graph_outputs, /*break_output=*/true));
-    PyTuple_SET_ITEM(spec.object, i, Py_BuildValue("(OO)", store.name, store.item ? Py_True : Py_False));
+    // A dict's new contents are built from the items the trace left in it (its own spec would re-read the dict).
+    spec.children.push_back(store.contents ? dict_spec(store.value, graph_outputs, /*break_output=*/true)
+                                           : output_spec(store.value, graph_outputs, /*break_output=*/true));
+    const runtime::StoreKind kind = store.contents ? runtime::StoreKind::kDictContents
+                                    : store.item   ? runtime::StoreKind::kItem
+                                                   : runtime::StoreKind::kAttribute;
+    PyTuple_SET_ITEM(spec.object, i, Py_BuildValue("(Oi)", store.name, static_cast<int>(kind)));
   }
   return spec;
 }

@@ -197,6 +197,13 @@ VarPtr Tracer::wrap(PyObject* value, SourcePtr source) {
     while (PyDict_Next(value, &pos, &k, &v)) plain_keys = plain_keys && Source::is_plain_key(k);
     if (plain_keys) {
       if (source) {
+        // The same dict reached again (another path, or the same one read twice): the same Var, so what the
+        // trace changes in it shows through both; the two paths must keep leading to one dict.
+        auto seen = dicts_from_frame_.find(value);
+        if (seen != dicts_from_frame_.end()) {
+          guards_->add_same_object(seen->second->source, source);
+          return seen->second;
+        }
         guards_->add_type(source, Py_TYPE(value));
         PyObject* key_tuple = PySequence_Tuple(value);
         guards_->add_dict_keys(source, key_tuple);
@@ -208,7 +215,12 @@ VarPtr Tracer::wrap(PyObject* value, SourcePtr source) {
         keys.push_back(k);
         items.push_back(wrap(v, source ? Source::dict_item(source, k) : nullptr));
       }
-      return make_dict(std::move(keys), std::move(items), source);
+      VarPtr dict = make_dict(std::move(keys), std::move(items), source);
+      if (source) {
+        dict->built_from = Py_NewRef(value);
+        dicts_from_frame_.emplace(value, dict);
+      }
+      return dict;
     }
   }
   // Functions, classes, Python modules and other callables are pinned by identity. Plain objects

@@ -144,6 +144,8 @@ class Tracer {
   /// is not stored under a string key.
   VarPtr frame_record_item(const VarPtr& obj, PyObject* index);
   runtime::OutputSpec output_spec(const VarPtr& v, std::vector<PyObject*>& graph_outputs, bool break_output);
+  /// A new dict of `v`'s keys and items (a kDict Var), whatever its source.
+  runtime::OutputSpec dict_spec(const VarPtr& v, std::vector<PyObject*>& graph_outputs, bool break_output);
   /// Gives `v` its memo slot in `spec` (one object however often it is reached); true, with `spec` a kRepeat,
   /// when it already had one.
   bool repeated(const VarPtr& v, runtime::OutputSpec& spec);
@@ -205,6 +207,9 @@ class Tracer {
     VarPtr value;
     bool item = false;  ///< owner[name] = value (a globals dict) rather than setattr
     int free_index = -1;  ///< an assignment to the root frame's free variable (owner = its cell at trace time)
+    /// owner (a dict from the frame, `target`'s built_from) takes the items `value` (that same Var) holds when the
+    /// graph ends: the traced code changed it (d[k] = v, d.pop(k), d.update(...)); name is None.
+    bool contents = false;
   };
   std::vector<PendingStore> stores_;
   PendingStore* find_store(PyObject* owner, PyObject* name) const;
@@ -242,7 +247,10 @@ class Tracer {
   bool broke_ = false;
   BreakState break_state_;
   int failed_step_ = -1, failed_pc_ = -1;
-  std::unordered_map<const Var*, int> memo_slots_;  // finish(break_output): list/dict -> memo slot
+  std::unordered_map<const Var*, int> memo_slots_;
+  /// Dicts read from the frame, by identity (each Var's built_from): one Var per dict, so a change made through one
+  /// path is seen through every other, and the dict's items are written back once (PendingStore::contents).
+  std::unordered_map<PyObject*, VarPtr> dicts_from_frame_;  // finish(break_output): list/dict -> memo slot
 };
 
 }  // namespace kiln::trace

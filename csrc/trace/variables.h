@@ -65,7 +65,7 @@ struct Var {
   std::vector<VarPtr> items;
   std::vector<PyObject*> keys;  ///< owned, for kDict
   size_t position = 0;
-  PyObject* built_from = nullptr;  ///< owned; kObject only
+  PyObject* built_from = nullptr;  ///< owned; kObject: what it was built from; kDict from the frame: the real dict
   SourcePtr source;
   /// A kConst from `source` guarded by its type only (a plain object: each call may pass a new one).
   /// Its identity was not pinned, so outputs re-read it from the source and `is` on it is not folded.
