@@ -123,6 +123,10 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
     PyObject* dict = ((PyFunctionObject*)f)->func_dict;
     if (dict && PyDict_GetItemString(dict, "_kiln_disabled"))
       KILN_UNSUPPORTED() << "call of " << name_of(f) << ", a function under kiln.disable";
+    // torch.compiler.disable / torch._dynamo.disable wrappers: the function runs eagerly, as under torch.compile,
+    // and the wrapper (which switches torch's own frame evaluator) is never traced.
+    if (dict && PyDict_GetItemString(dict, "_torchdynamo_disable"))
+      KILN_UNSUPPORTED() << "call of " << name_of(f) << ", a function under torch.compiler.disable";
   }
   bool handled = false;
   VarPtr r = call_grad_mode(f, nullptr, args, kwargs, &handled);

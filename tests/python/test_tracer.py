@@ -1606,3 +1606,18 @@ def test_a_dict_changed_before_a_graph_break_is_changed_when_the_break_runs():
     torch.testing.assert_close(out, x.sin() * 2)
     assert list(state) == ["y"] and list(seen[0]) == ["y"]
     torch.testing.assert_close(seen[0]["y"], x.sin())
+
+
+def test_functions_under_torch_compiler_disable_are_a_graph_break():
+    @torch.compiler.disable
+    def helper(x):
+        return x * 2
+
+    def f(x):
+        return helper(x.sin()) + 1
+
+    x = random_tensor(3)
+    explained = kiln.explain(f)(x)
+    assert "a function under torch.compiler.disable" in explained.break_reasons[0], explained.break_reasons
+    assert "eval_frame" not in " ".join(explained.break_reasons)  # torch's wrapper itself is not traced
+    torch.testing.assert_close(kiln.compile(f)(x), f(x))
