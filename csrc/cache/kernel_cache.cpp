@@ -14,24 +14,23 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/sha256.h"
 
 namespace kiln::cache {
 
 namespace {
 
-uint64_t fnv1a(const std::string& data, uint64_t seed) {
-  uint64_t h = seed;
-  for (unsigned char c : data) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 std::string hex64(uint64_t v) {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
   return buf;
+}
+
+// A name no other call of this process (nor, with its pid, of another) picks in the same directory.
+std::string unique_suffix() {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t salt = std::random_device{}();
+  return ".tmp." + std::to_string(::getpid()) + "." + hex64(salt ^ counter++);
 }
 
 void make_dirs(const std::string& path) {
@@ -58,7 +57,9 @@ bool read_file(const std::string& path, std::string& out) {
 }
 
 std::string checksum(const std::string& content) {
-  return std::to_string(content.size()) + " " + hash_hex(content);
+  const std::optional<std::string> digest = sha256_hex(content);
+  KILN_CHECK(digest.has_value()) << "libcrypto failed to hash a cache entry";
+  return std::to_string(content.size()) + " " + *digest;
 }
 
 std::string entry_dir(const std::string& kind) { return cache_root() + "/" + kind; }
@@ -71,9 +72,7 @@ std::string cache_root() {
   return std::string(home && *home ? home : "/tmp") + "/.cache/kiln";
 }
 
-std::string hash_hex(const std::string& data) {
-  return hex64(fnv1a(data, 14695981039346656037ull)) + hex64(fnv1a(data, 0x9e3779b97f4a7c15ull));
-}
+std::optional<std::string> entry_key(const std::string& material) { return sha256_hex(material); }
 
 CacheStats& stats() {
   static CacheStats s;
@@ -97,14 +96,12 @@ std::optional<std::string> lookup(const std::string& kind, const std::string& ke
 }
 
 std::string temporary_path(const std::string& kind, const std::string& key, const std::string& suffix) {
-  static std::atomic<uint64_t> counter{0};
-  static const uint64_t salt = std::random_device{}();
   make_dirs(entry_dir(kind));
-  return entry_dir(kind) + "/" + key + ".tmp." + std::to_string(::getpid()) + "." + hex64(salt ^ counter++) + suffix;
+  return entry_dir(kind) + "/" + key + unique_suffix() + suffix;
 }
 
 void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string temp = path + ".tmp." + std::to_string(::getpid()) + "." + hash_hex(path + text).substr(0, 8);
+  const std::string temp = path + unique_suffix();
   {
     std::ofstream out(temp, std::ios::binary | std::ios::trunc);
     KILN_CHECK(static_cast<bool>(out)) << "cannot write " << temp << ": " << std::strerror(errno);

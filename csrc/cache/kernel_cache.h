@@ -2,7 +2,8 @@
 // The on-disk cache of compiled artefacts (DESIGN.md "Cache keys").
 //
 // Entries live in <KILN_CACHE_DIR or ~/.cache/kiln>/<kind>/<key><suffix>, next to <key><suffix>.sum, which
-// holds the artefact's size and content hash. Writers build into a unique temporary file and rename it into
+// holds the artefact's size and SHA-256. Keys are SHA-256 hex digests (common/sha256.h) of everything an entry
+// depends on. Writers build into a unique temporary file and rename it into
 // place (then the checksum), so a reader sees an old entry, a new entry or none, never half a file; two
 // processes publishing the same key both succeed (the last rename wins, both files are equivalent). An entry
 // whose checksum does not match is treated as missing and rebuilt.
@@ -17,12 +18,12 @@ namespace kiln::cache {
 /// KILN_CACHE_DIR, else ~/.cache/kiln (read on every call so tests can change it).
 std::string cache_root();
 
-/// A 128-bit content hash as 32 hex digits (two FNV-1a lanes; not cryptographic, collisions are not a threat
-/// model here: the key also names compiler, flags and versions).
-std::string hash_hex(const std::string& data);
+/// The key of the entry for `material` (everything the entry depends on): its SHA-256 as 64 hex digits. nullopt
+/// without libcrypto: then nothing is cached.
+std::optional<std::string> entry_key(const std::string& material);
 
-/// Schema version of everything kiln writes into the cache: bump when generated code or entry layout changes.
-constexpr int kSchemaVersion = 1;
+/// Schema version of everything kiln writes into the cache: bump when keys, generated code or entry layout change.
+constexpr int kSchemaVersion = 2;
 
 struct CacheStats {
   int64_t kernels_compiled = 0;  // compiler invocations that produced a library
