@@ -3,8 +3,8 @@
 // Design: the cache key is the SHA-256 of the source, the compiler (resolved path, file size and mtime, so that
 // an upgraded compiler misses without ever being run on a hit), the flags, the CPU model (-march=native), the
 // caller's extra key (torch version) and the cache schema version. A process keeps what it loaded in a map keyed
-// by all of that, so the same source is dlopen'ed once. Without libcrypto there is no key: the library is built,
-// loaded and removed.
+// by all of that, so the same source is dlopen'ed once. While the disk cache is off (kernel_cache.h: untrusted,
+// or no libcrypto) the library is built in a private directory, loaded and removed.
 #include "codegen/cpp/compile_cpp.h"
 
 #include <dlfcn.h>
@@ -107,7 +107,7 @@ std::shared_ptr<SharedLibrary> compile_cpp_library(const std::string& source, co
   }
   const std::optional<std::string> key = cache::entry_key(identity);  // nullopt without libcrypto: no disk cache
   if (auto path = key ? cache::lookup("cpp", *key, ".so") : std::nullopt) {
-    auto library = load(*path);
+    auto library = load(*path);  // lookup checked the file and its directory: only this user can write them
     cache::stats().cache_hits++;
     loaded[identity] = library;
     return library;
@@ -135,16 +135,13 @@ std::shared_ptr<SharedLibrary> compile_cpp_library(const std::string& source, co
                       << compiler_output.substr(0, 4000);
   }
   cache::stats().kernels_compiled++;
-  std::shared_ptr<SharedLibrary> library;
-  if (key) {
-    const std::string path = cache::publish("cpp", *key, ".so", library_path);
+  const std::optional<std::string> entry = key ? cache::publish("cpp", *key, ".so", library_path) : std::nullopt;
+  if (entry)
     cache::publish("cpp", *key, ".cpp", source_path);  // kept next to the library for debugging
-    library = load(path);
-  } else {
+  else
     std::remove(source_path.c_str());
-    library = load(library_path);
-    std::remove(library_path.c_str());  // the loaded mapping stays
-  }
+  auto library = load(entry.value_or(library_path));
+  if (!entry) std::remove(library_path.c_str());  // built in a private directory; the loaded mapping stays
   loaded[identity] = library;
   return library;
 }

@@ -53,6 +53,7 @@ CompiledCuda compile_or_load(const std::string& source, const std::string& progr
   const std::optional<std::string> key = cache::entry_key(identity);  // nullopt without libcrypto: no disk cache
   const bool cubin = options.arch.rfind("sm_", 0) == 0;
   const std::string suffix = cubin ? ".cubin" : ".ptx";
+  // read_entry checks the file and its directory before the image is loaded into the driver.
   if (std::optional<std::string> image = key ? cache::read_entry("cuda", *key, suffix) : std::nullopt;
       image && !image->empty()) {
     CompiledCuda loaded;
