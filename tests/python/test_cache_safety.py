@@ -144,3 +144,36 @@ def test_without_home_the_cache_is_a_private_folder_in_tmpdir(tmp_path):
     assert words == ["1", "0", "0", "True"] and not warnings, (words, warnings)
     assert mode(root) == 0o700 and mode(root / "cpp") == 0o700
     assert any(n.endswith(".so") for n in os.listdir(root / "cpp"))
+
+
+CUDA_CHILD = textwrap.dedent("""
+    import torch, kiln
+    from kiln.testing import assert_same_as_eager, random_tensor
+    with torch.no_grad():
+        assert_same_as_eager(lambda x: torch.softmax(x * 3, -1), random_tensor(64, 333, device="cuda"), grads=False)
+    s = kiln._C.cuda.program_cache_stats()
+    print(s["compiled"], s["disk_hits"])
+""")
+
+
+@pytest.mark.cuda
+def test_an_untrusted_cuda_image_is_not_loaded(tmp_path):
+    cache = tmp_path / "cache"
+    env = dict(os.environ, KILN_CACHE_DIR=str(cache), PYTHONPATH=os.path.join(REPO_ROOT, "python"))
+
+    def run():
+        done = subprocess.run([sys.executable, "-c", CUDA_CHILD], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return [int(v) for v in done.stdout.split()], [line for line in done.stderr.splitlines()
+                                                       if line.startswith("[kiln] warning:")]
+
+    (compiled, disk_hits), warnings = run()
+    assert compiled >= 1 and disk_hits == 0 and not warnings
+    images = [cache / "cuda" / n for n in os.listdir(cache / "cuda") if n.endswith((".cubin", ".ptx"))]
+    assert len(images) == compiled and all(re.fullmatch(r"[0-9a-f]{64}\.(cubin|ptx)", p.name) for p in images)
+    make_group_writable(images[0])
+    # The graph record comes from disk; the refused image is compiled again by NVRTC (images read on other threads
+    # before the refusal may still come from disk).
+    (compiled_again, disk_hits), warnings = run()
+    assert compiled_again >= 1 and compiled_again + disk_hits == compiled, (compiled_again, disk_hits)
+    assert len(warnings) == 1 and str(images[0]) in warnings[0] and "mode 0664" in warnings[0], warnings
