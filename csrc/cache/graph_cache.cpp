@@ -132,13 +132,13 @@ CompiledArtifact decode(const std::string& bytes) {
 
 }  // namespace
 
-std::string graph_key(const graph::Graph& captured, const std::string& context) {
+std::optional<std::string> graph_key(const graph::Graph& captured, const std::string& context) {
   graph::ByteWriter w;
   w.text("kiln graph record " + std::to_string(kSchemaVersion) + "." + std::to_string(kRecordFormat));
   w.text(build_identity());
   w.text(context);
   graph::write_graph(w, captured);
-  return hash_hex(w.bytes());
+  return entry_key(w.bytes());
 }
 
 std::optional<CompiledArtifact> load_artifact(const std::string& key, const graph::Graph& captured) {

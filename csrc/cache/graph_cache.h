@@ -20,8 +20,9 @@
 
 namespace kiln::cache {
 
-/// The key of `captured` compiled under `context` (device, flags: whatever else the result depends on).
-std::string graph_key(const graph::Graph& captured, const std::string& context);
+/// The key of `captured` compiled under `context` (device, flags: whatever else the result depends on): a SHA-256 hex
+/// digest; nullopt when nothing can be keyed (no libcrypto: the disk cache is off).
+std::optional<std::string> graph_key(const graph::Graph& captured, const std::string& context);
 
 /// The artefact stored under `key` with the tensors of `captured`'s constants attached (attach_constants), or nullopt
 /// when there is none, its constants do not match, or it is unreadable (then it is counted as a corrupt entry and

@@ -1,6 +1,6 @@
 #pragma once
-// Opening optional shared libraries at run time (libnvrtc, libcuda): nothing links against them, so
-// kiln builds and imports on machines that have neither.
+// Opening optional shared libraries at run time (libnvrtc, libcuda, libcrypto): nothing links against them, so
+// kiln builds and imports on machines that have none of them.
 #include <dlfcn.h>
 
 #include <string>
@@ -14,11 +14,12 @@ struct OpenedLibrary {
   std::string tried;       ///< one "\n  <candidate>: <dlerror>" line per candidate that failed
 };
 
-/// dlopen()s the first candidate that loads (RTLD_NOW | RTLD_LOCAL).
-inline OpenedLibrary open_first_library(const std::vector<std::string>& candidates) {
+/// dlopen()s the first candidate that loads (RTLD_NOW | RTLD_LOCAL | `extra_flags`; RTLD_NOLOAD: only one the
+/// process has loaded already).
+inline OpenedLibrary open_first_library(const std::vector<std::string>& candidates, int extra_flags = 0) {
   OpenedLibrary out;
   for (const std::string& candidate : candidates) {
-    out.handle = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL);
+    out.handle = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL | extra_flags);
     if (out.handle) {
       out.path = candidate;
       return out;

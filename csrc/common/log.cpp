@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <set>
 
 #include "common/error.h"
 
@@ -78,6 +79,15 @@ void emit(Category c, const std::string& text) {
   static std::mutex m;
   std::lock_guard<std::mutex> lock(m);
   std::fprintf(stderr, "[kiln:%s] %s\n", name(c), text.c_str());
+  std::fflush(stderr);
+}
+
+void warn_once(const std::string& text) {
+  static std::mutex m;
+  static std::set<std::string> given;
+  std::lock_guard<std::mutex> lock(m);
+  if (!given.insert(text).second) return;
+  std::fprintf(stderr, "[kiln] warning: %s\n", text.c_str());
   std::fflush(stderr);
 }
 

@@ -36,6 +36,10 @@ void configure(const std::string& spec);
 const char* name(Category c);
 /// Writes one record to stderr, prefixed with "[kiln:<category>] ".
 void emit(Category c, const std::string& text);
+/// Writes "[kiln] warning: <text>" to stderr the first time this process is given `text`, whatever KILN_LOGS says:
+/// for what users must hear about without asking for logs (a cache directory kiln will not trust). Thread-safe, so
+/// it needs no GIL (a Python warning would: these come from compiler threads too).
+void warn_once(const std::string& text);
 
 /// Milliseconds since construction, for `perf` records.
 class Stopwatch {

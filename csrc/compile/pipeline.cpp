@@ -128,10 +128,10 @@ std::shared_ptr<runtime::CompiledGraph> compile_artifact(std::shared_ptr<const g
   std::string context = load_context + (training_half ? ", training half" : "") + ", " + options.cache_key();
   if (const int sms = backend.multiprocessors(std::max<int>(device.index, 0)); sms > 0)
     context += ", " + std::string(backend.name()) + " with " + std::to_string(sms) + " SMs";
-  const std::string key = cache::graph_key(*captured, context);
+  const std::optional<std::string> key = cache::graph_key(*captured, context);
   // The PTX check (a test switch) needs the schedule, so it always lowers.
   std::optional<cache::CompiledArtifact> cached =
-      g_cuda_ptx_check ? std::nullopt : cache::load_artifact(key, *captured);
+      g_cuda_ptx_check || !key ? std::nullopt : cache::load_artifact(*key, *captured);
   if (cached) {
     const double read_ms = started.ms();
     const std::string counts = plan_counts(*cached);
@@ -144,7 +144,7 @@ std::shared_ptr<runtime::CompiledGraph> compile_artifact(std::shared_ptr<const g
   }
   LoweringTimes times;
   cache::CompiledArtifact artifact = lower_graph(*captured, device, options, training_half, times);
-  cache::store_artifact(key, artifact);
+  if (key) cache::store_artifact(*key, artifact);
   const std::string counts = plan_counts(artifact);
   const double lowered_ms = started.ms();
   auto compiled = runtime::make_kiln_graph(std::move(artifact), device, constants_of, load_context, options.dump_dir(),

@@ -501,10 +501,12 @@ std::shared_ptr<AutogradGraph> compile_autograd_graph(std::shared_ptr<const grap
                                                       const CompileGradFreeGraph& compile_part) {
   auto program = c10::make_intrusive<JointProgram>();
   const autodiff::CudnnBatchNorm cudnn = cudnn_batch_norm_here();
-  const std::string key = cache::graph_key(*g, "joint graphs, torch " + built_torch_version() + ", cudnn batch norm " +
-                                                   std::to_string(cudnn.available) + " " + std::to_string(cudnn.min_epsilon));
+  const std::optional<std::string> key =
+      cache::graph_key(*g, "joint graphs, torch " + built_torch_version() + ", cudnn batch norm " +
+                               std::to_string(cudnn.available) + " " + std::to_string(cudnn.min_epsilon));
   std::optional<autodiff::JointGraphs> cached;
-  if (std::optional<std::string> bytes = cache::load_record_bytes(kJointKind, key)) cached = decode_joint(*bytes, key, *g);
+  if (std::optional<std::string> bytes = key ? cache::load_record_bytes(kJointKind, *key) : std::nullopt)
+    cached = decode_joint(*bytes, *key, *g);
   if (cached) {
     program->joint = std::move(*cached);
     cache::stats().joint_hits++;
@@ -513,7 +515,8 @@ std::shared_ptr<AutogradGraph> compile_autograd_graph(std::shared_ptr<const grap
     MetaOracle oracle;
     at::NoGradGuard no_grad;
     program->joint = autodiff::build_joint_graphs(*g, oracle, cudnn);
-    if (std::optional<std::string> bytes = encode_joint(program->joint, *g)) cache::store_record_bytes(kJointKind, key, *bytes);
+    if (std::optional<std::string> bytes = key ? encode_joint(program->joint, *g) : std::nullopt)
+      cache::store_record_bytes(kJointKind, *key, *bytes);
   }
   const autodiff::JointGraphs& joint = program->joint;
   KILN_LOG(graph) << "kiln autograd partition: saves " << joint.saved_tensors << " tensors (" << joint.saved_bytes

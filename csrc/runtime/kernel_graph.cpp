@@ -15,10 +15,10 @@
 #include <mutex>
 #include <unordered_set>
 
-#include "cache/kernel_cache.h"
 #include "codegen/device_backend.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/sha256.h"
 #include "runtime/autograd_graph.h"
 #include "runtime/cuda_launch.h"
 #include "runtime/eager_interpreter.h"
@@ -341,8 +341,12 @@ std::shared_ptr<CompiledGraph> make_kiln_graph(cache::CompiledArtifact artifact,
   kg->summary.source = code.source();
   if (!code.empty()) {
     KILN_LOG(output_code) << "kiln backend (" << kg->summary.device << "):\n" << kg->summary.source;
-    dump_debug(dump_dir, "kiln_" + cache::hash_hex(kg->summary.source).substr(0, 12), optimised->to_string(),
-               kg->summary.source, code.backend);
+    if (!dump_dir.empty())  // named by the source's digest; without libcrypto, by the standard library's hash
+      dump_debug(dump_dir,
+                 "kiln_" + sha256_hex(kg->summary.source)
+                               .value_or(std::to_string(std::hash<std::string>{}(kg->summary.source)))
+                               .substr(0, 12),
+                 optimised->to_string(), kg->summary.source, code.backend);
     for (const cache::KernelEntry& entry : code.kernels)
       if (!entry.strategy.empty()) kg->summary.strategies.push_back(entry.strategy);
     kg->backend_ = &codegen::device_backend_named(code.backend);

@@ -4,7 +4,7 @@
 |---|---|
 | KILN_LOGS       | comma list of log categories: graph_breaks, recompiles, guards, graph, output_code, passes, perf, bytecode, trace, fallbacks, or `all` |
 | KILN_DEBUG_DIR  | directory where graphs and generated sources are kept (used by the compiler backends) |
-| KILN_CACHE_DIR  | on-disk cache of compiled kernels and graphs (default ~/.cache/kiln) |
+| KILN_CACHE_DIR  | on-disk cache of compiled kernels and graphs (default ~/.cache/kiln, without HOME $TMPDIR/kiln-<uid>); unused, with one warning, if others can write to it |
 | KILN_DISABLE    | `1`: kiln.compile returns functions that run eagerly |
 | KILN_NVRTC_PATH | libnvrtc.so (or its folder) for CUDA kernels; searched before /usr/local/cuda/lib64, the nvidia-cuda-nvrtc wheel, the loader path |
 | KILN_VERIFY     | `1`: run the graph verifier after every pass and the loop-IR verifier on every kernel (kiln backend) |
@@ -41,7 +41,12 @@ def debug_dir():
 
 
 def cache_dir():
-    return os.environ.get("KILN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kiln")
+    """The disk cache's folder, as kiln's C++ side chooses it (cache_root in csrc/cache/kernel_cache.h)."""
+    if os.environ.get("KILN_CACHE_DIR"):
+        return os.environ["KILN_CACHE_DIR"]
+    if os.environ.get("HOME"):
+        return os.path.join(os.environ["HOME"], ".cache", "kiln")
+    return os.path.join(os.environ.get("TMPDIR") or "/tmp", f"kiln-{os.geteuid()}")
 
 
 def set_logs(spec):

@@ -110,6 +110,8 @@ TEST_CASE("graph bytes that differ in one double differ") {
   Graph a = every_argument_kind(), b = every_argument_kind();
   b.nodes[0].args[5] = 0.0;  // -0.0 before
   CHECK(bytes_of(a) != bytes_of(b));
+  REQUIRE(cache::graph_key(a, "cpu"));
+  CHECK(cache::graph_key(a, "cpu")->size() == 64);  // SHA-256 hex
   CHECK(cache::graph_key(a, "cpu") != cache::graph_key(b, "cpu"));
   CHECK(cache::graph_key(a, "cpu") != cache::graph_key(a, "cuda"));
   CHECK(cache::graph_key(a, "cpu") == cache::graph_key(every_argument_kind(), "cpu"));
@@ -143,7 +145,7 @@ TEST_CASE("a compiled artefact is stored and read back whole; a damaged entry is
   record.code.kernels = {{"kernel_0_add", 4096, 256, 1, "pointwise_vec4", 0}, {"kernel_1_mul", 1, 32, 8, "column", 1}};
   record.code.group = {"group_0", 7, 128, 1, "group", 0};
   record.code.group_members = {0};
-  const std::string key = cache::graph_key(record.optimised, "test");
+  const std::string key = cache::graph_key(record.optimised, "test").value();
   REQUIRE(!cache::build_identity().empty());
   CHECK(!cache::load_artifact(key, record.optimised));
   cache::store_artifact(key, record);

@@ -1,9 +1,10 @@
 // Running the system C++ compiler and loading its output.
 //
-// Design: the cache key covers the source, the compiler (resolved path, file size and mtime, so that an
-// upgraded compiler misses without ever being run on a hit), the flags, the CPU model (-march=native),
-// the caller's extra key (torch version) and the cache schema version. A process keeps what it loaded in a
-// map, so the same source is dlopen'ed once.
+// Design: the cache key is the SHA-256 of the source, the compiler (resolved path, file size and mtime, so that
+// an upgraded compiler misses without ever being run on a hit), the flags, the CPU model (-march=native), the
+// caller's extra key (torch version) and the cache schema version. A process keeps what it loaded in a map keyed
+// by all of that, so the same source is dlopen'ed once. While the disk cache is off (kernel_cache.h: untrusted,
+// or no libcrypto) the library is built in a private directory, loaded and removed.
 #include "codegen/cpp/compile_cpp.h"
 
 #include <dlfcn.h>
@@ -94,25 +95,27 @@ std::string cpp_flags() { return "-O3 -march=native -fopenmp -shared -fPIC -std=
 
 std::shared_ptr<SharedLibrary> compile_cpp_library(const std::string& source, const std::string& extra_key) {
   static std::mutex mutex;
+  // Keyed by everything the library depends on, not by its digest: a process never mistakes one library for another.
   static std::map<std::string, std::shared_ptr<SharedLibrary>> loaded;
   const std::string compiler = cpp_compiler();
-  const std::string key = cache::hash_hex(source + "\n//" + compiler_identity(compiler) + "|" + cpp_flags() + "|" +
-                                          cpu_model() + "|" + extra_key + "|schema " +
-                                          std::to_string(cache::kSchemaVersion));
+  const std::string identity = source + "\n//" + compiler_identity(compiler) + "|" + cpp_flags() + "|" + cpu_model() +
+                               "|" + extra_key + "|schema " + std::to_string(cache::kSchemaVersion);
   std::lock_guard<std::mutex> lock(mutex);
-  if (auto it = loaded.find(key); it != loaded.end()) {
+  if (auto it = loaded.find(identity); it != loaded.end()) {
     cache::stats().memory_hits++;
     return it->second;
   }
-  if (auto path = cache::lookup("cpp", key, ".so")) {
-    auto library = load(*path);
+  const std::optional<std::string> key = cache::entry_key(identity);  // nullopt without libcrypto: no disk cache
+  if (auto path = key ? cache::lookup("cpp", *key, ".so") : std::nullopt) {
+    auto library = load(*path);  // lookup checked the file and its directory: only this user can write them
     cache::stats().cache_hits++;
-    loaded[key] = library;
+    loaded[identity] = library;
     return library;
   }
-  const std::string source_path = cache::temporary_path("cpp", key, ".cpp");
-  const std::string library_path = cache::temporary_path("cpp", key, ".so");
-  const std::string log_path = cache::temporary_path("cpp", key, ".log");
+  const std::string name = key.value_or("kernels");
+  const std::string source_path = cache::temporary_path("cpp", name, ".cpp");
+  const std::string library_path = cache::temporary_path("cpp", name, ".so");
+  const std::string log_path = cache::temporary_path("cpp", name, ".log");
   {
     std::ofstream out(source_path);
     out << source;
@@ -132,10 +135,14 @@ std::shared_ptr<SharedLibrary> compile_cpp_library(const std::string& source, co
                       << compiler_output.substr(0, 4000);
   }
   cache::stats().kernels_compiled++;
-  const std::string path = cache::publish("cpp", key, ".so", library_path);
-  cache::publish("cpp", key, ".cpp", source_path);  // kept next to the library for debugging
-  auto library = load(path);
-  loaded[key] = library;
+  const std::optional<std::string> entry = key ? cache::publish("cpp", *key, ".so", library_path) : std::nullopt;
+  if (entry)
+    cache::publish("cpp", *key, ".cpp", source_path);  // kept next to the library for debugging
+  else
+    std::remove(source_path.c_str());
+  auto library = load(entry.value_or(library_path));
+  if (!entry) std::remove(library_path.c_str());  // built in a private directory; the loaded mapping stays
+  loaded[identity] = library;
   return library;
 }
 

@@ -1,15 +1,14 @@
 // Program cache for CUDA: compile once per (device, flags, source), load once into the device's primary
 // context. Entries live for the process (loaded modules are never unloaded, see loaded_program.h). Below the
-// memory cache, compiled images live on disk (cache/kernel_cache.h, kind "cuda"), keyed by the source, the
-// device helpers, NVRTC's version, the flags and the architecture: a new process loads them without NVRTC.
+// memory cache, compiled images live on disk (cache/kernel_cache.h, kind "cuda"), keyed by the SHA-256 of the
+// source, the device helpers, NVRTC's version, the flags and the architecture: a new process loads them without
+// NVRTC.
 #include "codegen/cuda/cuda_program_cache.h"
 
 #include <algorithm>
 #include <atomic>
 #include <exception>
-#include <fstream>
 #include <functional>
-#include <iterator>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -43,44 +42,32 @@ std::string cache_key(int ordinal, bool line_info, const std::string& source) {
   return key;
 }
 
-std::string read_binary(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 // The compiled image of `source` for `options`: from the disk cache, or compiled by NVRTC and published.
 CompiledCuda compile_or_load(const std::string& source, const std::string& program_name, const NvrtcOptions& options,
                              CudaProgramCacheStats& stats, bool in_worker) {
   const NvrtcVersion version = nvrtc_version();
-  std::string headers;
-  for (const CudaHeader& h : options.headers) headers += h.name + "\x1f" + h.content + "\x1f";
-  const std::string key = cache::hash_hex(source + "\n//nvrtc " + std::to_string(version.major) + "." +
-                                          std::to_string(version.minor) + "|" + options.arch + "|" +
-                                          (options.line_info ? "-lineinfo" : "") + "|" + cache::hash_hex(headers) + "|" +
-                                          std::to_string(cache::kSchemaVersion));
+  std::string identity = source + "\n//nvrtc " + std::to_string(version.major) + "." + std::to_string(version.minor) +
+                         "|" + options.arch + "|" + (options.line_info ? "-lineinfo" : "") + "|";
+  for (const CudaHeader& h : options.headers) identity += h.name + "\x1f" + h.content + "\x1f";
+  identity += "|" + std::to_string(cache::kSchemaVersion);
+  const std::optional<std::string> key = cache::entry_key(identity);  // nullopt without libcrypto: no disk cache
   const bool cubin = options.arch.rfind("sm_", 0) == 0;
   const std::string suffix = cubin ? ".cubin" : ".ptx";
-  if (auto path = cache::lookup("cuda", key, suffix)) {
+  // read_entry checks the file and its directory before the image is loaded into the driver.
+  if (std::optional<std::string> image = key ? cache::read_entry("cuda", *key, suffix) : std::nullopt;
+      image && !image->empty()) {
     CompiledCuda loaded;
-    loaded.image = read_binary(*path);
+    loaded.image = std::move(*image);
     loaded.is_cubin = cubin;
     loaded.arch = options.arch;
     loaded.version = version;
-    if (!loaded.image.empty()) {
-      ++stats.disk_hits;
-      return loaded;
-    }
+    ++stats.disk_hits;
+    return loaded;
   }
   CompiledCuda compiled = compile_cuda(source, program_name, options, in_worker);
   ++stats.compiled;
   try {
-    const std::string built = cache::temporary_path("cuda", key, suffix);
-    {
-      std::ofstream out(built, std::ios::binary);
-      out.write(compiled.image.data(), static_cast<std::streamsize>(compiled.image.size()));
-      if (!out) throw std::runtime_error("write failed");
-    }
-    cache::publish("cuda", key, suffix, built);
+    if (key) cache::publish_content("cuda", *key, suffix, compiled.image);
   } catch (const std::exception& e) {
     KILN_LOG(perf) << "CUDA program '" << program_name << "' not written to the disk cache: " << e.what();
   }
