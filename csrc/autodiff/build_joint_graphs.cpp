@@ -126,7 +126,7 @@ graph::ValueId view_root(const graph::Graph& g, graph::ValueId id) {
 // last step) are returned as copies: a compiled autograd node's outputs are its own tensors. Eager's view could
 // only be told apart through its base, so this is done when nothing else returned shares that base; a view
 // of an input, or of a value returned too, keeps the eager interpreter (check_supported).
-void materialize_view_outputs(graph::Graph& g, OpOracle& oracle) {
+void materialize_view_outputs(graph::Graph& g, graph::OpOracle& oracle) {
   std::map<graph::ValueId, int> roots;  // root -> how many outputs reach it
   for (graph::ValueId id : g.outputs) roots[view_root(g, id)]++;
   std::vector<graph::ValueId> outputs = g.outputs;
@@ -249,7 +249,7 @@ graph::ValueId sum_of_contributions(BackwardBuilder& b, const graph::Graph& back
 
 }  // namespace
 
-JointGraphs build_joint_graphs(const graph::Graph& graph_with_updates, OpOracle& oracle, const CudnnBatchNorm& cudnn) {
+JointGraphs build_joint_graphs(const graph::Graph& graph_with_updates, graph::OpOracle& oracle, const CudnnBatchNorm& cudnn) {
   const log::Stopwatch started;
   // Buffer updates (num_batches_tracked.add_(1)) become functional; the runtime writes them back.
   graph::Graph captured = graph_with_updates;

@@ -53,6 +53,6 @@ struct JointGraphs {
 /// of inputs that do not require grad and that the backward does not read); callers then keep the eager
 /// interpreter. Before the split, CUDA convolution chains are relaid channels-last (passes/channels_last.h)
 /// and training-mode batch norm takes cuDNN's kernel where `cudnn` allows it (cudnn_batch_norm.h).
-JointGraphs build_joint_graphs(const graph::Graph& captured, OpOracle& oracle, const CudnnBatchNorm& cudnn = {});
+JointGraphs build_joint_graphs(const graph::Graph& captured, graph::OpOracle& oracle, const CudnnBatchNorm& cudnn = {});
 
 }  // namespace kiln::autodiff

@@ -64,7 +64,7 @@ bool is_opaque_workspace(const graph::TensorMeta& meta) {
   return meta.dtype == ScalarType::Byte && meta.sizes.size() == 1 && meta.sizes[0] == 0;
 }
 
-bool use_cudnn_batch_norm(graph::Graph& g, OpOracle& oracle, const CudnnBatchNorm& cudnn) {
+bool use_cudnn_batch_norm(graph::Graph& g, graph::OpOracle& oracle, const CudnnBatchNorm& cudnn) {
   if (!cudnn.available) return false;
   bool changed = false;
   for (size_t n = 0; n < g.nodes.size(); ++n) {

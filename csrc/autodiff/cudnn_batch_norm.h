@@ -26,7 +26,7 @@ struct CudnnBatchNorm {
 /// float32 weight, weight and bias given, both running statistics or neither, at least 3 dims, a batch of at
 /// most 880801, eps at least cuDNN's minimum, an input dense in its suggested layout). Returns true if it
 /// changed `g`.
-bool use_cudnn_batch_norm(graph::Graph& g, OpOracle& oracle, const CudnnBatchNorm& cudnn);
+bool use_cudnn_batch_norm(graph::Graph& g, graph::OpOracle& oracle, const CudnnBatchNorm& cudnn);
 
 /// True for a value recorded as an empty byte vector: a kernel's workspace whose size only the kernel knows.
 bool is_opaque_workspace(const graph::TensorMeta& meta);

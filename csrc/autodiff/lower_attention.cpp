@@ -38,7 +38,7 @@ bool kernel_accepts(const graph::TensorMeta& q, const graph::TensorMeta& k, cons
 
 }  // namespace
 
-void lower_attention_for_autodiff(graph::Graph& g, OpOracle& oracle) {
+void lower_attention_for_autodiff(graph::Graph& g, graph::OpOracle& oracle) {
   for (size_t n = 0; n < g.nodes.size(); ++n) {
     graph::Node& node = g.nodes[n];
     if (node.qualified_name() != "aten::scaled_dot_product_attention.default") continue;

@@ -16,6 +16,6 @@
 namespace kiln::autodiff {
 
 /// Rewrites attention nodes of `g` as above.
-void lower_attention_for_autodiff(graph::Graph& g, OpOracle& oracle);
+void lower_attention_for_autodiff(graph::Graph& g, graph::OpOracle& oracle);
 
 }  // namespace kiln::autodiff

@@ -41,7 +41,7 @@ at::TensorOptions options_of(const graph::TensorMeta& meta, c10::Device device) 
 
 // Runs each emitted backward op on meta tensors shaped like its arguments: PyTorch's meta kernels give
 // the results' sizes, strides and dtype.
-class MetaOracle final : public autodiff::OpOracle {
+class MetaOracle final : public graph::OpOracle {
  public:
   std::vector<graph::TensorMeta> complete_node(const graph::Graph& g, graph::Node& node) override {
     const std::string overload = node.overload == "default" ? "" : node.overload;
