@@ -18,6 +18,7 @@
 #include "autodiff/partition.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "graph/op_facts.h"
 #include "passes/channels_last.h"
 
 namespace kiln::autodiff {
@@ -40,8 +41,8 @@ void check_supported(const graph::Graph& g) {
   }
   for (const graph::Node& node : g.nodes) {
     if (!node.mutates_args) continue;
-    const DerivativeRule* rule = find_derivative_rule(node.qualified_name());
-    if (!rule || !rule->mutates_only_buffers) KILN_UNSUPPORTED() << "in-place op " << node.qualified_name();
+    const std::string name = node.qualified_name();
+    if (!graph::op_facts(name).mutates_only_buffers) KILN_UNSUPPORTED() << "in-place op " << name;
   }
 }
 

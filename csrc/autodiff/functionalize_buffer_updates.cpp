@@ -16,7 +16,6 @@
 #include <string>
 #include <tuple>
 
-#include "autodiff/derivative_rules.h"
 #include "common/error.h"
 #include "graph/op_facts.h"
 
@@ -85,8 +84,7 @@ std::vector<BufferUpdate> functionalize_buffer_updates(Graph& g) {
         continue;
       }
     }
-    const DerivativeRule* rule = find_derivative_rule(name);
-    const bool shares_or_writes = node.is_view || node.mutates_args || (rule && rule->mutates_only_buffers);
+    const bool shares_or_writes = node.is_view || node.mutates_args || facts.mutates_only_buffers;
     if (!shares_or_writes) continue;
     for_each_tensor_arg(node, [&](ValueId id) {
       auto it = storage_of.find(id);

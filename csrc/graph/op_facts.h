@@ -102,6 +102,11 @@ struct OpFacts {
   /// dtype may stand there when the op is made functional (passes/functionalize).
   bool any_operand_dtype = false;
   OpBufferUpdate buffer_update = OpBufferUpdate::kNo;
+  /// Writes arguments that never require grad, and nothing else (training-mode BatchNorm's running statistics): its
+  /// derivative rule is still exact and the forward replays the write (autodiff/build_joint_graphs); a graph input it
+  /// writes shares storage with it, so no buffer update of that input is made functional
+  /// (autodiff/functionalize_buffer_updates).
+  bool mutates_only_buffers = false;
 };
 
 /// The row of `qualified_name` ("aten::sigmoid.default"); for an op without one, a row of defaults (nothing known).
