@@ -10,7 +10,6 @@
 
 #include <c10/core/GradMode.h>
 
-#include "autodiff/functionalize_buffer_updates.h"
 #include "cache/graph_cache.h"
 #include "cache/kernel_cache.h"
 #include "codegen/cuda/cuda_device_lib.h"
@@ -23,6 +22,7 @@
 #include "fusion/schedule_kernels.h"
 #include "passes/channels_last.h"
 #include "passes/functionalize.h"
+#include "passes/functionalize_buffer_updates.h"
 #include "passes/lower_batch_norm.h"
 #include "passes/pipeline.h"
 #include "passes/sink_into_copies.h"
@@ -157,14 +157,14 @@ std::shared_ptr<runtime::CompiledGraph> compile_artifact(std::shared_ptr<const g
 
 // A graph whose only in-place ops update inputs that need no grad (BatchNorm's num_batches_tracked): compiled with
 // the updates made functional, their final values written back after it runs. Null when its in-place ops are not
-// all such updates (autodiff/functionalize_buffer_updates.h).
+// all such updates (passes/functionalize_buffer_updates.h).
 std::shared_ptr<runtime::CompiledGraph> compile_with_buffer_updates(const std::shared_ptr<const graph::Graph>& g,
                                                                     const runtime::ConstantsOf& constants_of,
                                                                     const CompileOptions& options, bool training_half) {
   auto functional = std::make_shared<graph::Graph>(*g);
-  std::vector<autodiff::BufferUpdate> updates;
+  std::vector<passes::BufferUpdate> updates;
   try {
-    updates = autodiff::functionalize_buffer_updates(*functional);
+    updates = passes::functionalize_buffer_updates(*functional);
   } catch (const std::exception&) {
     return nullptr;
   }
@@ -172,7 +172,7 @@ std::shared_ptr<runtime::CompiledGraph> compile_with_buffer_updates(const std::s
   const size_t num_outputs = functional->outputs.size();
   std::vector<graph::ValueId> outputs = functional->outputs;
   std::vector<int32_t> updated;
-  for (const autodiff::BufferUpdate& update : updates) {
+  for (const passes::BufferUpdate& update : updates) {
     outputs.push_back(update.final_value);
     updated.push_back(update.input_index);
   }

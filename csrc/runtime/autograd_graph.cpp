@@ -22,6 +22,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "graph/graph_bytes.h"
+#include "passes/use_cudnn_batch_norm.h"
 #include "runtime/eager_interpreter.h"
 #include "runtime/kernel_graph.h"
 #include "runtime/node_call.h"
@@ -205,10 +206,10 @@ std::vector<std::vector<bool>> gradient_reach(const graph::Graph& backward, size
 }
 
 // A tensor with exactly the sizes and strides `meta` promises (copied only when it differs). A workspace
-// (autodiff::is_opaque_workspace: cuDNN's batch-norm reserve) has the size its kernel chose and passes as it
+// (passes::is_opaque_workspace: cuDNN's batch-norm reserve) has the size its kernel chose and passes as it
 // is; `keep` (retain_graph: another backward will read it) passes a copy, as eager's formula does.
 at::Tensor conform(const at::Tensor& t, const graph::TensorMeta& meta, bool keep) {
-  if (autodiff::is_opaque_workspace(meta) && t.scalar_type() == at::kByte && t.dim() == 1) return keep ? t.clone() : t;
+  if (passes::is_opaque_workspace(meta) && t.scalar_type() == at::kByte && t.dim() == 1) return keep ? t.clone() : t;
   const auto dtype = static_cast<at::ScalarType>(meta.dtype);
   if (t.sizes().equals(meta.sizes) && t.strides().equals(meta.strides) && t.scalar_type() == dtype) return t;
   at::Tensor copy = at::empty_strided(meta.sizes, meta.strides, t.options().dtype(dtype));
@@ -216,7 +217,7 @@ at::Tensor conform(const at::Tensor& t, const graph::TensorMeta& meta, bool keep
   return copy;
 }
 
-// The forward's buffer updates (autodiff/functionalize_buffer_updates.h) land in the caller's tensors, as
+// The forward's buffer updates (passes/functionalize_buffer_updates.h) land in the caller's tensors, as
 // eager's in-place ops would have written them (same storage, version counter bumped).
 void write_back_updated_inputs(const autodiff::JointGraphs& joint, const std::vector<at::Tensor>& inputs,
                                const std::vector<at::Tensor>& results) {
@@ -479,8 +480,8 @@ std::optional<autodiff::JointGraphs> decode_joint(const std::string& bytes, cons
 
 }  // namespace
 
-autodiff::CudnnBatchNorm cudnn_batch_norm_here() {
-  autodiff::CudnnBatchNorm cudnn;
+passes::CudnnBatchNorm cudnn_batch_norm_here() {
+  passes::CudnnBatchNorm cudnn;
   const auto& hooks = at::detail::getCUDAHooks();
   cudnn.available = hooks.compiledWithCuDNN() && at::globalContext().userEnabledCuDNN();
   if (cudnn.available) cudnn.min_epsilon = hooks.batchnormMinEpsilonCuDNN();
@@ -488,19 +489,19 @@ autodiff::CudnnBatchNorm cudnn_batch_norm_here() {
 }
 
 std::shared_ptr<const graph::Graph> with_cudnn_batch_norm(std::shared_ptr<const graph::Graph> g) {
-  const autodiff::CudnnBatchNorm cudnn = cudnn_batch_norm_here();
+  const passes::CudnnBatchNorm cudnn = cudnn_batch_norm_here();
   if (!cudnn.available) return g;
   auto rewritten = std::make_shared<graph::Graph>(*g);
   MetaOracle oracle;
   at::NoGradGuard no_grad;
-  if (!autodiff::use_cudnn_batch_norm(*rewritten, oracle, cudnn)) return g;
+  if (!passes::use_cudnn_batch_norm(*rewritten, oracle, cudnn)) return g;
   return rewritten;
 }
 
 std::shared_ptr<AutogradGraph> compile_autograd_graph(std::shared_ptr<const graph::Graph> g,
                                                       const CompileGradFreeGraph& compile_part) {
   auto program = c10::make_intrusive<JointProgram>();
-  const autodiff::CudnnBatchNorm cudnn = cudnn_batch_norm_here();
+  const passes::CudnnBatchNorm cudnn = cudnn_batch_norm_here();
   const std::string key = cache::graph_key(*g, "joint graphs, torch " + built_torch_version() + ", cudnn batch norm " +
                                                    std::to_string(cudnn.available) + " " + std::to_string(cudnn.min_epsilon));
   std::optional<autodiff::JointGraphs> cached;

@@ -34,7 +34,7 @@ std::shared_ptr<AutogradGraph> compile_autograd_graph(std::shared_ptr<const grap
                                                       const CompileGradFreeGraph& compile_part);
 
 /// `g` with its training-mode batch norms on cuDNN where eager would run them there
-/// (autodiff/cudnn_batch_norm.h), or `g` itself when none qualifies: for the eager interpreter, whose replay
+/// (passes/use_cudnn_batch_norm.h), or `g` itself when none qualifies: for the eager interpreter, whose replay
 /// then records eager's own autograd nodes.
 std::shared_ptr<const graph::Graph> with_cudnn_batch_norm(std::shared_ptr<const graph::Graph> g);
 

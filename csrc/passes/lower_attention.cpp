@@ -1,10 +1,11 @@
-#include "autodiff/lower_attention.h"
+// scaled_dot_product_attention as a differentiable kernel (passes/lower_attention.h).
+#include "passes/lower_attention.h"
 
 #include <variant>
 
 #include "common/error.h"
 
-namespace kiln::autodiff {
+namespace kiln::passes {
 
 namespace {
 
@@ -83,4 +84,4 @@ void lower_attention_for_autodiff(graph::Graph& g, graph::OpOracle& oracle) {
   }
 }
 
-}  // namespace kiln::autodiff
+}  // namespace kiln::passes

@@ -1,10 +1,11 @@
-#include "autodiff/cudnn_batch_norm.h"
+// Training-mode batch norm as cuDNN's kernel where eager would run it (passes/use_cudnn_batch_norm.h).
+#include "passes/use_cudnn_batch_norm.h"
 
 #include <variant>
 
 #include "common/error.h"
 
-namespace kiln::autodiff {
+namespace kiln::passes {
 
 namespace {
 
@@ -96,4 +97,4 @@ bool use_cudnn_batch_norm(graph::Graph& g, graph::OpOracle& oracle, const CudnnB
   return changed;
 }
 
-}  // namespace kiln::autodiff
+}  // namespace kiln::passes
