@@ -18,6 +18,8 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "compile/fold_graph_constants.h"
+#include "compile/meta_oracle.h"
+#include "compile/split_for_autodiff.h"
 #include "fusion/in_place_outputs.h"
 #include "fusion/schedule_kernels.h"
 #include "passes/channels_last.h"
@@ -28,7 +30,7 @@
 #include "passes/sink_into_copies.h"
 #include "passes/split_addmm.h"
 #include "passes/stage_row_sums.h"
-#include "runtime/autograd_graph.h"
+#include "passes/use_cudnn_batch_norm.h"
 #include "runtime/eager_interpreter.h"
 #include "runtime/torch_info.h"
 
@@ -190,6 +192,18 @@ std::shared_ptr<runtime::CompiledGraph> compile_with_buffer_updates(const std::s
   }
 }
 
+// `g` with its training-mode batch norms on cuDNN where eager would run them there (passes/use_cudnn_batch_norm.h),
+// or `g` itself when none qualifies: for the eager interpreter, whose replay then records eager's own autograd nodes.
+std::shared_ptr<const graph::Graph> with_cudnn_batch_norm(std::shared_ptr<const graph::Graph> g) {
+  const passes::CudnnBatchNorm cudnn = cudnn_batch_norm_here();
+  if (!cudnn.available) return g;
+  auto rewritten = std::make_shared<graph::Graph>(*g);
+  std::unique_ptr<graph::OpOracle> oracle = make_meta_oracle();
+  at::NoGradGuard no_grad;
+  if (!passes::use_cudnn_batch_norm(*rewritten, *oracle, cudnn)) return g;
+  return rewritten;
+}
+
 }  // namespace
 
 cache::CompiledArtifact lower_graph(const graph::Graph& captured, const graph::Device& device,
@@ -265,7 +279,7 @@ std::shared_ptr<runtime::CompiledGraph> compile_kiln_graph(std::shared_ptr<const
     // again. Anything autodiff does not cover keeps the eager interpreter, which records eager's autograd history
     // op by op.
     try {
-      auto joint = runtime::compile_autograd_graph(g, [&](std::shared_ptr<const graph::Graph> part) {
+      auto joint = split_for_autodiff(g, [&](std::shared_ptr<const graph::Graph> part) {
         at::AutoGradMode no_grad(false);  // the halves run with grad off: compile them as such
         return compile_kiln_graph(std::move(part), constants_of, options, /*training_half=*/true);
       });
@@ -295,7 +309,7 @@ std::shared_ptr<runtime::CompiledGraph> compile_kiln_graph(std::shared_ptr<const
   KILN_LOG(fallbacks) << "kiln backend: running the graph on the eager interpreter: " << reason;
   runtime::kiln_backend_stats().graphs_fallback++;
   runtime::kiln_backend_stats().last_fallback_reason = reason;
-  if (needs_autograd(*g)) g = runtime::with_cudnn_batch_norm(std::move(g));
+  if (needs_autograd(*g)) g = with_cudnn_batch_norm(std::move(g));
   std::vector<at::Tensor> constants = constants_of(*g);
   return runtime::make_fallback_graph(std::move(g), std::move(constants), std::move(reason), std::move(folded));
 }

@@ -1,6 +1,7 @@
 """Training through kiln: graphs that need grad compile to a forward and a backward graph joined by one
-autograd node (csrc/autodiff, csrc/runtime/autograd_graph.*). Gradients are compared with eager's on
-fresh random inputs; kiln._C.compiler_stats() proves the compiled autograd path ran (no eager fallback)."""
+autograd node (csrc/autodiff, csrc/compile/split_for_autodiff.*, csrc/runtime/autograd_graph.*). Gradients are
+compared with eager's on fresh random inputs; kiln._C.compiler_stats() proves the compiled autograd path ran (no eager
+fallback)."""
 import copy
 
 import pytest
