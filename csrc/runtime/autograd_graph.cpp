@@ -166,8 +166,8 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
       // kept whenever any gradient came: eager's engine reaches its input along the path the graph elides.
       bool depends = false;
       for (size_t j = 0; j < arrived.size(); ++j) {
-        reached[i] = reached[i] || (arrived[j] && program->signature.reaches[i][j]);
-        depends = depends || program->signature.reaches[i][j];
+        reached[i] = reached[i] || (arrived[j] && signature.reaches[i][j]);
+        depends = depends || signature.reaches[i][j];
       }
       if (!depends) reached[i] = std::find(arrived.begin(), arrived.end(), true) != arrived.end();
     }
