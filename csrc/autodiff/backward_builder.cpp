@@ -35,7 +35,7 @@ ValueId copy_constant(const graph::Value& constant, graph::Graph& into) {
   return into.values.back().id;
 }
 
-BackwardBuilder::BackwardBuilder(const graph::Graph& forward, graph::Graph& backward, OpOracle& oracle)
+BackwardBuilder::BackwardBuilder(const graph::Graph& forward, graph::Graph& backward, graph::OpOracle& oracle)
     : forward_(forward), backward_(backward), oracle_(oracle) {}
 
 ValueId BackwardBuilder::forward_value(ValueId forward_id) {

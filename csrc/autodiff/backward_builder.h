@@ -5,8 +5,8 @@
 // care about: where forward values come from in the backward graph (saved by the forward, or
 // recomputed there when they are views: a view costs nothing to redo and saves no bytes; which other
 // values are recomputed instead of saved is decided after the walk, by partition.h), and the
-// meta of every emitted node, which comes from PyTorch's own meta kernels through an OpOracle that the
-// runtime supplies (DESIGN.md: shapes are never computed again by hand).
+// meta of every emitted node, which comes from PyTorch's own meta kernels through a graph::OpOracle that
+// the caller supplies (DESIGN.md: shapes are never computed again by hand).
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "graph/graph.h"
+#include "graph/op_oracle.h"
 
 namespace kiln::autodiff {
 
@@ -26,24 +27,13 @@ bool is_recomputed_view(const std::string& qualified_name);
 /// Adds a copy of forward constant `constant` (sharing its tensor reference, requires_grad off) to `into`.
 ValueId copy_constant(const graph::Value& constant, graph::Graph& into);
 
-/// What building a backward graph needs from the layer that knows ATen's schemas (runtime/).
-class OpOracle {
- public:
-  virtual ~OpOracle() = default;
-  /// `node` names an op and holds its full schema argument list (defaults included, schema order).
-  /// Fills arg_names, num_positional, mutates_args and is_view from the schema and returns the metas of
-  /// the op's results computed by its meta kernel on tensors shaped like `g`'s values. Throws a kiln
-  /// error naming the op when it is unknown or the arguments do not fit.
-  virtual std::vector<graph::TensorMeta> complete_node(const graph::Graph& g, graph::Node& node) = 0;
-};
-
 /// One argument of an emitted node: a backward value, or a constant of any other schema kind.
 using Arg = graph::ArgValue;
 inline Arg tensor(ValueId id) { return graph::TensorArg{id}; }
 
 class BackwardBuilder {
  public:
-  BackwardBuilder(const graph::Graph& forward, graph::Graph& backward, OpOracle& oracle);
+  BackwardBuilder(const graph::Graph& forward, graph::Graph& backward, graph::OpOracle& oracle);
 
   // ---- forward values in the backward graph ----------------------------------------------------
   /// The backward value standing for forward value `forward_id`: a view node of the forward is
@@ -89,7 +79,7 @@ class BackwardBuilder {
  private:
   const graph::Graph& forward_;
   graph::Graph& backward_;
-  OpOracle& oracle_;
+  graph::OpOracle& oracle_;
   std::map<ValueId, ValueId> forward_to_backward_;
   std::vector<ValueId> saved_order_;
 };

@@ -11,14 +11,15 @@
 #include <map>
 #include <set>
 
-#include "autodiff/cudnn_batch_norm.h"
 #include "autodiff/derivative_rules.h"
-#include "autodiff/functionalize_buffer_updates.h"
-#include "autodiff/lower_attention.h"
 #include "autodiff/partition.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "graph/op_facts.h"
 #include "passes/channels_last.h"
+#include "passes/functionalize_buffer_updates.h"
+#include "passes/lower_attention.h"
+#include "passes/use_cudnn_batch_norm.h"
 
 namespace kiln::autodiff {
 
@@ -40,8 +41,8 @@ void check_supported(const graph::Graph& g) {
   }
   for (const graph::Node& node : g.nodes) {
     if (!node.mutates_args) continue;
-    const DerivativeRule* rule = find_derivative_rule(node.qualified_name());
-    if (!rule || !rule->mutates_only_buffers) KILN_UNSUPPORTED() << "in-place op " << node.qualified_name();
+    const std::string name = node.qualified_name();
+    if (!graph::op_facts(name).mutates_only_buffers) KILN_UNSUPPORTED() << "in-place op " << name;
   }
 }
 
@@ -126,7 +127,7 @@ graph::ValueId view_root(const graph::Graph& g, graph::ValueId id) {
 // last step) are returned as copies: a compiled autograd node's outputs are its own tensors. Eager's view could
 // only be told apart through its base, so this is done when nothing else returned shares that base; a view
 // of an input, or of a value returned too, keeps the eager interpreter (check_supported).
-void materialize_view_outputs(graph::Graph& g, OpOracle& oracle) {
+void materialize_view_outputs(graph::Graph& g, graph::OpOracle& oracle) {
   std::map<graph::ValueId, int> roots;  // root -> how many outputs reach it
   for (graph::ValueId id : g.outputs) roots[view_root(g, id)]++;
   std::vector<graph::ValueId> outputs = g.outputs;
@@ -249,19 +250,20 @@ graph::ValueId sum_of_contributions(BackwardBuilder& b, const graph::Graph& back
 
 }  // namespace
 
-JointGraphs build_joint_graphs(const graph::Graph& graph_with_updates, OpOracle& oracle, const CudnnBatchNorm& cudnn) {
+JointGraphs build_joint_graphs(const graph::Graph& graph_with_updates, graph::OpOracle& oracle,
+                              const passes::CudnnBatchNorm& cudnn) {
   const log::Stopwatch started;
   // Buffer updates (num_batches_tracked.add_(1)) become functional; the runtime writes them back.
   graph::Graph captured = graph_with_updates;
-  const std::vector<BufferUpdate> updates = functionalize_buffer_updates(captured);
-  lower_attention_for_autodiff(captured, oracle);  // attention kernels that save what their backward reads
+  const std::vector<passes::BufferUpdate> updates = passes::functionalize_buffer_updates(captured);
+  passes::lower_attention_for_autodiff(captured, oracle);  // attention kernels that save what their backward reads
   materialize_view_outputs(captured, oracle);
   // CUDA convolution chains go channels-last before the split, so the forward saves its activations in the
   // layout it computes them in and the backward is built over the same layout (relaid after the split, the
   // forward would copy every saved activation back to the recorded layout). Then batch norm takes cuDNN's
   // kernel, as eager's does. CPU convolutions keep their layout in training (passes/channels_last.h says why).
   passes::relayout_convolutions_channels_last(captured, /*cpu=*/false);
-  use_cudnn_batch_norm(captured, oracle, cudnn);
+  passes::use_cudnn_batch_norm(captured, oracle, cudnn);
   JointGraphs joint;
   pass_inputs_through(captured, joint);
   check_supported(captured);
@@ -335,7 +337,7 @@ JointGraphs build_joint_graphs(const graph::Graph& graph_with_updates, OpOracle&
   joint.recomputed_nodes = partition.recomputed_nodes;
   for (graph::ValueId saved : partition.saved) {
     const graph::Value& v = captured.value(saved);
-    for (const BufferUpdate& update : updates)
+    for (const passes::BufferUpdate& update : updates)
       if (v.is_input && v.input_index == update.input_index)
         KILN_UNSUPPORTED() << "the backward reads input " << v.input_index << ", which the graph updates in place";
   }
@@ -344,7 +346,7 @@ JointGraphs build_joint_graphs(const graph::Graph& graph_with_updates, OpOracle&
   joint.forward = std::make_shared<graph::Graph>(captured);
   for (graph::Value& v : joint.forward->values) v.meta.requires_grad = false;
   std::vector<graph::ValueId> forward_outputs = captured.outputs;
-  for (const BufferUpdate& update : updates) {
+  for (const passes::BufferUpdate& update : updates) {
     joint.updated_inputs.push_back(update.input_index);
     forward_outputs.push_back(update.final_value);
   }

@@ -6,14 +6,15 @@
 #include <vector>
 
 #include "autodiff/backward_builder.h"
-#include "autodiff/cudnn_batch_norm.h"
 #include "graph/graph.h"
+#include "graph/op_oracle.h"
+#include "passes/use_cudnn_batch_norm.h"
 
 namespace kiln::autodiff {
 
 struct JointGraphs {
   /// The captured graph with no requires_grad flags (it runs with grad off) and its buffer updates made
-  /// functional (functionalize_buffer_updates.h); its outputs are the captured outputs, then the new
+  /// functional (passes/functionalize_buffer_updates.h); its outputs are the captured outputs, then the new
   /// value of each updated input, then the saved intermediates (saved_from_input[i] < 0).
   std::shared_ptr<graph::Graph> forward;
   /// Inputs: one gradient per differentiable captured output (in output order), then the saved values.
@@ -52,7 +53,8 @@ struct JointGraphs {
 /// or the graph mutates something it must not (anything but BatchNorm's statistics and in-place updates
 /// of inputs that do not require grad and that the backward does not read); callers then keep the eager
 /// interpreter. Before the split, CUDA convolution chains are relaid channels-last (passes/channels_last.h)
-/// and training-mode batch norm takes cuDNN's kernel where `cudnn` allows it (cudnn_batch_norm.h).
-JointGraphs build_joint_graphs(const graph::Graph& captured, OpOracle& oracle, const CudnnBatchNorm& cudnn = {});
+/// and training-mode batch norm takes cuDNN's kernel where `cudnn` allows it (passes/use_cudnn_batch_norm.h).
+JointGraphs build_joint_graphs(const graph::Graph& captured, graph::OpOracle& oracle,
+                               const passes::CudnnBatchNorm& cudnn = {});
 
 }  // namespace kiln::autodiff

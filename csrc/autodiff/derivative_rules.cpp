@@ -432,7 +432,7 @@ void rule_batch_norm(RuleCall& c) { batch_norm_back(c, c.bool_arg(5), c.number_a
 // _native_batch_norm_legit_no_training(input, weight?, bias?, running_mean, running_var, momentum, eps)
 void rule_batch_norm_no_training(RuleCall& c) { batch_norm_back(c, false, c.number_arg(6)); }
 // cudnn_batch_norm(input, weight, bias?, running_mean?, running_var?, training, factor, eps)
-//   -> (out, save_mean, save_invstd, workspace): autodiff/cudnn_batch_norm.h makes these of training-mode
+//   -> (out, save_mean, save_invstd, workspace): passes/use_cudnn_batch_norm.h makes these of training-mode
 // native_batch_norm. Eager's formula: the backward takes the gradient dense in the input's layout, and reads the
 // forward's workspace (cuDNN's reserve).
 void rule_cudnn_batch_norm(RuleCall& c) {
@@ -550,7 +550,7 @@ void rule_cat(RuleCall& c) {
   }
 }
 
-// ---- attention (autodiff/lower_attention.h makes these of scaled_dot_product_attention) ----------------
+// ---- attention (passes/lower_attention.h makes these of scaled_dot_product_attention) ----------------
 // _scaled_dot_product_efficient_attention(q, k, v, attn_bias, compute_log_sumexp, dropout_p, is_causal, *, scale)
 //   -> (output, log_sumexp, philox_seed, philox_offset): the backward replays dropout from the saved RNG state.
 // The kernel reads the output it is given with the strides of its own (batch, length, heads, dim) storage, the
@@ -621,19 +621,19 @@ const std::map<std::string, DerivativeRule>& rule_table() {
       {"aten::_log_softmax.default", {rule_log_softmax}},
       {"aten::native_layer_norm.default", {rule_native_layer_norm}},
       {"aten::convolution.default", {rule_convolution}},
-      {"aten::native_batch_norm.default", {rule_batch_norm, 1, true}},
-      {"aten::_native_batch_norm_legit.default", {rule_batch_norm, 1, true}},
+      {"aten::native_batch_norm.default", {rule_batch_norm}},
+      {"aten::_native_batch_norm_legit.default", {rule_batch_norm}},
       {"aten::_native_batch_norm_legit_no_training.default", {rule_batch_norm_no_training}},
-      {"aten::cudnn_batch_norm.default", {rule_cudnn_batch_norm, 1, true}},
+      {"aten::cudnn_batch_norm.default", {rule_cudnn_batch_norm}},
       {"aten::native_dropout.default", {rule_native_dropout}},
       {"aten::embedding.default", {rule_embedding}},
       {"aten::max_pool2d_with_indices.default", {rule_max_pool2d_with_indices}},
       {"aten::avg_pool2d.default", {rule_avg_pool2d}},
       {"aten::_adaptive_avg_pool2d.default", {rule_adaptive_avg_pool2d}},
       {"aten::cat.default", {rule_cat}},
-      {"aten::split.Tensor", {rule_split, 1, false, true}},
-      {"aten::split_with_sizes.default", {rule_split, 1, false, true}},
-      {"aten::unbind.int", {rule_unbind, 1, false, true}},
+      {"aten::split.Tensor", {.emit = rule_split, .all_results = true}},
+      {"aten::split_with_sizes.default", {.emit = rule_split, .all_results = true}},
+      {"aten::unbind.int", {.emit = rule_unbind, .all_results = true}},
       {"aten::_scaled_dot_product_efficient_attention.default", {rule_efficient_attention}},
       {"aten::_scaled_dot_product_flash_attention_for_cpu.default", {rule_flash_attention_cpu}},
     };

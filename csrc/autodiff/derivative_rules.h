@@ -65,15 +65,13 @@ struct DerivativeRule {
   /// How many leading results are differentiable (a gradient reaching a later one, such as layer
   /// norm's saved mean, makes the graph unsupported).
   size_t differentiable_results = 1;
-  /// The op writes arguments that never require grad (BatchNorm's running statistics): the rule is
-  /// still exact, and the forward replays the write.
-  bool mutates_only_buffers = false;
   /// Set for ops whose every result is differentiable (split, unbind): the rule runs when any result has a
   /// gradient and makes zeros for the others itself.
   bool all_results = false;
 };
 
-/// The rule for "aten::op.overload", or nullptr.
+/// The rule for "aten::op.overload", or nullptr. (Ops that write only buffers, such as BatchNorm's running
+/// statistics, say so in the op table: graph::OpFacts::mutates_only_buffers.)
 const DerivativeRule* find_derivative_rule(const std::string& qualified_name);
 /// Ops whose results never carry gradient (detach, integer-valued ops): the joint builder skips them.
 bool is_non_differentiable_op(const std::string& qualified_name);

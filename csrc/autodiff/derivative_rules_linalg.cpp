@@ -166,7 +166,7 @@ void add_linalg_rules(std::map<std::string, DerivativeRule>& t) {
       {"aten::linalg_lu_solve.default", {rule_lu_solve}},
       {"aten::linalg_cholesky_ex.default", {rule_cholesky_ex}},
       {"aten::cholesky.default", {rule_cholesky}},
-      {"aten::_linalg_slogdet.default", {rule_slogdet, 2, false, true}},
+      {"aten::_linalg_slogdet.default", {.emit = rule_slogdet, .differentiable_results = 2, .all_results = true}},
       {"aten::vdot.default", {rule_vdot}},
       {"aten::addr.default", {rule_addr}},
       {"aten::addmv.default", {rule_addmv}},

@@ -42,7 +42,7 @@ struct CacheStats {
   int64_t corrupt_entries = 0;   // entries whose checksum failed (then rebuilt)
   int64_t compile_failures = 0;  // compiler runs that failed (the graph then runs on the eager interpreter)
   int64_t graph_hits = 0;        // compiled graphs read back whole (graph_cache.h): no passes, codegen or compiler
-  int64_t joint_hits = 0;        // autodiff's forward and backward graphs read back (runtime/autograd_graph.cpp)
+  int64_t joint_hits = 0;        // autodiff's forward and backward graphs read back (cache/joint_cache.h)
 };
 CacheStats& stats();
 

@@ -10,7 +10,6 @@
 
 #include <c10/core/GradMode.h>
 
-#include "autodiff/functionalize_buffer_updates.h"
 #include "cache/graph_cache.h"
 #include "cache/kernel_cache.h"
 #include "codegen/cuda/cuda_device_lib.h"
@@ -19,16 +18,19 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "compile/fold_graph_constants.h"
+#include "compile/meta_oracle.h"
+#include "compile/split_for_autodiff.h"
 #include "fusion/in_place_outputs.h"
 #include "fusion/schedule_kernels.h"
 #include "passes/channels_last.h"
 #include "passes/functionalize.h"
+#include "passes/functionalize_buffer_updates.h"
 #include "passes/lower_batch_norm.h"
 #include "passes/pipeline.h"
 #include "passes/sink_into_copies.h"
 #include "passes/split_addmm.h"
 #include "passes/stage_row_sums.h"
-#include "runtime/autograd_graph.h"
+#include "passes/use_cudnn_batch_norm.h"
 #include "runtime/eager_interpreter.h"
 #include "runtime/torch_info.h"
 
@@ -157,14 +159,14 @@ std::shared_ptr<runtime::CompiledGraph> compile_artifact(std::shared_ptr<const g
 
 // A graph whose only in-place ops update inputs that need no grad (BatchNorm's num_batches_tracked): compiled with
 // the updates made functional, their final values written back after it runs. Null when its in-place ops are not
-// all such updates (autodiff/functionalize_buffer_updates.h).
+// all such updates (passes/functionalize_buffer_updates.h).
 std::shared_ptr<runtime::CompiledGraph> compile_with_buffer_updates(const std::shared_ptr<const graph::Graph>& g,
                                                                     const runtime::ConstantsOf& constants_of,
                                                                     const CompileOptions& options, bool training_half) {
   auto functional = std::make_shared<graph::Graph>(*g);
-  std::vector<autodiff::BufferUpdate> updates;
+  std::vector<passes::BufferUpdate> updates;
   try {
-    updates = autodiff::functionalize_buffer_updates(*functional);
+    updates = passes::functionalize_buffer_updates(*functional);
   } catch (const std::exception&) {
     return nullptr;
   }
@@ -172,7 +174,7 @@ std::shared_ptr<runtime::CompiledGraph> compile_with_buffer_updates(const std::s
   const size_t num_outputs = functional->outputs.size();
   std::vector<graph::ValueId> outputs = functional->outputs;
   std::vector<int32_t> updated;
-  for (const autodiff::BufferUpdate& update : updates) {
+  for (const passes::BufferUpdate& update : updates) {
     outputs.push_back(update.final_value);
     updated.push_back(update.input_index);
   }
@@ -188,6 +190,18 @@ std::shared_ptr<runtime::CompiledGraph> compile_with_buffer_updates(const std::s
     KILN_LOG(fallbacks) << "kiln backend: a graph with buffer updates: " << e.what();
     return nullptr;
   }
+}
+
+// `g` with its training-mode batch norms on cuDNN where eager would run them there (passes/use_cudnn_batch_norm.h),
+// or `g` itself when none qualifies: for the eager interpreter, whose replay then records eager's own autograd nodes.
+std::shared_ptr<const graph::Graph> with_cudnn_batch_norm(std::shared_ptr<const graph::Graph> g) {
+  const passes::CudnnBatchNorm cudnn = cudnn_batch_norm_here();
+  if (!cudnn.available) return g;
+  auto rewritten = std::make_shared<graph::Graph>(*g);
+  std::unique_ptr<graph::OpOracle> oracle = make_meta_oracle();
+  at::NoGradGuard no_grad;
+  if (!passes::use_cudnn_batch_norm(*rewritten, *oracle, cudnn)) return g;
+  return rewritten;
 }
 
 }  // namespace
@@ -265,7 +279,7 @@ std::shared_ptr<runtime::CompiledGraph> compile_kiln_graph(std::shared_ptr<const
     // again. Anything autodiff does not cover keeps the eager interpreter, which records eager's autograd history
     // op by op.
     try {
-      auto joint = runtime::compile_autograd_graph(g, [&](std::shared_ptr<const graph::Graph> part) {
+      auto joint = split_for_autodiff(g, [&](std::shared_ptr<const graph::Graph> part) {
         at::AutoGradMode no_grad(false);  // the halves run with grad off: compile them as such
         return compile_kiln_graph(std::move(part), constants_of, options, /*training_half=*/true);
       });
@@ -295,7 +309,7 @@ std::shared_ptr<runtime::CompiledGraph> compile_kiln_graph(std::shared_ptr<const
   KILN_LOG(fallbacks) << "kiln backend: running the graph on the eager interpreter: " << reason;
   runtime::kiln_backend_stats().graphs_fallback++;
   runtime::kiln_backend_stats().last_fallback_reason = reason;
-  if (needs_autograd(*g)) g = runtime::with_cudnn_batch_norm(std::move(g));
+  if (needs_autograd(*g)) g = with_cudnn_batch_norm(std::move(g));
   std::vector<at::Tensor> constants = constants_of(*g);
   return runtime::make_fallback_graph(std::move(g), std::move(constants), std::move(reason), std::move(folded));
 }

@@ -67,7 +67,7 @@ enum class OpCreates : uint8_t {
   kAllocation,  // uninitialised memory
 };
 
-/// Whether autodiff/functionalize_buffer_updates may replace the in-place op on a graph input (a buffer update
+/// Whether passes/functionalize_buffer_updates may replace the in-place op on a graph input (a buffer update
 /// such as BatchNorm's num_batches_tracked.add_(1)) by its functional twin and a write-back.
 enum class OpBufferUpdate : uint8_t {
   kNo,
@@ -96,12 +96,17 @@ struct OpFacts {
 
   // In-place ops.
   /// The functional twin: same arguments, the result in a new tensor ("aten::relu_.default" -> "aten::relu.default";
-  /// a view for in-place views such as t_) (passes/functionalize, autodiff/functionalize_buffer_updates).
+  /// a view for in-place views such as t_) (passes/functionalize, passes/functionalize_buffer_updates).
   std::string_view functional;
   /// Its other tensor operands (indices, masks, sources cast on store) do not decide the result's dtype, so any
   /// dtype may stand there when the op is made functional (passes/functionalize).
   bool any_operand_dtype = false;
   OpBufferUpdate buffer_update = OpBufferUpdate::kNo;
+  /// Writes arguments that never require grad, and nothing else (training-mode BatchNorm's running statistics): its
+  /// derivative rule is still exact and the forward replays the write (autodiff/build_joint_graphs); a graph input it
+  /// writes shares storage with it, so no buffer update of that input is made functional
+  /// (passes/functionalize_buffer_updates).
+  bool mutates_only_buffers = false;
 };
 
 /// The row of `qualified_name` ("aten::sigmoid.default"); for an op without one, a row of defaults (nothing known).

@@ -1,9 +1,11 @@
 #pragma once
 // The autograd bridge: a captured graph that needs grad, compiled ahead of time as a forward graph and a
-// backward graph (autodiff/build_joint_graphs.h) joined by ONE autograd node, so loss.backward() runs
-// the compiled backward (fused kernels) instead of replaying eager autograd op by op.
-#include <functional>
+// backward graph (compile/split_for_autodiff.h) joined by ONE autograd node, so loss.backward() runs
+// the compiled backward (fused kernels) instead of replaying eager autograd op by op. This file only runs the two
+// compiled halves: what they are and how their inputs and outputs stand to the captured graph's comes from compile/.
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "graph/graph.h"
 #include "runtime/compiled_graph.h"
@@ -11,8 +13,6 @@
 namespace kiln::runtime {
 
 struct KilnGraphSummary;  // runtime/kernel_graph.h
-
-using CompileGradFreeGraph = std::function<std::shared_ptr<CompiledGraph>(std::shared_ptr<const graph::Graph>)>;
 
 /// A CompiledGraph whose run() returns outputs with one kiln autograd node as their grad_fn when grad
 /// mode is on and some input requires grad (otherwise it runs the forward alone). The node's backward
@@ -27,15 +27,35 @@ class AutogradGraph : public CompiledGraph {
   mutable std::shared_ptr<KilnGraphSummary> summary_cache;
 };
 
-/// Differentiates `g` and compiles both halves with `compile_part` (called with graphs that need no grad).
-/// Throws kiln::Error (kind Unsupported for graphs autodiff does not cover) so the caller can keep the
-/// eager interpreter. Call with the GIL held.
-std::shared_ptr<AutogradGraph> compile_autograd_graph(std::shared_ptr<const graph::Graph> g,
-                                                      const CompileGradFreeGraph& compile_part);
+/// What the autograd node needs to know of the two compiled halves, as plain data (compile/ takes it from
+/// autodiff::JointGraphs, whose fields these mirror).
+struct AutogradSignature {
+  size_t num_inputs = 0;   // captured inputs: the forward's inputs, each one gradient of the node's backward
+  size_t num_outputs = 0;  // computed captured outputs: the forward's first outputs
+  /// Per captured output: -1 for the computed outputs, which follow in order; else the captured input it is, or
+  /// whose views view_replays[i] makes of it (eager's view: storage, version counter, autograd history). Empty when
+  /// every output is computed.
+  std::vector<int32_t> output_inputs;
+  std::vector<bool> output_differentiable;  // per computed output: floating and requires grad
+  /// After the forward runs, captured input updated_inputs[i] receives forward output num_outputs + i.
+  std::vector<int32_t> updated_inputs;
+  /// Per saved value (the forward's outputs after the updates, and the backward's inputs after the gradients): the
+  /// captured input it is, or -1 when it is the forward's next output.
+  std::vector<int32_t> saved_from_input;
+  std::vector<int32_t> grad_inputs;  // backward output i is the gradient of captured input grad_inputs[i]
+  /// The metas the compiled backward was built for: of its inputs (one gradient per differentiable output, then the
+  /// saved values), to which it conforms what arrives, and of its outputs (the gradients).
+  std::vector<graph::TensorMeta> backward_inputs;
+  std::vector<graph::TensorMeta> backward_outputs;
+  /// reaches[i][j]: backward output i depends on the gradient of differentiable output j (backward input j).
+  std::vector<std::vector<bool>> reaches;
+};
 
-/// `g` with its training-mode batch norms on cuDNN where eager would run them there
-/// (autodiff/cudnn_batch_norm.h), or `g` itself when none qualifies: for the eager interpreter, whose replay
-/// then records eager's own autograd nodes.
-std::shared_ptr<const graph::Graph> with_cudnn_batch_norm(std::shared_ptr<const graph::Graph> g);
+/// Joins the compiled `forward` and `backward` halves (both run with grad off) behind one autograd node, as
+/// `signature` describes them; `view_replays` has one entry per signature.output_inputs entry (null where the output
+/// is the input itself).
+std::shared_ptr<AutogradGraph> make_autograd_graph(AutogradSignature signature, std::shared_ptr<CompiledGraph> forward,
+                                                   std::shared_ptr<CompiledGraph> backward,
+                                                   std::vector<std::shared_ptr<CompiledGraph>> view_replays);
 
 }  // namespace kiln::runtime

@@ -28,7 +28,7 @@ std::shared_ptr<CompiledGraph> make_kiln_graph(cache::CompiledArtifact artifact,
 std::shared_ptr<CompiledGraph> make_fallback_graph(std::shared_ptr<const graph::Graph> g, std::vector<at::Tensor> constants,
                                                    std::string reason, std::vector<std::string> folded);
 
-/// A graph whose in-place updates of inputs were made functional (passes: functionalize_buffer_updates): `inner`
+/// A graph whose in-place updates of inputs were made functional (passes/functionalize_buffer_updates.h): `inner`
 /// returns the graph's `num_outputs` outputs, then one final value per entry of `updated_inputs`, which this copies
 /// into the caller's tensors, as eager's in-place ops would have left them (same storage, version counter bumped).
 std::shared_ptr<CompiledGraph> make_buffer_updating_graph(std::shared_ptr<CompiledGraph> inner,

@@ -180,7 +180,7 @@ PreparedNode prepare_node(const graph::Graph& g, const graph::Node& node, const 
   prepared.copy_into_fresh = prepared.name == "aten::copy.default";
   // Attention's output layout depends on the kernel ATen picks at run time (flash, memory-efficient, math) and on
   // its inputs' layouts, so the recorded strides (kiln/_fake.py's guess for the whole op, kept by
-  // autodiff/lower_attention for the kernel it names) can differ from what the run returns: every output of these
+  // passes/lower_attention for the kernel it names) can differ from what the run returns: every output of these
   // ops is copied into its recorded layout when they differ, since the views after it were recorded against it.
   if (graph::op_facts(prepared.name).layout == graph::OpLayout::kChosenByKernel)
     for (size_t position = 0; position < prepared.outputs.size(); ++position) restore_recorded_layout(prepared, position);

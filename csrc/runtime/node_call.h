@@ -58,7 +58,7 @@ PreparedNode prepare_node(const graph::Graph& g, const graph::Node& node, const 
 void restore_recorded_layout(PreparedNode& node, size_t position);
 
 /// The node's arguments as its op takes them (stack_template with the tensors of `env` filled in; constants read
-/// from `constants`), for callers that run the op some other way (kiln's meta rules: autograd_graph.cpp).
+/// from `constants`), for callers that run the op some other way (kiln's meta rules: compile/meta_oracle.cpp).
 std::vector<c10::IValue> argument_stack(const PreparedNode& node, const graph::Graph& g,
                                         const std::vector<at::Tensor>& constants, const std::vector<at::Tensor>& env);
 

@@ -599,7 +599,7 @@ class Recorder:
             requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in _tensor_args(args, kwargs))
         if requires_grad:
             # A graph that needs grad gets its backward's metadata from torch's meta kernels (MetaOracle in
-            # runtime/autograd_graph.cpp), not from kiln's rules: their dynamo-disable wrappers are patched first
+            # compile/meta_oracle.cpp), not from kiln's rules: their dynamo-disable wrappers are patched first
             # (else threshold_backward's imports torch._dynamo).
             _avoid_dynamo_import()
         output_ids = []

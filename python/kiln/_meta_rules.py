@@ -260,7 +260,7 @@ _OVERLOADS = {}
 
 def oracle_infer(qualified, args, kwargs):
     """infer() for an op named as the graph names it ("aten::mm.default"): how kiln's autodiff learns its backward
-    ops' output metadata (MetaOracle in runtime/autograd_graph.cpp) without torch's Python meta kernels, the first
+    ops' output metadata (MetaOracle in compile/meta_oracle.cpp) without torch's Python meta kernels, the first
     of which imports sympy (0.15-0.25 s of a training step's first call). None: the meta kernel decides."""
     func = _OVERLOADS.get(qualified)
     if func is None:

@@ -1,4 +1,4 @@
-"""Output metadata of the derivative ops kiln's autodiff emits, for its MetaOracle (runtime/autograd_graph.cpp,
+"""Output metadata of the derivative ops kiln's autodiff emits, for its MetaOracle (compile/meta_oracle.cpp,
 through _meta_rules.oracle_infer): what torch's meta kernels give, without their first call's sympy import.
 
 Layer norm, softmax and select backward and stack; for inputs that do not look channels-last, convolution, max-pool,

@@ -1,5 +1,5 @@
-// graph/graph_bytes and cache/graph_cache: graphs and compiled-graph records survive the trip to disk exactly,
-// and bad entries are refused, never half-read.
+// graph/graph_bytes, cache/graph_cache and cache/joint_cache: graphs, compiled-graph records and autodiff's joint
+// graphs survive the trip to disk exactly, and bad entries are refused, never half-read.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "cache/graph_cache.h"
+#include "cache/joint_cache.h"
 #include "cache/kernel_cache.h"
 #include "common/error.h"
 #include "graph/graph_bytes.h"
@@ -183,6 +184,72 @@ TEST_CASE("a compiled artefact is stored and read back whole; a damaged entry is
   cache::publish_content("graphs", key, ".kgraph", "not a record");
   CHECK(!cache::load_artifact(key, record.optimised));
   CHECK(cache::stats().corrupt_entries == corrupt_before + 2);
+  ::unsetenv("KILN_CACHE_DIR");
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("autodiff's joint graphs are stored and read back whole; a damaged entry is a miss") {
+  const auto dir = std::filesystem::temp_directory_path() / ("kiln_joint_cache_test_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  ::setenv("KILN_CACHE_DIR", dir.c_str(), 1);
+  Graph captured;  // y = x * w
+  TensorMeta grad_meta = meta({4});
+  grad_meta.requires_grad = true;
+  const ValueId x = captured.add_input(grad_meta);
+  const ValueId w = captured.add_input(meta({4}));
+  Node mul;
+  mul.op = "aten::mul";
+  mul.overload = "Tensor";
+  mul.args = {TensorArg{x}, TensorArg{w}};
+  mul.arg_names = {"self", "other"};
+  mul.num_positional = 2;
+  captured.set_outputs({captured.add_node(mul, {grad_meta})[0]});
+  autodiff::JointGraphs joint;
+  joint.forward = std::make_shared<Graph>(captured);
+  joint.backward = std::make_shared<Graph>();  // grad * w
+  const ValueId grad = joint.backward->add_input(meta({4}));
+  const ValueId saved = joint.backward->add_input(meta({4}));
+  mul.args = {TensorArg{grad}, TensorArg{saved}};
+  joint.backward->set_outputs({joint.backward->add_node(mul, {meta({4})})[0]});
+  joint.num_outputs = 1;
+  joint.output_differentiable = {true};
+  joint.saved_from_input = {1};
+  joint.grad_inputs = {0};
+  joint.output_inputs = {-1, 0};
+  joint.output_views = {nullptr, std::make_shared<Graph>(captured)};
+  joint.saved_bytes = 16;
+  joint.saved_tensors = 1;
+  joint.saved_bytes_before_partition = 32;
+  joint.recomputed_nodes = 2;
+
+  const std::string key = cache::graph_key(captured, "joint test").value();
+  REQUIRE(!cache::build_identity().empty());
+  CHECK(!cache::load_joint_graphs(key, captured));
+  cache::store_joint_graphs(key, joint, captured);
+  std::optional<autodiff::JointGraphs> back = cache::load_joint_graphs(key, captured);
+  REQUIRE(back);
+  CHECK(bytes_of(*back->forward) == bytes_of(*joint.forward));
+  CHECK(bytes_of(*back->backward) == bytes_of(*joint.backward));
+  CHECK(back->num_outputs == 1);
+  CHECK(back->output_differentiable == joint.output_differentiable);
+  CHECK(back->updated_inputs.empty());
+  CHECK(back->saved_from_input == joint.saved_from_input);
+  CHECK(back->grad_inputs == joint.grad_inputs);
+  CHECK(back->output_inputs == joint.output_inputs);
+  REQUIRE(back->output_views.size() == 2);
+  CHECK(back->output_views[0] == nullptr);
+  REQUIRE(back->output_views[1] != nullptr);
+  CHECK(bytes_of(*back->output_views[1]) == bytes_of(captured));
+  CHECK(back->saved_bytes == 16);
+  CHECK(back->saved_tensors == 1);
+  CHECK(back->saved_bytes_before_partition == 32);
+  CHECK(back->recomputed_nodes == 2);
+
+  // A record whose checksum matches but whose content does not parse reads as missing and is counted.
+  const int64_t corrupt_before = cache::stats().corrupt_entries;
+  cache::publish_content("joints", key, ".kgraph", "not a record");
+  CHECK(!cache::load_joint_graphs(key, captured));
+  CHECK(cache::stats().corrupt_entries == corrupt_before + 1);
   ::unsetenv("KILN_CACHE_DIR");
   std::filesystem::remove_all(dir);
 }

@@ -76,6 +76,11 @@ TEST_CASE("op table: in-place ops and their functional twins", "[op_facts]") {
   CHECK(op_facts("aten::add_.Tensor").buffer_update == OpBufferUpdate::kYes);
   CHECK(op_facts("aten::div_.Tensor").buffer_update == OpBufferUpdate::kFloatingOnly);
   CHECK(op_facts("aten::div_.Tensor_mode").buffer_update == OpBufferUpdate::kNo);
+  CHECK(op_facts("aten::native_batch_norm.default").mutates_only_buffers);
+  CHECK(op_facts("aten::_native_batch_norm_legit.default").mutates_only_buffers);
+  CHECK(op_facts("aten::cudnn_batch_norm.default").mutates_only_buffers);
+  CHECK_FALSE(op_facts("aten::_native_batch_norm_legit_no_training.default").mutates_only_buffers);
+  CHECK_FALSE(op_facts("aten::add_.Tensor").mutates_only_buffers);
 
   // Every twin names an overload; the in-place rows are the ops named op_.
   std::set<std::string_view> names;

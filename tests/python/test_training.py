@@ -1,6 +1,7 @@
 """Training through kiln: graphs that need grad compile to a forward and a backward graph joined by one
-autograd node (csrc/autodiff, csrc/runtime/autograd_graph.*). Gradients are compared with eager's on
-fresh random inputs; kiln._C.compiler_stats() proves the compiled autograd path ran (no eager fallback)."""
+autograd node (csrc/autodiff, csrc/compile/split_for_autodiff.*, csrc/runtime/autograd_graph.*). Gradients are
+compared with eager's on fresh random inputs; kiln._C.compiler_stats() proves the compiled autograd path ran (no eager
+fallback)."""
 import copy
 
 import pytest
@@ -877,7 +878,7 @@ def grad_fn_names(output):
 @pytest.mark.cuda
 @pytest.mark.parametrize("compiled_autograd", [True, False], ids=["compiled_autograd", "eager_autograd"])
 def test_cuda_resnet_training_runs_channels_last_with_cudnn_batch_norm(compiled_autograd):
-    """On CUDA, training-mode batch norm runs cuDNN's kernels as eager's does (autodiff/cudnn_batch_norm.h),
+    """On CUDA, training-mode batch norm runs cuDNN's kernels as eager's does (passes/use_cudnn_batch_norm.h),
     and under compiled autograd the captured graph is relaid channels-last before the split, so the forward
     saves its activations as it computes them (no fused kernel copies one back to the recorded layout).
     Gradients, running statistics and three SGD steps' losses match eager in the same layout."""
@@ -948,7 +949,7 @@ def test_a_view_of_an_updated_buffer_passed_alongside_sees_the_update():
     torch.testing.assert_close(w_kiln.grad, w_eager.grad)
 
 
-# --- attention: scaled_dot_product_attention becomes a kernel with a backward (autodiff/lower_attention.h) ---
+# --- attention: scaled_dot_product_attention becomes a kernel with a backward (passes/lower_attention.h) ---
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_trains_on_compiled_autograd(device, causal):

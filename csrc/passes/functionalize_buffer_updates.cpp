@@ -1,4 +1,4 @@
-// Buffer updates as functional ops plus a write-back (functionalize_buffer_updates.h).
+// Buffer updates as functional ops plus a write-back (passes/functionalize_buffer_updates.h).
 //
 // Design: a train-mode BatchNorm records `num_batches_tracked.add_(1)`, an in-place op on a graph input.
 // The compiled forward cannot keep it (the kernel backend refuses in-place ops on inputs), and need not:
@@ -8,19 +8,19 @@
 // changes and its version counter moves).
 // This is exact only while nothing else shares the input's storage inside the graph, so an input that is
 // viewed, written by any other op, or handed to an op that updates its arguments itself (BatchNorm's
-// running statistics) is left alone: its in-place op stays and the joint builder refuses the graph.
-#include "autodiff/functionalize_buffer_updates.h"
+// running statistics: the op table's mutates_only_buffers) is left alone: its in-place op stays and the
+// joint builder refuses the graph.
+#include "passes/functionalize_buffer_updates.h"
 
 #include <map>
 #include <set>
 #include <string>
 #include <tuple>
 
-#include "autodiff/derivative_rules.h"
 #include "common/error.h"
 #include "graph/op_facts.h"
 
-namespace kiln::autodiff {
+namespace kiln::passes {
 
 namespace {
 
@@ -85,8 +85,7 @@ std::vector<BufferUpdate> functionalize_buffer_updates(Graph& g) {
         continue;
       }
     }
-    const DerivativeRule* rule = find_derivative_rule(name);
-    const bool shares_or_writes = node.is_view || node.mutates_args || (rule && rule->mutates_only_buffers);
+    const bool shares_or_writes = node.is_view || node.mutates_args || facts.mutates_only_buffers;
     if (!shares_or_writes) continue;
     for_each_tensor_arg(node, [&](ValueId id) {
       auto it = storage_of.find(id);
@@ -133,4 +132,4 @@ std::vector<BufferUpdate> functionalize_buffer_updates(Graph& g) {
   return result;
 }
 
-}  // namespace kiln::autodiff
+}  // namespace kiln::passes

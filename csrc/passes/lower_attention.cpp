@@ -1,10 +1,11 @@
-#include "autodiff/lower_attention.h"
+// scaled_dot_product_attention as a differentiable kernel (passes/lower_attention.h).
+#include "passes/lower_attention.h"
 
 #include <variant>
 
 #include "common/error.h"
 
-namespace kiln::autodiff {
+namespace kiln::passes {
 
 namespace {
 
@@ -38,7 +39,7 @@ bool kernel_accepts(const graph::TensorMeta& q, const graph::TensorMeta& k, cons
 
 }  // namespace
 
-void lower_attention_for_autodiff(graph::Graph& g, OpOracle& oracle) {
+void lower_attention_for_autodiff(graph::Graph& g, graph::OpOracle& oracle) {
   for (size_t n = 0; n < g.nodes.size(); ++n) {
     graph::Node& node = g.nodes[n];
     if (node.qualified_name() != "aten::scaled_dot_product_attention.default") continue;
@@ -83,4 +84,4 @@ void lower_attention_for_autodiff(graph::Graph& g, OpOracle& oracle) {
   }
 }
 
-}  // namespace kiln::autodiff
+}  // namespace kiln::passes

@@ -1,13 +1,13 @@
 #pragma once
 // In-place updates of graph inputs that never require grad (BatchNorm's num_batches_tracked.add_(1), a
 // hand-written running statistic), rewritten as functional ops whose final value the runtime writes back
-// into the input after the forward (torch-free).
+// into the input after the forward. Torch-free.
 #include <cstdint>
 #include <vector>
 
 #include "graph/graph.h"
 
-namespace kiln::autodiff {
+namespace kiln::passes {
 
 struct BufferUpdate {
   int32_t input_index;      // the captured input the forward updates
@@ -25,4 +25,4 @@ struct BufferUpdate {
 /// see the written-back value: eager raises a version-counter error there).
 std::vector<BufferUpdate> functionalize_buffer_updates(graph::Graph& g);
 
-}  // namespace kiln::autodiff
+}  // namespace kiln::passes

@@ -1,10 +1,11 @@
-#include "autodiff/cudnn_batch_norm.h"
+// Training-mode batch norm as cuDNN's kernel where eager would run it (passes/use_cudnn_batch_norm.h).
+#include "passes/use_cudnn_batch_norm.h"
 
 #include <variant>
 
 #include "common/error.h"
 
-namespace kiln::autodiff {
+namespace kiln::passes {
 
 namespace {
 
@@ -64,7 +65,7 @@ bool is_opaque_workspace(const graph::TensorMeta& meta) {
   return meta.dtype == ScalarType::Byte && meta.sizes.size() == 1 && meta.sizes[0] == 0;
 }
 
-bool use_cudnn_batch_norm(graph::Graph& g, OpOracle& oracle, const CudnnBatchNorm& cudnn) {
+bool use_cudnn_batch_norm(graph::Graph& g, graph::OpOracle& oracle, const CudnnBatchNorm& cudnn) {
   if (!cudnn.available) return false;
   bool changed = false;
   for (size_t n = 0; n < g.nodes.size(); ++n) {
@@ -96,4 +97,4 @@ bool use_cudnn_batch_norm(graph::Graph& g, OpOracle& oracle, const CudnnBatchNor
   return changed;
 }
 
-}  // namespace kiln::autodiff
+}  // namespace kiln::passes

@@ -1,0 +1,25 @@
+#pragma once
+// The pipeline's autodiff split (pipeline.h): a captured graph that needs grad becomes a forward graph and a
+// backward graph (autodiff/build_joint_graphs.h, or the joint graphs kept in the graph cache), each compiled as a
+// training half, joined behind one autograd node by runtime/ (runtime/autograd_graph.h).
+#include <functional>
+#include <memory>
+
+#include "graph/graph.h"
+#include "runtime/autograd_graph.h"
+#include "runtime/compiled_graph.h"
+
+namespace kiln::compile {
+
+/// Compiles one half of the split: a graph that needs no grad.
+using CompileHalf = std::function<std::shared_ptr<runtime::CompiledGraph>(std::shared_ptr<const graph::Graph>)>;
+
+/// Needs: `g` needs grad. Builds the joint graphs of `g` (asking the running torch for the backward ops' metas:
+/// compile/meta_oracle.h) or reads them from the graph cache, compiles the forward and then the backward with
+/// `compile_half`, and returns them joined behind one autograd node. Logs the partition and both graphs under
+/// `graph`, times under `perf`, and adds to the backend's autograd stats. Throws kiln::Error (kind Unsupported for
+/// graphs autodiff does not cover) so the caller can keep the eager interpreter. Call with the GIL held.
+std::shared_ptr<runtime::AutogradGraph> split_for_autodiff(std::shared_ptr<const graph::Graph> g,
+                                                           const CompileHalf& compile_half);
+
+}  // namespace kiln::compile

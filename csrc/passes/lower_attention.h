@@ -1,0 +1,23 @@
+#pragma once
+// scaled_dot_product_attention in graphs that need grad, as a kernel with a backward. Torch-free.
+//
+// The tracer records scaled_dot_product_attention whole, so the run picks flash, memory-efficient or cuDNN
+// attention as eager does. That op has no backward of its own: each of its kernels saves its own statistics
+// for one. Before the joint graph is built (autodiff/build_joint_graphs), each such node whose arguments a
+// differentiable kernel accepts becomes that kernel, with the results its backward reads (the logsumexp): on CUDA
+// in float32 _scaled_dot_product_efficient_attention (the kernel eager picks there), on CPU
+// _scaled_dot_product_flash_attention_for_cpu (eager's CPU kernel). Other nodes (dropout on CPU, CUDA in half
+// precision, a mask, grouped-query attention, shapes the kernels refuse) are left alone: autodiff then reports them
+// and the graph runs on the eager interpreter.
+#include "graph/graph.h"
+#include "graph/op_oracle.h"
+
+namespace kiln::passes {
+
+/// Needs: `g` a captured graph; `oracle` answers the metas of the kernel ops named above. Rewrites each attention
+/// node as above. Guarantees: the attention output keeps its value id and recorded meta (the runtime conforms the
+/// real layout: runtime/node_call), the kernel's other results are new values that do not require grad, and the
+/// node stays at its index (no value is renumbered).
+void lower_attention_for_autodiff(graph::Graph& g, graph::OpOracle& oracle);
+
+}  // namespace kiln::passes
