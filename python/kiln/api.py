@@ -53,6 +53,7 @@ def _check_compile_arguments(mode, dynamic, options):
         if key in _OPTIONS_NOT_YET and value:
             raise KilnError(f"option {key}=True is not implemented in kiln yet; leave it out or pass False")
 
+
 def _entry_code(target):
     """The code object whose frames kiln traces for `target` (a function or an nn.Module)."""
     if isinstance(target, nn.Module):
