@@ -170,6 +170,28 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
       return make_const_steal(PyLong_FromSsize_t(len));
     }
   }
+  if (f == builtin("callable") && n == 1 && kwargs.empty()) {
+    // Settled by the value's kind, or by its type for a value the trace holds (guarded by identity or type).
+    const VarPtr& x = args[0];
+    switch (x->kind) {
+      case VarKind::kTensor:
+      case VarKind::kTuple:
+      case VarKind::kList:
+      case VarKind::kDict:
+      case VarKind::kIterator:
+      case VarKind::kSlice:
+      case VarKind::kGenerator: return make_const(Py_False);
+      case VarKind::kModule:
+      case VarKind::kMethod:
+      case VarKind::kFunction:
+      case VarKind::kPartial: return make_const(Py_True);
+      case VarKind::kConst:
+      case VarKind::kObject:
+        if (x->value) return make_const(PyCallable_Check(x->value) ? Py_True : Py_False);
+        break;
+      default: break;
+    }
+  }
   if (f == builtin("isinstance") && n == 2 && is_constant(args[1]) && !holds_object_pinned_by_type(args[1])) {
     const VarPtr& x = args[0];
     // A class or a tuple of classes (`isinstance(m, (torch.Tensor, BlockMask))`: a tuple the trace built)

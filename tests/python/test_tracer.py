@@ -1621,3 +1621,17 @@ def test_functions_under_torch_compiler_disable_are_a_graph_break():
     assert "a function under torch.compiler.disable" in explained.break_reasons[0], explained.break_reasons
     assert "eval_frame" not in " ".join(explained.break_reasons)  # torch's wrapper itself is not traced
     torch.testing.assert_close(kiln.compile(f)(x), f(x))
+
+
+def test_callable_of_traced_values():
+    def f(x, fn, module, config):
+        hits = callable(x) + callable(fn) * 2 + callable(module) * 4 + callable(config) * 8 + callable((x,)) * 16
+        return x * hits
+
+    x = random_tensor(3)
+    args = (x, torch.sin, nn.Linear(3, 3), SimpleNamespaceLike())
+    torch.testing.assert_close(kiln.compile(f, fullgraph=True)(*args), f(*args))
+
+
+class SimpleNamespaceLike:
+    """A plain object (pinned by type): callable() answers from its class."""
