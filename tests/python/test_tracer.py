@@ -1623,6 +1623,10 @@ def test_functions_under_torch_compiler_disable_are_a_graph_break():
     torch.testing.assert_close(kiln.compile(f)(x), f(x))
 
 
+class SimpleNamespaceLike:
+    """A plain object (pinned by type): callable() answers from its class."""
+
+
 def test_callable_of_traced_values():
     def f(x, fn, module, config):
         hits = callable(x) + callable(fn) * 2 + callable(module) * 4 + callable(config) * 8 + callable((x,)) * 16
@@ -1631,7 +1635,3 @@ def test_callable_of_traced_values():
     x = random_tensor(3)
     args = (x, torch.sin, nn.Linear(3, 3), SimpleNamespaceLike())
     torch.testing.assert_close(kiln.compile(f, fullgraph=True)(*args), f(*args))
-
-
-class SimpleNamespaceLike:
-    """A plain object (pinned by type): callable() answers from its class."""
