@@ -79,6 +79,10 @@ SourcePtr Source::call(SourcePtr base) {
   return SourcePtr(new Source(SourceKind::kCall, std::move(base), "", 0));
 }
 
+SourcePtr Source::call_raises(SourcePtr base) {
+  return SourcePtr(new Source(SourceKind::kCallRaises, std::move(base), "", 0));
+}
+
 SourcePtr Source::type_of(SourcePtr base) {
   return SourcePtr(new Source(SourceKind::kType, std::move(base), "", 0));
 }
@@ -107,6 +111,7 @@ std::string Source::describe() const {
     case SourceKind::kType: return "type(" + base_->describe() + ")";
     case SourceKind::kMappingGet: return base_->describe() + ".get('" + name_ + "')";
     case SourceKind::kCall: return base_->describe() + "()";
+    case SourceKind::kCallRaises: return "type of what " + base_->describe() + "() raises";
   }
   return "?";
 }
@@ -167,6 +172,17 @@ PyObject* Source::resolve_from(PyObject* base, const SourceRoots& roots) const {
     case SourceKind::kType: return Py_NewRef((PyObject*)Py_TYPE(base));
     case SourceKind::kMappingGet: return PyObject_CallMethod(base, "get", "O", py_name_);
     case SourceKind::kCall: return PyObject_CallNoArgs(base);
+    case SourceKind::kCallRaises: {
+      PyObject* answer = PyObject_CallNoArgs(base);
+      if (answer) {
+        Py_DECREF(answer);
+        return Py_NewRef(Py_None);
+      }
+      PyObject* raised = PyErr_Occurred();
+      PyObject* type = Py_NewRef(raised);
+      PyErr_Clear();
+      return type;
+    }
     default: break;
   }
   PyErr_Format(PyExc_IndexError, "kiln source %s out of range", describe().c_str());

@@ -39,6 +39,7 @@ enum class SourceKind : unsigned char {
   kType,         ///< type(base)
   kMappingGet,   ///< base.get(name): a mapping's item or None (os.environ, whose reads run Python)
   kCall,         ///< base(): the answer of a query of process state that takes no arguments
+  kCallRaises,   ///< the class of the exception base() raises, or None when it returns
 };
 
 class Source;
@@ -66,6 +67,9 @@ class Source {
   static SourcePtr mapping_get(SourcePtr base, std::string key);
   /// base() (a query of process state, `torch.cuda.is_current_stream_capturing`): called again on every check.
   static SourcePtr call(SourcePtr base);
+  /// type(the exception base() raises), or None when base() returns: a query that raised at trace time (on a
+  /// build without CUDA, torch.cuda.is_current_stream_capturing raises) is guarded to raise the same again.
+  static SourcePtr call_raises(SourcePtr base);
   /// A root that is `object` itself (kept alive by the source); `label` is for describe().
   static SourcePtr object(PyObject* object, std::string label);
 

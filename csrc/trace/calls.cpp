@@ -6,6 +6,7 @@
 #include "common/log.h"
 #include "trace/call_helpers.h"
 #include "trace/interpreter.h"
+#include "trace/traced_raise.h"
 #include "trace/tracer.h"
 
 namespace kiln::trace {
@@ -107,6 +108,8 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
       bool grad_mode = false;
       VarPtr switched = call_grad_mode(fn->value, fn->items[0], args, kwargs, &grad_mode);
       if (grad_mode) return switched;
+      if (fn->value == object_getattribute() && args.size() == 1 && kwargs.empty())
+        return generic_getattr(fn->items[0], args[0]);  // super().__getattribute__(name)
       if (!PyFunction_Check(fn->value)) {
         if (!kwargs.empty()) KILN_UNSUPPORTED() << "keyword arguments to a container method";
         return call_container_method(fn->items[0], name_of(fn->value), std::move(args));
@@ -135,6 +138,8 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
   if (handled) return r;
   r = construct_record(f, args, kwargs, &handled);
   if (handled) return r;
+  if (f == object_getattribute() && args.size() == 2 && kwargs.empty()) return generic_getattr(args[0], args[1]);
+  if (PyExceptionClass_Check(f)) return construct_exception(f, args, kwargs);
   PyObject* global_state = PyObject_CallOneArg(helper("changes_global_state"), f);
   if (!global_state) rethrow_python("classifying a callable");
   Py_DECREF(global_state);
@@ -272,8 +277,14 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
   if (contains(helper("PURE_BUILTINS"), f)) {
     bool all_const = true;
     // An iterator argument (list(gen), next(it)) would be consumed at trace time: not folded.
-    for (const VarPtr& a : args) all_const = all_const && is_constant(a) && !(a->value && PyIter_Check(a->value));
-    for (const auto& kv : kwargs) all_const = all_const && is_constant(kv.second);
+    // An exception made in the trace from constants (str(e), isinstance(e, ...)) folds like a constant.
+    auto constant = [](const VarPtr& a) {
+      if (a->is(VarKind::kObject) && a->value && PyExceptionInstance_Check(a->value))
+        return std::all_of(a->items.begin(), a->items.end(), [](const VarPtr& item) { return is_constant(item); });
+      return is_constant(a);
+    };
+    for (const VarPtr& a : args) all_const = all_const && constant(a) && !(a->value && PyIter_Check(a->value));
+    for (const auto& kv : kwargs) all_const = all_const && constant(kv.second);
     // str(exc), repr(config), len(obj) of an object guarded by type alone would replay the first call's answer.
     if (!depends_on_type_only(f)) {
       for (const VarPtr& a : args) all_const = all_const && !holds_object_pinned_by_type(a);
@@ -281,7 +292,10 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
     }
     if (all_const) {
       PyObject* r = call_on_values(f, args, kwargs);
-      if (!r) rethrow_python("calling " + name_of(f));
+      // On constants eager raises the same, and the traced code may catch it. getattr's misses stay graph breaks:
+      // nothing guards that the object still lacks the attribute.
+      if (!r && f == builtin("getattr")) rethrow_python("calling getattr");
+      if (!r) raise_pending("calling " + name_of(f));
       // A stateful result (iter(), zip(), enumerate(), set(), dict()) folded into a constant would be the
       // same object on every call, consumed or mutated by the first: the call runs eagerly instead.
       if (PyIter_Check(r) || PySet_Check(r) || PyDict_Check(r) || PyByteArray_Check(r)) {
@@ -298,6 +312,45 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
   }
   *handled = false;
   return nullptr;
+}
+
+PyObject* Tracer::object_getattribute() {
+  static PyObject* slot = PyDict_GetItemString(PyBaseObject_Type.tp_dict, "__getattribute__");
+  return slot;
+}
+
+VarPtr Tracer::generic_getattr(const VarPtr& obj, const VarPtr& name) {
+  // object.__getattribute__(obj, name), as a class's own __getattribute__ calls it (HF's configs map aliases, then
+  // ask super()): read the attribute as the trace reads any, when that gives the very object the generic lookup
+  // gives (the override passes this name through), so the guards of an ordinary read cover it.
+  if (!name->is(VarKind::kConst) || !PyUnicode_Check(name->value) || !obj->value ||
+      !(obj->is(VarKind::kConst) || obj->is(VarKind::kModule)))
+    KILN_UNSUPPORTED() << "object.__getattribute__ of a " << obj->describe();
+  PyObject* generic = PyObject_GenericGetAttr(obj->value, name->value);
+  if (!generic) rethrow_python("object.__getattribute__");
+  PyObject* through = PyObject_GetAttr(obj->value, name->value);
+  if (!through) PyErr_Clear();
+  const bool same = through == generic;
+  Py_DECREF(generic);
+  Py_XDECREF(through);
+  if (!same) KILN_UNSUPPORTED() << "object.__getattribute__ bypassing a different " << Py_TYPE(obj->value)->tp_name << ".__getattribute__";
+  return get_attr(obj, name->value);
+}
+
+VarPtr Tracer::construct_exception(PyObject* cls, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  // An exception of a class with the built-in constructor (ValueError, most user subclasses), on constants: made
+  // for real at trace time, and rebuilt from its class and arguments wherever it leaves the trace.
+  bool constant = kwargs.empty() && plain_exception_class(cls);
+  for (const VarPtr& a : args) constant = constant && is_constant(a) && !holds_object_pinned_by_type(a);
+  if (!constant) KILN_UNSUPPORTED() << "constructing the exception " << name_of(cls) << " (Python __init__ or traced arguments)";
+  PyObject* made = call_on_values(cls, args, kwargs);
+  if (!made) raise_pending("constructing " + name_of(cls));
+  PyObject* built_from = PyObject_GetAttrString(made, "args");
+  if (!built_from) rethrow_python("reading the exception's args");
+  VarPtr out = make_object(made, args, {}, built_from);
+  Py_DECREF(made);
+  Py_DECREF(built_from);
+  return out;
 }
 
 VarPtr Tracer::call_container_method(const VarPtr& self, const std::string& qualname, std::vector<VarPtr> args) {

@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "trace/call_helpers.h"
 #include "trace/interpreter.h"
+#include "trace/traced_raise.h"
 #include "trace/tracer.h"
 
 namespace kiln::trace {
@@ -101,7 +102,7 @@ bool guarded_query(PyObject* f) {
   static const std::vector<PyObject*> queries = {
       lookup("torch.cuda", "is_current_stream_capturing"), lookup("torch.cuda", "is_available"),
       lookup("torch.cuda", "device_count"), lookup("torch.cuda", "is_initialized"),
-      lookup("torch", "are_deterministic_algorithms_enabled"),
+      lookup("torch", "are_deterministic_algorithms_enabled"), lookup("torch.xpu", "is_current_stream_capturing"),
   };
   for (PyObject* q : queries)
     if (q && q == f) return true;
@@ -326,7 +327,15 @@ VarPtr Tracer::call_python_construct(const VarPtr& fn, std::vector<VarPtr>& args
     if (guarded_query(f) && n == 0 && kwargs.empty()) {
       const SourcePtr asked = Source::call(Source::object(f, name_of(f)));
       PyObject* value = asked->resolve_from(f, SourceRoots{});
-      if (!value) rethrow_python("asking " + name_of(f) + "()");
+      if (!value) {
+        // A build without the device raises (torch.cuda's dummy classes): the traced code may catch it, and the
+        // guard asks again whether it raises the same.
+        PyObject *type, *exception, *traceback;
+        PyErr_Fetch(&type, &exception, &traceback);
+        guards_->add_constant(Source::call_raises(asked->base()), type);
+        PyErr_Restore(type, exception, traceback);
+        raise_pending("asking " + name_of(f) + "()");
+      }
       guards_->add_constant(asked, value);
       VarPtr out = make_const(value);
       Py_DECREF(value);

@@ -43,6 +43,7 @@ runtime::OutputSpec Tracer::dict_spec(const VarPtr& v, std::vector<PyObject*>& g
 
 runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>& graph_outputs, bool break_output) {
   runtime::OutputSpec spec;
+  if (v->caught) KILN_UNSUPPORTED() << "an exception raised and caught in the traced code leaves it (eager's traceback cannot be rebuilt)";
   if (break_output && is_traced_autocast_exit(v)) {
     // At a break inside an autocast block the trace entered (a manager made in traced code; one from the frame
     // was entered in Python): a new manager like the trace's is entered for real after the graph, and its

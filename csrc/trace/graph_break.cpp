@@ -70,6 +70,7 @@ int consumed_by(const std::string& name, int arg) {
 }  // namespace
 
 std::string unrebuildable(const VarPtr& v, std::unordered_set<const Var*>& seen) {
+  if (v->caught) return "an exception raised and caught in the traced code (eager's traceback cannot be rebuilt)";
   switch (v->kind) {
     case VarKind::kTensor:
     case VarKind::kModule: return "";

@@ -110,6 +110,11 @@ struct HandlerTable {
         {"STORE_SUBSCR", &T::op_store_subscr},
         {"STORE_SLICE", &T::op_store_slice},
         {"DELETE_SUBSCR", &T::op_delete_subscr},
+        {"PUSH_EXC_INFO", &T::op_push_exc_info},
+        {"POP_EXCEPT", &T::op_pop_except},
+        {"CHECK_EXC_MATCH", &T::op_check_exc_match},
+        {"RERAISE", &T::op_reraise},
+        {"RAISE_VARARGS", &T::op_raise_varargs},
     };
     const auto& ops = bytecode::opcodes();
     for (const auto& [name, handler] : entries) {
@@ -216,7 +221,16 @@ VarPtr InstructionTranslator::run() {
       next_ = pc_ + 1;
       H handler = table.handlers[ins.opcode];
       if (!handler) KILN_UNSUPPORTED() << "bytecode " << ops.name(ins.opcode) << " is not traced yet";
-      (this->*handler)(ins);
+      try {
+        (this->*handler)(ins);
+      } catch (const TracedRaise& raised) {
+        // Eager raises here: this frame's own handler takes it; else the root frame breaks at its instruction that
+        // led here, and eager raises it for real. (An exception leaving an inlined frame would need that frame in
+        // its traceback, so a caller in the trace does not catch it.)
+        if (!catch_raise(raised)) {
+          KILN_UNSUPPORTED() << raised.describe() << (tracer_.depth() > 0 ? ", raised out of an inlined call" : ", not caught in the traced frame");
+        }
+      }
       pc_ = next_;
     }
   } catch (const Error& e) {

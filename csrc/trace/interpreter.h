@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "bytecode/bytecode.h"
+#include "trace/traced_raise.h"
 #include "trace/tracer.h"
 #include "trace/variables.h"
 
@@ -115,6 +116,15 @@ class InstructionTranslator {
   void op_get_iter(const bytecode::Instruction&);
   void op_for_iter(const bytecode::Instruction&);
   void op_end_for(const bytecode::Instruction&);
+  // exceptions raised and caught in traced code (interpreter_except.cpp)
+  void op_push_exc_info(const bytecode::Instruction&);
+  void op_pop_except(const bytecode::Instruction&);
+  void op_check_exc_match(const bytecode::Instruction&);
+  void op_reraise(const bytecode::Instruction&);
+  void op_raise_varargs(const bytecode::Instruction&);
+  /// Sends `raised` to the exception-table handler of the instruction at pc_, as CPython does: the stack cut to
+  /// the handler's depth, the exception pushed, the handler next. False when this frame has none there.
+  bool catch_raise(const TracedRaise& raised);
   // with statements (grad_mode.cpp)
   void op_before_with(const bytecode::Instruction&);
   void call_with(VarPtr fn, std::vector<VarPtr> args, PyObject* kwnames);

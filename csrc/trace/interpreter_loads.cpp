@@ -227,8 +227,19 @@ void InstructionTranslator::op_make_function(const Instruction& ins) {
   };
   set(defaults, PyFunction_SetDefaults);
   set(kwdefaults, PyFunction_SetKwDefaults);
-  // Annotations change no behaviour the trace sees: they are left off the stand-in function.
-  (void)annotations;
+  // Annotations: the function may leave the trace (returned, or handed over at a break), with eager's
+  // __annotations__. The stack holds them as a flat tuple of (name, value) pairs.
+  if (annotations) {
+    if (!is_constant(annotations)) KILN_UNSUPPORTED() << "a function made in traced code with traced annotations";
+    PyObject* flat = to_python(annotations);
+    PyObject* dict = flat && PyTuple_Check(flat) ? PyDict_New() : nullptr;
+    for (Py_ssize_t i = 0; dict && i + 1 < PyTuple_GET_SIZE(flat); i += 2)
+      if (PyDict_SetItem(dict, PyTuple_GET_ITEM(flat, i), PyTuple_GET_ITEM(flat, i + 1)) < 0) Py_CLEAR(dict);
+    Py_XDECREF(flat);
+    const int r = dict ? PyFunction_SetAnnotations(fn, dict) : -1;
+    Py_XDECREF(dict);
+    if (r < 0) rethrow_python("setting a function's annotations");
+  }
   if (closure) {
     // With a closure the function is a kFunction: its cells hold Vars. Without one it is a plain constant
     // (what a graph break hands over is that function, the same on every call: eager makes a new, equal one).

@@ -8,6 +8,7 @@
 #include "frame/cpython_shim.h"  // KILN_RESUME_QUALNAME_MARKER
 #include "trace/code_layout.h"
 #include "trace/interpreter.h"
+#include "trace/traced_raise.h"
 
 namespace kiln::trace {
 
@@ -486,7 +487,12 @@ VarPtr Tracer::subscript(const VarPtr& obj, const VarPtr& index) {
       long long k = PyLong_AsLongLong(i);
       long long n = (long long)obj->items.size();
       if (k < 0) k += n;
-      if (k < 0 || k >= n) KILN_UNSUPPORTED() << "index out of range";
+      if (k < 0 || k >= n) {
+        // A sequence made in the trace has the length it has here, as in eager.
+        if (obj->source) KILN_UNSUPPORTED() << "index out of range";
+        PyErr_SetString(PyExc_IndexError, obj->is(VarKind::kTuple) ? "tuple index out of range" : "list index out of range");
+        raise_pending("indexing");
+      }
       return obj->items[k];
     }
     if (PySlice_Check(i)) {
@@ -504,7 +510,10 @@ VarPtr Tracer::subscript(const VarPtr& obj, const VarPtr& index) {
       int eq = PyObject_RichCompareBool(obj->keys[k], index->value, Py_EQ);
       if (eq == 1) return obj->items[k];
     }
-    KILN_UNSUPPORTED() << "dict key not found";
+    // A dict made in the trace holds exactly its keys here, as in eager.
+    if (obj->source || obj->built_from) KILN_UNSUPPORTED() << "dict key not found";
+    PyErr_SetObject(PyExc_KeyError, index->value);
+    raise_pending("looking up a dict key");
   }
   if (obj->is(VarKind::kModule) && index->is(VarKind::kConst) && PySlice_Check(index->value) &&
       is_module_list(obj->value)) {

@@ -125,6 +125,12 @@ class Tracer {
   /// function made anew on each call, guarded by its code, reads that call's cells).
   VarPtr inline_function(PyObject* function, std::vector<VarPtr> args, KwArgs kwargs, SourcePtr source = nullptr);
   VarPtr call_container_method(const VarPtr& self, const std::string& name, std::vector<VarPtr> args);
+  /// object.__getattribute__, the slot wrapper a class's own __getattribute__ reaches through super().
+  static PyObject* object_getattribute();
+  /// object.__getattribute__(obj, name): an ordinary attribute read where the class's override agrees.
+  VarPtr generic_getattr(const VarPtr& obj, const VarPtr& name);
+  /// `cls(*args)` of an exception class with the built-in constructor, on constants: the exception object.
+  VarPtr construct_exception(PyObject* cls, const std::vector<VarPtr>& args, const KwArgs& kwargs);
   VarPtr call_builtin(PyObject* fn, const std::vector<VarPtr>& args, const KwArgs& kwargs, bool* handled);
   VarPtr module_attr(const VarPtr& module, PyObject* name);
   // Records: namedtuples, structseqs (torch.return_types), dataclasses and ModelOutput (records.cpp).
@@ -219,6 +225,9 @@ class Tracer {
   runtime::OutputSpec with_stores(runtime::OutputSpec output, std::vector<PyObject*>& graph_outputs);
   /// ContextVar.set calls traced and not yet reset (their tokens, innermost last); see calls.cpp.
   std::vector<VarPtr> context_var_sets_;
+  /// The exceptions traced `except` blocks are handling, innermost last (CPython's exc_info, as PUSH_EXC_INFO
+  /// and POP_EXCEPT keep it): what a bare `raise` re-raises.
+  std::vector<VarPtr> handled_exceptions_;
 
   /// A grad-mode context manager read from the frame: guards the mode its __exit__ restores.
   void guard_grad_mode_context(PyObject* value, const SourcePtr& source);

@@ -70,6 +70,9 @@ struct Var {
   /// A kConst from `source` guarded by its type only (a plain object: each call may pass a new one).
   /// Its identity was not pinned, so outputs re-read it from the source and `is` on it is not folded.
   bool by_type = false;
+  /// An exception the traced code raised and caught (interpreter_except.cpp): the traceback eager gives it cannot
+  /// be rebuilt, so it may not leave the trace (a return or a value live at a break).
+  bool caught = false;
   std::shared_ptr<InstructionTranslator> frame;  ///< kGenerator only
 
   ~Var();

@@ -8,6 +8,7 @@ Every kiln test checks correctness through `assert_same_as_eager`, so the tolera
 the one place that says how close "the same" is.
 """
 import copy
+import enum
 import numbers
 
 import torch
@@ -107,13 +108,25 @@ def _map_tensors(fn, value, memo=None):
     return value
 
 
-def _flatten(value, path="output"):
-    """[(path, leaf)] for every leaf of nested tuples/lists/dicts, in order."""
+def _flatten(value, path="output", _depth=0):
+    """[(path, leaf)] for every leaf of nested tuples/lists/dicts, in order. Instances of user classes (a KV
+    cache object, a dataclass) are compared by their class and their attributes, recursively."""
+    if _depth > 8:
+        return [(path, value)]
     if isinstance(value, (tuple, list)):
-        return [item for i, v in enumerate(value) for item in _flatten(v, f"{path}[{i}]")]
+        return [item for i, v in enumerate(value) for item in _flatten(v, f"{path}[{i}]", _depth + 1)]
     if isinstance(value, dict):
-        return [item for k, v in value.items() for item in _flatten(v, f"{path}[{k!r}]")]
+        return [item for k, v in value.items() for item in _flatten(v, f"{path}[{k!r}]", _depth + 1)]
+    if _is_plain_object(value):
+        return [(f"type({path})", type(value))] + [
+            item for k, v in vars(value).items() for item in _flatten(v, f"{path}.{k}", _depth + 1)]
     return [(path, value)]
+
+
+def _is_plain_object(value):
+    """An instance of a user-defined class holding data (not a tensor, module, function, class or enum)."""
+    return (hasattr(value, "__dict__") and not isinstance(value, (torch.Tensor, torch.nn.Module, type, enum.Enum))
+            and not callable(value) and type(value).__module__ not in ("builtins", "torch"))
 
 
 def _fresh_copy(tensor):

@@ -250,7 +250,7 @@ def raise_after_a_break(x, fail):
         record("before")
         y = y + 1
         if fail:
-            raise KeyError("kiln test")  # raised in the resume function, handled by its copy of the handler
+            raise KeyError("kiln test")  # raised and caught in the resume function's trace
         y = y * 2
     except KeyError:
         record("caught")
@@ -259,7 +259,7 @@ def raise_after_a_break(x, fail):
 
 
 def test_exception_raised_after_a_break_in_the_try_body(fresh_kiln):
-    events = check(raise_after_a_break, random_tensor(3, requires_grad=True), True, graphs=3, breaks=3)
+    events = check(raise_after_a_break, random_tensor(3, requires_grad=True), True, graphs=3, breaks=2)
     assert events == [("before",), ("caught",)]
 
 
@@ -340,13 +340,14 @@ def raise_in_user_block(x, manager):
 
 
 def test_exception_suppressed_by_a_user_context_manager(fresh_kiln):
+    # Breaks: record() twice, and the raise (the exception is made in the trace; eager raises it into __exit__).
     events = check(raise_in_user_block, random_tensor(3, requires_grad=True), Tracked(suppress=True),
-                   graphs=4, breaks=4)
+                   graphs=3, breaks=3)
     assert events == [("enter",), ("body",), ("exit", "ValueError")]
 
 
 def test_exception_not_suppressed_by_a_user_context_manager(fresh_kiln):
-    events = check_raises(raise_in_user_block, random_tensor(3), Tracked(), error=ValueError, breaks=4)
+    events = check_raises(raise_in_user_block, random_tensor(3), Tracked(), error=ValueError, breaks=3)
     assert events == [("enter",), ("body",), ("exit", "ValueError")]
 
 

@@ -679,6 +679,17 @@ class _Settings:
         return super().__getattribute__(key)
 
 
+_attribute_reads = []
+
+
+class _CountingSettings(_Settings):
+    """Its __getattribute__ appends to a module-level list: a mutation the trace refuses, so it falls back."""
+
+    def __getattribute__(self, key):
+        _attribute_reads.append(key)
+        return super().__getattribute__(key)
+
+
 class _Note(Exception):
     """Constructing a user exception class is a graph break: __init__ runs from the break, eagerly."""
 
@@ -719,14 +730,14 @@ def test_a_function_that_falls_back_on_every_input_stops_being_traced_without_a_
     # warning is for functions that compiled something.
     import warnings
 
-    settings = _Settings()
+    settings = _CountingSettings()
     x = random_tensor(4)
     compiled = kiln.compile(_with_note)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         for _ in range(3):
             torch.testing.assert_close(compiled(x, settings), _with_note(x, settings))
-    code = _Settings.__getattribute__.__code__
+    code = _CountingSettings.__getattribute__.__code__
     labels = kiln._C.cache_entries(code)
     assert len(labels) == 9 and "eager for every input: fell back" in labels[0], labels
     assert all("(eager: " in label for label in labels[1:]), labels
