@@ -63,7 +63,16 @@ void register_graph(py::module_& m) {
       .def_property_readonly("outputs", [](const Graph& g) { return g.outputs.size(); }, "number of graph outputs")
       .def("ops", &op_names, "the op overload of each node, in order: ['aten::t.default', 'aten::addmm.default']")
       .def("verify", &Graph::verify, "raises InternalError if the graph is malformed")
-      .def("to_json", &Graph::to_json, py::arg("indent") = 2);
+      .def("to_json", &Graph::to_json, py::arg("indent") = 2)
+      .def(
+          "constants",
+          [](const Graph& g) {
+            py::dict constants;
+            for (const graph::Value& v : g.values)
+              if (v.is_constant && v.constant) constants[py::int_(v.id)] = py::reinterpret_borrow<py::object>(v.constant.get());
+            return constants;
+          },
+          "{value id: tensor} of the constants the graph holds (to_json names them by meta only)");
 
   py::class_<CompiledGraph, std::shared_ptr<CompiledGraph>>(m, "CompiledGraph", "A graph ready to run.")
       .def("__call__", [](CompiledGraph& c, py::handle inputs) { return run_compiled(c, inputs); }, py::arg("inputs"));
