@@ -20,11 +20,17 @@ File format (a zip, every entry stored uncompressed so that a small reader can f
                           input (a call argument or a named state tensor)
     weights.safetensors   the state tensors ("state.<name>") and the graph's constants ("constant.<value id>"), in the
                           safetensors layout (8-byte header length, JSON header, raw little-endian data)
+    kernels/<kind>/<key><suffix>
+                          the compiled code for the exporting machine, as kiln's disk cache holds it: the compiled
+                          graph record (graphs/), the C++ library (cpp/) or CUDA images (cuda/). kiln.load puts them
+                          into the disk cache when torch, kiln's build and the GPU architecture match, so the first
+                          call runs no compiler; otherwise the saved graph is compiled (logged under recompiles)
 """
 import hashlib
 import io
 import json
 import os
+import re
 import struct
 import tempfile
 import zipfile
@@ -38,6 +44,8 @@ from kiln.errors import GraphBreakError, KilnError
 FORMAT_NAME = "kiln.export"
 FORMAT_VERSION = 1
 _ENTRIES = ("graph.json", "program.json", "weights.safetensors")
+# Bundled compiled code, by the disk cache's folder, key and suffix (the names become paths in the cache: no others).
+_KERNEL_ENTRY = re.compile(r"kernels/(graphs|cpp|cuda)/([0-9a-f]{64})(\.[a-z]{1,8})")
 _EXPORT_HINT = ("kiln.export captures the whole forward as one graph: move the construct out of forward, or write it "
                 "without Python control flow on tensor values (compute both sides and pick with torch.where); "
                 "kiln does not trace torch.cond yet")
@@ -404,8 +412,10 @@ def _save(program, path):
         "program.json": json.dumps(program_doc, indent=1).encode(),
         "weights.safetensors": _safetensors_bytes({**state_tensors, **constant_tensors}),
     }
+    kernels = _compiled_code(program)
+    entries.update(kernels)
     manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "kiln_version": _kiln_version(),
-                **_environment(program),
+                "kiln_build": _C._kiln_build(), **_environment(program), "kernels": sorted(kernels),
                 "entries": {name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
                             for name, data in entries.items()}}
     folder = os.path.dirname(os.path.abspath(path))
@@ -419,6 +429,20 @@ def _save(program, path):
     except BaseException:
         os.unlink(temporary)
         raise
+
+
+def _compiled_code(program):
+    """{"kernels/<kind>/<key><suffix>": bytes}: the disk-cache entries one compile of the graph uses (the compiled
+    graph record, the C++ library or the CUDA images), recorded by kiln's cache journal (cache/cache_journal.h).
+    Empty when the disk cache is off or the graph runs on the eager interpreter."""
+    _C._open_cache_journal()
+    try:
+        with torch.no_grad():
+            _C.compile_graph(program.graph, "kiln")
+    finally:
+        used = _C._close_cache_journal()
+    # The generated C++ source is kept next to its library for debugging; loading needs only the library.
+    return {f"kernels/{kind}/{key}{suffix}": content for kind, key, suffix, content in used if suffix != ".cpp"}
 
 
 def _kiln_version():
@@ -441,7 +465,11 @@ def _read_entries(path):
                 raise KilnError(f"kiln.load: {path} has format version {manifest.get('format_version')!r}; this kiln "
                                 f"reads version {FORMAT_VERSION}: export the model again with this kiln")
             entries = {}
-            for name in _ENTRIES:
+            kernels = manifest.get("kernels", [])
+            if not isinstance(kernels, list) or not all(isinstance(k, str) and _KERNEL_ENTRY.fullmatch(k)
+                                                        for k in kernels):
+                raise KilnError(f"kiln.load: {path} lists malformed kernel entries in its manifest")
+            for name in _ENTRIES + tuple(kernels):
                 listed = manifest.get("entries", {}).get(name)
                 if name not in names or not isinstance(listed, dict):
                     raise KilnError(f"kiln.load: {path} lacks the entry {name}: the file is incomplete")
@@ -506,13 +534,12 @@ def _graph_from_json(doc, constants):
 def load(path, *, recompile=True):
     """Reads a file ExportedProgram.save wrote and returns the ExportedProgram (no model source needed).
 
-    The graph is compiled for this machine by kiln's pipeline on the first call (kiln's disk cache makes that quick
-    when this machine compiled it before). A different torch version than the one that saved the file, or another GPU
-    architecture, is logged (KILN_LOGS=recompiles) and the graph compiled from the saved graph; with recompile=False
-    such a mismatch raises KilnError instead. A truncated or corrupted file raises KilnError."""
+    When torch, kiln's build and the GPU architecture match the file's, its compiled code goes into kiln's disk cache
+    and the first call runs no compiler. Otherwise the saved graph is compiled here on the first call, with the reason
+    logged (KILN_LOGS=recompiles); with recompile=False such a mismatch raises KilnError instead. A truncated or corrupted file raises KilnError."""
     path = os.fspath(path)
     manifest, entries = _read_entries(path)
-    _check_environment(path, manifest, recompile)
+    _use_compiled_code(path, manifest, entries, recompile)
     try:
         graph_doc = json.loads(entries["graph.json"])
         program_doc = json.loads(entries["program.json"])
@@ -530,17 +557,25 @@ def load(path, *, recompile=True):
     return program
 
 
-def _check_environment(path, manifest, recompile):
+def _use_compiled_code(path, manifest, entries, recompile):
+    """Puts the file's compiled code into kiln's disk cache, where the first call's compile finds it (no compiler
+    runs), or logs why the graph will be compiled here instead (raises with recompile=False)."""
     if manifest.get("cuda_version") and not torch.cuda.is_available():
         raise KilnError(f"kiln.load: {path} holds a CUDA program (saved with CUDA {manifest['cuda_version']}, "
                         f"{manifest.get('gpu_arch')}) and this process has no CUDA device")
-    here = {"torch_version": torch.__version__,
-            "gpu_arch": None}
+    here = {"torch_version": torch.__version__, "gpu_arch": None, "kiln_build": _C._kiln_build()}
     if manifest.get("gpu_arch") and torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
         here["gpu_arch"] = f"sm_{major}{minor}"
-    reasons = [f"{key} {manifest.get(key)} in the file, {here[key]} here" for key in ("torch_version", "gpu_arch")
+    reasons = [f"{key} {manifest.get(key)} in the file, {here[key]} here" for key in here
                if manifest.get(key) != here[key]]
+    kernels = manifest.get("kernels", [])
+    if not reasons:
+        for name in kernels:
+            kind, key, suffix = _KERNEL_ENTRY.fullmatch(name).groups()
+            if not _C._publish_cache_entry(kind, key, suffix, entries[name]):
+                reasons = ["kiln's disk cache is off (see KILN_CACHE_DIR), so the file's compiled code cannot be used"]
+                break
     if not reasons:
         return
     if not recompile:

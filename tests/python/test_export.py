@@ -65,11 +65,13 @@ MODELS = {
 }
 
 # Run in a new interpreter with only the saved file: loads it, runs it on the saved inputs, saves the outputs.
+# Prints kiln's compiler counters, to show what the first call compiled.
 _CHILD = textwrap.dedent("""
-    import sys, torch, kiln
+    import json, sys, torch, kiln
     program = kiln.load(sys.argv[1])
     args, kwargs = torch.load(sys.argv[2])
     torch.save(program.module()(*args, **kwargs), sys.argv[3])
+    print(json.dumps({k: v for k, v in kiln._C.compiler_stats().items() if isinstance(v, int)}))
 """)
 
 
@@ -92,11 +94,13 @@ def _assert_close_tree(actual, expected):
 def _run_in_new_process(path, args, kwargs, tmp_path):
     inputs, outputs = tmp_path / "inputs.pt", tmp_path / "outputs.pt"
     torch.save((args, kwargs), inputs)
-    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "python")}
+    # An empty disk cache: whatever the first call does not compile came from the file.
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "python"), "KILN_CACHE_DIR": str(tmp_path / "cache"),
+           "KILN_LOGS": "recompiles"}
     done = subprocess.run([sys.executable, "-c", _CHILD, str(path), str(inputs), str(outputs)], env=env,
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    return torch.load(outputs)
+    return torch.load(outputs), json.loads(done.stdout.splitlines()[-1]), done.stderr
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -119,7 +123,12 @@ def test_round_trip_in_new_process(name, device, tmp_path):
     fresh_args, fresh_kwargs = make_inputs(device)
     with torch.no_grad():
         expected = model(*fresh_args, **fresh_kwargs)
-    _assert_close_tree(_run_in_new_process(path, fresh_args, fresh_kwargs, tmp_path), expected)
+    outputs, stats, log = _run_in_new_process(path, fresh_args, fresh_kwargs, tmp_path)
+    _assert_close_tree(outputs, expected)
+    # The file's compiled code was used: the graph record and the library came from it, nothing was compiled.
+    assert "compiling the saved graph" not in log, log
+    assert stats["graph_cache_hits"] == 1 and stats["kernels_compiled"] == 0, stats
+    assert stats["graphs_fallback"] == 0, stats
 
 
 def test_exported_module_has_the_state_under_its_names():
@@ -212,6 +221,8 @@ def test_file_layout(tmp_path):
     assert manifest["torch_version"] == torch.__version__ and manifest["gpu_arch"] is None
     assert set(manifest["entries"]) >= {"graph.json", "program.json", "weights.safetensors"}
     assert any(node["op"] == "aten::addmm" for node in graph["nodes"])
+    kinds = {name.split("/")[1] for name in manifest["kernels"]}
+    assert kinds == {"graphs", "cpp"} and set(manifest["kernels"]) <= set(manifest["entries"])
     try:
         from safetensors.torch import load as load_safetensors
     except ImportError:
@@ -251,7 +262,8 @@ def _flip_byte(data):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped_graph_byte", "flipped_in_place", "missing_entry",
-                                    "bad_json_with_its_hash", "not_a_zip"])
+                                    "bad_json_with_its_hash", "flipped_library_byte", "kernel_named_outside_the_cache",
+                                    "not_a_zip"])
 def test_corrupted_file_raises(damage, tmp_path):
     path = tmp_path / "mlp.kiln"
     kiln.export(MLP().eval(), (random_tensor(4, 16),)).save(path)
@@ -276,6 +288,13 @@ def test_corrupted_file_raises(damage, tmp_path):
         _rewrite_entry(path, "manifest.json", lambda m: json.dumps({**json.loads(m), "entries": {
             **json.loads(m)["entries"], "graph.json": {"bytes": len(bad), "sha256": hashlib.sha256(bad).hexdigest()}}}
         ).encode())
+    elif damage == "flipped_library_byte":
+        with zipfile.ZipFile(path) as archive:
+            library = next(n for n in archive.namelist() if n.endswith(".so"))
+        _rewrite_entry(path, library, _flip_byte)
+    elif damage == "kernel_named_outside_the_cache":
+        _rewrite_entry(path, "manifest.json", lambda m: json.dumps({**json.loads(m), "kernels": [
+            "kernels/cpp/../../../escape.so"]}).encode())
     else:
         path.write_bytes(b"not a zip file at all")
     with pytest.raises(KilnError, match="kiln.load"):
