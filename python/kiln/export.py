@@ -27,7 +27,6 @@ File format (a zip, every entry stored uncompressed so that a small reader can f
                           call runs no compiler; otherwise the saved graph is compiled (logged under recompiles)
 """
 import hashlib
-import io
 import json
 import os
 import re
@@ -536,7 +535,8 @@ def load(path, *, recompile=True):
 
     When torch, kiln's build and the GPU architecture match the file's, its compiled code goes into kiln's disk cache
     and the first call runs no compiler. Otherwise the saved graph is compiled here on the first call, with the reason
-    logged (KILN_LOGS=recompiles); with recompile=False such a mismatch raises KilnError instead. A truncated or corrupted file raises KilnError."""
+    logged (KILN_LOGS=recompiles); with recompile=False such a mismatch raises KilnError instead. A truncated or
+    corrupted file raises KilnError."""
     path = os.fspath(path)
     manifest, entries = _read_entries(path)
     _use_compiled_code(path, manifest, entries, recompile)
