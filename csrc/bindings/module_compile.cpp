@@ -136,6 +136,20 @@ void register_compile(py::module_& m) {
                                   iterations);
       });
   m.def("configure_logs", [](const std::string& spec) { log::configure(spec); });
+  m.def(
+      "log",
+      [](const std::string& category, const std::string& text) {
+        for (unsigned i = 0; i < static_cast<unsigned>(log::Category::count); ++i) {
+          const auto c = static_cast<log::Category>(i);
+          if (category != log::name(c)) continue;
+          if (log::enabled(c)) log::emit(c, text);
+          return;
+        }
+        KILN_CHECK(false) << "unknown log category '" << category << "'";
+      },
+      py::arg("category"), py::arg("text"),
+      "writes one record of `category` (a KILN_LOGS name) to stderr when that category is on (Python's side of "
+      "KILN_LOG)");
   m.def("cache_entries", [](py::object code) {
     std::vector<std::string> labels;
     for (const frame::CacheEntry* e : frame::entries_of((PyCodeObject*)code.ptr())) labels.push_back(e->label);

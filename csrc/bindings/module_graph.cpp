@@ -4,6 +4,9 @@
 #include <pybind11/stl.h>
 
 #include "bindings/module_register.h"
+#include "cache/cache_journal.h"
+#include "cache/graph_cache.h"
+#include "cache/kernel_cache.h"
 #include "common/error.h"
 #include "graph/graph.h"
 #include "graph/py_records.h"
@@ -63,7 +66,16 @@ void register_graph(py::module_& m) {
       .def_property_readonly("outputs", [](const Graph& g) { return g.outputs.size(); }, "number of graph outputs")
       .def("ops", &op_names, "the op overload of each node, in order: ['aten::t.default', 'aten::addmm.default']")
       .def("verify", &Graph::verify, "raises InternalError if the graph is malformed")
-      .def("to_json", &Graph::to_json, py::arg("indent") = 2);
+      .def("to_json", &Graph::to_json, py::arg("indent") = 2)
+      .def(
+          "constants",
+          [](const Graph& g) {
+            py::dict constants;
+            for (const graph::Value& v : g.values)
+              if (v.is_constant && v.constant) constants[py::int_(v.id)] = py::reinterpret_borrow<py::object>(v.constant.get());
+            return constants;
+          },
+          "{value id: tensor} of the constants the graph holds (to_json names them by meta only)");
 
   py::class_<CompiledGraph, std::shared_ptr<CompiledGraph>>(m, "CompiledGraph", "A graph ready to run.")
       .def("__call__", [](CompiledGraph& c, py::handle inputs) { return run_compiled(c, inputs); }, py::arg("inputs"));
@@ -78,6 +90,24 @@ void register_graph(py::module_& m) {
       "_enum_codes", [] { return py::reinterpret_steal<py::dict>(runtime::enum_codes_for_python()); },
       "c10's numbering of dtypes, layouts, memory formats and device types, as graph/ stores them");
   m.def("backend_names", &compile::backend_names, "names of the registered backends");
+  // kiln.export's bundle of compiled code (cache/cache_journal.h).
+  m.def("_open_cache_journal", &cache::open_journal, "start recording the disk-cache entries compiles use");
+  m.def(
+      "_close_cache_journal",
+      [] {
+        py::list entries;
+        for (const cache::JournalEntry& e : cache::close_journal())
+          entries.append(py::make_tuple(e.kind, e.key, e.suffix, py::bytes(e.content)));
+        return entries;
+      },
+      "stop recording: [(kind, key, suffix, content bytes)] of the entries used since _open_cache_journal");
+  m.def(
+      "_publish_cache_entry",
+      [](const std::string& kind, const std::string& key, const std::string& suffix, const py::bytes& content) {
+        return cache::publish_content(kind, key, suffix, std::string(content)).has_value();
+      },
+      "write one entry into the disk cache (atomically, with its checksum); False when the cache is off");
+  m.def("_kiln_build", &cache::build_identity, "kiln's build as graph cache keys name it (size and mtime of _C)");
   m.def("compile_graph", &compile_from_python, py::arg("graph"), py::arg("backend"),
         py::arg("example_inputs") = py::none(),
         "compile `graph` with a backend name or a user callable (graph, example_inputs) -> callable");

@@ -1,5 +1,6 @@
 // On-disk cache: where it lives, what it trusts, atomic publication and checksummed lookup (see kernel_cache.h).
 #include "cache/kernel_cache.h"
+#include "cache/cache_journal.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -224,17 +225,63 @@ CacheStats& stats() {
   return s;
 }
 
+namespace {
+struct Journal {
+  std::mutex mutex;
+  bool open = false;
+  std::vector<JournalEntry> entries;
+  std::set<std::string> seen;  // kind/key+suffix
+};
+Journal& journal() {
+  static Journal j;
+  return j;
+}
+}  // namespace
+
+void open_journal() {
+  Journal& j = journal();
+  std::lock_guard<std::mutex> lock(j.mutex);
+  j.open = true;
+  j.entries.clear();
+  j.seen.clear();
+}
+
+std::vector<JournalEntry> close_journal() {
+  Journal& j = journal();
+  std::lock_guard<std::mutex> lock(j.mutex);
+  j.open = false;
+  j.seen.clear();
+  return std::move(j.entries);
+}
+
+bool journal_open() {
+  Journal& j = journal();
+  std::lock_guard<std::mutex> lock(j.mutex);
+  return j.open;
+}
+
+void note_in_journal(const std::string& kind, const std::string& key, const std::string& suffix,
+                     const std::string& content) {
+  Journal& j = journal();
+  std::lock_guard<std::mutex> lock(j.mutex);
+  if (j.open && j.seen.insert(kind + "/" + key + suffix).second) j.entries.push_back({kind, key, suffix, content});
+}
+
 std::optional<std::string> read_entry(const std::string& kind, const std::string& key, const std::string& suffix) {
   const std::optional<Place> place = place_of(kind);
   if (!place) return std::nullopt;
-  return read_valid(*place, place->dir + "/" + key + suffix);
+  std::optional<std::string> content = read_valid(*place, place->dir + "/" + key + suffix);
+  if (content) note_in_journal(kind, key, suffix, *content);
+  return content;
 }
 
 std::optional<std::string> lookup(const std::string& kind, const std::string& key, const std::string& suffix) {
   const std::optional<Place> place = place_of(kind);
   if (!place) return std::nullopt;
   const std::string path = place->dir + "/" + key + suffix;
-  if (!read_valid(*place, path)) return std::nullopt;
+  const std::optional<std::string> content = read_valid(*place, path);
+  if (!content) return std::nullopt;
+  note_in_journal(kind, key, suffix, *content);
   return path;
 }
 
@@ -273,6 +320,7 @@ std::optional<std::string> publish_content(const std::string& kind, const std::s
   const std::string path = place->dir + "/" + key + suffix;
   write_file_atomically(path, content);
   write_file_atomically(path + ".sum", checksum(content));
+  note_in_journal(kind, key, suffix, content);
   return path;
 }
 
@@ -289,6 +337,7 @@ std::optional<std::string> publish(const std::string& kind, const std::string& k
   KILN_CHECK(std::rename(built.c_str(), path.c_str()) == 0)
       << "cannot move " << built << " into the cache at " << path << ": " << std::strerror(errno);
   write_file_atomically(path + ".sum", checksum(content));
+  note_in_journal(kind, key, suffix, content);
   return path;
 }
 

@@ -157,7 +157,7 @@ class Graph {
   /// definition, an output is undefined, or a value lacks meta.
   void verify() const;
   /// The whole graph as JSON (values with meta, nodes with named args, inputs, outputs). Constants
-  /// appear by meta only. Needs nlohmann_json at build time.
+  /// appear by meta only; non-finite doubles are the strings "nan", "inf", "-inf". Needs nlohmann_json at build time.
   std::string to_json(int indent = 2) const;
 };
 

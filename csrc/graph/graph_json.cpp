@@ -1,6 +1,8 @@
-// Graph::to_json: a machine-readable dump for KILN_DEBUG_DIR and tools. Each argument is an object
-// {"name", "kind", "value"} so readers need no schema; constants appear by meta only (their data stays
-// in Python).
+// Graph::to_json: a machine-readable dump for KILN_DEBUG_DIR, tools and kiln.export's files (python/kiln/export.py
+// reads it back). Each argument is an object {"name", "kind", "value"} so readers need no schema; constants appear
+// by meta only (their data stays in Python; export saves them with the weights).
+#include <cmath>
+
 #include "common/error.h"
 #include "graph/graph.h"
 
@@ -14,6 +16,14 @@ namespace kiln::graph {
 #ifdef KILN_HAVE_JSON
 namespace {
 using json = nlohmann::json;
+
+// JSON has no NaN or infinity: those doubles are written as the strings "nan", "inf" and "-inf" (what Python's
+// float() reads back), every other double as a number that reads back to the same bits.
+json real_json(double d) {
+  if (std::isnan(d)) return "nan";
+  if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
+  return d;
+}
 
 json device_json(const Device& d) { return {{"type", device_type_name(d.type)}, {"index", d.index}}; }
 
@@ -38,13 +48,17 @@ struct ArgJson {
   }
   json operator()(bool b) const { return {{"kind", "bool"}, {"value", b}}; }
   json operator()(int64_t i) const { return {{"kind", "int"}, {"value", i}}; }
-  json operator()(double d) const { return {{"kind", "float"}, {"value", d}}; }
+  json operator()(double d) const { return {{"kind", "float"}, {"value", real_json(d)}}; }
   json operator()(const std::complex<double>& c) const {
-    return {{"kind", "complex"}, {"value", {c.real(), c.imag()}}};
+    return {{"kind", "complex"}, {"value", {real_json(c.real()), real_json(c.imag())}}};
   }
   json operator()(const std::string& s) const { return {{"kind", "str"}, {"value", s}}; }
   json operator()(const std::vector<int64_t>& v) const { return {{"kind", "int_list"}, {"value", v}}; }
-  json operator()(const std::vector<double>& v) const { return {{"kind", "float_list"}, {"value", v}}; }
+  json operator()(const std::vector<double>& v) const {
+    json reals = json::array();
+    for (double d : v) reals.push_back(real_json(d));
+    return {{"kind", "float_list"}, {"value", reals}};
+  }
   json operator()(const std::vector<bool>& v) const { return {{"kind", "bool_list"}, {"value", v}}; }
   json operator()(const ScalarTypeArg& t) const {
     return {{"kind", "dtype"}, {"value", scalar_type_name(t.type)}, {"code", static_cast<int>(t.type)}};

@@ -2,6 +2,7 @@
 
     import kiln
     model = kiln.compile(model)        # or @kiln.compile on a function
+    kiln.export(model, (x,)).save(path); kiln.load(path)(x)   # one graph, saved to one file
 
 The torch-free core (kiln._core: bytecode and frame hook) imports without torch; everything else
 needs torch, imported before kiln's compiler extension kiln._C.
@@ -14,5 +15,6 @@ except ImportError:  # the torch-free core alone (tests of bytecode/ and frame/ 
 if torch is not None:
     from kiln.api import compile, disable, explain, mark_dynamic, reset, stats  # noqa: F401,A004
     from kiln import config, errors  # noqa: F401
+    from kiln.export import ExportedProgram, export, load  # noqa: F401
 
 __version__ = "0.1.0"

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "cache/cache_journal.h"
 #include "cache/kernel_cache.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -103,6 +104,9 @@ std::shared_ptr<SharedLibrary> compile_cpp_library(const std::string& source, co
   std::lock_guard<std::mutex> lock(mutex);
   if (auto it = loaded.find(identity); it != loaded.end()) {
     cache::stats().memory_hits++;
+    // kiln.export's save bundles the library even when this process has it loaded already.
+    if (cache::journal_open())
+      if (const auto key = cache::entry_key(identity)) cache::lookup("cpp", *key, ".so");
     return it->second;
   }
   const std::optional<std::string> key = cache::entry_key(identity);  // nullopt without libcrypto: no disk cache

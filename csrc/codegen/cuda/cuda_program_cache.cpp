@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cache/cache_journal.h"
 #include "cache/kernel_cache.h"
 #include "codegen/cuda/cuda_device_lib.h"
 #include "common/error.h"
@@ -117,11 +118,14 @@ std::vector<CudaProgram> cuda_programs_for_device(int ordinal, const std::vector
   std::vector<CudaProgram> programs(sources.size());
   std::vector<size_t> missing;
   NvrtcOptions options;
+  // While kiln.export's save records the cache entries a compile uses, programs loaded already are read from the disk
+  // cache again so that their images are recorded (cache/cache_journal.h).
+  const bool journal = cache::journal_open();
   {
     std::lock_guard<std::mutex> lock(c.mutex);
     for (size_t i = 0; i < sources.size(); ++i) {
       auto found = c.programs.find(cache_key(ordinal, line_info, sources[i]));
-      if (found != c.programs.end()) {
+      if (found != c.programs.end() && !journal) {
         ++c.stats.memory_hits;
         programs[i] = found->second;
       } else {
