@@ -94,12 +94,14 @@ setup_main_venv() {
     step "creating .venv from $base"
     "$base" -m venv .venv
   fi
-  # transformers: the real-model tests (tests/python/test_hf_models.py) build small random-weight models from it.
-  if .venv/bin/python -c "import torch, pybind11, pytest, expecttest, transformers" >/dev/null 2>&1; then
+  # transformers: the real-model tests (test_hf_models.py, test_hf_architectures.py) build small random-weight models
+  # from it; matplotlib: the benchmarks' and the demo's charts.
+  if .venv/bin/python -c "import torch, pybind11, pytest, expecttest, transformers, matplotlib" >/dev/null 2>&1; then
     step ".venv ready ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
   else
-    step "installing torch==2.13.0, transformers and the build/test tools into .venv"
-    .venv/bin/python -m pip install -q torch==2.13.0 pybind11 scikit-build-core ninja pytest expecttest numpy transformers
+    step "installing torch==2.13.0, transformers, matplotlib and the build/test tools into .venv"
+    .venv/bin/python -m pip install -q torch==2.13.0 pybind11 scikit-build-core ninja pytest expecttest numpy transformers \
+      matplotlib
   fi
 }
 

@@ -2,8 +2,9 @@
 // Helpers shared by the files that fill the derivative-rule table: derivative_rules.cpp (the seed models' ops),
 // derivative_rules_more.cpp (math, masks, shapes, losses, norms, statistics, interpolation),
 // derivative_rules_math.cpp (the rest of the elementwise math, binary ops with tensor operands, reductions),
-// derivative_rules_linalg.cpp (products, linear algebra) and derivative_rules_indexing.cpp (scatter and index
-// updates, shape ops, losses, pooling, padding, sampling, *_copy views). Internal to autodiff/.
+// derivative_rules_linalg.cpp (products, linear algebra), derivative_rules_attention.cpp (attention) and
+// derivative_rules_indexing.cpp (scatter and index updates, shape ops, losses, pooling, padding, sampling, *_copy
+// views). Internal to autodiff/.
 #include <cstdint>
 #include <map>
 #include <string>
@@ -77,6 +78,8 @@ void add_more_rules(std::map<std::string, DerivativeRule>& table);
 void add_math_rules(std::map<std::string, DerivativeRule>& table);
 /// Adds the rules of derivative_rules_linalg.cpp.
 void add_linalg_rules(std::map<std::string, DerivativeRule>& table);
+/// Adds the rules of derivative_rules_attention.cpp.
+void add_attention_rules(std::map<std::string, DerivativeRule>& table);
 /// Adds the rules of derivative_rules_indexing.cpp (after the others: the *_copy ops take their view op's rule).
 void add_indexing_rules(std::map<std::string, DerivativeRule>& table);
 

@@ -550,31 +550,6 @@ void rule_cat(RuleCall& c) {
   }
 }
 
-// ---- attention (passes/lower_attention.h makes these of scaled_dot_product_attention) ----------------
-// _scaled_dot_product_efficient_attention(q, k, v, attn_bias, compute_log_sumexp, dropout_p, is_causal, *, scale)
-//   -> (output, log_sumexp, philox_seed, philox_offset): the backward replays dropout from the saved RNG state.
-// The kernel reads the output it is given with the strides of its own (batch, length, heads, dim) storage, the
-// layout the forward kernel writes; the graph holds the output in the layout it recorded. So the backward gets a
-// copy laid out as the kernel's own.
-void rule_efficient_attention(RuleCall& c) {
-  const std::vector<bool> mask = {c.needs(0), c.needs(1), c.needs(2), false};
-  const ValueId by_length = c.b.emit("aten::transpose", "int", {tensor(c.result(0)), int64_t{1}, int64_t{2}});
-  const ValueId packed = c.b.emit("aten::clone", "default", {tensor(by_length), graph::MemoryFormatArg{0}});
-  const ValueId out = c.b.emit("aten::transpose", "int", {tensor(packed), int64_t{1}, int64_t{2}});
-  auto grads = c.b.emit_all("aten::_scaled_dot_product_efficient_attention_backward", "default",
-                            {tensor(c.grad()), tensor(c.input(0)), tensor(c.input(1)), tensor(c.input(2)),
-                             graph::NoneArg{}, tensor(out), tensor(c.result(1)), tensor(c.result(2)),
-                             tensor(c.result(3)), c.arg(5), mask, c.arg(6), c.arg(7)});
-  set_masked(c, grads, {0, 1, 2}, mask);
-}
-// _scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, *, attn_mask, scale) -> (output, logsumexp)
-void rule_flash_attention_cpu(RuleCall& c) {
-  auto grads = c.b.emit_all("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "default",
-                            {tensor(c.grad()), tensor(c.input(0)), tensor(c.input(1)), tensor(c.input(2)),
-                             tensor(c.result(0)), tensor(c.result(1)), c.arg(3), c.arg(4), c.arg(5), c.arg(6)});
-  set_masked(c, grads, {0, 1, 2}, {c.needs(0), c.needs(1), c.needs(2)});
-}
-
 const std::map<std::string, DerivativeRule>& rule_table() {
   static const std::map<std::string, DerivativeRule> table = [] {
     std::map<std::string, DerivativeRule> t = {
@@ -634,12 +609,11 @@ const std::map<std::string, DerivativeRule>& rule_table() {
       {"aten::split.Tensor", {.emit = rule_split, .all_results = true}},
       {"aten::split_with_sizes.default", {.emit = rule_split, .all_results = true}},
       {"aten::unbind.int", {.emit = rule_unbind, .all_results = true}},
-      {"aten::_scaled_dot_product_efficient_attention.default", {rule_efficient_attention}},
-      {"aten::_scaled_dot_product_flash_attention_for_cpu.default", {rule_flash_attention_cpu}},
     };
     detail::add_more_rules(t);
     detail::add_math_rules(t);
     detail::add_linalg_rules(t);
+    detail::add_attention_rules(t);
     detail::add_indexing_rules(t);
     return t;
   }();

@@ -74,17 +74,14 @@ PyObject* lookup(const char* module, const char* name) {
   return f;  // new reference, kept for the process
 }
 
-// Questions about who runs the code, answered at trace time as a constant. "Is this being compiled" answers False,
-// as eager does: torch.compile answers True, but the compile-friendly paths libraries then take cost kiln more than
-// they save today (transformers builds a full attention mask instead of skipping an all-ones one, and kiln runs
-// masked attention in training on the eager interpreter: BERT's training step took 42 ms against 23 on an H100).
-// Exporting and TorchScript never run kiln's traces.
-bool answers_false(PyObject* f) {
+// Questions about who runs the code, answered at trace time as constants. "Is this being compiled" answers True, as
+// under torch.compile: libraries then skip work that only eager needs (transformers skips its data-dependent
+// all-ones mask checks). Exporting and TorchScript never run kiln's traces: False.
+bool answers_true(PyObject* f) {
   // Only modules torch has imported anyway: importing torch._dynamo here would import sympy (a quarter second).
-  static const std::vector<PyObject*> predicates = {
-      lookup("torch.compiler", "is_compiling"), lookup("torch.compiler", "is_dynamo_compiling"),
-      lookup("torch._utils", "is_compiling"),   lookup("torch.compiler", "is_exporting"),
-      lookup("torch.jit", "is_scripting"),      lookup("torch.jit", "is_tracing")};
+  static const std::vector<PyObject*> predicates = {lookup("torch.compiler", "is_compiling"),
+                                                    lookup("torch.compiler", "is_dynamo_compiling"),
+                                                    lookup("torch._utils", "is_compiling")};
   for (PyObject* p : predicates)
     if (p && p == f) return true;
   // torch._dynamo's own is_compiling (torch._dynamo.external_utils), if a library imported it.
@@ -93,6 +90,14 @@ bool answers_false(PyObject* f) {
   const char* name = PyUnicode_AsUTF8(((PyFunctionObject*)f)->func_name);
   return module && PyUnicode_Check(module) && name && std::string_view(name) == "is_compiling" &&
          std::string_view(PyUnicode_AsUTF8(module)).rfind("torch._dynamo", 0) == 0;
+}
+
+bool answers_false(PyObject* f) {
+  static const std::vector<PyObject*> predicates = {lookup("torch.compiler", "is_exporting"),
+                                                    lookup("torch.jit", "is_scripting"), lookup("torch.jit", "is_tracing")};
+  for (PyObject* p : predicates)
+    if (p && p == f) return true;
+  return false;
 }
 
 // Queries of process state that take no arguments and whose answer can change between calls (a CUDA graph
@@ -324,6 +329,7 @@ VarPtr Tracer::call_python_construct(const VarPtr& fn, std::vector<VarPtr>& args
       return p;
     }
     if (answers_false(f) && n == 0 && kwargs.empty()) return make_const(Py_False);
+    if (answers_true(f) && n == 0 && kwargs.empty()) return make_const(Py_True);
     if (guarded_query(f) && n == 0 && kwargs.empty()) {
       const SourcePtr asked = Source::call(Source::object(f, name_of(f)));
       PyObject* value = asked->resolve_from(f, SourceRoots{});

@@ -1493,19 +1493,21 @@ def test_reading_an_unset_environment_variable_by_subscript_raises_as_eager(monk
 
 # --- questions about who runs the code, and process-state queries ----------------------------------
 
-def test_is_compiling_is_answered_as_eager_answers_it():
-    """torch.compiler.is_compiling() inside kiln's traces answers False, as in eager: libraries' compile-friendly
-    paths (transformers builds a full attention mask instead of skipping an all-ones one) would cost kiln more
-    than they save while it runs masked attention in training on the eager interpreter. The answer is a constant
-    of the trace: no graph break."""
+def test_is_compiling_answers_true_inside_traces_as_under_torch_compile():
+    """torch.compiler.is_compiling() inside kiln's traces answers True, as under
+    torch.compile, so libraries skip what only eager needs; torch.jit.is_scripting() and torch.compiler.is_exporting()
+    answer False. The answers are constants of the trace: no graph break. Outside a trace eager answers False."""
     def f(x):
-        if torch.compiler.is_compiling() or torch.jit.is_scripting():
+        if torch.jit.is_scripting() or torch.compiler.is_exporting():
+            return x * 5
+        if torch.compiler.is_compiling():
             return x * 2
         return x * 3
 
     x = random_tensor(5)
     compiled = kiln.compile(f, fullgraph=True)
-    torch.testing.assert_close(compiled(x), f(x))
+    torch.testing.assert_close(compiled(x), x * 2)
+    torch.testing.assert_close(f(x), x * 3)
 
 
 def test_process_state_queries_are_guarded_and_a_new_answer_recompiles():

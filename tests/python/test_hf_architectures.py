@@ -1,0 +1,121 @@
+"""Ten transformers architectures as their users call them: task heads, an attention mask with padding, and labels so
+that the model computes its loss. Each is built from its Config class with random weights (2 layers, hidden 64),
+in eval and through a training step, compared with eager (outputs, the KV cache objects and every gradient);
+`generate` with a KV cache for GPT-2, Llama and T5 gives eager's tokens.
+
+Graph counts: torch.compile makes one graph of each (two for GPT-2). GRAPHS holds kiln's counts today as upper
+bounds, so that a regression fails; a model at 1 graph asserts no graph break at all. Skipped without transformers.
+"""
+import pytest
+import torch
+
+import kiln
+from kiln.testing import assert_same_as_eager
+
+transformers = pytest.importorskip("transformers")
+T = transformers
+
+# (eval, train) graphs per model in one call, from kiln.explain. The train count is the steady one: the first call of
+# a sequence-classification model sets config.problem_type, which kiln does not trace yet.
+GRAPHS = {
+    "gpt2": (29, 27), "llama": (24, 24), "mistral": (24, 24), "t5": (38, 38), "bart": (1, 1), "bert": (1, 1),
+    "distilbert": (14, 1), "roberta": (14, 1), "vit": (16, 1), "whisper": (100, 100),
+}
+
+
+def build(arch):
+    torch.manual_seed(0)
+    small = dict(vocab_size=100, max_position_embeddings=64)
+    if arch == "gpt2":
+        return T.GPT2LMHeadModel(T.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=64,
+                                              resid_pdrop=0, embd_pdrop=0, attn_pdrop=0))
+    if arch == "llama":
+        return T.LlamaForCausalLM(T.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                                num_attention_heads=4, num_key_value_heads=2, **small))
+    if arch == "mistral":
+        return T.MistralForCausalLM(T.MistralConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                                    num_attention_heads=4, num_key_value_heads=2, **small))
+    if arch == "t5":
+        return T.T5ForConditionalGeneration(T.T5Config(num_layers=2, num_decoder_layers=2, d_model=64, d_ff=128,
+                                                       num_heads=4, d_kv=16, vocab_size=100, decoder_start_token_id=0,
+                                                       dropout_rate=0.0))
+    if arch == "bart":
+        return T.BartForConditionalGeneration(T.BartConfig(
+            encoder_layers=2, decoder_layers=2, d_model=64, encoder_ffn_dim=128, decoder_ffn_dim=128,
+            encoder_attention_heads=4, decoder_attention_heads=4, dropout=0.0, attention_dropout=0.0,
+            activation_dropout=0.0, **small))
+    if arch == "bert":
+        return T.BertForMaskedLM(T.BertConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                              num_attention_heads=4, hidden_dropout_prob=0,
+                                              attention_probs_dropout_prob=0, **small))
+    if arch == "distilbert":
+        return T.DistilBertForSequenceClassification(T.DistilBertConfig(
+            n_layers=2, dim=64, hidden_dim=128, n_heads=4, dropout=0, attention_dropout=0, seq_classif_dropout=0,
+            **small))
+    if arch == "roberta":
+        return T.RobertaForSequenceClassification(T.RobertaConfig(
+            num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, hidden_dropout_prob=0,
+            attention_probs_dropout_prob=0, **small))
+    if arch == "vit":
+        return T.ViTForImageClassification(T.ViTConfig(
+            num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, image_size=32,
+            patch_size=8, num_labels=10, hidden_dropout_prob=0, attention_probs_dropout_prob=0))
+    assert arch == "whisper", arch
+    return T.WhisperForConditionalGeneration(T.WhisperConfig(
+        encoder_layers=2, decoder_layers=2, d_model=64, encoder_ffn_dim=128, decoder_ffn_dim=128,
+        encoder_attention_heads=4, decoder_attention_heads=4, vocab_size=100, num_mel_bins=16,
+        max_source_positions=16, max_target_positions=32, dropout=0, attention_dropout=0, activation_dropout=0,
+        decoder_start_token_id=1, pad_token_id=0))
+
+
+def inputs(arch, device):
+    """Fresh random inputs: token ids with the second row padded, or pixels / mel features; labels."""
+    if arch == "vit":
+        return dict(pixel_values=torch.randn(2, 3, 32, 32, device=device),
+                    labels=torch.randint(0, 10, (2,), device=device))
+    ids = torch.randint(3, 100, (2, 12), device=device)
+    mask = torch.ones(2, 12, dtype=torch.long, device=device)
+    mask[1, 9:] = 0
+    if arch == "whisper":
+        return dict(input_features=torch.randn(2, 16, 32, device=device), decoder_input_ids=ids, labels=ids)
+    if arch in ("distilbert", "roberta"):
+        return dict(input_ids=ids, attention_mask=mask, labels=torch.randint(0, 2, (2,), device=device))
+    return dict(input_ids=ids, attention_mask=mask, labels=ids)
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    kiln.reset()
+    yield
+    kiln.reset()
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("arch", sorted(GRAPHS))
+def test_architecture_matches_eager(arch, train, device):
+    model = build(arch).to(device).train(train)
+    if train:  # the step the counts are for: after the first call's one-time config change
+        with torch.no_grad():
+            model(**inputs(arch, device))
+    with torch.set_grad_enabled(train):
+        e = kiln.explain(model)(**inputs(arch, device))
+        kiln.reset()
+        bound = GRAPHS[arch][train]
+        assert e.graph_count <= bound, (e.graph_count, e.break_reasons)
+        if bound == 1:
+            assert e.graph_break_count == 0, e.break_reasons
+        compiled = kiln.compile(model)
+        for _ in range(2):
+            assert_same_as_eager(model, **inputs(arch, device), compiled=compiled, grads=train)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "t5"])
+def test_generate_with_a_kv_cache_gives_eager_tokens(arch, device):
+    model = build(arch).to(device).eval()
+    ids = torch.randint(3, 100, (2, 6), device=device)
+    settings = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False)
+    with torch.no_grad():
+        expected = model.generate(ids, **settings)
+        actual = kiln.compile(model).generate(ids, **settings)
+    assert torch.equal(actual, expected)
+    assert kiln.stats()["frames_compiled"] > 0
