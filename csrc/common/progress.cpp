@@ -104,12 +104,10 @@ void erase_line(const State* of) {
 bool wanted() { return log::enabled(log::Category::progress) || ::isatty(STDERR_FILENO); }
 
 Compile::Compile(std::string name, double after_s) {
-  if (t_open) return;
-  const bool lines = log::enabled(log::Category::progress);
-  if (!lines && !::isatty(STDERR_FILENO)) return;
+  if (t_open || !wanted()) return;
   State& s = t_state;
   s = State{};
-  s.lines = lines;
+  s.lines = log::enabled(log::Category::progress);  // also on a terminal: the user asked for log lines
   s.after_s = after_s;
   s.started = Clock::now();
   s.name = "graph " + std::to_string(++g_compiles) + ", " + std::move(name);
