@@ -82,7 +82,10 @@ void draw(State& s, bool new_stage) {
   const std::string tail = ": " + s.stage + "... " + one_decimal(elapsed) + " s";
   std::string head = "[kiln] compiling " + label(s);
   const size_t width = terminal_width() - 1;
-  if (head.size() + tail.size() > width) head = head.substr(0, width > tail.size() + 3 ? width - tail.size() - 3 : 0) + "...";
+  if (head.size() + tail.size() > width) {  // the middle goes: the graph's number and the part stay in view
+    const size_t room = width > tail.size() + 3 ? width - tail.size() - 3 : 0;
+    head = head.substr(0, room / 2) + "..." + head.substr(head.size() - (room - room / 2));
+  }
   std::fprintf(stderr, "\r%s%s\033[K", head.c_str(), tail.c_str());
   std::fflush(stderr);
   g_line_owner = &s;
