@@ -1,13 +1,18 @@
 """kiln demo: the seed models, eager vs kiln, in one table.
 
     python benchmarks/demo.py [--device cpu|cuda] [--models mlp,convrelu,pointwise,transformer6,resnet_small]
+                              [--chart build/demo/seed_models.png]
 
 For each model (inference, torch.no_grad): the first kiln call's seconds (trace + compile + run),
 the max abs error against eager and whether it is within kiln.testing's tolerance, the median ms per
 call of eager and of kiln and their ratio, then kiln.stats(). Exits 1 if any model failed or differed.
+The table is also drawn as a chart (benchmarks/chart.py; needs matplotlib), by default to
+build/demo/seed_models.png (ignored by git), with its rows as seed_models.py's JSON lines beside it
+(seed_models.jsonl, for chart.py); --chart '' draws none.
 """
 import argparse
 import copy
+import json
 import os
 import sys
 import time
@@ -164,10 +169,32 @@ def format_table(rows):
     return "\n".join(lines)
 
 
+def save_chart(rows, path, device):
+    """The table as seed_models.py's JSON rows (eager and kiln ms, kiln's first call) in a .jsonl file beside `path`,
+    drawn by benchmarks/chart.py to `path`; without matplotlib one line says so and only the rows are saved."""
+    import chart
+    seed_rows = []
+    for row in rows:
+        if "kiln_ms" not in row:
+            continue
+        common = {"model": row["model"], "device": device, "train": False}
+        seed_rows.append({**common, "system": "eager", "ms": round(row["eager_ms"], 4)})
+        seed_rows.append({**common, "system": "kiln", "first_call_s": round(row["first_call_s"], 3),
+                          "ms": round(row["kiln_ms"], 4), "max_err": row["max_abs_err"],
+                          "speedup_vs_eager": round(row["speedup"], 3)})
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(os.path.splitext(path)[0] + ".jsonl", "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in seed_rows)
+    machine = torch.cuda.get_device_name() if device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    chart.draw(seed_rows, path, f"kiln demo: {machine}, torch {torch.__version__}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--models", default="mlp,convrelu,pointwise,transformer6,resnet_small")
+    parser.add_argument("--chart", default=os.path.join(REPO_ROOT, "build", "demo", "seed_models.png"), metavar="PATH",
+                        help="the PNG chart of the table (default: build/demo/seed_models.png; '' for none)")
     args = parser.parse_args()
     import kiln
 
@@ -187,6 +214,8 @@ def main():
     print(format_table(rows))
     print()
     print("kiln.stats():", kiln.stats())
+    if args.chart:
+        save_chart(rows, args.chart, args.device)
     ok = all(row.get("matches") for row in rows)
     print("all models match eager" if ok else "SOME MODELS FAILED OR DIFFER FROM EAGER")
     return 0 if ok else 1

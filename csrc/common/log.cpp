@@ -7,6 +7,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "common/progress.h"
 
 namespace kiln::log {
 namespace {
@@ -78,6 +79,7 @@ void configure(const std::string& spec) {
 void emit(Category c, const std::string& text) {
   static std::mutex m;
   std::lock_guard<std::mutex> lock(m);
+  progress::clear_line();  // a record written over a terminal's progress line would be garbled
   std::fprintf(stderr, "[kiln:%s] %s\n", name(c), text.c_str());
   std::fflush(stderr);
 }
@@ -87,6 +89,7 @@ void warn_once(const std::string& text) {
   static std::set<std::string> given;
   std::lock_guard<std::mutex> lock(m);
   if (!given.insert(text).second) return;
+  progress::clear_line();
   std::fprintf(stderr, "[kiln] warning: %s\n", text.c_str());
   std::fflush(stderr);
 }

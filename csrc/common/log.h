@@ -19,7 +19,8 @@ namespace kiln::log {
   _(perf)                      \
   _(bytecode)                  \
   _(trace)                     \
-  _(fallbacks)
+  _(fallbacks)                 \
+  _(progress)
 
 enum class Category : unsigned {
 #define KILN_LOG_ENUM(name) name,

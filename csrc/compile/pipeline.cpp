@@ -17,6 +17,7 @@
 #include "codegen/device_backend.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/progress.h"
 #include "compile/fold_graph_constants.h"
 #include "compile/meta_oracle.h"
 #include "compile/split_for_autodiff.h"
@@ -135,6 +136,7 @@ std::shared_ptr<runtime::CompiledGraph> compile_artifact(std::shared_ptr<const g
   std::optional<cache::CompiledArtifact> cached =
       g_cuda_ptx_check || !key ? std::nullopt : cache::load_artifact(*key, *captured);
   if (cached) {
+    progress::stage("load");
     const double read_ms = started.ms();
     const std::string counts = plan_counts(*cached);
     auto compiled = runtime::make_kiln_graph(std::move(*cached), device, constants_of, load_context, options.dump_dir(),
@@ -213,6 +215,7 @@ cache::CompiledArtifact lower_graph(const graph::Graph& captured, const graph::D
   cache::CompiledArtifact artifact;
   artifact.optimised = captured;
   graph::Graph& g = artifact.optimised;
+  progress::stage("passes");
   // Inference batch norm first: it becomes pointwise ops that every later pass sees as such.
   passes::run_pass("lower_inference_batch_norm", g, passes::lower_inference_batch_norm);
   // A matmul's bias add moves into the kernel that reads the product, where the device has the multiprocessors to
@@ -228,6 +231,7 @@ cache::CompiledArtifact lower_graph(const graph::Graph& captured, const graph::D
   });
   // The generic clean-ups last, over everything the rewrites above left (passes/pipeline.cpp).
   passes::run_graph_passes(g);
+  progress::stage("fusion");
   fusion::Schedule schedule = fusion::schedule_kernels(g);
   if (passes::verify_enabled())
     for (const auto& k : schedule.kernels) fusion::verify_kernel(k);
@@ -235,6 +239,7 @@ cache::CompiledArtifact lower_graph(const graph::Graph& captured, const graph::D
   bool has_kernels = false;
   for (const auto& step : schedule.steps) has_kernels = has_kernels || step.kind == fusion::Step::Kind::Kernel;
   if (has_kernels) {
+    progress::stage("codegen");
     // A training half's launch groups never raise the graph's peak of live bytes.
     artifact.code = backend.emit(schedule, g, /*keep_peak=*/training_half);
     if (device.type == graph::DeviceType::CPU) check_cuda_ptx(schedule, g);
@@ -255,6 +260,7 @@ cache::CompiledArtifact lower_graph(const graph::Graph& captured, const graph::D
 std::shared_ptr<runtime::CompiledGraph> compile_kiln_graph(std::shared_ptr<const graph::Graph> g,
                                                            const runtime::ConstantsOf& constants_of,
                                                            const CompileOptions& options, bool training_half) {
+  progress::stage("passes");
   // 1. Functionalize: in-place ops on the graph's own intermediates become functional (passes/functionalize.h).
   bool mutates = false;
   for (const graph::Node& node : g->nodes) mutates = mutates || node.mutates_args;

@@ -14,6 +14,7 @@
 #include "cache/kernel_cache.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/progress.h"
 #include "compile/meta_oracle.h"
 #include "runtime/eager_interpreter.h"
 #include "runtime/kernel_graph.h"
@@ -74,6 +75,7 @@ runtime::AutogradSignature signature_of(const autodiff::JointGraphs& joint) {
 
 std::shared_ptr<runtime::AutogradGraph> split_for_autodiff(std::shared_ptr<const graph::Graph> g,
                                                            const CompileHalf& compile_half) {
+  progress::stage("autodiff");
   const passes::CudnnBatchNorm cudnn = cudnn_batch_norm_here();
   // No key (no SHA-256 available, cache/kernel_cache.h): nothing is read or stored.
   const std::optional<std::string> key =
@@ -99,10 +101,18 @@ std::shared_ptr<runtime::AutogradGraph> split_for_autodiff(std::shared_ptr<const
   for (const auto& view : joint.output_views)
     view_replays.push_back(view ? runtime::make_eager_interpreter(view, {}) : nullptr);
   const log::Stopwatch forward_started;
-  std::shared_ptr<runtime::CompiledGraph> forward = compile_half(joint.forward);
+  std::shared_ptr<runtime::CompiledGraph> forward;
+  {
+    const progress::Part part("forward half");
+    forward = compile_half(joint.forward);
+  }
   const double forward_ms = forward_started.ms();
   const log::Stopwatch backward_started;
-  std::shared_ptr<runtime::CompiledGraph> backward = compile_half(joint.backward);
+  std::shared_ptr<runtime::CompiledGraph> backward;
+  {
+    const progress::Part part("backward half");
+    backward = compile_half(joint.backward);
+  }
   KILN_LOG(perf) << "kiln autograd: forward compiled in " << log::whole_ms(forward_ms) << " ms, backward in "
                  << log::whole_ms(backward_started.ms()) << " ms";
   runtime::kiln_backend_stats().autograd_saved_bytes += joint.saved_bytes;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/log.h"
+#include "common/progress.h"
 #include "passes/eliminate_common_subexpressions.h"
 #include "passes/fuse_recomputation.h"
 #include "passes/remove_dead_nodes.h"
@@ -20,6 +21,7 @@ bool verify_enabled() {
 
 bool run_pass(const char* name, graph::Graph& g, const std::function<bool(graph::Graph&)>& pass) {
   const bool changed = pass(g);
+  progress::tick();
   if (verify_enabled()) {
     try {
       g.verify();

@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/progress.h"
 #include "compile/backends.h"
 #include "runtime/frame_program.h"
 #include "trace/code_layout.h"
@@ -135,6 +136,28 @@ int module_instance_limit() {
   Py_XDECREF(limit);
   PyErr_Clear();
   return (int)value;
+}
+
+// kiln.config.progress_after_s: seconds a frame compiles before the progress display shows it; None turns the display
+// off. Read on each compile while the display is wanted (common/progress.h).
+std::optional<double> progress_after_s() {
+  constexpr double kDefault = 1.0;
+  PyObject* config = PyImport_ImportModule("kiln.config");
+  PyObject* after = config ? PyObject_GetAttrString(config, "progress_after_s") : nullptr;
+  Py_XDECREF(config);
+  std::optional<double> value = kDefault;
+  if (after == Py_None) value = std::nullopt;
+  else if (after && (PyFloat_Check(after) || PyLong_Check(after))) value = PyFloat_AsDouble(after);
+  Py_XDECREF(after);
+  PyErr_Clear();
+  return value;
+}
+
+// "Block.forward (model.py:12)": the progress display's name of a frame, short enough for one terminal line.
+std::string short_where(PyCodeObject* code) {
+  std::string file = PyUnicode_AsUTF8(code->co_filename);
+  if (const size_t slash = file.rfind('/'); slash != std::string::npos) file = file.substr(slash + 1);
+  return std::string(PyUnicode_AsUTF8(code->co_qualname)) + " (" + file + ":" + std::to_string(code->co_firstlineno) + ")";
 }
 
 // How many of a code object's entries count toward which limit on this miss. Entries traced for one
@@ -420,6 +443,10 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
   };
   const GcPaused gc_paused;
   const log::Stopwatch started;
+  std::optional<progress::Compile> progress_line;  // shown once the compile has run kiln.config.progress_after_s
+  if (progress::wanted())
+    if (const std::optional<double> after = progress_after_s()) progress_line.emplace(short_where(frame.code), *after);
+  progress::stage("trace");
   try {
     tracer = std::make_unique<Tracer>(input);
     std::optional<BreakPlan> plan;

@@ -2,7 +2,7 @@
 
 | switch (environment) | meaning |
 |---|---|
-| KILN_LOGS       | comma list of log categories: graph_breaks, recompiles, guards, graph, output_code, passes, perf, bytecode, trace, fallbacks, or `all` |
+| KILN_LOGS       | comma list of log categories: graph_breaks, recompiles, guards, graph, output_code, passes, perf, bytecode, trace, fallbacks, progress, or `all` |
 | KILN_DEBUG_DIR  | directory where graphs and generated sources are kept (used by the compiler backends) |
 | KILN_CACHE_DIR  | on-disk cache of compiled kernels and graphs (default ~/.cache/kiln, without HOME $TMPDIR/kiln-<uid>); unused, with one warning, if others can write to it |
 | KILN_DISABLE    | `1`: kiln.compile returns functions that run eagerly |
@@ -16,12 +16,16 @@ Python-level settings (this module's attributes):
 - module_instance_limit: distinct nn.Module instances one forward (or its resume functions) is compiled
   for before further instances run eagerly (default 64). Identical layers (12 blocks of a ModuleList whose
   forward has a graph break) are compiled once each without reaching recompile_limit; read on each such miss.
+- progress_after_s: seconds a frame has been compiling before a one-line progress display (graph, stage,
+  seconds so far) appears on stderr; shown when stderr is a terminal (rewritten in place, cleared when the
+  compile ends) or with KILN_LOGS=progress (plain lines); default 1.0, None turns it off. Read on each compile.
 - set_compiled_autograd(on): compiled forward + backward for graphs that need grad (default on).
 """
 import os
 
 recompile_limit = 8
 module_instance_limit = 64
+progress_after_s = 1.0
 
 
 def set_compiled_autograd(on=True):

@@ -1,10 +1,14 @@
 """kiln's user-facing API, checked against real behaviour: compile (function, decorator, module),
 stats/reset, explain, disable, logs, backends, errors, fallbacks, tracebacks, generators, leaks."""
+import fcntl
 import gc
 import inspect
 import os
+import pty
+import struct
 import subprocess
 import sys
+import termios
 import traceback
 
 import numpy as np
@@ -402,14 +406,20 @@ f(torch.randn(4)); f(torch.randn(4)); f(torch.randn(4, dtype=torch.float64))
 """
 
 
-def run_with_logs(logs, cache_dir=None):
+def log_env(logs, cache_dir=None):
     env = dict(os.environ, PYTHONPATH=KILN_PARENT_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if cache_dir is not None:
         env["KILN_CACHE_DIR"] = str(cache_dir)
     env.pop("KILN_LOGS", None)
     if logs is not None:
         env["KILN_LOGS"] = logs
-    proc = subprocess.run([sys.executable, "-c", LOG_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    return env
+
+
+def run_with_logs(logs, cache_dir=None, script=LOG_SCRIPT):
+    """The script's stderr, run in a new process with KILN_LOGS=logs (None: unset); stderr is a pipe, no terminal."""
+    proc = subprocess.run([sys.executable, "-c", script], env=log_env(logs, cache_dir), capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr
     return proc.stderr
 
@@ -449,6 +459,64 @@ def test_kiln_logs_perf_times_each_compile(tmp_path):
     stderr = run_with_logs("perf", cache_dir=tmp_path)
     found = [line for line in stderr.splitlines() if line.startswith("[kiln:perf] kiln backend: found in the graph cache")]
     assert len(found) == 2 and "code generation" not in stderr, stderr
+
+
+# A function compiled as a forward and a backward half; `after` is kiln.config.progress_after_s (0: shown at once).
+PROGRESS_SCRIPT = """
+import torch, kiln
+kiln.config.progress_after_s = {after}
+w = torch.randn(4, requires_grad=True)
+@kiln.compile
+def g(x):
+    return (x * w).sin().sum()
+g(torch.randn(4)).backward()
+"""
+
+
+def test_kiln_logs_progress_lists_the_stages_of_a_slow_compile(tmp_path):
+    stderr = run_with_logs("progress", cache_dir=tmp_path, script=PROGRESS_SCRIPT.format(after=0))
+    lines = [line[len("[kiln:progress] "):] for line in stderr.splitlines() if line.startswith("[kiln:progress] ")]
+    # "<graph>: <stage>, <seconds> s"; each half goes through the lowering, and the empty cache makes the system C++
+    # compiler run for both
+    graph = "graph 1, g (<string>:5)"
+    compiler = os.path.basename(os.environ.get("CXX") or "c++")
+    lowering = ["passes", "fusion", "codegen", f"compile C++ ({compiler})", "load"]
+    expected = ([f"{graph}: {stage}" for stage in ("trace", "passes", "autodiff")] +
+                [f"{graph}, forward half: {stage}" for stage in lowering] +
+                [f"{graph}, backward half: {stage}" for stage in lowering])
+    assert [line.rsplit(", ", 1)[0] for line in lines[:-1]] == expected, stderr
+    assert lines[-1].startswith(f"{graph}: done in "), stderr
+    # with the threshold far away, a compile this fast shows nothing
+    assert "[kiln:progress]" not in run_with_logs("progress", script=PROGRESS_SCRIPT.format(after=60))
+
+
+def test_progress_is_silent_without_a_terminal_or_kiln_logs(tmp_path):
+    assert run_with_logs(None, cache_dir=tmp_path, script=PROGRESS_SCRIPT.format(after=0)) == ""
+
+
+def test_progress_on_a_terminal_is_one_line_rewritten_then_cleared(tmp_path):
+    controller, terminal = pty.openpty()
+    # 200 columns: wide enough for the whole line (a narrower terminal gets the name shortened)
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-c", PROGRESS_SCRIPT.format(after=0)], env=log_env(None, tmp_path),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=terminal)
+    os.close(terminal)
+    written = b""
+    while True:
+        try:
+            chunk = os.read(controller, 4096)
+        except OSError:  # EIO: the process closed its end
+            break
+        if not chunk:
+            break
+        written += chunk
+    os.close(controller)
+    assert proc.wait(timeout=600) == 0, written
+    text = written.decode()
+    assert "\n" not in text.replace("\r\n", ""), text  # no new lines: one line, rewritten
+    assert text.startswith("\r[kiln] compiling graph 1, g (<string>:5): trace... ") and text.endswith("\r\x1b[K"), text
+    assert "backward half: compile C++ (" in text, text
+    assert run_with_logs(None, cache_dir=tmp_path, script=PROGRESS_SCRIPT.format(after=None)) == ""
 
 
 # --- backends -----------------------------------------------------------------------------------

@@ -22,6 +22,7 @@
 #include "cache/kernel_cache.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/progress.h"
 
 namespace kiln::codegen::cpp {
 
@@ -111,6 +112,7 @@ std::shared_ptr<SharedLibrary> compile_cpp_library(const std::string& source, co
   }
   const std::optional<std::string> key = cache::entry_key(identity);  // nullopt without libcrypto: no disk cache
   if (auto path = key ? cache::lookup("cpp", *key, ".so") : std::nullopt) {
+    progress::stage("load");
     auto library = load(*path);  // lookup checked the file and its directory: only this user can write them
     cache::stats().cache_hits++;
     loaded[identity] = library;
@@ -128,6 +130,8 @@ std::shared_ptr<SharedLibrary> compile_cpp_library(const std::string& source, co
   const std::string command = compiler + " " + cpp_flags() + " " + shell_quote(source_path) + " -o " +
                               shell_quote(library_path) + " > " + shell_quote(log_path) + " 2>&1";
   KILN_LOG(perf) << "compiling " << source_path;
+  // One stage for the whole compiler run, often the longest: the line written here stays until it returns.
+  progress::stage("compile C++ (" + compiler.substr(compiler.find_last_of('/') + 1) + ")");
   const int status = std::system(command.c_str());
   const std::string compiler_output = read_text(log_path);
   std::remove(log_path.c_str());
@@ -139,6 +143,7 @@ std::shared_ptr<SharedLibrary> compile_cpp_library(const std::string& source, co
                       << compiler_output.substr(0, 4000);
   }
   cache::stats().kernels_compiled++;
+  progress::stage("load");
   const std::optional<std::string> entry = key ? cache::publish("cpp", *key, ".so", library_path) : std::nullopt;
   if (entry)
     cache::publish("cpp", *key, ".cpp", source_path);  // kept next to the library for debugging

@@ -19,6 +19,7 @@
 #include "codegen/cuda/cuda_device_lib.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/progress.h"
 
 namespace kiln::codegen::cuda {
 namespace {
@@ -147,9 +148,11 @@ std::vector<CudaProgram> cuda_programs_for_device(int ordinal, const std::vector
   // threads asking for the same source may both compile it: the first to finish is kept).
   std::vector<CompiledCuda> compiled(missing.size());
   std::vector<CudaProgramCacheStats> stats(missing.size());
+  progress::stage("compile CUDA (NVRTC, " + std::to_string(missing.size()) + (missing.size() > 1 ? " programs)" : " program)"));
   run_in_parallel(missing.size(), [&](size_t m) {
     compiled[m] = compile_or_load(sources[missing[m]], program_name, options, stats[m], /*in_worker=*/missing.size() > 1);
   });
+  progress::stage("load");
   std::lock_guard<std::mutex> lock(c.mutex);
   for (size_t m = 0; m < missing.size(); ++m) {
     c.stats.compiled += stats[m].compiled;
