@@ -104,24 +104,22 @@ class _FxProgram:
     # ---- compiling -------------------------------------------------------------------------------------
     def compile_static(self, example_inputs):
         self.compiled = self._compile(example_inputs)
-        if self.compiled is None:
-            self.static = False
-            self.by_signature = _AlwaysEager()
 
     def _compile(self, args):
         """Records the FX graph on fakes of `args` and compiles it with kiln; None (after one warning) when a node
-        cannot be recorded."""
+        cannot be recorded: then every call runs eagerly, without recording again."""
         try:
             graph, input_sources, output_spec = _record(self.gm, args)
             compiled = _C.compile_graph(graph, "kiln", _inputs_of(self.gm, args, input_sources), mode=self.mode,
                                         options=self.options)
-        except (_CannotRecord, errors.KilnError) as e:
+        except Exception as e:
             # kiln's pipeline runs what it cannot lower on its eager interpreter by itself; what reaches here is a
             # node the recorder refused or a graph kiln cannot build, and runs as Dynamo captured it.
             what = f"record {e}" if isinstance(e, _CannotRecord) else f"compile the graph: {e}"
             warnings.warn(f"kiln backend: running a graph Dynamo captured eagerly, as kiln cannot {what}",
                           stacklevel=3)
             _stats["graphs_eager"] += 1
+            self.by_signature = _AlwaysEager()
             return None
         _stats["graphs_compiled"] += 1
         return _Compiled(compiled, input_sources, output_spec)
@@ -143,6 +141,8 @@ class _FxProgram:
             return self.by_signature[key]
         except KeyError:
             pass
+        except TypeError:  # an argument that cannot be part of a key: nothing compiled can be matched to it
+            return None
         if len(self.by_signature) >= config.recompile_limit:
             if not self.limit_warned:
                 self.limit_warned = True
@@ -160,9 +160,6 @@ class _FxProgram:
 
 class _AlwaysEager(dict):
     """by_signature of a graph kiln cannot record: every signature runs eagerly, without recording again."""
-
-    def __missing__(self, key):
-        return None
 
     def __getitem__(self, key):
         return None
@@ -205,8 +202,7 @@ def _record(gm, args):
                 else:
                     env[node] = _run_node(gm, node, recorder, graph_input, _load(node.args, env),
                                           _load(node.kwargs, env))
-            except (errors.KilnError, NotImplementedError, RuntimeError, TypeError, ValueError,
-                    AttributeError, IndexError, KeyError) as e:
+            except Exception as e:  # a refusal, or an error of the user's code that eager will raise itself
                 raise _CannotRecord(node, e) from e
         raise _CannotRecord(node, "the graph has no output node")
     finally:
