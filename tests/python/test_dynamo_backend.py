@@ -13,7 +13,7 @@ import torch._dynamo
 
 import kiln
 from kiln import dynamo_backend
-from kiln.testing import assert_same_as_eager, random_tensor
+from kiln.testing import assert_same_as_eager, random_tensor, tolerance
 from seed_models import MLP  # benchmarks/ (tests/python/conftest.py)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -79,6 +79,25 @@ def test_mlp_outputs_and_gradients():
     assert_same_as_eager(model, random_tensor(4, 100), compiled=compiled)  # fresh input, same graph
     assert_ran_through_kiln(graphs=2)  # Dynamo compiles again for the input's requires_grad
     assert kiln._C.compiler_stats()["graphs_autograd"] >= 1  # the backward came from kiln's autodiff
+
+
+def test_training_steps_match_eager():
+    import copy
+
+    model = conv_bn()
+    reference = copy.deepcopy(model)
+    compiled = backend_compile(model)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference)]
+    for _ in range(4):
+        x = random_tensor(2, 3, 8, 8)
+        for run, optimizer in zip((compiled, reference), optimizers):
+            optimizer.zero_grad()
+            run(x).pow(2).mean().backward()
+            optimizer.step()
+    for (name, actual), expected in zip(model.state_dict().items(), reference.state_dict().values()):
+        rtol, atol = tolerance(expected.dtype)
+        torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
+    assert_ran_through_kiln()
 
 
 def test_mlp_inference_under_no_grad():
