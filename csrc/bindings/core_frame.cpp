@@ -1,6 +1,6 @@
 // kiln._core.frame: the frame hook driven from Python, for tests and the regression-test mode.
 //
-// A Python callback plays the compiler: callback(frame_info) -> None | "skip" | (code, guard).
+// A Python callback plays the compiler: callback(frame_info) -> None | "skip" | "suspend" | (code, guard).
 // PythonCompiler and PythonGuard below are also the template for the real compiler: a Compiler
 // subclass turning a miss into a CacheEntry, a GuardCheck subclass deciding hits.
 #include <pybind11/pybind11.h>
@@ -94,6 +94,8 @@ class PythonCompiler : public frame::Compiler, public std::enable_shared_from_th
       result.action = MissAction::kRunDefault;
     } else if (py::isinstance<py::str>(decision) && decision.cast<std::string>() == "skip") {
       result.action = MissAction::kSkipCode;
+    } else if (py::isinstance<py::str>(decision) && decision.cast<std::string>() == "suspend") {
+      result.action = MissAction::kRunSuspended;
     } else if (py::isinstance<py::tuple>(decision) && py::len(decision) == 2) {
       py::tuple pair = decision;
       if (!PyCode_Check(pair[0].ptr()))
@@ -107,7 +109,7 @@ class PythonCompiler : public frame::Compiler, public std::enable_shared_from_th
       result.action = MissAction::kAddEntry;
       result.entry = std::move(entry);
     } else {
-      throw py::type_error("kiln frame callback must return None, \"skip\" or a (code, guard) tuple, got " +
+      throw py::type_error("kiln frame callback must return None, \"skip\", \"suspend\" or a (code, guard) tuple, got " +
                            std::string(py::str(py::repr(decision))));
     }
     return result;
@@ -182,6 +184,7 @@ void register_frame(py::module_& m) {
       py::arg("callback"),
       "Sets this thread's compiler callback (None: none); returns the previous callback.\n"
       "callback(frame_info) -> None (run normally this time) | 'skip' (never intercept this code)\n"
+      "| 'suspend' (run normally this time, and intercept nothing it calls)\n"
       "| (code, guard): run `code` instead, now and whenever guard(frame_info) is true (None: always).");
 
   f.def(

@@ -23,8 +23,19 @@ struct CompilerHandle {
   std::unique_ptr<trace::KilnCompiler> compiler;
 };
 
-// kiln.compile's mode, dynamic and options (validated by kiln/api.py, which names the known keys) as the pipeline
-// takes them.
+thread_local PyObject* tls_current = nullptr;  // the Python handle of this thread's compiler (owned)
+
+py::object set_compiler(py::object handle) {
+  trace::KilnCompiler* ptr = handle.is_none() ? nullptr : handle.cast<CompilerHandle&>().compiler.get();
+  frame::set_thread_compiler(ptr);
+  trace::set_active_compiler(ptr);
+  PyObject* previous = tls_current;
+  tls_current = handle.is_none() ? nullptr : handle.inc_ref().ptr();
+  return previous ? py::reinterpret_steal<py::object>(previous) : py::none();
+}
+
+}  // namespace
+
 compile::CompileOptions compile_options_from_python(const std::string& mode, py::object dynamic, py::dict options) {
   compile::CompileOptions parsed;
   parsed.mode = compile::parse_mode(mode);
@@ -45,19 +56,6 @@ compile::CompileOptions compile_options_from_python(const std::string& mode, py:
   }
   return parsed;
 }
-
-thread_local PyObject* tls_current = nullptr;  // the Python handle of this thread's compiler (owned)
-
-py::object set_compiler(py::object handle) {
-  trace::KilnCompiler* ptr = handle.is_none() ? nullptr : handle.cast<CompilerHandle&>().compiler.get();
-  frame::set_thread_compiler(ptr);
-  trace::set_active_compiler(ptr);
-  PyObject* previous = tls_current;
-  tls_current = handle.is_none() ? nullptr : handle.inc_ref().ptr();
-  return previous ? py::reinterpret_steal<py::object>(previous) : py::none();
-}
-
-}  // namespace
 
 void register_compile(py::module_& m) {
   // Compiled frames suspend the hook around the Python they call; runtime/ reaches the hook only through this.

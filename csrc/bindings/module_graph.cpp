@@ -3,6 +3,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
 #include "bindings/module_register.h"
 #include "cache/cache_journal.h"
 #include "cache/graph_cache.h"
@@ -23,21 +25,25 @@ using runtime::CompiledGraph;
 
 // Python callables become user backends; strings name a registered backend.
 std::shared_ptr<CompiledGraph> compile_from_python(const std::shared_ptr<Graph>& g, py::object backend,
-                                                   py::object example_inputs) {
+                                                   py::object example_inputs,
+                                                   const compile::CompileOptions& options = {}) {
   PyObject* examples = example_inputs.is_none() ? nullptr : example_inputs.ptr();
   if (py::isinstance<py::str>(backend))
-    return compile::compile_graph(g, backend.cast<std::string>(), examples, nullptr, compile::CompileOptions{});
+    return compile::compile_graph(g, backend.cast<std::string>(), examples, nullptr, options);
   KILN_CHECK(PyCallable_Check(backend.ptr())) << "backend must be a name (" << py::repr(py::cast(compile::backend_names())).cast<std::string>()
                                               << ") or a callable, got " << Py_TYPE(backend.ptr())->tp_name;
   std::string name = py::hasattr(backend, "__name__") ? py::str(backend.attr("__name__")).cast<std::string>()
                                                       : std::string("<callable>");
-  return compile::compile_graph(g, name, examples, backend.ptr(), compile::CompileOptions{});
+  return compile::compile_graph(g, name, examples, backend.ptr(), options);
 }
 
 py::list run_compiled(CompiledGraph& compiled, py::handle inputs) {
   std::vector<at::Tensor> tensors = runtime::tensors_from_python(inputs.ptr(), "graph inputs");
   std::vector<at::Tensor> outputs;
   {
+    // A graph recorded under autocast holds autocast's casts as nodes: its ops must not be cast again (as
+    // runtime/frame_program.cpp runs the graphs of compiled frames).
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     // Built-in backends run without Python; user backends take the GIL back themselves.
     py::gil_scoped_release no_gil;
     outputs = compiled.run(tensors);
@@ -108,9 +114,16 @@ void register_graph(py::module_& m) {
       },
       "write one entry into the disk cache (atomically, with its checksum); False when the cache is off");
   m.def("_kiln_build", &cache::build_identity, "kiln's build as graph cache keys name it (size and mtime of _C)");
-  m.def("compile_graph", &compile_from_python, py::arg("graph"), py::arg("backend"),
-        py::arg("example_inputs") = py::none(),
-        "compile `graph` with a backend name or a user callable (graph, example_inputs) -> callable");
+  m.def(
+      "compile_graph",
+      [](const std::shared_ptr<Graph>& g, py::object backend, py::object example_inputs, const std::string& mode,
+         py::dict options) {
+        return compile_from_python(g, backend, example_inputs, compile_options_from_python(mode, py::none(), options));
+      },
+      py::arg("graph"), py::arg("backend"), py::arg("example_inputs") = py::none(), py::arg("mode") = "default",
+      py::arg("options") = py::dict(),
+      "compile `graph` with a backend name or a user callable (graph, example_inputs) -> callable; `mode` and "
+      "`options` are kiln.compile's, checked by kiln/api.py");
   m.def(
       "run_graph",
       [](const std::shared_ptr<Graph>& g, py::object backend, py::handle inputs) {

@@ -211,6 +211,11 @@ PyObject* handle_miss(PyThreadState* tstate, _PyInterpreterFrame* frame, int thr
     case MissAction::kRunDefault:
       ++g_counters.default_runs;
       return run_default(tstate, frame, throwflag);
+    case MissAction::kRunSuspended: {
+      ++g_counters.default_runs;
+      CompilerSuspended suspended;
+      return run_default(tstate, frame, throwflag);
+    }
     case MissAction::kError:
       if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "kiln: the compiler failed without an error");
       break;

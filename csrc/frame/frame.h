@@ -73,6 +73,8 @@ enum class MissAction {
   kAddEntry,    ///< `entry` is filled: add it (MRU front) and run it
   kRunDefault,  ///< run the original code this time; ask again next call
   kSkipCode,    ///< never intercept this code object again (its nested calls still are)
+  kRunSuspended,  ///< run the original code this time with the hook suspended for every frame it starts (a
+                  ///< function that switches compilers off for what it calls); ask again next call
   kError,       ///< a Python error is set: propagate it from the frame
 };
 

@@ -22,6 +22,20 @@ constexpr int kMaxInlineDepth = 64;
 
 
 
+// A value the recorder can be handed as it is: fakes, constants and containers of them. A module or an object would
+// reach it with its real tensors, which would become graph constants (no gradient, no guard on their values).
+bool recordable(const VarPtr& v) {
+  switch (v->kind) {
+    case VarKind::kConst:
+    case VarKind::kTensor: return true;
+    case VarKind::kTuple:
+    case VarKind::kList:
+    case VarKind::kDict:
+    case VarKind::kSlice: return std::all_of(v->items.begin(), v->items.end(), recordable);
+    default: return false;
+  }
+}
+
 // Builtins whose answer depends on an argument's type alone: foldable when that type is guarded.
 bool depends_on_type_only(PyObject* f) {
   for (const char* name : {"isinstance", "issubclass", "type", "callable"})
@@ -150,6 +164,7 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
   bool torch_callable = is_torch == Py_True;
   Py_DECREF(is_torch);
   if (torch_callable) return call_recorded(f, args, kwargs);
+  if (PyFunction_Check(f) && allowed_in_graph(f, args, kwargs)) return call_recorded(f, args, kwargs);
   if (PyFunction_Check(f)) return inline_function(f, std::move(args), std::move(kwargs), fn->source);
   if (PyMethod_Check(f)) {
     PyObject* self = PyMethod_GET_SELF(f);
@@ -157,6 +172,18 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
     return inline_function(PyMethod_GET_FUNCTION(f), std::move(args), std::move(kwargs));
   }
   KILN_UNSUPPORTED() << "calling " << name_of(f) << " (" << Py_TYPE(f)->tp_name << ") is not traced yet";
+}
+
+bool Tracer::allowed_in_graph(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  // torch.compiler.allow_in_graph(f): Dynamo writes the call into its graph without reading f's code. kiln's
+  // equivalent is to run f whole on the fakes, recording the ops it reaches (its Python, a print included, runs
+  // once, at trace time), rather than inlining it or breaking the graph at what it holds.
+  PyObject* allowed = PyObject_CallOneArg(helper("is_allowed_in_graph"), f);
+  if (!allowed) rethrow_python("asking whether a function is allowed in the graph");
+  Py_DECREF(allowed);
+  if (allowed != Py_True) return false;
+  if (!std::all_of(args.begin(), args.end(), recordable)) return false;
+  return std::all_of(kwargs.begin(), kwargs.end(), [](const auto& kw) { return recordable(kw.second); });
 }
 
 VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs, bool* handled) {

@@ -388,11 +388,21 @@ frame::MissResult KilnCompiler::eager_for_every_input(const frame::FrameView& fr
 frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
                                         const std::vector<const frame::CacheEntry*>& entries) {
   frame::MissResult result;
-  // A kiln.disable wrapper runs as written (it switches kiln off for what it calls).
+  // A kiln.disable wrapper runs as written (it switches kiln off for what it calls). A torch.compiler.disable (or
+  // torch._dynamo.disable) wrapper switches only torch's own frame evaluator off: kiln's hook is suspended for
+  // everything it calls, as torch.compile's is (a non-recursive one, recursive=False, leaves the functions its
+  // function calls to the compiler).
   if (frame.function && PyFunction_Check(frame.function)) {
     PyObject* dict = ((PyFunctionObject*)frame.function)->func_dict;
     if (dict && PyDict_GetItemString(dict, "_kiln_disabled")) {
       result.action = frame::MissAction::kRunDefault;
+      return result;
+    }
+    PyObject* torch_disabled = dict ? PyDict_GetItemString(dict, "_torchdynamo_disable") : nullptr;
+    if (torch_disabled && PyObject_IsTrue(torch_disabled) == 1) {
+      PyObject* recursive = PyDict_GetItemString(dict, "_torchdynamo_disable_recursive");
+      result.action = recursive && PyObject_IsTrue(recursive) == 0 ? frame::MissAction::kRunDefault
+                                                                   : frame::MissAction::kRunSuspended;
       return result;
     }
   }

@@ -90,6 +90,9 @@ class Tracer {
   VarPtr call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs);
   /// Runs `fn` (a torch callable) on fakes through the recorder and wraps what it returns.
   VarPtr call_recorded(PyObject* fn, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+  /// Whether `f` was passed to torch.compiler.allow_in_graph and its arguments can go to the recorder as they are:
+  /// then the call is recorded whole (call_recorded) instead of inlined.
+  bool allowed_in_graph(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
   /// A Python value produced at trace time (by the recorder or by constant folding).
   VarPtr wrap_result(PyObject* value);
   /// `operator.<op>(a, b)` on Vars: tensors go to the recorder, constants are folded.

@@ -7,6 +7,7 @@ frame is traced, never on a cache hit.
 import inspect
 import operator
 import os
+import sys
 import types
 
 import torch
@@ -190,6 +191,20 @@ def is_torch_callable(fn):
         return True
     # torch.ops.<namespace>.<op>[.<overload>]: ATen's and custom ops (torch.library), recorded as calls of the op.
     return isinstance(fn, TORCH_OP_TYPES) or getattr(fn, "__module__", "") in ("torch._ops", "torch._ops.aten")
+
+
+def is_allowed_in_graph(fn):
+    """Whether torch.compiler.allow_in_graph(fn) (or torch._dynamo.allow_in_graph) was called for `fn`. The marks
+    live in Dynamo's set of allowed callable ids; allow_in_graph imports torch._dynamo, so without it loaded no
+    function is marked (and kiln does not import it)."""
+    trace_rules = sys.modules.get("torch._dynamo.trace_rules")
+    allowed = getattr(trace_rules, "_allowed_callable_ids", None)
+    if allowed is None:
+        return False
+    try:
+        return id(fn) in allowed
+    except Exception:  # a torch whose set looks different: nothing is marked
+        return False
 
 
 # Operator objects under torch.ops: each is made once and cached on its namespace (or packet), so a read through the

@@ -371,6 +371,16 @@ def test_skip_marks_the_code_for_good():
     assert run(rec2, typed, 5) == ("kiln", 5)
 
 
+def test_suspend_runs_the_original_and_intercepts_nothing_it_calls():
+    # What a torch.compiler.disable wrapper gets from kiln's compiler: its whole call tree runs uncompiled.
+    rec = Recorder(decision="suspend", only=[outer_of_skipped])
+    for i in range(2):
+        assert run(rec, outer_of_skipped, i) == ("orig", i)
+    assert rec.names() == ["outer_of_skipped"] * 2  # asked again each call; typed, called inside, never offered
+    assert not frame.is_skipped(outer_of_skipped)
+    assert run(Recorder(only=[typed]), outer_of_skipped, 3) == ("kiln", 3)  # the suspension ended with the call
+
+
 def test_none_runs_the_original_and_asks_again():
     rec = Recorder(decision=None, only=[])
     for i in range(3):
