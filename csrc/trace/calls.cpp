@@ -342,7 +342,8 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
 }
 
 PyObject* Tracer::object_getattribute() {
-  static PyObject* slot = PyDict_GetItemString(PyBaseObject_Type.tp_dict, "__getattribute__");
+  // Through getattr, not tp_dict: 3.12 keeps static builtin types' dicts in the interpreter (tp_dict is NULL).
+  static PyObject* slot = PyObject_GetAttrString((PyObject*)&PyBaseObject_Type, "__getattribute__");
   return slot;
 }
 
