@@ -274,6 +274,7 @@ std::shared_ptr<runtime::CompiledGraph> compile_kiln_graph(std::shared_ptr<const
   // 2. Fold: after functionalization, so a mask built in place (`torch.full(...).triu_(1)`) is functional by now.
   std::vector<std::string> folded;
   g = fold_graph_constants(std::move(g), constants_of, folded);
+  g = drop_attention_masks_that_mask_nothing(std::move(g), constants_of);
   // 3. What the graph needs: a forward/backward split, buffer updates, or the plain lowering.
   std::string reason;
   if (runtime::needs_eager_for_grad_mode(*g)) {

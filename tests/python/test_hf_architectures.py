@@ -15,8 +15,10 @@ from kiln.testing import assert_same_as_eager
 transformers = pytest.importorskip("transformers")
 T = transformers
 
-# (eval, train) graphs per model in one call, from kiln.explain. The train count is the steady one: the first call of
-# a sequence-classification model sets config.problem_type, which kiln does not trace yet.
+# (eval, train) graphs per model in one call, from kiln.explain, with transformers GRAPHS_MEASURED_WITH (other
+# releases take other paths: only correctness is asserted there). The train count is the steady one: the first call
+# of a sequence-classification model sets config.problem_type, which kiln does not trace yet.
+GRAPHS_MEASURED_WITH = "5.24"
 GRAPHS = {
     "gpt2": (29, 27), "llama": (24, 24), "mistral": (24, 24), "t5": (38, 38), "bart": (1, 1), "bert": (1, 1),
     "distilbert": (14, 1), "roberta": (14, 1), "vit": (16, 1), "whisper": (100, 100),
@@ -100,10 +102,11 @@ def test_architecture_matches_eager(arch, train, device):
     with torch.set_grad_enabled(train):
         e = kiln.explain(model)(**inputs(arch, device))
         kiln.reset()
-        bound = GRAPHS[arch][train]
-        assert e.graph_count <= bound, (e.graph_count, e.break_reasons)
-        if bound == 1:
-            assert e.graph_break_count == 0, e.break_reasons
+        if transformers.__version__.startswith(GRAPHS_MEASURED_WITH + "."):
+            bound = GRAPHS[arch][train]
+            assert e.graph_count <= bound, (e.graph_count, e.break_reasons)
+            if bound == 1:
+                assert e.graph_break_count == 0, e.break_reasons
         compiled = kiln.compile(model)
         for _ in range(2):
             assert_same_as_eager(model, **inputs(arch, device), compiled=compiled, grads=train)

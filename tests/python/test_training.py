@@ -993,6 +993,21 @@ def test_attention_over_contiguous_heads_trains_with_views_after_it(device):
     assert_compiled_autograd()
 
 
+def test_attention_mask_that_masks_nothing_is_dropped():
+    """A mask built in the graph that keeps everything (transformers builds one from an all-ones attention mask while
+    compiling) is dropped at compile time, so the fused kernel and its backward apply: in bfloat16, where the math
+    backward is refused, the graph still compiles its autograd."""
+    def attend(q, k, v):
+        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool)
+        bias = torch.zeros(q.shape[-2], k.shape[-2])
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        return out + F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype))
+
+    q, k, v = (random_tensor(2, 2, 8, 16, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    assert_same_as_eager(attend, q, k, v)
+    assert_compiled_autograd()
+
+
 @pytest.mark.parametrize("mask_kind", ["bool_broadcast", "bool_full", "float_broadcast", "float_full"])
 def test_attention_with_a_mask_trains_on_compiled_autograd(device, mask_kind):
     """A masked attention (transformers' padding masks: bool or additive float, broadcast over heads and queries)
