@@ -17,9 +17,6 @@ namespace kiln::compile {
 
 namespace {
 
-// Folded tensors kept alive by one graph, at most (a larger value keeps its node: passes/fold_constants.h).
-constexpr int64_t kMaxFoldedBytes = 16 << 20;
-
 bool matches_meta(const at::Tensor& t, const graph::TensorMeta& meta) {
   return t.defined() && t.sizes().vec() == meta.sizes && t.strides().vec() == meta.strides &&
          t.storage_offset() == meta.storage_offset && static_cast<int8_t>(t.scalar_type()) == static_cast<int8_t>(meta.dtype) &&
@@ -30,7 +27,7 @@ bool matches_meta(const at::Tensor& t, const graph::TensorMeta& meta) {
 
 std::shared_ptr<const graph::Graph> fold_graph_constants(std::shared_ptr<const graph::Graph> g, const runtime::ConstantsOf& constants_of,
                                                          std::vector<std::string>& folded) {
-  const passes::ConstantFolding plan = passes::plan_constant_folding(*g, kMaxFoldedBytes);
+  const passes::ConstantFolding plan = passes::plan_constant_folding(*g, passes::kMaxFoldedBytes);
   if (plan.empty()) return g;
   std::vector<at::Tensor> results;
   try {
@@ -63,10 +60,10 @@ std::shared_ptr<const graph::Graph> fold_graph_constants(std::shared_ptr<const g
          << g->nodes[g->values[v].producer].qualified_name();
     lines.push_back(line.str());
   }
-  std::vector<PyObject*> tensors;
-  for (const at::Tensor& t : results) tensors.push_back(runtime::tensor_to_python(t));
+  std::vector<graph::PyObjectRef> tensors;
+  for (const at::Tensor& t : results) tensors.push_back(graph::PyObjectRef::steal(runtime::tensor_to_python(t)));
   auto rewritten = std::make_shared<graph::Graph>(*g);
-  passes::fold_constants(*rewritten, plan, tensors);
+  passes::fold_constants(*rewritten, plan, std::move(tensors));
   if (passes::verify_enabled()) rewritten->verify();
   KILN_LOG(perf) << "kiln backend: " << lines.size() << " values folded to constants";
   folded = std::move(lines);

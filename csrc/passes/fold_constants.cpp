@@ -105,14 +105,14 @@ ConstantFolding plan_constant_folding(const graph::Graph& g, int64_t max_bytes) 
   return plan;
 }
 
-void fold_constants(graph::Graph& g, const ConstantFolding& plan, const std::vector<PyObject*>& tensors) {
+void fold_constants(graph::Graph& g, const ConstantFolding& plan, std::vector<graph::PyObjectRef> tensors) {
   KILN_ASSERT(plan.values.size() == tensors.size()) << "constant folding: " << tensors.size() << " tensors for "
                                                     << plan.values.size() << " values";
   std::vector<bool> folded(g.values.size(), false);
   for (size_t i = 0; i < plan.values.size(); ++i) {
     graph::Value& v = g.values[plan.values[i]];
     v.is_constant = true;
-    v.constant = graph::PyObjectRef::steal(tensors[i]);
+    v.constant = std::move(tensors[i]);
     v.producer = -1;
     folded[v.id] = true;
   }
