@@ -5,9 +5,9 @@
 //
 //   compiled  the file's graph record (kernels/graphs/) decoded as the graph cache decodes it, its C++ library
 //             (kernels/cpp/) published into kiln's disk cache, and runtime::make_kiln_graph loading it from there
-//             through the device backend, as kiln.compile's warm start does. Only when the record was compiled from
-//             the saved graph as it is: kiln's pipeline first rewrites in-place ops and folds constants (whose
-//             results the file does not hold), so a graph either would change runs on the interpreter instead;
+//             through the device backend, as kiln.compile's warm start does. The record was made from the saved
+//             graph after the pipeline's first steps (in-place ops made functional, constants folded: the folded
+//             values are not in the file), so those steps run here too, on the same passes, to get its constants;
 //   eager     runtime::make_eager_interpreter over the saved graph (ATen op by op), for everything else.
 //
 // Why not run the pipeline here: compile/ asks Python for meta rules (compile/meta_oracle.cpp), and this loader
@@ -35,8 +35,10 @@
 #include "export/safetensors.h"
 #include "graph/graph.h"
 #include "passes/fold_constants.h"
+#include "passes/functionalize.h"
 #include "runtime/compiled_graph.h"
 #include "runtime/eager_interpreter.h"
+#include "runtime/evaluate_folding.h"
 #include "runtime/kernel_graph.h"
 #include "runtime/torch_info.h"
 
@@ -110,6 +112,12 @@ void output_leaves(const json& spec, std::vector<OutputLeaf>& leaves) {
   }
 }
 
+// A bundled disk-cache entry: kernels/<kind>/<key><suffix> (python/kiln/export.py's _KERNEL_ENTRY).
+const std::regex& kernel_entry_pattern() {
+  static const std::regex pattern("kernels/(graphs|cpp|cuda)/([0-9a-f]{64})(\\.[a-z]{1,8})");
+  return pattern;
+}
+
 json parse_entry(std::string_view text, const std::string& what) {
   try {
     return json::parse(text);
@@ -138,12 +146,11 @@ namespace {
 // Entries by name, each checked against the manifest's size and SHA-256 (and the zip's CRC-32 as it is read).
 std::map<std::string, std::string_view> checked_entries(const StoredZip& zip, const json& manifest,
                                                         const std::string& path) {
-  static const std::regex kernel_entry("kernels/(graphs|cpp|cuda)/[0-9a-f]{64}\\.[a-z]{1,8}");
   std::vector<std::string> names(std::begin(kEntries), std::end(kEntries));
   const json& kernels = manifest.value("kernels", json::array());
   KILN_CHECK(kernels.is_array()) << path << " lists malformed kernel entries in its manifest";
   for (const json& k : kernels) {
-    KILN_CHECK(k.is_string() && std::regex_match(k.get<std::string>(), kernel_entry))
+    KILN_CHECK(k.is_string() && std::regex_match(k.get<std::string>(), kernel_entry_pattern()))
         << path << " lists malformed kernel entries in its manifest";
     names.push_back(k.get<std::string>());
   }
@@ -179,32 +186,65 @@ std::string compiled_code_unusable(const json& manifest, const graph::Graph& g, 
     if (v.meta.device.type != graph::DeviceType::CPU)
       return "the C++ loader runs compiled code for CPU programs only (the graph has " +
              graph::device_type_name(v.meta.device.type) + " tensors)";
-  for (const graph::Node& node : g.nodes)
-    if (node.mutates_args) return "the graph has in-place ops (" + node.qualified_name() +
-                                  "), which kiln's pipeline rewrites before compiling";
-  if (!passes::plan_constant_folding(g, passes::kMaxFoldedBytes).empty())
-    return "kiln's pipeline folded constants of this graph, whose values the file does not hold";
   return "";
 }
 
+// The graph kiln's pipeline keyed the file's compiled record by, with its constants' tensors: the saved graph with
+// in-place ops made functional and constants folded, exactly as compile::compile_kiln_graph does before it looks for
+// or lowers an artefact (compile/pipeline.cpp). Throws when the pipeline took another route (buffer updates).
+struct KeyedGraph {
+  std::shared_ptr<const graph::Graph> graph;
+  std::vector<at::Tensor> constants;  // indexed by ValueId
+};
+
+KeyedGraph pipeline_input(std::shared_ptr<const graph::Graph> g, std::vector<at::Tensor> constants) {
+  bool mutates = false;
+  for (const graph::Node& node : g->nodes) mutates = mutates || node.mutates_args;
+  if (mutates) {
+    auto functional = std::make_shared<graph::Graph>(*g);
+    if (passes::functionalize_inplace_ops(*functional)) g = std::move(functional);
+    for (const graph::Node& node : g->nodes)
+      KILN_CHECK(!node.mutates_args) << "the graph updates tensors in place (" << node.qualified_name()
+                                     << "), which kiln's pipeline compiles as buffer updates";
+  }
+  const passes::ConstantFolding plan = passes::plan_constant_folding(*g, passes::kMaxFoldedBytes);
+  if (plan.empty()) return {g, std::move(constants)};
+  std::vector<at::Tensor> results;
+  try {
+    results = runtime::evaluate_folded_values(*g, plan, constants);
+  } catch (const std::exception&) {
+    return {g, std::move(constants)};  // the pipeline did not fold either (fold_graph_constants logs why)
+  }
+  auto folded = std::make_shared<graph::Graph>(*g);
+  const std::vector<graph::ValueId> new_id =
+      passes::fold_constants(*folded, plan, std::vector<graph::PyObjectRef>(plan.values.size()));
+  std::vector<at::Tensor> folded_constants(folded->values.size());
+  for (const graph::Value& v : g->values)
+    if (v.is_constant) folded_constants.at(new_id.at(v.id)) = constants.at(v.id);
+  for (size_t i = 0; i < plan.values.size(); ++i) folded_constants.at(new_id.at(plan.values[i])) = results[i];
+  return {folded, std::move(folded_constants)};
+}
+
 // The graph record's artefact loaded through the device backend (its C++ library found in kiln's disk cache, where
-// the file's copy was published, or compiled again from the record's source for another CPU).
+// the file's copy was published, or compiled again from the record's source for another CPU or compiler).
 std::shared_ptr<runtime::CompiledGraph> load_compiled(const std::map<std::string, std::string_view>& entries,
-                                                      const std::string& graph_entry, const graph::Graph& g,
+                                                      const std::string& graph_entry,
+                                                      std::shared_ptr<const graph::Graph> g,
                                                       const std::vector<at::Tensor>& constants) {
-  static const std::regex kernel_entry("kernels/(graphs|cpp|cuda)/([0-9a-f]{64})(\\.[a-z]{1,8})");
   for (const auto& [name, data] : entries) {
     std::smatch m;
-    if (std::regex_match(name, m, kernel_entry) && m[1] == "cpp")  // best effort: the disk cache may be off
+    if (std::regex_match(name, m, kernel_entry_pattern()) && m[1] == "cpp")  // best effort: the disk cache may be off
       cache::publish_content("cpp", m[2], m[3], std::string(data));
   }
-  std::optional<cache::CompiledArtifact> artifact = cache::artifact_from_bytes(std::string(entries.at(graph_entry)), g);
+  const KeyedGraph keyed = pipeline_input(std::move(g), constants);
+  std::optional<cache::CompiledArtifact> artifact =
+      cache::artifact_from_bytes(std::string(entries.at(graph_entry)), *keyed.graph);
   KILN_CHECK(artifact) << "the compiled graph record does not match the saved graph's constants";
   const std::vector<graph::ValueId> sources = artifact->constant_sources;
-  const runtime::ConstantsOf constants_of = [&constants, sources](const graph::Graph& optimised) {
+  const runtime::ConstantsOf constants_of = [keyed_constants = keyed.constants, sources](const graph::Graph& optimised) {
     std::vector<at::Tensor> tensors(optimised.values.size());
     for (const graph::Value& v : optimised.values)
-      if (v.is_constant) tensors[v.id] = constants.at(sources.at(v.id));
+      if (v.is_constant) tensors[v.id] = keyed_constants.at(sources.at(v.id));
     return tensors;
   };
   const char* dump_dir = std::getenv("KILN_DEBUG_DIR");
@@ -302,7 +342,7 @@ std::unique_ptr<ExportedProgram::State> ExportedProgram::read(const std::string&
     state->fallback_reason = compiled_code_unusable(manifest, *g, graphs);
     if (state->fallback_reason.empty()) {
       try {
-        state->compiled = load_compiled(entries, graphs.front(), *g, constants);
+        state->compiled = load_compiled(entries, graphs.front(), g, constants);
         state->backend = "kiln";
       } catch (const std::exception& e) {
         state->fallback_reason = std::string("the compiled code does not load: ") + e.what();

@@ -105,7 +105,8 @@ ConstantFolding plan_constant_folding(const graph::Graph& g, int64_t max_bytes) 
   return plan;
 }
 
-void fold_constants(graph::Graph& g, const ConstantFolding& plan, std::vector<graph::PyObjectRef> tensors) {
+std::vector<graph::ValueId> fold_constants(graph::Graph& g, const ConstantFolding& plan,
+                                          std::vector<graph::PyObjectRef> tensors) {
   KILN_ASSERT(plan.values.size() == tensors.size()) << "constant folding: " << tensors.size() << " tensors for "
                                                     << plan.values.size() << " values";
   std::vector<bool> folded(g.values.size(), false);
@@ -136,7 +137,7 @@ void fold_constants(graph::Graph& g, const ConstantFolding& plan, std::vector<gr
   for (size_t i = 0; i < g.nodes.size(); ++i)
     if (keep[i]) nodes.push_back(std::move(g.nodes[i]));
   g.nodes = std::move(nodes);
-  renumber_producers(g);
+  return renumber_producers(g);
 }
 
 }  // namespace kiln::passes

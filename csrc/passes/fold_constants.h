@@ -30,8 +30,10 @@ constexpr int64_t kMaxFoldedBytes = 16 << 20;
 ConstantFolding plan_constant_folding(const graph::Graph& g, int64_t max_bytes);
 
 /// Makes each planned value a constant holding `tensors[i]` and removes the nodes only they needed; value ids are
-/// renumbered (remove_dead_nodes.h). The caller takes the references (PyObjectRef::steal), so that this pass links
-/// no CPython symbol.
-void fold_constants(graph::Graph& g, const ConstantFolding& plan, std::vector<graph::PyObjectRef> tensors);
+/// renumbered (remove_dead_nodes.h: renumber_producers), and the old-to-new map is returned, so that a caller which
+/// keeps constant tensors apart from the graph (the C++ loader, csrc/export) finds each constant's new id. The caller
+/// takes the references (PyObjectRef::steal), so that this pass links no CPython symbol.
+std::vector<graph::ValueId> fold_constants(graph::Graph& g, const ConstantFolding& plan,
+                                           std::vector<graph::PyObjectRef> tensors);
 
 }  // namespace kiln::passes

@@ -94,26 +94,30 @@ def _export(model, args, tmp_path):
     return path
 
 
-@pytest.mark.parametrize("make, args, flatten", [
-    (MLP, lambda: (random_tensor(4, 16),), lambda out: [out]),
-    (SmallCNN, lambda: (random_tensor(2, 3, 12, 12), random_tensor(2, 16)), lambda out: [out["logits"], out["masked"]]),
-], ids=["mlp", "cnn"])
-def test_example_matches_eager(example, tmp_path, make, args, flatten):
-    torch.manual_seed(0)
-    model = make().eval()
+def _check_against_eager(example, tmp_path, model, args, flatten=lambda out: [out], backend="kiln"):
+    """Exports `model` on args(), runs the file in the example on fresh args() and compares with eager's result."""
     path = _export(model, args(), tmp_path)
     fresh = args()  # fresh inputs, not the exported ones
     with torch.no_grad():
         expected = flatten(model(*fresh))
     done, outputs = _run(example, path, fresh, tmp_path, tmp_path / "cache")
     assert done.returncode == 0, done.stdout + done.stderr
-    # The file's compiled code ran (its C++ library, through kiln's runtime), not the interpreter.
-    assert "backend kiln" in done.stdout, done.stdout
+    assert f"backend {backend}" in done.stdout, done.stdout
     assert len(outputs) == len(expected)
     for i, want in enumerate(expected):
-        got = outputs[f"output.{i}"]
         rtol, atol = tolerance(want.dtype)
-        torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
+        torch.testing.assert_close(outputs[f"output.{i}"], want, rtol=rtol, atol=atol)
+    return done
+
+
+@pytest.mark.parametrize("make, args, flatten", [
+    (MLP, lambda: (random_tensor(4, 16),), lambda out: [out]),
+    (SmallCNN, lambda: (random_tensor(2, 3, 12, 12), random_tensor(2, 16)), lambda out: [out["logits"], out["masked"]]),
+], ids=["mlp", "cnn"])
+def test_example_matches_eager(example, tmp_path, make, args, flatten):
+    torch.manual_seed(0)
+    # backend kiln: the file's compiled code ran (its C++ library, through kiln's runtime), not the interpreter.
+    _check_against_eager(example, tmp_path, make().eval(), args, flatten)
 
 
 def test_wrong_input_shape_and_dtype(example, tmp_path):
@@ -148,23 +152,23 @@ def test_example_links_no_python(example):
 
 
 class FoldedTable(nn.Module):
-    """A table computed from no input: kiln's pipeline folds it into a constant whose value the file does not hold."""
+    """A table computed from no input, which kiln's pipeline folds into a constant that the file does not hold (the
+    loader folds it again), and an in-place op, which the pipeline makes functional before compiling."""
 
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(16, 16)
 
     def forward(self, x):
-        return self.fc(x) * torch.tensor([2.0, 3.0]).sum() + torch.arange(16.0).cumsum(0)
+        y = self.fc(x) * torch.tensor([2.0, 3.0]).sum() + torch.arange(16.0).cumsum(0)
+        return y.relu_()
 
 
-def test_folded_constants_run_on_the_interpreter(example, tmp_path):
-    model = FoldedTable().eval()
-    path = _export(model, (random_tensor(4, 16),), tmp_path)
-    fresh = random_tensor(4, 16)
-    done, outputs = _run(example, path, [fresh], tmp_path, tmp_path / "cache")
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "backend eager (kiln's pipeline folded constants" in done.stdout, done.stdout
-    with torch.no_grad():
-        want = model(fresh)
-    torch.testing.assert_close(outputs["output.0"], want, rtol=tolerance(want.dtype)[0], atol=tolerance(want.dtype)[1])
+def test_folded_constants_and_in_place_ops_run_the_compiled_code(example, tmp_path):
+    _check_against_eager(example, tmp_path, FoldedTable().eval(), lambda: (random_tensor(4, 16),))
+
+
+def test_files_without_compiled_code_run_on_the_interpreter(example, tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules["kiln.export"], "_compiled_code", lambda program: {})  # a save with no disk cache
+    done = _check_against_eager(example, tmp_path, MLP().eval(), lambda: (random_tensor(4, 16),), backend="eager")
+    assert "(the file holds no compiled code" in done.stdout, done.stdout
