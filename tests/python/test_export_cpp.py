@@ -3,8 +3,8 @@ saved here are loaded and run by the example executable, a process without Pytho
 eager's; wrong inputs and corrupted files make it fail with the message; the executable links no libpython.
 
 The example is built once per session with cmake + ninja into build/export_cpp from the static libraries of the
-kiln build folder (build/dev, made by scripts/setup.sh); the tests skip with the reason when cmake, ninja or those
-libraries are missing."""
+kiln build folder (build/dev or build/gpu, made by scripts/setup.sh; KILN_BUILD_DIR overrides); the tests skip with
+the reason when cmake, ninja or those libraries are missing."""
 import os
 import shutil
 import sys
@@ -19,7 +19,11 @@ from kiln.export import _safetensors_bytes, _tensors_from_safetensors
 from kiln.testing import random_tensor, tolerance
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-KILN_BUILD = os.path.join(ROOT, "build", "dev")
+# The kiln build folder whose static libraries the example links: KILN_BUILD_DIR, else scripts/setup.sh's folder for
+# this machine (build/dev on the development machine and CI, build/gpu on the GPU machine).
+KILN_BUILD = os.environ.get("KILN_BUILD_DIR") or next(
+    (d for d in (os.path.join(ROOT, "build", "dev"), os.path.join(ROOT, "build", "gpu")) if os.path.isdir(d)),
+    os.path.join(ROOT, "build", "dev"))
 EXAMPLE_BUILD = os.path.join(ROOT, "build", "export_cpp")
 EXAMPLE = os.path.join(EXAMPLE_BUILD, "kiln_export_example")
 
