@@ -26,6 +26,7 @@ LAYERS = [
     ["cache"],                             # the on-disk store and the compiled artefact it serialises
     ["codegen"],                           # loop IR -> CUDA C (NVRTC, the CUDA driver) and C++ (system compiler)
     ["runtime"],                           # loads and executes artefacts on torch's allocator and streams
+    ["export"],                            # the C++ loader of exported programs (include/kiln/export.h): no Python
     ["compile"],                           # the pipeline: options in, an artefact out, handed to runtime/ to run
     ["trace"],                             # the symbolic interpreter that captures graphs from frames
     ["bindings", "tools"],                 # the module definitions and stand-alone executables: nothing includes them
@@ -40,6 +41,9 @@ FORBIDDEN = [
 
 # Quoted includes that are not kiln's folders: CPython's internal headers (pycore_*.h).
 FOREIGN_FOLDERS = {"internal"}
+
+# kiln's public headers (include/<folder>/), each at the layer of the csrc/ folder that implements it.
+PUBLIC_HEADER_FOLDERS = {"kiln": "export"}  # include/kiln/export.h: the C++ loader of exported programs
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
 
@@ -72,6 +76,7 @@ def check(root):
                 continue  # a header beside the including file: the same folder
             include = match.group(1)
             target = include.split("/", 1)[0]
+            target = PUBLIC_HEADER_FOLDERS.get(target, target)
             if target in FOREIGN_FOLDERS:
                 continue
             checked += 1

@@ -8,6 +8,7 @@
 PYBIND11_MODULE(_C, m) {
   m.doc() = "kiln's compiler: frame hook, tracer, guards, graphs and backends";
   m.attr("built_torch_version") = kiln::runtime::built_torch_version();
+  kiln::bindings::install_python_hooks();
   kiln::bindings::register_errors(m);
   kiln::bindings::register_graph(m);
   kiln::bindings::register_compile(m);

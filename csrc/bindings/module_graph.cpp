@@ -71,7 +71,7 @@ void register_graph(py::module_& m) {
       .def_property_readonly("inputs", [](const Graph& g) { return g.inputs.size(); }, "number of graph inputs")
       .def_property_readonly("outputs", [](const Graph& g) { return g.outputs.size(); }, "number of graph outputs")
       .def("ops", &op_names, "the op overload of each node, in order: ['aten::t.default', 'aten::addmm.default']")
-      .def("verify", &Graph::verify, "raises InternalError if the graph is malformed")
+      .def("verify", [](const Graph& g) { g.verify(); }, "raises InternalError if the graph is malformed")
       .def("to_json", &Graph::to_json, py::arg("indent") = 2)
       .def(
           "constants",

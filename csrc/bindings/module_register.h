@@ -16,4 +16,5 @@ void register_cuda(pybind11::module_& m);     // module_cuda.cpp: kiln._C.cuda (
 /// them (module_compile.cpp).
 compile::CompileOptions compile_options_from_python(const std::string& mode, pybind11::object dynamic,
                                                     pybind11::dict options);
+void install_python_hooks();                  // module_hooks.cpp: what the Python-free layers ask of the interpreter
 }  // namespace kiln::bindings

@@ -145,13 +145,17 @@ std::optional<CompiledArtifact> load_artifact(const std::string& key, const grap
   std::optional<std::string> bytes = load_record_bytes(kKind, key);
   if (!bytes) return std::nullopt;
   try {
-    CompiledArtifact record = decode(*bytes);
-    if (!attach_constants(record.optimised, record.constant_sources, captured)) return std::nullopt;
-    return record;
+    return artifact_from_bytes(*bytes, captured);
   } catch (const std::exception& e) {
     ignore_unreadable(kKind, key, e);
     return std::nullopt;
   }
+}
+
+std::optional<CompiledArtifact> artifact_from_bytes(const std::string& bytes, const graph::Graph& captured) {
+  CompiledArtifact record = decode(bytes);
+  if (!attach_constants(record.optimised, record.constant_sources, captured)) return std::nullopt;
+  return record;
 }
 
 void store_artifact(const std::string& key, const CompiledArtifact& record) {

@@ -29,6 +29,11 @@ std::optional<std::string> graph_key(const graph::Graph& captured, const std::st
 /// logged under `fallbacks`).
 std::optional<CompiledArtifact> load_artifact(const std::string& key, const graph::Graph& captured);
 
+/// The artefact a graph record's bytes hold (a record kiln.export bundled into a file: kernels/graphs/), with the
+/// constants of `captured` attached as load_artifact attaches them; nullopt when its constants do not match. Throws
+/// kiln::Error when the bytes do not decode.
+std::optional<CompiledArtifact> artifact_from_bytes(const std::string& bytes, const graph::Graph& captured);
+
 /// Stores `artifact` under `key`, unless one of its constants has no source in the captured graph. I/O errors are
 /// logged, never thrown: the cache is an optimisation.
 void store_artifact(const std::string& key, const CompiledArtifact& artifact);

@@ -161,13 +161,12 @@ ValueId Graph::add_input(TensorMeta meta) {
   return values.back().id;
 }
 
-ValueId Graph::add_constant(TensorMeta meta, PyObject* tensor) {
-  KILN_ASSERT(tensor != nullptr) << "constant tensor is null";
+ValueId Graph::add_constant(TensorMeta meta, PyObjectRef tensor) {
   Value v;
   v.id = static_cast<ValueId>(values.size());
   v.meta = std::move(meta);
   v.is_constant = true;
-  v.constant = PyObjectRef::steal(tensor);
+  v.constant = std::move(tensor);
   values.push_back(std::move(v));
   return values.back().id;
 }

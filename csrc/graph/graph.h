@@ -8,7 +8,8 @@
 //
 // This header is torch-free: dtype and device codes use c10's numbering (ScalarType, DeviceType,
 // Layout, MemoryFormat) so the runtime converts them with a cast. The only CPython dependency is the
-// owned PyObject* of constant tensors; it is released in graph/py_records.cpp with the GIL held.
+// owned PyObject* of constant tensors, taken and released by graph/py_records.cpp (with the GIL held): code that
+// never steals a Python reference (the C++ loader of exported programs) links no CPython symbol through a Graph.
 //
 // Aliasing: values are not SSA in the functional sense. An in-place op (add_) or out= variant defines a
 // new Value for its result, but that Value shares storage with the mutated argument, and views share
@@ -63,7 +64,9 @@ struct TensorMeta {
 };
 
 /// Owns one reference to a Python object (a constant tensor). Copying shares the reference; the last
-/// owner releases it with the GIL taken (PyGILState_Ensure), so graphs may die on any thread.
+/// owner releases it with the GIL taken (PyGILState_Ensure), so graphs may die on any thread. The release is the
+/// function steal() (py_records.cpp) stored with the object, so that only code which takes Python references
+/// links against CPython.
 class PyObjectRef {
  public:
   PyObjectRef() = default;
@@ -75,7 +78,10 @@ class PyObjectRef {
  private:
   struct Holder {
     PyObject* obj = nullptr;
-    ~Holder();  // py_records.cpp: Py_DECREF under the GIL
+    void (*release)(PyObject*) = nullptr;  // py_records.cpp: Py_DECREF under the GIL
+    ~Holder() {
+      if (obj && release) release(obj);
+    }
   };
   std::shared_ptr<Holder> holder_;
 };
@@ -142,8 +148,9 @@ class Graph {
 
   // ---- builder ----------------------------------------------------------------------------
   ValueId add_input(TensorMeta meta);
-  /// `tensor` is a new reference the graph takes over.
-  ValueId add_constant(TensorMeta meta, PyObject* tensor);
+  /// A constant value holding `tensor` (empty: a constant whose tensor the caller keeps apart, as graphs read back
+  /// from bytes or JSON do).
+  ValueId add_constant(TensorMeta meta, PyObjectRef tensor = {});
   /// Appends a node that defines one new value per entry of `output_metas`; returns their ids.
   std::vector<ValueId> add_node(Node node, std::vector<TensorMeta> output_metas);
   void set_outputs(std::vector<ValueId> ids) { outputs = std::move(ids); }
@@ -154,12 +161,18 @@ class Graph {
   /// One line per input, node and output: `%3 : f32[32, 50] = aten::addmm.default(%2, %0, %1, beta=1, alpha=1)`.
   std::string to_string() const;
   /// Throws an internal error naming the node and op when a reference is undefined or used before its
-  /// definition, an output is undefined, or a value lacks meta.
-  void verify() const;
+  /// definition, an output is undefined, or a value lacks meta. Constants must hold their tensor, unless
+  /// `constants_hold_tensors` is false: a graph read back from JSON, whose constant tensors the caller keeps apart.
+  void verify(bool constants_hold_tensors = true) const;
   /// The whole graph as JSON (values with meta, nodes with named args, inputs, outputs). Constants
   /// appear by meta only; non-finite doubles are the strings "nan", "inf", "-inf". Needs nlohmann_json at build time.
   std::string to_json(int indent = 2) const;
 };
+
+/// The graph Graph::to_json wrote, its constants without tensors (the caller keeps them apart). Throws kiln::Error
+/// (a user error) when the text does not parse or does not describe a graph; call verify(false) on the result for the
+/// references between values and nodes.
+Graph graph_from_json(const std::string& text);
 
 /// `f32[32, 50]` (strides are printed only when not contiguous: `f32[4, 3](1, 4)`).
 std::string meta_to_string(const TensorMeta& meta);

@@ -1,7 +1,8 @@
 // Graph::to_json: a machine-readable dump for KILN_DEBUG_DIR, tools and kiln.export's files (python/kiln/export.py
-// reads it back). Each argument is an object {"name", "kind", "value"} so readers need no schema; constants appear
+// reads it back, and so does graph_from_json for the C++ loader, csrc/export). Each argument is an object {"name", "kind", "value"} so readers need no schema; constants appear
 // by meta only (their data stays in Python; export saves them with the weights).
 #include <cmath>
+#include <optional>
 
 #include "common/error.h"
 #include "graph/graph.h"
@@ -67,7 +68,143 @@ struct ArgJson {
   json operator()(const MemoryFormatArg& m) const { return {{"kind", "memory_format"}, {"value", m.code}}; }
   json operator()(const Device& d) const { return {{"kind", "device"}, {"value", device_json(d)}}; }
 };
+
+// ---- reading back (graph_from_json) ---------------------------------------------------------------------------
+double real_from_json(const json& j) {
+  if (j.is_string()) {
+    const std::string& s = j.get_ref<const std::string&>();
+    if (s == "nan") return std::nan("");
+    if (s == "inf") return INFINITY;
+    if (s == "-inf") return -INFINITY;
+    KILN_CHECK(false) << "graph JSON: '" << s << "' is not a number";
+  }
+  return j.get<double>();
+}
+
+Device device_from_json(const json& j) {
+  const std::string& name = j.at("type").get_ref<const std::string&>();
+  Device d;
+  d.index = j.at("index").get<int8_t>();
+  for (DeviceType type : {DeviceType::CPU, DeviceType::CUDA, DeviceType::HIP, DeviceType::XLA, DeviceType::XPU,
+                          DeviceType::MPS, DeviceType::Meta}) {
+    if (device_type_name(type) == name) {
+      d.type = type;
+      return d;
+    }
+  }
+  KILN_CHECK(false) << "graph JSON: unknown device type '" << name << "'";
+  return d;
+}
+
+TensorMeta meta_from_json(const json& j) {
+  TensorMeta m;
+  m.sizes = j.at("sizes").get<std::vector<int64_t>>();
+  m.strides = j.at("strides").get<std::vector<int64_t>>();
+  KILN_CHECK(m.sizes.size() == m.strides.size()) << "graph JSON: a value has " << m.sizes.size() << " sizes and "
+                                                  << m.strides.size() << " strides";
+  m.storage_offset = j.at("storage_offset").get<int64_t>();
+  m.dtype = static_cast<ScalarType>(j.at("dtype_code").get<int8_t>());
+  m.device = device_from_json(j.at("device"));
+  m.requires_grad = j.at("requires_grad").get<bool>();
+  return m;
+}
+
+// The inverse of ArgJson, by the "kind" it wrote.
+ArgValue arg_from_json(const json& a) {
+  const std::string& kind = a.at("kind").get_ref<const std::string&>();
+  const json& v = a.at("value");
+  if (kind == "none") return NoneArg{};
+  if (kind == "tensor") return TensorArg{v.get<ValueId>()};
+  if (kind == "tensor_list") {
+    TensorListArg list;
+    for (const json& id : v) list.ids.push_back(id.is_null() ? std::nullopt : std::optional<ValueId>(id.get<ValueId>()));
+    return list;
+  }
+  if (kind == "bool") return v.get<bool>();
+  if (kind == "int") return v.get<int64_t>();
+  if (kind == "float") return real_from_json(v);
+  if (kind == "complex") return std::complex<double>(real_from_json(v.at(0)), real_from_json(v.at(1)));
+  if (kind == "str") return v.get<std::string>();
+  if (kind == "int_list") return v.get<std::vector<int64_t>>();
+  if (kind == "float_list") {
+    std::vector<double> reals;
+    for (const json& d : v) reals.push_back(real_from_json(d));
+    return reals;
+  }
+  if (kind == "bool_list") return v.get<std::vector<bool>>();
+  if (kind == "dtype") return ScalarTypeArg{static_cast<ScalarType>(a.at("code").get<int8_t>())};
+  if (kind == "layout") return LayoutArg{v.get<int8_t>()};
+  if (kind == "memory_format") return MemoryFormatArg{v.get<int8_t>()};
+  if (kind == "device") return device_from_json(v);
+  KILN_CHECK(false) << "graph JSON: unknown argument kind '" << kind << "'";
+  return NoneArg{};
+}
+
+Graph graph_from_document(const json& doc) {
+  Graph g;
+  const json& values = doc.at("values");
+  g.values.resize(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    const json& entry = values[i];
+    Value& v = g.values[i];
+    v.id = static_cast<ValueId>(i);
+    KILN_CHECK(entry.at("id").get<ValueId>() == v.id) << "graph JSON: value " << i << " has id " << entry.at("id");
+    v.meta = meta_from_json(entry.at("meta"));
+    if (entry.contains("input_index")) {
+      v.is_input = true;
+      v.input_index = entry["input_index"].get<int32_t>();
+    }
+    v.is_constant = entry.value("constant", false);
+    v.producer = entry.value("producer", -1);
+  }
+  g.inputs = doc.at("inputs").get<std::vector<ValueId>>();
+  for (size_t i = 0; i < g.inputs.size(); ++i) {
+    const ValueId id = g.inputs[i];
+    KILN_CHECK(id >= 0 && static_cast<size_t>(id) < g.values.size() && g.values[id].input_index == static_cast<int32_t>(i))
+        << "graph JSON: input " << i << " names value " << id << ", which is not that input";
+  }
+  for (const json& n : doc.at("nodes")) {
+    Node node;
+    node.op = n.at("op").get<std::string>();
+    node.overload = n.at("overload").get<std::string>();
+    node.num_positional = 0;
+    bool keyword_seen = false;
+    for (const json& a : n.at("args")) {
+      node.args.push_back(arg_from_json(a));
+      node.arg_names.push_back(a.at("name").get<std::string>());
+      if (a.at("kwarg_only").get<bool>()) keyword_seen = true;
+      else if (!keyword_seen) ++node.num_positional;
+    }
+    node.outputs = n.at("outputs").get<std::vector<ValueId>>();
+    node.returns_list = n.at("returns_list").get<bool>();
+    node.mutates_args = n.at("mutates_args").get<bool>();
+    node.is_view = n.at("is_view").get<bool>();
+    for (ValueId out : node.outputs)
+      KILN_CHECK(out >= 0 && static_cast<size_t>(out) < g.values.size() &&
+                 g.values[out].producer == static_cast<NodeIndex>(g.nodes.size()))
+          << "graph JSON: node " << g.nodes.size() << " (" << node.qualified_name() << ") defines value " << out
+          << ", which names another producer";
+    g.nodes.push_back(std::move(node));
+  }
+  g.outputs = doc.at("outputs").get<std::vector<ValueId>>();
+  return g;
+}
 }  // namespace
+
+Graph graph_from_json(const std::string& text) {
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::exception& e) {
+    KILN_CHECK(false) << "graph JSON does not parse: " << e.what();
+  }
+  try {
+    return graph_from_document(doc);
+  } catch (const json::exception& e) {
+    KILN_CHECK(false) << "graph JSON is malformed: " << e.what();
+  }
+  return {};
+}
 
 std::string Graph::to_json(int indent) const {
   json values_json = json::array();
@@ -105,6 +242,12 @@ std::string Graph::to_json(int indent) const {
 std::string Graph::to_json(int) const {
   KILN_CHECK(false) << "kiln was built without nlohmann_json: install it (apt install nlohmann-json3-dev) "
                        "and rebuild to get Graph.to_json()";
+  return {};
+}
+
+Graph graph_from_json(const std::string&) {
+  KILN_CHECK(false) << "kiln was built without nlohmann_json: install it (apt install nlohmann-json3-dev) "
+                       "and rebuild to read graph JSON";
   return {};
 }
 #endif

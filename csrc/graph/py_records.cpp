@@ -15,22 +15,25 @@
 namespace kiln::graph {
 
 // ---- PyObjectRef -------------------------------------------------------------------------------
+namespace {
+void release_reference(PyObject* obj) {
+  // Graphs may be destroyed without the GIL (a compiled graph dropped from C++), and after the
+  // interpreter finalised: then the object is leaked on purpose rather than touched.
+  if (!Py_IsInitialized()) return;
+  PyGILState_STATE state = PyGILState_Ensure();
+  Py_DECREF(obj);
+  PyGILState_Release(state);
+}
+}  // namespace
+
 PyObjectRef PyObjectRef::steal(PyObject* obj) {
   PyObjectRef ref;
   if (obj) {
     ref.holder_ = std::make_shared<Holder>();
     ref.holder_->obj = obj;
+    ref.holder_->release = release_reference;
   }
   return ref;
-}
-
-PyObjectRef::Holder::~Holder() {
-  // Graphs may be destroyed without the GIL (a compiled graph dropped from C++), and after the
-  // interpreter finalised: then the object is leaked on purpose rather than touched.
-  if (!obj || !Py_IsInitialized()) return;
-  PyGILState_STATE state = PyGILState_Ensure();
-  Py_DECREF(obj);
-  PyGILState_Release(state);
 }
 
 namespace {

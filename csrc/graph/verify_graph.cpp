@@ -31,7 +31,7 @@ void check_meta(const Value& v) {
 }
 }  // namespace
 
-void Graph::verify() const {
+void Graph::verify(bool constants_hold_tensors) const {
   const auto num_values = static_cast<ValueId>(values.size());
   for (ValueId id = 0; id < num_values; ++id) {
     const Value& v = values[id];
@@ -39,7 +39,7 @@ void Graph::verify() const {
     const int kinds = int(v.is_input) + int(v.is_constant) + int(v.producer >= 0);
     KILN_ASSERT_EQ(kinds, 1) << "graph verifier: value %" << id
                              << " must be exactly one of input, constant, node output";
-    KILN_ASSERT(!v.is_constant || v.constant) << "graph verifier: constant %" << id << " holds no tensor";
+    KILN_ASSERT(!v.is_constant || v.constant || !constants_hold_tensors) << "graph verifier: constant %" << id << " holds no tensor";
     check_meta(v);
   }
   for (size_t i = 0; i < inputs.size(); ++i) {

@@ -105,14 +105,15 @@ ConstantFolding plan_constant_folding(const graph::Graph& g, int64_t max_bytes) 
   return plan;
 }
 
-void fold_constants(graph::Graph& g, const ConstantFolding& plan, const std::vector<PyObject*>& tensors) {
+std::vector<graph::ValueId> fold_constants(graph::Graph& g, const ConstantFolding& plan,
+                                          std::vector<graph::PyObjectRef> tensors) {
   KILN_ASSERT(plan.values.size() == tensors.size()) << "constant folding: " << tensors.size() << " tensors for "
                                                     << plan.values.size() << " values";
   std::vector<bool> folded(g.values.size(), false);
   for (size_t i = 0; i < plan.values.size(); ++i) {
     graph::Value& v = g.values[plan.values[i]];
     v.is_constant = true;
-    v.constant = graph::PyObjectRef::steal(tensors[i]);
+    v.constant = std::move(tensors[i]);
     v.producer = -1;
     folded[v.id] = true;
   }
@@ -136,7 +137,7 @@ void fold_constants(graph::Graph& g, const ConstantFolding& plan, const std::vec
   for (size_t i = 0; i < g.nodes.size(); ++i)
     if (keep[i]) nodes.push_back(std::move(g.nodes[i]));
   g.nodes = std::move(nodes);
-  renumber_producers(g);
+  return renumber_producers(g);
 }
 
 }  // namespace kiln::passes

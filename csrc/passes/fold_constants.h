@@ -17,6 +17,10 @@ struct ConstantFolding {
   bool empty() const { return values.empty(); }
 };
 
+/// The largest value the pipeline folds (compile/fold_graph_constants.cpp): 16 MiB. The C++ loader of exported
+/// programs (csrc/export) asks the same plan whether a saved graph was compiled as it is.
+constexpr int64_t kMaxFoldedBytes = 16 << 20;
+
 /// Plans which values to fold. A node folds when it is pure and deterministic (passes/remove_dead_nodes.h, plus
 /// matmuls and cumulative sums), every tensor it reads is a constant or a folded value, its results need no grad,
 /// and share no storage with a graph output (eager returns a new tensor per call, which the caller may write) or
@@ -25,8 +29,11 @@ struct ConstantFolding {
 /// free; their foldable operands are folded instead. A value larger than `max_bytes` is left as a node too.
 ConstantFolding plan_constant_folding(const graph::Graph& g, int64_t max_bytes);
 
-/// Makes each planned value a constant holding `tensors[i]` (new references the graph takes over) and removes the
-/// nodes only they needed; value ids are renumbered (remove_dead_nodes.h).
-void fold_constants(graph::Graph& g, const ConstantFolding& plan, const std::vector<PyObject*>& tensors);
+/// Makes each planned value a constant holding `tensors[i]` and removes the nodes only they needed; value ids are
+/// renumbered (remove_dead_nodes.h: renumber_producers), and the old-to-new map is returned, so that a caller which
+/// keeps constant tensors apart from the graph (the C++ loader, csrc/export) finds each constant's new id. The caller
+/// takes the references (PyObjectRef::steal), so that this pass links no CPython symbol.
+std::vector<graph::ValueId> fold_constants(graph::Graph& g, const ConstantFolding& plan,
+                                           std::vector<graph::PyObjectRef> tensors);
 
 }  // namespace kiln::passes

@@ -22,7 +22,7 @@ bool is_pure_node(const graph::Graph& g, const graph::Node& node) {
          decomp::constant_node_value(g, node, unused).has_value();
 }
 
-void renumber_producers(graph::Graph& g) {
+std::vector<graph::ValueId> renumber_producers(graph::Graph& g) {
   // Values of removed nodes are dropped and the rest renumbered, so the table stays dense and every
   // value is an input, a constant or a node output (the verifier's rule).
   std::vector<bool> defined(g.values.size(), false);
@@ -55,6 +55,7 @@ void renumber_producers(graph::Graph& g) {
           if (id) rename(*id);
     }
   }
+  return new_id;
 }
 
 void remove_dead_nodes(graph::Graph& g) {

@@ -1,4 +1,6 @@
 #pragma once
+#include <vector>
+
 #include "graph/graph.h"
 
 namespace kiln::passes {
@@ -8,9 +10,9 @@ namespace kiln::passes {
 /// effectful op is ever dropped); value ids are renumbered densely.
 void remove_dead_nodes(graph::Graph& g);
 
-/// After nodes were removed: drops the values no node defines, renumbers the rest densely and resets
-/// Value::producer (shared by the passes).
-void renumber_producers(graph::Graph& g);
+/// After nodes were removed: drops the values no node defines, renumbers the rest densely (in their order; inputs and
+/// constants always stay) and resets Value::producer (shared by the passes). Returns each old id's new id (-1: dropped).
+std::vector<graph::ValueId> renumber_producers(graph::Graph& g);
 
 /// True for nodes the passes may drop or merge: no side effects, result determined by the arguments.
 bool is_pure_node(const graph::Graph& g, const graph::Node& node);

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <optional>
 
-#include <Python.h>
 #include <c10/core/GradMode.h>
 #include <ATen/ops/empty_strided.h>
 
@@ -50,16 +49,19 @@ struct PlanStep {
   std::vector<ValueId> release_inputs_after;  // graph inputs last read here (freed under run_consuming)
 };
 
-// Drops the GIL while the C++ compiler runs (other Python threads keep going), if this thread holds it.
+LoadUnlock g_load_unlock;
+
+// Drops the embedding interpreter's lock (the GIL) while code loads, so other Python threads keep going while the
+// C++ compiler or NVRTC runs; nothing to drop in a program without Python.
 class WithoutGil {
  public:
-  WithoutGil() : state_(Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr) {}
+  WithoutGil() : state_(g_load_unlock.release ? g_load_unlock.release() : nullptr) {}
   ~WithoutGil() {
-    if (state_) PyEval_RestoreThread(state_);
+    if (state_) g_load_unlock.restore(state_);
   }
 
  private:
-  PyThreadState* state_;
+  void* state_;
 };
 
 
@@ -324,6 +326,8 @@ class AliasCheckedGraph final : public CompiledGraph {
 };
 
 }  // namespace
+
+void set_load_unlock(LoadUnlock unlock) { g_load_unlock = unlock; }
 
 std::shared_ptr<CompiledGraph> make_kiln_graph(cache::CompiledArtifact artifact, const graph::Device& device,
                                                const ConstantsOf& constants_of, const std::string& load_context,

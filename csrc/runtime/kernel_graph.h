@@ -16,9 +16,19 @@ namespace kiln::runtime {
 /// The real constant tensors of a graph, indexed by ValueId (compile/backends.cpp owns the Python conversion).
 using ConstantsOf = std::function<std::vector<at::Tensor>(const graph::Graph&)>;
 
+/// How the layer that embeds kiln in an interpreter lets other threads run while make_kiln_graph loads code
+/// (compilers run there): `release` returns a token (null: nothing was released) that `restore` takes back. The Python
+/// module sets one that drops the GIL (bindings/); programs without Python leave it unset.
+struct LoadUnlock {
+  void* (*release)() = nullptr;
+  void (*restore)(void*) = nullptr;
+};
+void set_load_unlock(LoadUnlock unlock);
+
 /// Runs `artifact` on `device`: its code loaded (compiled, or found in the kernel caches) by the device backend that
 /// emitted it, with `load_context` (what the binary depends on beyond its source), and its run plan built. Call with
-/// the GIL held (it is released while compilers run). `dump_dir`: where the source and graph are written, or "".
+/// the GIL held, if any (set_load_unlock's hook releases it while compilers run). `dump_dir`: where the source and
+/// graph are written, or "".
 /// `folded`: the constant-folding lines for the summary.
 std::shared_ptr<CompiledGraph> make_kiln_graph(cache::CompiledArtifact artifact, const graph::Device& device,
                                                const ConstantsOf& constants_of, const std::string& load_context,

@@ -25,6 +25,8 @@ File format (a zip, every entry stored uncompressed so that a small reader can f
                           graph record (graphs/), the C++ library (cpp/) or CUDA images (cuda/). kiln.load puts them
                           into the disk cache when torch, kiln's build and the GPU architecture match, so the first
                           call runs no compiler; otherwise the saved graph is compiled (logged under recompiles)
+
+The same files load from C++ without Python: include/kiln/export.h (csrc/export reads this format; keep both in step).
 """
 import hashlib
 import json

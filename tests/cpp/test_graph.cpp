@@ -1,6 +1,8 @@
 // graph/: builder, printer, verifier, JSON and the recorder-record conversion (all torch-free).
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include "common/error.h"
 #include "graph/graph.h"
 #include "graph/py_records.h"
@@ -151,6 +153,38 @@ TEST_CASE("JSON carries values, named args and outputs") {
   CHECK(doc["values"][3]["meta"]["strides"] == nlohmann::json::array({1, 10}));
   CHECK(doc["values"][0]["meta"]["dtype"] == "f32");
   CHECK(doc["outputs"] == nlohmann::json::array({4}));
+}
+
+TEST_CASE("graph_from_json reads back what to_json wrote, constants without tensors") {
+  Graph g = linear_graph();
+  TensorMeta scalar = f32({});
+  const ValueId c = g.add_constant(scalar);
+  Node mixed;
+  mixed.op = "kiln::test";
+  mixed.overload = "default";
+  mixed.args = {TensorListArg{{c, std::nullopt}}, std::nan(""), std::vector<double>{1.5, -INFINITY},
+                std::complex<double>(1, -2), ScalarTypeArg{ScalarType::BFloat16}, Device{DeviceType::CUDA, 1},
+                std::vector<bool>{true, false}, std::string("mean"), NoneArg{}, LayoutArg{0}, MemoryFormatArg{2}};
+  mixed.arg_names = {"tensors", "a", "b", "c", "dtype", "device", "flags", "reduction", "none", "layout", "format"};
+  mixed.num_positional = 4;
+  g.add_node(mixed, {f32({2})});
+  const std::string text = g.to_json();
+  const Graph back = graph_from_json(text);
+  back.verify(/*constants_hold_tensors=*/false);
+  CHECK_THROWS(back.verify());
+  CHECK(back.to_json() == text);
+  CHECK(back.values[c].is_constant);
+  CHECK_FALSE(back.values[c].constant);
+  CHECK(back.nodes[2].num_positional == 4);
+  CHECK(std::isnan(std::get<double>(back.nodes[2].args[1])));
+}
+
+TEST_CASE("graph_from_json rejects text that is not a graph, naming what is wrong") {
+  CHECK_THROWS_WITH(graph_from_json("{not json"), Catch::Contains("does not parse"));
+  CHECK_THROWS_WITH(graph_from_json("{\"values\": []}"), Catch::Contains("malformed"));
+  std::string text = linear_graph().to_json();
+  text.replace(text.find("\"tensor\""), 8, "\"tensr\"");
+  CHECK_THROWS_WITH(graph_from_json(text), Catch::Contains("unknown argument kind 'tensr'"));
 }
 #endif
 

@@ -3,7 +3,6 @@
 // what to install. Compiles run without the GIL: NVRTC is thread-safe across programs.
 #include "codegen/cuda/nvrtc_compiler.h"
 
-#include <Python.h>
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -34,31 +33,11 @@ struct LoadedNvrtc {
   std::string failure;
 };
 
-// The wheel's lib folders, from `importlib.util.find_spec("nvidia").submodule_search_locations`. Empty when
-// Python is not running (C++ tests) or the package is absent.
-std::vector<std::string> nvrtc_wheel_dirs() {
-  std::vector<std::string> dirs;
-  if (!Py_IsInitialized()) return dirs;
-  PyGILState_STATE gil = PyGILState_Ensure();
-  PyObject* util = PyImport_ImportModule("importlib.util");
-  PyObject* spec = util ? PyObject_CallMethod(util, "find_spec", "s", "nvidia") : nullptr;
-  PyObject* locations =
-      (spec && spec != Py_None) ? PyObject_GetAttrString(spec, "submodule_search_locations") : nullptr;
-  PyObject* iterator = (locations && locations != Py_None) ? PyObject_GetIter(locations) : nullptr;
-  while (PyObject* item = iterator ? PyIter_Next(iterator) : nullptr) {
-    if (const char* text = PyUnicode_Check(item) ? PyUnicode_AsUTF8(item) : nullptr) {
-      for (const char* sub : {"cu13/lib", "cuda_nvrtc/lib", "cu12/lib"}) dirs.push_back(std::string(text) + "/" + sub);
-    }
-    Py_DECREF(item);
-  }
-  Py_XDECREF(iterator);
-  Py_XDECREF(locations);
-  Py_XDECREF(spec);
-  Py_XDECREF(util);
-  PyErr_Clear();  // a missing package is an ordinary outcome of the search
-  PyGILState_Release(gil);
-  return dirs;
-}
+// Where the embedding interpreter finds the `nvidia` wheel's lib folders (bindings/ sets it: importlib); unset in
+// programs without Python and in the C++ tests, which then search the other places only.
+std::vector<std::string> (*g_wheel_dirs)() = nullptr;
+
+std::vector<std::string> nvrtc_wheel_dirs() { return g_wheel_dirs ? g_wheel_dirs() : std::vector<std::string>{}; }
 
 // libnvrtc files in a folder, best first: the unversioned link, then versioned sonames (newest first).
 // libnvrtc-builtins and the .alt variants are NVRTC's own helpers, not entry points.
@@ -178,6 +157,8 @@ std::string numbered(const std::string& source) {
 bool starts_with(const std::string& text, const char* prefix) { return text.rfind(prefix, 0) == 0; }
 
 }  // namespace
+
+void set_nvrtc_wheel_search(std::vector<std::string> (*wheel_dirs)()) { g_wheel_dirs = wheel_dirs; }
 
 bool nvrtc_available() { return loaded_nvrtc().ok; }
 

@@ -15,6 +15,10 @@ struct NvrtcVersion {
   int minor = 0;
 };
 
+/// Sets how the `nvidia-cuda-nvrtc` wheel's lib folders are found (the Python module: importlib, with the GIL taken
+/// inside); without it the wheel is not searched. Call before the first NVRTC use.
+void set_nvrtc_wheel_search(std::vector<std::string> (*wheel_dirs)());
+
 /// True when libnvrtc can be opened. Never throws.
 bool nvrtc_available();
 /// The loaded NVRTC's version (part of every kernel cache key). Throws kiln::Error (KilnError) naming the
