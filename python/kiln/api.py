@@ -6,7 +6,7 @@ import warnings
 import torch
 import torch.nn as nn
 
-from kiln import _C, config
+from kiln import _C, _tracing, config
 from kiln.errors import KilnError
 
 _MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -57,6 +57,8 @@ def _check_compile_arguments(mode, dynamic, options):
 def _entry_code(target):
     """The code object whose frames kiln traces for `target` (a function or an nn.Module)."""
     if isinstance(target, nn.Module):
+        if _tracing.forward_runs_untraced(type(target)):
+            return None  # DDP(model): its forward runs eagerly, the wrapped module's is compiled as any frame it calls
         forward = type(target).forward
         return getattr(forward, "__code__", None)
     fn = target.__func__ if isinstance(target, types.MethodType) else target
