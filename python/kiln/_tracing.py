@@ -16,6 +16,10 @@ import torch.nn as nn
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _KILN_DIR = os.path.dirname(__file__) + os.sep
 _STDLIB_SKIP = (os.path.dirname(os.__file__) + os.sep,)
+# typing_extensions (a dependency of torch) is the standard library's typing, backported: typing calls into it when a
+# process first builds an annotation such as Optional[str] (torch.autograd.profiler.record_function's, on DDP's first
+# forward), and it does no tensor work.
+_STDLIB_BACKPORTS = tuple(m.__file__ for m in (sys.modules.get("typing_extensions"),) if getattr(m, "__file__", None))
 
 
 def skip_reason(filename):
@@ -24,7 +28,7 @@ def skip_reason(filename):
         return "torch internals"
     if filename.startswith(_KILN_DIR):
         return "kiln itself"
-    if filename.startswith(_STDLIB_SKIP) or filename.startswith("<frozen "):
+    if filename.startswith(_STDLIB_SKIP) or filename.startswith("<frozen ") or filename in _STDLIB_BACKPORTS:
         return "standard library"  # frozen modules (importlib's bootstrap, codecs, ...) are the standard library too
     return None
 
