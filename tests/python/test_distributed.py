@@ -82,8 +82,8 @@ def ranks(tmp_path_factory):
 # run eagerly where FSDP puts them, and the sharded module's own forward is compiled as its own frame when it is user
 # code (fsdp2_layers), or runs eagerly when it is a built-in one (nn.Linear, the other fsdp2 scenarios).
 EXPECTED_BREAKS = {
-    "ddp_outer_sequential": 0, "ddp_outer_mlp": 0, "ddp_inner_mlp": 0, "ddp_outer_block": 0, "ddp_inner_block": 0, "ddp_no_sync": 0,
-    "ddp_find_unused": 0, "ddp_static_graph": 0,
+    "ddp_outer_sequential": 0, "ddp_outer_mlp": 0, "ddp_inner_mlp": 0, "ddp_outer_block": 0, "ddp_inner_block": 0,
+    "ddp_no_sync": 0, "ddp_find_unused": 0, "ddp_static_graph": 0,
     "ddp_step_mlp": 1,
     "fsdp2_mlp": 3,      # fc1, fc2, fc3
     "fsdp2_block": 6,    # qkv, proj, up, down (in the layer, itself inlined), the layer loop's resume, head
