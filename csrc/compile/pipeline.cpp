@@ -55,6 +55,14 @@ bool needs_autograd(const graph::Graph& g) {
   return false;
 }
 
+// True when the graph computes nothing: no node, or views of its inputs alone (a resume function that returns what the
+// eager call before it gave, as around each FSDP2 module that runs eagerly). Nothing to compile or differentiate.
+bool views_only(const graph::Graph& g) {
+  for (const graph::Node& node : g.nodes)
+    if (!node.is_view || node.mutates_args) return false;
+  return true;
+}
+
 // The device all of the graph's tensors live on (CPU, or one CUDA device), or nullopt with `why` set.
 std::optional<graph::Device> graph_device(const graph::Graph& g, std::string& why) {
   std::optional<graph::Device> device;
@@ -277,6 +285,13 @@ std::shared_ptr<runtime::CompiledGraph> compile_kiln_graph(std::shared_ptr<const
   g = drop_attention_masks_that_mask_nothing(std::move(g), constants_of);
   // 3. What the graph needs: a forward/backward split, buffer updates, or the plain lowering.
   std::string reason;
+  if (views_only(*g) && needs_autograd(*g)) {
+    // Eager's own views (storage, version counter, autograd history) are what the caller must get: the eager
+    // interpreter replays them. By design, so not counted as a fallback.
+    std::vector<at::Tensor> constants = constants_of(*g);
+    return runtime::make_fallback_graph(std::move(g), std::move(constants), "views of the inputs only",
+                                        std::move(folded));
+  }
   if (runtime::needs_eager_for_grad_mode(*g)) {
     reason = "the graph switches grad mode over values that require grad (eager_interpreter.h)";
   } else if (needs_autograd(*g) && !compiled_autograd()) {

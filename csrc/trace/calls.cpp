@@ -454,6 +454,10 @@ VarPtr Tracer::call_module(const VarPtr& module, std::vector<VarPtr> args, KwArg
   std::string kind = PyUnicode_AsUTF8(kind_obj);
   Py_DECREF(kind_obj);
   if (kind == "hooks") KILN_UNSUPPORTED() << "calling a module with hooks or a replaced forward (" << Py_TYPE(m)->tp_name << ")";
+  if (kind == "untraced")
+    KILN_UNSUPPORTED() << "calling " << Py_TYPE(m)->tp_name << ", a torch.distributed or torch.nn.parallel "
+                       << "wrapper: its forward runs eagerly (communication and its bookkeeping), the module it "
+                       << "wraps is compiled as its own frame";
   if (module->source) {
     // Hooks added later must invalidate the trace: the hook dicts stay empty. Its class must stay too: the trace
     // inlined this class's forward, and `module.__class__ = Other` keeps the object (and its identity check).

@@ -16,6 +16,10 @@ import torch.nn as nn
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _KILN_DIR = os.path.dirname(__file__) + os.sep
 _STDLIB_SKIP = (os.path.dirname(os.__file__) + os.sep,)
+# typing_extensions (a dependency of torch) is the standard library's typing, backported: typing calls into it when a
+# process first builds an annotation such as Optional[str] (torch.autograd.profiler.record_function's, on DDP's first
+# forward), and it does no tensor work.
+_STDLIB_BACKPORTS = tuple(m.__file__ for m in (sys.modules.get("typing_extensions"),) if getattr(m, "__file__", None))
 
 
 def skip_reason(filename):
@@ -24,7 +28,7 @@ def skip_reason(filename):
         return "torch internals"
     if filename.startswith(_KILN_DIR):
         return "kiln itself"
-    if filename.startswith(_STDLIB_SKIP) or filename.startswith("<frozen "):
+    if filename.startswith(_STDLIB_SKIP) or filename.startswith("<frozen ") or filename in _STDLIB_BACKPORTS:
         return "standard library"  # frozen modules (importlib's bootstrap, codecs, ...) are the standard library too
     return None
 
@@ -67,10 +71,25 @@ def bind_arguments(fn, nargs, kwnames):
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
 
+# torch's wrappers whose forward is bookkeeping around communication (DistributedDataParallel, DataParallel, FSDP1's
+# FullyShardedDataParallel): what it does must happen eagerly on every call (the reducer's per-iteration state, its
+# autograd hooks, collectives), so it is neither traced nor run on fakes. It runs as CPython runs it, and the module
+# it wraps, called from there, is compiled as its own frame: torch.compile's contract for DDP too (its forward is
+# skipped, Dynamo compiles the inner module).
+_UNTRACED_FORWARD_PACKAGES = ("torch.nn.parallel.", "torch.distributed.")
+
+
+def forward_runs_untraced(cls):
+    """Whether calls of modules of class `cls` run their forward untraced (a torch.distributed/parallel wrapper)."""
+    forward = getattr(cls, "forward", None)
+    module = getattr(forward, "__module__", None)
+    return isinstance(module, str) and module.startswith(_UNTRACED_FORWARD_PACKAGES)
+
 
 def module_call_kind(module):
-    """How the tracer treats a call of `module`: "hooks" (has hooks: cannot trace yet), "sequential",
-    "leaf" (a built-in torch.nn module: called as a whole on fakes), or "inline" (trace its forward)."""
+    """How the tracer treats a call of `module`: "hooks" (has hooks: cannot trace yet), "untraced" (a wrapper whose
+    forward runs eagerly, forward_runs_untraced), "sequential", "leaf" (a built-in torch.nn module: called as a whole
+    on fakes), or "inline" (trace its forward)."""
     if (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
             or getattr(module, "_backward_pre_hooks", None)
             or nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks
@@ -80,6 +99,8 @@ def module_call_kind(module):
     if "forward" in module.__dict__:
         return "hooks"  # an instance-level forward override: treat as untraceable for now
     cls = type(module)
+    if forward_runs_untraced(cls):
+        return "untraced"
     if cls is nn.Sequential:
         return "sequential"
     if cls is nn.MultiheadAttention and _on_cpu(module):

@@ -6,7 +6,7 @@ import warnings
 import torch
 import torch.nn as nn
 
-from kiln import _C, config
+from kiln import _C, _tracing, config
 from kiln.errors import KilnError
 
 _MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -54,13 +54,20 @@ def _check_compile_arguments(mode, dynamic, options):
             raise KilnError(f"option {key}=True is not implemented in kiln yet; leave it out or pass False")
 
 
-def _entry_code(target):
-    """The code object whose frames kiln traces for `target` (a function or an nn.Module)."""
+def _entry_codes(target):
+    """The code objects whose frames kiln traces for `target` (a function or an nn.Module), even where the skip rules
+    would not (a built-in torch.nn module compiled on its own)."""
     if isinstance(target, nn.Module):
+        if _tracing.forward_runs_untraced(type(target)):
+            # DDP(model): its forward runs eagerly; the module it wraps (its child) is compiled, a built-in
+            # nn.Sequential as much as a user's model.
+            return [code for child in target.children() for code in _entry_codes(child)]
         forward = type(target).forward
-        return getattr(forward, "__code__", None)
+        code = getattr(forward, "__code__", None)
+        return [code] if code is not None else []
     fn = target.__func__ if isinstance(target, types.MethodType) else target
-    return getattr(fn, "__code__", None)
+    code = getattr(fn, "__code__", None)
+    return [code] if code is not None else []
 
 
 def _make_compiler(target, backend, fullgraph, explain_sink=None, mode=None, dynamic=None, options=None):
@@ -72,9 +79,8 @@ def _make_compiler(target, backend, fullgraph, explain_sink=None, mode=None, dyn
     elif backend not in _C.backend_names():
         raise KilnError(f"unknown backend {backend!r}; known backends: {', '.join(_C.backend_names())}, "
                         "or pass a callable(graph, example_inputs)")
-    code = _entry_code(target)
-    return _C.Compiler(backend, user_backend, bool(fullgraph), int(config.recompile_limit),
-                       [code] if code is not None else [], explain_sink, mode=mode or "default", dynamic=dynamic,
+    return _C.Compiler(backend, user_backend, bool(fullgraph), int(config.recompile_limit), _entry_codes(target),
+                       explain_sink, mode=mode or "default", dynamic=dynamic,
                        options=dict(options or {}))
 
 

@@ -1,0 +1,226 @@
+"""One rank of tests/python/test_distributed.py, started the way torchrun starts a rank.
+
+The environment names the rank (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT); argv[1] is a JSON file
+this rank writes its results to, argv[2:] the scenarios to run (all of SCENARIOS when none are named). Every
+scenario trains a model for STEPS steps eagerly and under kiln from the same initial weights on the same
+per-rank batches, and records the losses, the largest difference of the losses and parameters from eager's
+(against kiln.testing.tolerance), and kiln's counters (graph breaks, fallbacks, recompiles after the first step).
+Collectives go through gloo on the CPU.
+"""
+import contextlib
+import copy
+import json
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+import kiln
+from kiln.testing import tolerance
+
+STEPS = 5
+DIM = 16
+
+
+class MLP(nn.Module):
+    def __init__(self, unused=False):
+        super().__init__()
+        self.fc1 = nn.Linear(DIM, 32)
+        self.fc2 = nn.Linear(32, 32)
+        self.fc3 = nn.Linear(32, 4)
+        if unused:
+            self.unused = nn.Linear(4, 4)  # never called: DDP's find_unused_parameters must find it
+
+    def forward(self, x):
+        return self.fc3(F.gelu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+class Layer(nn.Module):
+    """A pre-norm transformer layer: attention (by hand, softmax over scaled scores) and an MLP, both residual."""
+
+    def __init__(self, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(DIM)
+        self.qkv = nn.Linear(DIM, 3 * DIM, bias=False)  # a key bias has a zero gradient: AdamW would step on noise
+        self.proj = nn.Linear(DIM, DIM)
+        self.norm2 = nn.LayerNorm(DIM)
+        self.up = nn.Linear(DIM, 2 * DIM)
+        self.down = nn.Linear(2 * DIM, DIM)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        att = torch.softmax(q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5, dim=-1)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
+        return x + self.down(F.gelu(self.up(self.norm2(x))))
+
+
+class Block(nn.Module):
+    """Transformer layers and a head on their mean over the sequence."""
+
+    def __init__(self, layers=1):
+        super().__init__()
+        self.layers = nn.ModuleList(Layer() for _ in range(layers))
+        self.head = nn.Linear(DIM, 4)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x.mean(dim=1))
+
+
+MODELS = {"mlp": (MLP, (8, DIM)), "mlp_unused": (lambda: MLP(unused=True), (8, DIM)), "block": (Block, (4, 6, DIM)),
+          "stack": (lambda: Block(layers=2), (4, 6, DIM)),
+          "sequential": (lambda: nn.Sequential(nn.Linear(DIM, 32), nn.Tanh(), nn.Linear(32, 4)), (8, DIM))}
+
+
+def batches(shape, rank, count):
+    """Per-rank inputs and targets (ranks differ, so the all-reduces matter)."""
+    g = torch.Generator().manual_seed(100 + rank)
+    return [(torch.randn(*shape, generator=g), torch.randn(shape[0], 4, generator=g)) for _ in range(count)]
+
+
+def make_model(name):
+    torch.manual_seed(0)  # the same initial weights on every rank and for eager and kiln
+    return MODELS[name][0]()
+
+
+def make_optimizer(kind, params):
+    return torch.optim.SGD(params, lr=0.05, momentum=0.9) if kind == "sgd" else torch.optim.AdamW(params, lr=1e-2)
+
+
+def mse_of(model):
+    return lambda x, y: F.mse_loss(model(x), y)
+
+
+def train(model, optimizer, data, accumulate=1, loss_of=mse_of):
+    """STEPS optimizer steps; with accumulate > 1, each step runs that many micro-batches, all but the last under
+    model.no_sync(). Returns the losses and kiln's counters after the first step."""
+    loss_fn = loss_of(model)
+    losses, after_first = [], None
+    data = iter(data)
+    for step in range(STEPS):
+        optimizer.zero_grad(set_to_none=True)
+        for micro in range(accumulate):
+            x, y = next(data)
+            sync = micro == accumulate - 1
+            with (contextlib.nullcontext() if sync else model.no_sync()):
+                loss = loss_fn(x, y) / accumulate
+                loss.backward()
+            losses.append(loss.item())
+        optimizer.step()
+        if step == 0:
+            after_first = kiln.stats()
+    return losses, after_first
+
+
+def full(tensor):
+    """A parameter as one plain tensor (FSDP2's are DTensors sharded over the ranks)."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def compare(name, eager_losses, eager_model, kiln_losses, kiln_model):
+    rtol, atol = tolerance(torch.float32)
+    worst, failures = 0.0, []
+    pairs = [("loss", torch.tensor(eager_losses), torch.tensor(kiln_losses))]
+    eager_params = dict(eager_model.named_parameters())
+    for pname, p in kiln_model.named_parameters():
+        pairs.append((pname, full(eager_params[pname].detach()), full(p.detach())))
+    for what, expected, actual in pairs:
+        excess = ((actual - expected).abs() - (atol + rtol * expected.abs())).max().item()
+        worst = max(worst, (actual - expected).abs().max().item())
+        if excess > 0:
+            failures.append(f"{name}: {what} differs from eager by {(actual - expected).abs().max().item():.3g}")
+    return worst, failures
+
+
+def ddp_with(**options):
+    def wrap(model):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        return DDP(model, bucket_cap_mb=1, **options)
+    return wrap
+
+
+ddp = ddp_with()
+
+
+def fully_shard_each(kind):
+    """FSDP2 as its users apply it: fully_shard on each module of class `kind`, then on the root."""
+    def wrap(model):
+        from torch.distributed.fsdp import fully_shard
+        for module in model.modules():
+            if isinstance(module, kind):
+                fully_shard(module)
+        fully_shard(model)
+        return model
+    return wrap
+
+
+# scenario -> (model, optimizer, how kiln wraps: "outer" = kiln.compile(WRAP(m)), "inner" = WRAP(kiln.compile(m)),
+# "step" = a compiled loss function calling WRAP(m); wrapper, micro-batches per step)
+SCENARIOS = {
+    "ddp_outer_sequential": ("sequential", "sgd", "outer", ddp, 1),
+    "ddp_outer_mlp": ("mlp", "sgd", "outer", ddp, 1),
+    "ddp_inner_mlp": ("mlp", "adamw", "inner", ddp, 1),
+    "ddp_outer_block": ("block", "adamw", "outer", ddp, 1),
+    "ddp_inner_block": ("block", "sgd", "inner", ddp, 1),
+    "ddp_step_mlp": ("mlp", "sgd", "step", ddp, 1),
+    "ddp_no_sync": ("mlp", "sgd", "outer", ddp, 2),
+    "ddp_find_unused": ("mlp_unused", "adamw", "outer", ddp_with(find_unused_parameters=True), 2),
+    "ddp_static_graph": ("block", "sgd", "inner", ddp_with(static_graph=True), 1),
+    "fsdp2_mlp": ("mlp", "adamw", "outer", fully_shard_each(nn.Linear), 1),
+    "fsdp2_block": ("block", "sgd", "outer", fully_shard_each(nn.Linear), 1),
+    "fsdp2_layers": ("stack", "adamw", "outer", fully_shard_each(Layer), 1),
+}
+
+
+def run(name):
+    model_name, opt, how, wrap, accumulate = SCENARIOS[name]
+    data = batches(MODELS[model_name][1], dist.get_rank(), STEPS * accumulate)
+    # kiln first: the first scenario then meets what only a process's first DDP or FSDP call runs (lazy
+    # initialisation, typing's caches filled), as a user's program does.
+    kiln.reset()
+    fallbacks_before = kiln._C.compiler_stats()["graphs_fallback"]
+    loss_of = mse_of
+    if how == "outer":
+        model = kiln.compile(wrap(make_model(model_name)))
+    elif how == "inner":
+        model = wrap(kiln.compile(make_model(model_name)))
+    else:
+        model = wrap(make_model(model_name))
+        loss_of = lambda m: kiln.compile(mse_of(m))  # noqa: E731
+    losses, after_first = train(model, make_optimizer(opt, model.parameters()), data, accumulate, loss_of)
+    after = kiln.stats()
+    eager = wrap(make_model(model_name))
+    eager_losses, _ = train(eager, make_optimizer(opt, eager.parameters()), data, accumulate)
+    worst, failures = compare(name, eager_losses, eager, losses, model)
+    return {"losses": losses, "eager_losses": eager_losses, "worst_difference": worst, "failures": failures,
+            "graph_breaks": after["graph_breaks"], "fallbacks": after["fallbacks"],
+            "graphs_on_eager_interpreter": kiln._C.compiler_stats()["graphs_fallback"] - fallbacks_before,
+            "frames_compiled": after["frames_compiled"], "cache_hits": after["cache_hits"],
+            "recompiles_after_first_step": after["recompiles"] - after_first["recompiles"],
+            "compiled_after_first_step": after["frames_compiled"] - after_first["frames_compiled"]}
+
+
+def main():
+    out_path, names = sys.argv[1], sys.argv[2:] or list(SCENARIOS)
+    dist.init_process_group("gloo")
+    results = {}
+    for name in names:
+        try:
+            results[name] = run(name)
+        except Exception:
+            results[name] = {"error": traceback.format_exc()}
+        dist.barrier()
+    with open(out_path, "w") as f:
+        json.dump(results, f, indent=1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
