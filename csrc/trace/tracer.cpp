@@ -402,7 +402,14 @@ VarPtr Tracer::get_attr(const VarPtr& obj, PyObject* name) {
           Py_DECREF(getter);
         }
       }
-      PyObject* v = check(PyObject_GetAttr(obj->value, name), "getattr " + attr);
+      PyObject* v = PyObject_GetAttr(obj->value, name);
+      if (!v && obj->source && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        // Eager raises AttributeError here, which the traced code may catch (`try: x = obj.name` / `except
+        // AttributeError:`): the guard asks again that the object still lacks it.
+        guards_->add_has_no_attr(obj->source, attr);
+        raise_pending("reading ." + attr);
+      }
+      check(v, "getattr " + attr);
       VarPtr out;
       // Attributes of torch's own modules (torch.float32, torch.nn.functional.relu) are taken as fixed.
       bool torch_module = false;

@@ -188,3 +188,25 @@ def test_getattribute_override_reaching_object_getattribute_is_traced():
     kiln.reset()
     e = kiln.explain(lambda x: x * Aliased.__getattribute__(config, "width"))(torch.randn(3))
     assert e.graph_break_count == 0, e.break_reasons
+
+
+class _Options:
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+
+def test_missing_attribute_caught_as_attribute_error_is_traced_and_guarded():
+    def f(x, options):
+        try:
+            scale = options.scale
+        except AttributeError:
+            scale = 0.5
+        return x * scale
+
+    options = _Options()
+    whole(lambda x: f(x, options), torch.randn(3))
+    kiln.reset()
+    compiled = kiln.compile(f)
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x, _Options()), x * 0.5)
+    torch.testing.assert_close(compiled(x, _Options(scale=3.0)), x * 3.0)  # the guard sees the attribute appear
