@@ -58,8 +58,10 @@ def launch(tmp_dir, scenarios=(), logs=None):
         for p in procs:
             p.kill()
         pytest.fail(f"the {WORLD_SIZE} ranks did not finish in {TIMEOUT_S} s")
+    # Every rank's output on a failure: one rank's crash often shows only in what the other was doing.
+    every = "\n".join(f"--- rank {r} (exit {p.returncode}) ---\n{logs[r][-3000:]}" for r, p in enumerate(procs))
     for rank, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {rank} exited with {p.returncode}:\n{logs[rank][-4000:]}"
+        assert p.returncode == 0, f"rank {rank} exited with {p.returncode}:\n{every}"
     results = []
     for out in outs:
         with open(out) as f:
