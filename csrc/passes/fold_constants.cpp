@@ -23,9 +23,12 @@ bool is_cheap_to_keep(const Node& n) {
   return n.is_view || graph::op_facts(n.qualified_name()).creates != graph::OpCreates::kNothing;
 }
 
-}  // namespace
+// Which values depend on no graph input, and which nodes compute them from constants alone.
+struct Foldability {
+  std::vector<bool> value, node;
+};
 
-ConstantFolding plan_constant_folding(const graph::Graph& g, int64_t max_bytes) {
+Foldability foldability(const graph::Graph& g) {
   const auto num_values = g.values.size();
   // Storage some node writes in place (through any alias) is not constant.
   const std::vector<ValueId> root = graph::storage_roots(g);
@@ -61,6 +64,37 @@ ConstantFolding plan_constant_folding(const graph::Graph& g, int64_t max_bytes) 
     for (ValueId out : n.outputs) foldable[out] = true;
   }
 
+  return {std::move(foldable), std::move(node_foldable)};
+}
+
+// The plan that computes the `target` values: every foldable node they depend on, in graph order.
+ConstantFolding plan_for(const graph::Graph& g, const std::vector<bool>& node_foldable, const std::vector<bool>& target) {
+  std::vector<bool> in_cone = target;
+  std::vector<bool> evaluate(g.nodes.size(), false);
+  for (NodeIndex i = static_cast<NodeIndex>(g.nodes.size()); i-- > 0;) {
+    if (!node_foldable[i]) continue;
+    const Node& n = g.nodes[i];
+    for (ValueId out : n.outputs) evaluate[i] = evaluate[i] || in_cone[out];
+    if (!evaluate[i]) continue;
+    for (const graph::ArgValue& arg : n.args) graph::for_each_tensor(arg, [&](ValueId v) { in_cone[v] = true; });
+  }
+  ConstantFolding plan;
+  for (NodeIndex i = 0; i < static_cast<NodeIndex>(g.nodes.size()); ++i) {
+    if (!evaluate[i]) continue;
+    plan.nodes.push_back(i);
+    for (ValueId out : g.nodes[i].outputs)
+      if (target[out]) plan.values.push_back(out);
+  }
+  return plan;
+}
+
+}  // namespace
+
+ConstantFolding plan_constant_folding(const graph::Graph& g, int64_t max_bytes) {
+  const auto num_values = g.values.size();
+  const Foldability f = foldability(g);
+  const std::vector<bool>& node_foldable = f.node;
+
   // Foldable values the rest of the graph reads, walked from the last: each becomes a constant, or keeps its
   // producer (a cheap or too large one), whose own foldable operands are then read by a kept node.
   std::vector<bool> demanded(num_values, false);
@@ -85,24 +119,15 @@ ConstantFolding plan_constant_folding(const graph::Graph& g, int64_t max_bytes) 
     for (ValueId out : n.outputs) target[out] = demanded[out];
   }
 
-  // The nodes that compute the targets: every foldable node a target depends on.
-  std::vector<bool> in_cone = target;
-  std::vector<bool> evaluate(g.nodes.size(), false);
-  for (NodeIndex i = static_cast<NodeIndex>(g.nodes.size()); i-- > 0;) {
-    if (!node_foldable[i]) continue;
-    const Node& n = g.nodes[i];
-    for (ValueId out : n.outputs) evaluate[i] = evaluate[i] || in_cone[out];
-    if (!evaluate[i]) continue;
-    for (const graph::ArgValue& arg : n.args) graph::for_each_tensor(arg, [&](ValueId v) { in_cone[v] = true; });
-  }
-  ConstantFolding plan;
-  for (NodeIndex i = 0; i < static_cast<NodeIndex>(g.nodes.size()); ++i) {
-    if (!evaluate[i]) continue;
-    plan.nodes.push_back(i);
-    for (ValueId out : g.nodes[i].outputs)
-      if (target[out]) plan.values.push_back(out);
-  }
-  return plan;
+  return plan_for(g, node_foldable, target);
+}
+
+ConstantFolding plan_value_folding(const graph::Graph& g, graph::ValueId v) {
+  const Foldability f = foldability(g);
+  if (!f.value[v] || g.values[v].is_constant) return {};
+  std::vector<bool> target(g.values.size(), false);
+  target[v] = true;
+  return plan_for(g, f.node, target);
 }
 
 std::vector<graph::ValueId> fold_constants(graph::Graph& g, const ConstantFolding& plan,

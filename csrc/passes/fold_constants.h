@@ -29,6 +29,10 @@ constexpr int64_t kMaxFoldedBytes = 16 << 20;
 /// free; their foldable operands are folded instead. A value larger than `max_bytes` is left as a node too.
 ConstantFolding plan_constant_folding(const graph::Graph& g, int64_t max_bytes);
 
+/// The plan that computes value `v` alone, when it depends on no graph input (whatever plan_constant_folding would
+/// leave as a node, a fill included); empty otherwise, and for a value that already is a constant.
+ConstantFolding plan_value_folding(const graph::Graph& g, graph::ValueId v);
+
 /// Makes each planned value a constant holding `tensors[i]` and removes the nodes only they needed; value ids are
 /// renumbered (remove_dead_nodes.h: renumber_producers), and the old-to-new map is returned, so that a caller which
 /// keeps constant tensors apart from the graph (the C++ loader, csrc/export) finds each constant's new id. The caller

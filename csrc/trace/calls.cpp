@@ -373,11 +373,8 @@ VarPtr Tracer::construct_exception(PyObject* cls, const std::vector<VarPtr>& arg
   if (!constant) KILN_UNSUPPORTED() << "constructing the exception " << name_of(cls) << " (Python __init__ or traced arguments)";
   PyObject* made = call_on_values(cls, args, kwargs);
   if (!made) raise_pending("constructing " + name_of(cls));
-  PyObject* built_from = PyObject_GetAttrString(made, "args");
-  if (!built_from) rethrow_python("reading the exception's args");
-  VarPtr out = make_object(made, args, {}, built_from);
+  VarPtr out = exception_var(made);
   Py_DECREF(made);
-  Py_DECREF(built_from);
   return out;
 }
 

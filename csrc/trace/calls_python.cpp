@@ -74,30 +74,25 @@ PyObject* lookup(const char* module, const char* name) {
   return f;  // new reference, kept for the process
 }
 
-// Questions about who runs the code, answered at trace time as constants. "Is this being compiled" answers True, as
-// under torch.compile: libraries then skip work that only eager needs (transformers skips its data-dependent
-// all-ones mask checks). Exporting and TorchScript never run kiln's traces: False.
-bool answers_true(PyObject* f) {
+// Questions about who runs the code, answered at trace time as constants (Py_True / Py_False, borrowed), or nullptr
+// for any other callable. "Is this being compiled" answers True, as under torch.compile: libraries then skip work
+// that only eager needs (transformers skips its data-dependent all-ones mask checks). Exporting and TorchScript
+// never run kiln's traces: False.
+PyObject* who_runs_answer(PyObject* f) {
   // Only modules torch has imported anyway: importing torch._dynamo here would import sympy (a quarter second).
-  static const std::vector<PyObject*> predicates = {lookup("torch.compiler", "is_compiling"),
-                                                    lookup("torch.compiler", "is_dynamo_compiling"),
-                                                    lookup("torch._utils", "is_compiling")};
-  for (PyObject* p : predicates)
-    if (p && p == f) return true;
+  static const std::vector<std::pair<PyObject*, PyObject*>> answers = {
+      {lookup("torch.compiler", "is_compiling"), Py_True},     {lookup("torch.compiler", "is_dynamo_compiling"), Py_True},
+      {lookup("torch._utils", "is_compiling"), Py_True},       {lookup("torch.compiler", "is_exporting"), Py_False},
+      {lookup("torch.jit", "is_scripting"), Py_False},         {lookup("torch.jit", "is_tracing"), Py_False}};
+  for (const auto& [predicate, answer] : answers)
+    if (predicate && predicate == f) return answer;
   // torch._dynamo's own is_compiling (torch._dynamo.external_utils), if a library imported it.
-  if (!PyFunction_Check(f)) return false;
+  if (!PyFunction_Check(f)) return nullptr;
   PyObject* module = ((PyFunctionObject*)f)->func_module;
   const char* name = PyUnicode_AsUTF8(((PyFunctionObject*)f)->func_name);
-  return module && PyUnicode_Check(module) && name && std::string_view(name) == "is_compiling" &&
-         std::string_view(PyUnicode_AsUTF8(module)).rfind("torch._dynamo", 0) == 0;
-}
-
-bool answers_false(PyObject* f) {
-  static const std::vector<PyObject*> predicates = {lookup("torch.compiler", "is_exporting"),
-                                                    lookup("torch.jit", "is_scripting"), lookup("torch.jit", "is_tracing")};
-  for (PyObject* p : predicates)
-    if (p && p == f) return true;
-  return false;
+  const bool dynamo_is_compiling = module && PyUnicode_Check(module) && name && std::string_view(name) == "is_compiling" &&
+                                   std::string_view(PyUnicode_AsUTF8(module)).rfind("torch._dynamo", 0) == 0;
+  return dynamo_is_compiling ? Py_True : nullptr;
 }
 
 // Queries of process state that take no arguments and whose answer can change between calls (a CUDA graph
@@ -328,8 +323,8 @@ VarPtr Tracer::call_python_construct(const VarPtr& fn, std::vector<VarPtr>& args
       }
       return p;
     }
-    if (answers_false(f) && n == 0 && kwargs.empty()) return make_const(Py_False);
-    if (answers_true(f) && n == 0 && kwargs.empty()) return make_const(Py_True);
+    if (n == 0 && kwargs.empty())
+      if (PyObject* answer = who_runs_answer(f)) return make_const(answer);
     if (guarded_query(f) && n == 0 && kwargs.empty()) {
       const SourcePtr asked = Source::call(Source::object(f, name_of(f)));
       PyObject* value = asked->resolve_from(f, SourceRoots{});
