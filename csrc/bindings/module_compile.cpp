@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings/module_register.h"
+#include "runtime/cuda_graphs.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "frame/frame.h"
@@ -54,6 +55,7 @@ compile::CompileOptions compile_options_from_python(const std::string& mode, py:
       KILN_CHECK(false) << "unknown compile option '" << name << "' (known: autotune, cudagraphs, debug_dir)";
     }
   }
+  if (parsed.uses_cudagraphs()) parsed.cuda_graph_pool = runtime::make_cuda_graph_pool();
   return parsed;
 }
 
@@ -95,12 +97,19 @@ void register_compile(py::module_& m) {
     d["fallbacks"] = s.fallbacks;
     d["guard_snapshot_hits"] = guards::snapshot_stats().hits;
     d["guard_snapshots_stale"] = guards::snapshot_stats().stale;
+    const runtime::CudaGraphStats& g = runtime::cuda_graph_stats();
+    d["cudagraph_recordings"] = g.recordings;
+    d["cudagraph_replays"] = g.replays;
+    d["cudagraph_unrecorded_runs"] = g.unrecorded_runs;
+    d["cudagraph_declined"] = g.declined;
+    d["cudagraph_last_decline_reason"] = g.last_decline_reason;
     return d;
   });
   m.def("reset", [] {
     frame::reset_all();
     trace::stats() = trace::Stats();
     guards::snapshot_stats() = guards::SnapshotStats();
+    runtime::cuda_graph_stats() = runtime::CudaGraphStats();
     runtime::release_host_buffers();
   });
   m.def("host_buffer_stats", [] {

@@ -49,6 +49,7 @@ std::vector<std::string> nvrtc_wheel_dirs() {
 void install_python_hooks() {
   runtime::set_load_unlock({release_gil, restore_gil});
   codegen::cuda::set_nvrtc_wheel_search(nvrtc_wheel_dirs);
+  install_cuda_graph_api();
 }
 
 }  // namespace kiln::bindings

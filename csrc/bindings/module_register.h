@@ -17,4 +17,5 @@ void register_cuda(pybind11::module_& m);     // module_cuda.cpp: kiln._C.cuda (
 compile::CompileOptions compile_options_from_python(const std::string& mode, pybind11::object dynamic,
                                                     pybind11::dict options);
 void install_python_hooks();                  // module_hooks.cpp: what the Python-free layers ask of the interpreter
+void install_cuda_graph_api();                // module_cuda_graphs.cpp: CUDA graph recording through torch
 }  // namespace kiln::bindings

@@ -20,7 +20,8 @@ namespace kiln::log {
   _(bytecode)                  \
   _(trace)                     \
   _(fallbacks)                 \
-  _(progress)
+  _(progress)                  \
+  _(cudagraphs)
 
 enum class Category : unsigned {
 #define KILN_LOG_ENUM(name) name,

@@ -34,9 +34,10 @@ Mode parse_mode(const std::string& name) {
 }
 
 std::string CompileOptions::cache_key() const {
-  // Dynamic is left out while every policy specialises sizes: the same graph compiles to the same code.
-  return std::string("mode=") + mode_name(mode) + ";cudagraphs=" + (cudagraphs ? "1" : "0") +
-         ";autotune=" + (autotune ? "1" : "0");
+  // Dynamic is left out while every policy specialises sizes: the same graph compiles to the same code. Of the
+  // modes, only autotuning would change the code.
+  const bool tunes = autotune || mode == Mode::kMaxAutotune || mode == Mode::kMaxAutotuneNoCudagraphs;
+  return std::string("autotune=") + (tunes ? "1" : "0");
 }
 
 std::string CompileOptions::dump_dir() const {

@@ -3,12 +3,17 @@
 // the Python API (python/kiln/api.py validates them and names the mistakes) through the frame compiler
 // (trace/compile_frame.h) to the pipeline (compile/pipeline.h), which reads them and puts the part that changes
 // generated code into every cache key. Torch-free.
+#include <memory>
 #include <string>
+
+namespace kiln::runtime {
+class CudaGraphPool;  // runtime/cuda_graphs.h
+}
 
 namespace kiln::compile {
 
-/// torch.compile's modes. Only kDefault is implemented: api.py refuses the others until CUDA graphs and
-/// autotuning exist, so no mode is ever accepted and ignored.
+/// torch.compile's modes. kDefault and kReduceOverhead (CUDA graph replay) are implemented; api.py refuses the
+/// max-autotune modes until autotuning exists, so no mode is ever accepted and ignored.
 enum class Mode { kDefault, kReduceOverhead, kMaxAutotune, kMaxAutotuneNoCudagraphs };
 
 /// torch.compile's `dynamic`: None (automatic), False (always specialise), True (symbolic from the first call).
@@ -18,15 +23,23 @@ enum class Dynamic { kAutomatic, kStatic, kDynamic };
 struct CompileOptions {
   Mode mode = Mode::kDefault;
   Dynamic dynamic = Dynamic::kAutomatic;
-  /// options={"cudagraphs": ...} / {"autotune": ...}: only false is accepted until those exist (api.py).
+  /// options={"cudagraphs": True}: what mode="reduce-overhead" does. {"autotune": ...}: only false is accepted until
+  /// autotuning exists (api.py).
   bool cudagraphs = false;
   bool autotune = false;
   /// options={"debug_dir": path}: graphs and generated sources of this compile are written there, as
   /// KILN_DEBUG_DIR does for every compile; empty: KILN_DEBUG_DIR, if set.
   std::string debug_dir;
+  /// The memory pool of the CUDA graphs of one kiln.compile call (runtime/cuda_graphs.h), shared by every copy of
+  /// these options; made by the binding when uses_cudagraphs().
+  std::shared_ptr<runtime::CudaGraphPool> cuda_graph_pool;
+
+  /// True when compiled CUDA graphs replay as CUDA graphs: mode="reduce-overhead" or options={"cudagraphs": True}.
+  bool uses_cudagraphs() const { return cudagraphs || mode == Mode::kReduceOverhead; }
 
   /// The options that change what the pipeline generates, as text for cache keys: two compiles whose options
-  /// differ here never share a cache entry. (debug_dir only adds files, so it is not part of it.)
+  /// differ here never share a cache entry. (debug_dir only adds files, and CUDA graphs only change how the same
+  /// code is launched, so neither is part of it: reduce-overhead finds default's kernels in the cache.)
   std::string cache_key() const;
   /// Where graphs and sources are dumped: debug_dir, else KILN_DEBUG_DIR, else "" (no dumps).
   std::string dump_dir() const;

@@ -32,6 +32,7 @@
 #include "passes/split_addmm.h"
 #include "passes/stage_row_sums.h"
 #include "passes/use_cudnn_batch_norm.h"
+#include "runtime/cuda_graphs.h"
 #include "runtime/eager_interpreter.h"
 #include "runtime/torch_info.h"
 
@@ -125,12 +126,24 @@ std::string plan_counts(const cache::CompiledArtifact& artifact) {
   return std::to_string(artifact.kernels.size()) + " kernels, " + std::to_string(externs) + " extern calls";
 }
 
+// `compiled` replayed as a CUDA graph when the options ask for CUDA graphs and it runs on a CUDA device
+// (runtime/cuda_graphs.h), else `compiled` itself. Graphs on the CPU are not wrapped: their status says why.
+std::shared_ptr<runtime::CompiledGraph> with_cuda_graphs(std::shared_ptr<runtime::CompiledGraph> compiled,
+                                                         const graph::Device& device, const CompileOptions& options,
+                                                         size_t escaping, bool training_half) {
+  if (!options.cuda_graph_pool) return compiled;
+  return runtime::make_cuda_graph_runner(
+      std::move(compiled), options.cuda_graph_pool, escaping,
+      training_half ? (escaping == SIZE_MAX ? "backward graph" : "forward graph") : "graph",
+      device.type == graph::DeviceType::CUDA ? "" : "its tensors are on the CPU (CUDA graphs replay CUDA work only)");
+}
+
 // A lowering's artefact, found in the graph cache when one was stored under the same key, else lowered and stored;
 // then loaded and run by runtime/. `training_half`: the graph is the forward or backward of a compiled training step.
 std::shared_ptr<runtime::CompiledGraph> compile_artifact(std::shared_ptr<const graph::Graph> captured,
                                                          const runtime::ConstantsOf& constants_of,
                                                          const CompileOptions& options, bool training_half,
-                                                         std::vector<std::string> folded) {
+                                                         std::vector<std::string> folded, size_t escaping) {
   const log::Stopwatch started;
   std::string why;
   const graph::Device device = *graph_device(*captured, why);  // checked by unsupported_reason
@@ -152,7 +165,7 @@ std::shared_ptr<runtime::CompiledGraph> compile_artifact(std::shared_ptr<const g
     cache::stats().graph_hits++;
     KILN_LOG(perf) << "kiln backend: found in the graph cache (" << counts << "); read "
                    << log::whole_ms(read_ms) << " ms, compiler or cache " << log::whole_ms(started.ms() - read_ms) << " ms";
-    return compiled;
+    return with_cuda_graphs(std::move(compiled), device, options, escaping, training_half);
   }
   LoweringTimes times;
   cache::CompiledArtifact artifact = lower_graph(*captured, device, options, training_half, times);
@@ -164,7 +177,7 @@ std::shared_ptr<runtime::CompiledGraph> compile_artifact(std::shared_ptr<const g
   KILN_LOG(perf) << "kiln backend: " << counts << "; passes and fusion " << log::whole_ms(times.passes_ms)
                  << " ms, code generation " << log::whole_ms(times.emit_ms) << " ms, compiler or cache "
                  << log::whole_ms(started.ms() - lowered_ms) << " ms";
-  return compiled;
+  return with_cuda_graphs(std::move(compiled), device, options, escaping, training_half);
 }
 
 // A graph whose only in-place ops update inputs that need no grad (BatchNorm's num_batches_tracked): compiled with
@@ -191,7 +204,8 @@ std::shared_ptr<runtime::CompiledGraph> compile_with_buffer_updates(const std::s
   functional->set_outputs(outputs);
   if (passes::verify_enabled()) functional->verify();
   try {
-    auto compiled = compile_artifact(functional, constants_of, options, training_half, {});
+    // The updated values are written back as soon as the graph returns: only the first outputs reach the caller.
+    auto compiled = compile_artifact(functional, constants_of, options, training_half, {}, num_outputs);
     runtime::kiln_backend_stats().graphs_compiled++;
     auto updating = runtime::make_buffer_updating_graph(std::move(compiled), updated, num_outputs);
     return runtime::make_alias_checked_graph(std::move(updating), runtime::make_eager_interpreter(g, constants_of(*g)),
@@ -267,7 +281,8 @@ cache::CompiledArtifact lower_graph(const graph::Graph& captured, const graph::D
 
 std::shared_ptr<runtime::CompiledGraph> compile_kiln_graph(std::shared_ptr<const graph::Graph> g,
                                                            const runtime::ConstantsOf& constants_of,
-                                                           const CompileOptions& options, bool training_half) {
+                                                           const CompileOptions& options, bool training_half,
+                                                           size_t escaping) {
   progress::stage("passes");
   // 1. Functionalize: in-place ops on the graph's own intermediates become functional (passes/functionalize.h).
   bool mutates = false;
@@ -301,9 +316,9 @@ std::shared_ptr<runtime::CompiledGraph> compile_kiln_graph(std::shared_ptr<const
     // again. Anything autodiff does not cover keeps the eager interpreter, which records eager's autograd history
     // op by op.
     try {
-      auto joint = split_for_autodiff(g, [&](std::shared_ptr<const graph::Graph> part) {
+      auto joint = split_for_autodiff(g, [&](std::shared_ptr<const graph::Graph> part, size_t part_escaping) {
         at::AutoGradMode no_grad(false);  // the halves run with grad off: compile them as such
-        return compile_kiln_graph(std::move(part), constants_of, options, /*training_half=*/true);
+        return compile_kiln_graph(std::move(part), constants_of, options, /*training_half=*/true, part_escaping);
       });
       runtime::kiln_backend_stats().graphs_autograd++;
       std::vector<int32_t> updated = joint->updated_inputs();
@@ -321,7 +336,7 @@ std::shared_ptr<runtime::CompiledGraph> compile_kiln_graph(std::shared_ptr<const
   // 4. Lower, or find the artefact in the graph cache; runtime/ loads and runs it.
   if (reason.empty()) {
     try {
-      auto compiled = compile_artifact(g, constants_of, options, training_half, folded);
+      auto compiled = compile_artifact(g, constants_of, options, training_half, folded, escaping);
       runtime::kiln_backend_stats().graphs_compiled++;
       return compiled;
     } catch (const std::exception& e) {
@@ -333,7 +348,10 @@ std::shared_ptr<runtime::CompiledGraph> compile_kiln_graph(std::shared_ptr<const
   runtime::kiln_backend_stats().last_fallback_reason = reason;
   if (needs_autograd(*g)) g = with_cudnn_batch_norm(std::move(g));
   std::vector<at::Tensor> constants = constants_of(*g);
-  return runtime::make_fallback_graph(std::move(g), std::move(constants), std::move(reason), std::move(folded));
+  auto fallback = runtime::make_fallback_graph(std::move(g), std::move(constants), reason, std::move(folded));
+  if (!options.cuda_graph_pool) return fallback;
+  return runtime::make_cuda_graph_runner(std::move(fallback), options.cuda_graph_pool, escaping, "graph",
+                                         "it runs on the eager interpreter (" + reason + ")");
 }
 
 void set_compiled_autograd(bool on) { g_compiled_autograd = on; }

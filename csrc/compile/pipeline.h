@@ -6,6 +6,7 @@
 //   device backend) -> a CompiledArtifact, stored in the graph cache -> runtime/ loads and runs it.
 // Any failure on the way runs the graph on the eager interpreter instead: a compiler problem costs speed, never an
 // answer.
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,10 +22,13 @@ namespace kiln::compile {
 /// Compiles `g` into fused kernels plus extern ATen calls. Graphs it cannot compile (grad mode switched over values
 /// that require grad, devices other than CPU and CUDA) and any failure on the way (no compiler, a compile error) run
 /// on the eager interpreter instead, with one `fallbacks` log line. Call with the GIL held (it is released while
-/// compilers run). `training_half`: `g` is the forward or backward half of a compiled training step.
+/// compilers run). `training_half`: `g` is the forward or backward half of a compiled training step. Under CUDA
+/// graphs (options.uses_cudagraphs()), `escaping` is how many of the first outputs reach the caller (runtime/
+/// cuda_graphs.h); the others stay inside kiln (a training forward's saved values).
 std::shared_ptr<runtime::CompiledGraph> compile_kiln_graph(std::shared_ptr<const graph::Graph> g,
                                                            const runtime::ConstantsOf& constants_of,
-                                                           const CompileOptions& options, bool training_half = false);
+                                                           const CompileOptions& options, bool training_half = false,
+                                                           size_t escaping = SIZE_MAX);
 
 /// Times of one lowering, for KILN_LOGS=perf.
 struct LoweringTimes {

@@ -104,14 +104,14 @@ std::shared_ptr<runtime::AutogradGraph> split_for_autodiff(std::shared_ptr<const
   std::shared_ptr<runtime::CompiledGraph> forward;
   {
     const progress::Part part("forward half");
-    forward = compile_half(joint.forward);
+    forward = compile_half(joint.forward, signature.num_outputs);
   }
   const double forward_ms = forward_started.ms();
   const log::Stopwatch backward_started;
   std::shared_ptr<runtime::CompiledGraph> backward;
   {
     const progress::Part part("backward half");
-    backward = compile_half(joint.backward);
+    backward = compile_half(joint.backward, SIZE_MAX);
   }
   KILN_LOG(perf) << "kiln autograd: forward compiled in " << log::whole_ms(forward_ms) << " ms, backward in "
                  << log::whole_ms(backward_started.ms()) << " ms";

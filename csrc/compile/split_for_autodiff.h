@@ -2,6 +2,7 @@
 // The pipeline's autodiff split (pipeline.h): a captured graph that needs grad becomes a forward graph and a
 // backward graph (autodiff/build_joint_graphs.h, or the joint graphs kept in the graph cache), each compiled as a
 // training half, joined behind one autograd node by runtime/ (runtime/autograd_graph.h).
+#include <cstdint>
 #include <functional>
 #include <memory>
 
@@ -11,8 +12,11 @@
 
 namespace kiln::compile {
 
-/// Compiles one half of the split: a graph that needs no grad.
-using CompileHalf = std::function<std::shared_ptr<runtime::CompiledGraph>(std::shared_ptr<const graph::Graph>)>;
+/// Compiles one half of the split: a graph that needs no grad, of which the first `escaping` outputs reach the caller
+/// (the forward's computed outputs; every gradient of the backward) and the others stay inside kiln (saved values,
+/// buffer updates written back at once).
+using CompileHalf =
+    std::function<std::shared_ptr<runtime::CompiledGraph>(std::shared_ptr<const graph::Graph>, size_t escaping)>;
 
 /// Needs: `g` needs grad. Builds the joint graphs of `g` (asking the running torch for the backward ops' metas:
 /// compile/meta_oracle.h) or reads them from the graph cache, compiles the forward and then the backward with

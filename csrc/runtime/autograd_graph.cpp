@@ -208,6 +208,13 @@ class JointGraph final : public AutogradGraph {
   const CompiledGraph& forward() const override { return *program_->forward; }
   const CompiledGraph& backward() const override { return *program_->backward; }
   std::vector<int32_t> updated_inputs() const override { return program_->signature.updated_inputs; }
+  std::string cudagraph_status() const override {
+    const std::string forward = program_->forward->cudagraph_status();
+    const std::string backward = program_->backward->cudagraph_status();
+    if (forward.empty() && backward.empty()) return "";
+    return "forward: " + (forward.empty() ? std::string("not recorded") : forward) +
+           "; backward: " + (backward.empty() ? std::string("not recorded") : backward);
+  }
 
  private:
   // The captured outputs: the computed ones, with the caller's tensors (or views of them, replayed in the caller's grad

@@ -4,6 +4,7 @@
 // Only Tensor.h-level includes here so that every caller stays cheap to compile.
 #include <ATen/core/Tensor.h>
 
+#include <string>
 #include <vector>
 
 namespace kiln::runtime {
@@ -28,6 +29,12 @@ class CompiledGraph {
   /// True when run() calls back into Python (user backends): the caller then runs it with the frame
   /// hook's compiler suspended, so the backend's own Python is never traced.
   virtual bool reenters_python() const { return false; }
+  /// Under mode="reduce-overhead": whether this graph replays as a CUDA graph (runtime/cuda_graphs.h), for
+  /// kiln.explain: "recorded, 12 replays", "declined: <why>", ...; "" when no CUDA graph was asked for. Wrappers
+  /// report what they wrap; a training graph reports its halves ("forward: ...; backward: ...").
+  virtual std::string cudagraph_status() const { return wrapped() ? wrapped()->cudagraph_status() : ""; }
+  /// The graph this one wraps and runs (a CUDA graph runner's, a buffer-updating wrapper's), or null.
+  virtual const CompiledGraph* wrapped() const { return nullptr; }
 };
 
 }  // namespace kiln::runtime

@@ -294,7 +294,7 @@ class BufferUpdatingGraph final : public CompiledGraph {
     results.resize(num_outputs_);
     return results;
   }
-  const CompiledGraph& inner() const { return *inner_; }
+  const CompiledGraph* wrapped() const override { return inner_.get(); }
 
  private:
   std::shared_ptr<CompiledGraph> inner_;
@@ -317,7 +317,7 @@ class AliasCheckedGraph final : public CompiledGraph {
           return eager_->run(inputs);
     return inner_->run(inputs);
   }
-  const CompiledGraph& inner() const { return *inner_; }
+  const CompiledGraph* wrapped() const override { return inner_.get(); }
 
  private:
   std::shared_ptr<CompiledGraph> inner_;
@@ -389,8 +389,7 @@ KilnBackendStats& kiln_backend_stats() {
 
 const KilnGraphSummary* kiln_graph_summary(const CompiledGraph& compiled) {
   if (const auto* kg = dynamic_cast<const KilnGraph*>(&compiled)) return &kg->summary;
-  if (const auto* updating = dynamic_cast<const BufferUpdatingGraph*>(&compiled)) return kiln_graph_summary(updating->inner());
-  if (const auto* checked = dynamic_cast<const AliasCheckedGraph*>(&compiled)) return kiln_graph_summary(checked->inner());
+  if (const CompiledGraph* inner = compiled.wrapped()) return kiln_graph_summary(*inner);
   const auto* joint = dynamic_cast<const AutogradGraph*>(&compiled);
   if (!joint) return nullptr;
   // One summary for both halves, built on first request and kept with the compiled graph.

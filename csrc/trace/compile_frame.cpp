@@ -103,6 +103,27 @@ PyObject* string_list(const std::vector<std::string>& lines) {
   return list;
 }
 
+// A Python callable answering the compiled graph's cudagraph_status() when called (kiln.explain reads it after the
+// calls it made), or None once the graph is gone.
+PyObject* cudagraph_status_callable(const std::shared_ptr<runtime::CompiledGraph>& compiled) {
+  using Weak = std::weak_ptr<runtime::CompiledGraph>;
+  PyObject* capsule = PyCapsule_New(new Weak(compiled), "kiln.cudagraph_status", [](PyObject* c) {
+    delete static_cast<Weak*>(PyCapsule_GetPointer(c, "kiln.cudagraph_status"));
+  });
+  if (!capsule) return nullptr;
+  static PyMethodDef method = {
+      "cudagraph_status",
+      [](PyObject* self, PyObject*) -> PyObject* {
+        auto graph = static_cast<Weak*>(PyCapsule_GetPointer(self, "kiln.cudagraph_status"))->lock();
+        if (!graph) Py_RETURN_NONE;
+        return PyUnicode_FromString(graph->cudagraph_status().c_str());
+      },
+      METH_NOARGS, nullptr};
+  PyObject* fn = PyCFunction_New(&method, capsule);
+  Py_DECREF(capsule);
+  return fn;
+}
+
 // kiln._tracing.skip_reason(filename): frames of torch, kiln and the standard library are not traced
 // (with trace_all, only kiln's own).
 bool skipped_file(PyCodeObject* code, bool trace_all) {
@@ -501,6 +522,7 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
     auto compiled = compile::compile_graph_object(traced.graph, options_.backend, traced.example_inputs,
                                                   options_.user_backend, options_.compile);
     const double backend_ms = backend_started.ms();
+    PyObject* cudagraphs = options_.explain_sink ? cudagraph_status_callable(compiled) : nullptr;
     // The program is created before the code that calls it; the code passes arguments then free vars.
     PyObject* program = nullptr;
     {
@@ -551,8 +573,12 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
         PyErr_Clear();
         ops = PyList_New(0);
       }
-      explain("graph", Py_BuildValue("{s:N,s:N,s:s}", "ops", ops, "guards", string_list(tree->describe()), "where",
-                                     entry->label.c_str()));
+      if (!cudagraphs) {
+        PyErr_Clear();
+        cudagraphs = Py_NewRef(Py_None);
+      }
+      explain("graph", Py_BuildValue("{s:N,s:N,s:s,s:N}", "ops", ops, "guards", string_list(tree->describe()), "where",
+                                     entry->label.c_str(), "cudagraphs", cudagraphs));
     }
     entry->guard = std::move(guard);
     result.action = frame::MissAction::kAddEntry;

@@ -12,8 +12,7 @@ from kiln.errors import KilnError
 _MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # Modes torch.compile has and kiln does not implement yet: refused rather than accepted and ignored.
 _MODES_NOT_YET = {
-    "reduce-overhead": "CUDA graph replay",
-    "max-autotune": "autotuning (and CUDA graph replay)",
+    "max-autotune": "autotuning",
     "max-autotune-no-cudagraphs": "autotuning",
 }
 
@@ -21,10 +20,10 @@ _MODES_NOT_YET = {
 _OPTIONS = {
     "debug_dir": (str, "directory where this compile's graphs and generated sources are written, as KILN_DEBUG_DIR "
                        "does for every compile"),
-    "cudagraphs": (bool, "replay compiled graphs as CUDA graphs (not implemented yet: only False is accepted)"),
+    "cudagraphs": (bool, "replay compiled CUDA graphs as CUDA graphs, as mode='reduce-overhead' does"),
     "autotune": (bool, "tune kernel and library choices (not implemented yet: only False is accepted)"),
 }
-_OPTIONS_NOT_YET = ("cudagraphs", "autotune")
+_OPTIONS_NOT_YET = ("autotune",)
 
 
 def _check_compile_arguments(mode, dynamic, options):
@@ -36,7 +35,7 @@ def _check_compile_arguments(mode, dynamic, options):
         raise KilnError(f"unknown mode {mode!r}; choose one of {', '.join(_MODES)}")
     if mode in _MODES_NOT_YET:
         raise KilnError(f"mode={mode!r} needs {_MODES_NOT_YET[mode]}, which kiln does not implement yet; "
-                        "use mode='default' (the same results)")
+                        "use mode='default' or 'reduce-overhead' (the same results)")
     if dynamic not in (None, True, False):
         raise KilnError(f"dynamic must be None, True or False, got {dynamic!r}")
     if options is None:
@@ -138,7 +137,8 @@ def _new_plain(cls):
 def compile(model=None, *, mode=None, dynamic=None, fullgraph=False, backend="kiln", options=None, disable=False):
     """Compile a function or an nn.Module. Also usable as @kiln.compile or @kiln.compile(...).
 
-    The arguments are torch.compile's: `mode` (None or "default"; the others raise until kiln implements them),
+    The arguments are torch.compile's: `mode` (None, "default" or "reduce-overhead", which replays CUDA graphs; the
+    max-autotune modes raise until kiln implements them),
     `dynamic` (None, False or True: sizes are specialised under every policy for now, and True warns), `fullgraph`
     (a graph break raises), `backend` (a registered name or a callable(graph, example_inputs)), `options` (a dict
     of the keys in kiln.api._OPTIONS) and `disable` (return `model` unchanged)."""
@@ -173,8 +173,11 @@ def reset():
 
 def stats():
     """Counters since the last reset: frames_compiled, cache_hits, recompiles, graph_breaks, fallbacks,
-    guard_snapshot_hits (guard checks answered by a snapshot of the module tree's dicts) and guard_snapshots_stale
-    (snapshots dropped because one of those dicts changed)."""
+    guard_snapshot_hits (guard checks answered by a snapshot of the module tree's dicts), guard_snapshots_stale
+    (snapshots dropped because one of those dicts changed), and under CUDA graphs (mode="reduce-overhead"):
+    cudagraph_recordings, cudagraph_replays, cudagraph_unrecorded_runs (calls of a recorded graph that ran unrecorded
+    because memory it writes was still referenced), cudagraph_declined (graphs never recorded) and
+    cudagraph_last_decline_reason."""
     return dict(_C.stats())
 
 
@@ -192,6 +195,13 @@ class ExplainOutput:
         self.break_reasons = [r["reason"] for r in self.breaks]
         self.graph_break_count = len(self.break_reasons)
         self.recompile_reasons = [r for kind, r in records if kind == "recompile"]
+        self._cudagraph_status = [g.get("cudagraphs") for g in graphs]
+
+    @property
+    def cudagraphs(self):
+        """Per graph, under CUDA graphs (mode="reduce-overhead"): whether it replays as a CUDA graph, as it stands now
+        ("waiting for its warm-up call", "recorded (...)", "declined: <why>"); "" when CUDA graphs were not asked for."""
+        return [(status() or "") if status is not None else "" for status in self._cudagraph_status]
 
     def __repr__(self):
         lines = [f"graphs: {self.graph_count}, graph breaks: {self.graph_break_count}"]
@@ -202,14 +212,17 @@ class ExplainOutput:
         return "\n".join(lines)
 
 
-def explain(fn, *, backend="eager"):
-    """kiln.explain(fn)(*args) -> ExplainOutput. Compiles afresh, runs once, reports."""
+def explain(fn, *, backend="eager", mode=None, options=None):
+    """kiln.explain(fn)(*args) -> ExplainOutput. Compiles afresh, runs once, reports. `mode` and `options` are
+    kiln.compile's (with mode="reduce-overhead", ExplainOutput.cudagraphs says what became of each graph's CUDA graph
+    when it is read)."""
+    _check_compile_arguments(mode, None, options)
     if isinstance(fn, nn.Module):
         fn = _original_module(fn)
 
     def run(*args, **kwargs):
         records = []
-        compiler = _make_compiler(fn, backend, False, explain_sink=records)
+        compiler = _make_compiler(fn, backend, False, explain_sink=records, mode=mode, options=options)
         target = type(fn).__call__ if isinstance(fn, nn.Module) else fn
         call_args = (fn,) + args if isinstance(fn, nn.Module) else args
         _run_compiled(compiler, target, call_args, kwargs)
