@@ -487,7 +487,8 @@ int64_t Expr::evaluate(const Bindings& bindings) const {
       int64_t total = node_->value;
       for (const Term& t : node_->terms) {
         int64_t product = t.coefficient;
-        for (const Factor& f : t.factors) product = mul_checked(product, power_checked(f.atom.evaluate(bindings), f.exponent));
+        for (const Factor& f : t.factors)
+          product = mul_checked(product, power_checked(f.atom.evaluate(bindings), f.exponent));
         total = add_checked(total, product);
       }
       return total;
@@ -508,6 +509,9 @@ int64_t Expr::evaluate(const Bindings& bindings) const {
 }
 
 Expr rewrite_atoms(const Expr& e, const std::function<Expr(const Expr& atom)>& rewrite) {
+  // What the constructors make of the rebuilt arguments is rewritten only while it is still such an atom: a
+  // symbol they return (floordiv(s1*2, 2) -> s1) was rewritten already, as a leaf.
+  auto rewrite_rebuilt = [&](const Expr& rebuilt) { return rebuilt.kind() == e.kind() ? rewrite(rebuilt) : rebuilt; };
   switch (e.kind()) {
     case ExprKind::kConstant: return e;
     case ExprKind::kSymbol: return rewrite(e);
@@ -524,13 +528,14 @@ Expr rewrite_atoms(const Expr& e, const std::function<Expr(const Expr& atom)>& r
       return total;
     }
     case ExprKind::kFloorDiv:
-      return rewrite(floordiv(rewrite_atoms(e.args()[0], rewrite), rewrite_atoms(e.args()[1], rewrite)));
-    case ExprKind::kMod: return rewrite(mod(rewrite_atoms(e.args()[0], rewrite), rewrite_atoms(e.args()[1], rewrite)));
+      return rewrite_rebuilt(floordiv(rewrite_atoms(e.args()[0], rewrite), rewrite_atoms(e.args()[1], rewrite)));
+    case ExprKind::kMod:
+      return rewrite_rebuilt(mod(rewrite_atoms(e.args()[0], rewrite), rewrite_atoms(e.args()[1], rewrite)));
     case ExprKind::kMin:
     case ExprKind::kMax: {
       std::vector<Expr> args;
       for (const Expr& a : e.args()) args.push_back(rewrite_atoms(a, rewrite));
-      return rewrite(min_or_max(e.kind(), args));
+      return rewrite_rebuilt(min_or_max(e.kind(), args));
     }
   }
   KILN_ASSERT(false) << "unknown expression kind " << static_cast<int>(e.kind());

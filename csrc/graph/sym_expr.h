@@ -129,9 +129,10 @@ Expr max(const Expr& a, const Expr& b);
 Expr min(const std::vector<Expr>& args);
 Expr max(const std::vector<Expr>& args);
 
-/// e rebuilt bottom-up through the constructors, `rewrite` applied to each symbol and to each floordiv, mod, min
-/// and max once its arguments are rebuilt (it then sees what the constructor made of them, which may no longer be
-/// an atom). substitute() and SizeFacts::simplify() are this with different rewrites.
+/// e rebuilt bottom-up through the constructors, `rewrite` applied to each symbol of e and to each floordiv, mod,
+/// min and max once its arguments are rebuilt, if the constructor still made one of the same kind of them (a
+/// symbol the constructor returns, as floordiv(s1*2, 2) -> s1, is not rewritten twice). substitute() and
+/// SizeFacts::simplify() are this with different rewrites.
 Expr rewrite_atoms(const Expr& e, const std::function<Expr(const Expr& atom)>& rewrite);
 
 /// Python's // and % on int64 (b != 0; the one overflowing case, INT64_MIN // -1, throws kiln::Error).

@@ -121,7 +121,8 @@ class Bounder {
         Range r = of(e.args()[0]);
         for (size_t i = 1; i < e.args().size(); ++i) {
           Range a = of(e.args()[i]);
-          r = is_min ? Range{std::min(r.lo, a.lo), std::min(r.hi, a.hi)} : Range{std::max(r.lo, a.lo), std::max(r.hi, a.hi)};
+          r = is_min ? Range{std::min(r.lo, a.lo), std::min(r.hi, a.hi)}
+                     : Range{std::max(r.lo, a.lo), std::max(r.hi, a.hi)};
         }
         return r;
       }
@@ -137,7 +138,8 @@ class Bounder {
       const Expr::Term& t = e.terms()[i];
       const Expr& atom = t.factors[0].atom;
       bool is_min_max = atom.kind() == ExprKind::kMin || atom.kind() == ExprKind::kMax;
-      if (!is_min_max || t.factors.size() != 1 || t.factors[0].exponent != 1 || (t.coefficient != 1 && t.coefficient != -1))
+      if (!is_min_max || t.factors.size() != 1 || t.factors[0].exponent != 1 ||
+          (t.coefficient != 1 && t.coefficient != -1))
         continue;
       --distributions_left_;
       Expr rest = e - t.coefficient * atom;
@@ -146,6 +148,23 @@ class Bounder {
       bool is_min = (atom.kind() == ExprKind::kMin) == (t.coefficient == 1);
       return of(is_min ? min(moved) : max(moved));
     }
+    // c + x*q bounds tighter than the terms one by one (x*(a + b) lies within x*a + x*b): s0*s1 - s0 is
+    // s0*(s1 - 1), >= 0 where s1 >= 1.
+    if (std::optional<Expr> x = common_atom(e)) {
+      Expr q = 0;
+      for (const Expr::Term& t : e.terms()) {
+        Expr product = t.coefficient;
+        bool divided = false;
+        for (const Expr::Factor& f : t.factors)
+          for (int64_t i = 0; i < f.exponent; ++i) {
+            if (!divided && f.atom == *x) divided = true;
+            else product = product * f.atom;
+          }
+        q = q + product;
+      }
+      Range xq = multiply(of(*x), of(q));
+      return {add_lo(e.sum_constant(), xq.lo), add_hi(e.sum_constant(), xq.hi)};
+    }
     Range total{e.sum_constant(), e.sum_constant()};
     for (const Expr::Term& t : e.terms()) {
       Range product{t.coefficient, t.coefficient};
@@ -153,6 +172,18 @@ class Bounder {
       total = {add_lo(total.lo, product.lo), add_hi(total.hi, product.hi)};
     }
     return total;
+  }
+
+  // An atom that is a factor of every term of a sum of two or more terms.
+  static std::optional<Expr> common_atom(const Expr& e) {
+    if (e.terms().size() < 2) return std::nullopt;
+    for (const Expr::Factor& f : e.terms()[0].factors) {
+      bool everywhere = std::all_of(e.terms().begin() + 1, e.terms().end(), [&](const Expr::Term& t) {
+        return std::any_of(t.factors.begin(), t.factors.end(), [&](const Expr::Factor& g) { return g.atom == f.atom; });
+      });
+      if (everywhere) return f.atom;
+    }
+    return std::nullopt;
   }
 
   std::function<Range(SymbolId)> symbol_range_;
@@ -239,52 +270,84 @@ Expr SizeFacts::expand_divisors(const Expr& e) const {
   Substitution multiples;
   for (const Expr& s : e.free_symbols()) {
     int64_t d = s.symbol_id() >= 0 ? divisor(s.symbol_id()) : 1;
-    if (d > 1) multiples[s.symbol_id()] = d * Expr::symbol(-1 - s.symbol_id(), s.symbol_name() + "/" + std::to_string(d));
+    if (d > 1)
+      multiples[s.symbol_id()] = d * Expr::symbol(-1 - s.symbol_id(), s.symbol_name() + "/" + std::to_string(d));
   }
   return e.substitute(multiples);
 }
 
+Range SizeFacts::bounds_of_expanded(const Expr& e) const {
+  return Bounder([this](SymbolId id) { return symbol_range(id); }).of(e);
+}
+
+namespace {
+// Building the expressions a query looks at can fail (a divisor the facts make 0 everywhere, an int64 overflow):
+// the query then knows nothing.
+template <typename Query, typename Answer>
+Answer or_unknown(const Query& query, Answer unknown) {
+  try {
+    return query();
+  } catch (const kiln::Error&) {
+    return unknown;
+  }
+}
+}  // namespace
+
 Range SizeFacts::bounds(const Expr& e) const {
-  return Bounder([this](SymbolId id) { return symbol_range(id); }).of(expand_divisors(e));
+  return or_unknown([&] { return bounds_of_expanded(expand_divisors(e)); }, kEverything);
 }
 
 Truth SizeFacts::prove_le(const Expr& a, const Expr& b) const {
-  Range d = bounds(b - a);
-  if (d.lo != kNegInf && d.lo >= 0) return Truth::kTrue;
-  if (d.hi != kPosInf && d.hi < 0) return Truth::kFalse;
-  return Truth::kUnknown;
+  return or_unknown(
+      [&] {
+        Range d = bounds_of_expanded(expand_divisors(b - a));
+        if (d.lo != kNegInf && d.lo >= 0) return Truth::kTrue;
+        if (d.hi != kPosInf && d.hi < 0) return Truth::kFalse;
+        return Truth::kUnknown;
+      },
+      Truth::kUnknown);
 }
 
-Truth SizeFacts::prove_lt(const Expr& a, const Expr& b) const { return prove_le(a + 1, b); }
+Truth SizeFacts::prove_lt(const Expr& a, const Expr& b) const {
+  return or_unknown([&] { return prove_le(a + 1, b); }, Truth::kUnknown);
+}
 
 Truth SizeFacts::prove_nonneg(const Expr& a) const { return prove_le(0, a); }
 
 Truth SizeFacts::prove_eq(const Expr& a, const Expr& b) const {
-  Expr d = expand_divisors(a - b);
-  if (d.is_constant()) return truth(d.constant_value() == 0);
-  // Integer monomials: when g divides every coefficient but not the constant, d is never 0.
-  int64_t g = 0;
-  for (const Expr::Term& t : d.terms()) g = std::gcd(g, t.coefficient);
-  if (g > 1 && d.sum_constant() % g != 0) return Truth::kFalse;
-  Range r = Bounder([this](SymbolId id) { return symbol_range(id); }).of(d);
-  if ((r.lo != kNegInf && r.lo > 0) || (r.hi != kPosInf && r.hi < 0)) return Truth::kFalse;
-  if (r.lo == 0 && r.hi == 0) return Truth::kTrue;
-  return Truth::kUnknown;
+  return or_unknown(
+      [&] {
+        Expr d = expand_divisors(a - b);
+        if (d.is_constant()) return truth(d.constant_value() == 0);
+        // Integer monomials: when g divides every coefficient but not the constant, d is never 0.
+        int64_t g = 0;
+        for (const Expr::Term& t : d.terms()) g = std::gcd(g, t.coefficient);
+        if (g > 1 && d.sum_constant() % g != 0) return Truth::kFalse;
+        Range r = bounds_of_expanded(d);
+        if ((r.lo != kNegInf && r.lo > 0) || (r.hi != kPosInf && r.hi < 0)) return Truth::kFalse;
+        if (r.lo == 0 && r.hi == 0) return Truth::kTrue;
+        return Truth::kUnknown;
+      },
+      Truth::kUnknown);
 }
 
 Truth SizeFacts::prove_divisible(const Expr& a, int64_t k) const {
   KILN_CHECK(k != 0) << "prove_divisible(" << a.to_string() << ", 0): divisibility by zero";
   if (k == 1 || k == -1) return Truth::kTrue;
-  Expr remainder = mod(expand_divisors(a), k < 0 ? -k : k);
-  if (remainder.is_constant()) return truth(remainder.constant_value() == 0);
-  Range r = Bounder([this](SymbolId id) { return symbol_range(id); }).of(remainder);
-  if (r.lo >= 1) return Truth::kFalse;
-  if (r.lo == 0 && r.hi == 0) return Truth::kTrue;
-  return Truth::kUnknown;
+  return or_unknown(
+      [&] {
+        Expr remainder = mod(expand_divisors(a), k < 0 ? -k : k);
+        if (remainder.is_constant()) return truth(remainder.constant_value() == 0);
+        Range r = bounds_of_expanded(remainder);
+        if (r.lo >= 1) return Truth::kFalse;
+        if (r.lo == 0 && r.hi == 0) return Truth::kTrue;
+        return Truth::kUnknown;
+      },
+      Truth::kUnknown);
 }
 
 Expr SizeFacts::simplify(const Expr& e) const {
-  return rewrite_atoms(e, [this](const Expr& x) -> Expr {
+  auto decide = [this](const Expr& x) -> Expr {
     switch (x.kind()) {
       case ExprKind::kFloorDiv:  // 0 <= a < b
         if (prove_le(0, x.args()[0]) == Truth::kTrue && prove_lt(x.args()[0], x.args()[1]) == Truth::kTrue) return 0;
@@ -322,7 +385,16 @@ Expr SizeFacts::simplify(const Expr& e) const {
       if (r.is_constant()) return r.lo;
     }
     return x;
-  });
+  };
+  // A constructor can turn a decided atom's parent into a sum with new atoms (floordiv(s2 + 16, 16) -> 1 +
+  // floordiv(s2, 16)), which the next round decides.
+  Expr out = e;
+  for (int round = 0; round < 4; ++round) {
+    Expr next = rewrite_atoms(out, decide);
+    if (next == out) break;
+    out = next;
+  }
+  return out;
 }
 
 bool SizeFacts::allows(const Bindings& bindings) const {

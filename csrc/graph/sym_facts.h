@@ -62,6 +62,8 @@ class SizeFacts {
   Truth prove_nonneg(const Expr& a) const;
   /// Whether a is a multiple of k (k != 0).
   Truth prove_divisible(const Expr& a, int64_t k) const;
+  /// (The queries answer kUnknown, and bounds() everything, where building the expressions they compare fails:
+  /// a divisor the facts make 0 for every binding, an int64 overflow.)
   /// e with each floordiv, mod, min and max that the facts decide replaced (min(s0, 16) -> 16 when s0 >= 16,
   /// mod(s0, 8) -> 0 when 8 divides s0, floordiv(s0, 64) -> 0 when s0 < 64), and any atom of constant bounds
   /// folded.
@@ -79,6 +81,7 @@ class SizeFacts {
   // Replaces each symbol known to be a multiple of d > 1 by d * t, t a symbol of id -1 - id.
   Expr expand_divisors(const Expr& e) const;
   Range symbol_range(SymbolId id) const;
+  Range bounds_of_expanded(const Expr& e) const;
 
   std::map<SymbolId, SymbolFacts> symbols_;
   SymbolId next_id_ = 0;

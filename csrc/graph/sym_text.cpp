@@ -49,9 +49,12 @@ std::pair<std::string, bool> write_atom(const Expr& e, const Style& s) {
       const Expr& a = e.args()[0];
       const Expr& b = e.args()[1];
       bool nonneg = s.facts ? s.facts->prove_nonneg(a) == Truth::kTrue : bounds(a).lo >= 0;
-      if (!(b.is_constant() && b.constant_value() > 0 && nonneg)) return {write_call(std::string("kiln_") + name, e.args(), s), false};
+      if (!(b.is_constant() && b.constant_value() > 0 && nonneg))
+        return {write_call(std::string("kiln_") + name, e.args(), s), false};
       std::string dividend = write(a, s);
-      if (a.kind() == ExprKind::kSum) dividend = "(" + dividend + ")";
+      // A lone product needs none: s0*4 / 3 is (s0*4) / 3 in C.
+      bool lone_product = a.kind() != ExprKind::kSum || (a.terms().size() == 1 && a.sum_constant() == 0);
+      if (!lone_product) dividend = "(" + dividend + ")";
       return {dividend + (e.kind() == ExprKind::kFloorDiv ? " / " : " % ") + literal(b.constant_value(), s), true};
     }
     case ExprKind::kMin:

@@ -347,6 +347,15 @@ TEST_CASE("random trees: the canonical form evaluates like the tree", "[sym]") {
   CHECK(compared > 100000);
 }
 
+TEST_CASE("substitution replaces each symbol once", "[sym]") {
+  // floordiv(s1*2, 2) is s1 again, which must not be replaced a second time.
+  CHECK(max(s1, floordiv(s1, 2)).substitute({{1, s1 * 2}}) == max(s1 * 2, s1));
+  CHECK((s0 + s1).substitute({{0, s1}, {1, s0}}) == s0 + s1);
+  CHECK((s0 * s1).substitute({{1, Expr(3)}}) == s0 * 3);
+  CHECK(floordiv(s0, s1).substitute({{1, Expr(4)}}) == floordiv(s0, 4));
+  CHECK_THROWS_AS(floordiv(s0, s1).substitute({{1, Expr(0)}}), kiln::Error);
+}
+
 TEST_CASE("random trees: substitution commutes with evaluation", "[sym]") {
   TreeMaker maker{std::mt19937_64(99)};
   std::mt19937_64 rng(3);
@@ -405,3 +414,234 @@ TEST_CASE("random trees: algebraic identities hold structurally", "[sym]") {
     CHECK(mod(mod(p, 12) * 5 + p, 4) == mod(p * 6, 4));
   }
 }
+
+// ---- SizeFacts ----
+
+TEST_CASE("size facts: ranges, divisors and bounds", "[sym]") {
+  SizeFacts facts;
+  Expr a = facts.new_symbol();  // s0 in [2, inf)
+  Expr b = facts.new_symbol();  // s1
+  Expr c = facts.new_symbol({0, 15});
+  CHECK(a == s0);
+  CHECK(b == s1);
+  CHECK(c.symbol_name() == "s2");
+  CHECK(facts.range(0) == SizeFacts::kDynamicSizeRange);
+  CHECK(facts.range(7) == Range{});  // never declared: unconstrained
+  CHECK(facts.bounds(c * 2 + 1) == Range{1, 31});
+  CHECK(facts.bounds(-c) == Range{-15, 0});
+  CHECK(facts.bounds(floordiv(c, 4)) == Range{0, 3});
+  CHECK(facts.bounds(mod(a, 8)) == Range{0, 7});
+  CHECK(facts.bounds(mod(c, 32)) == Range{0, 15});
+  CHECK(facts.bounds(a * b) == Range{4, Range::kPosInf});
+  CHECK(facts.bounds(min(a, 16)) == Range{2, 16});
+  CHECK(facts.bounds(max(c, a)) == Range{2, Range::kPosInf});
+  CHECK(facts.bounds(c - 20) == Range{-20, -5});
+  CHECK(facts.bounds(floordiv(c - 20, 3)) == Range{-7, -2});
+  CHECK(facts.bounds(floordiv(c, a)) == Range{0, 7});
+  CHECK(facts.bounds(s0 * s0 - 10) == Range{-6, Range::kPosInf});
+  CHECK(bounds(s0 * s0) == Range{0, Range::kPosInf});
+  CHECK(bounds(s0 * s0 * s0) == Range{});
+  CHECK(bounds(mod(s0, -4)) == Range{-3, 0});
+  CHECK(Range{2, Range::kPosInf}.to_string() == "[2, inf)");
+  CHECK(Range{}.to_string() == "(-inf, inf)");
+  facts.add_divisor(b, 4);
+  facts.add_divisor(b, 6);
+  CHECK(facts.divisor(1) == 12);
+  CHECK(facts.bounds(b) == Range{12, Range::kPosInf});
+  CHECK(facts.allows({{0, 2}, {1, 24}, {2, 15}}));
+  CHECK_FALSE(facts.allows({{0, 2}, {1, 20}, {2, 15}}));
+  CHECK_FALSE(facts.allows({{0, 1}, {1, 24}, {2, 15}}));
+  CHECK_FALSE(facts.allows({{0, 2}, {1, 24}}));
+  CHECK_THROWS_AS(facts.set_range(s0 + 1, {}), kiln::Error);
+  CHECK_THROWS_AS(facts.set_range(s0, {5, 4}), kiln::Error);
+  CHECK_THROWS_AS(facts.add_divisor(s0, 0), kiln::Error);
+}
+
+TEST_CASE("size facts: what the prover shows", "[sym]") {
+  SizeFacts facts;
+  Expr a = facts.new_symbol();           // s0 >= 2
+  Expr b = facts.new_symbol();           // s1 >= 2, a multiple of 8
+  Expr c = facts.new_symbol({0, 15});    // s2 in [0, 15]
+  facts.add_divisor(b, 8);
+  using T = Truth;
+  CHECK(facts.prove_le(a, a * b) == T::kTrue);
+  CHECK(facts.prove_lt(a, a * 2) == T::kTrue);
+  CHECK(facts.prove_nonneg(a - 2) == T::kTrue);
+  CHECK(facts.prove_lt(a, 2) == T::kFalse);
+  CHECK(facts.prove_le(a, 2) == T::kUnknown);
+  CHECK(facts.prove_eq(a, 1) == T::kFalse);
+  CHECK(facts.prove_eq(a, b) == T::kUnknown);
+  CHECK(facts.prove_eq(a + b, b + a) == T::kTrue);
+  CHECK(facts.prove_le(min(a, 16), a) == T::kTrue);
+  CHECK(facts.prove_le(min(a, 16), 16) == T::kTrue);
+  CHECK(facts.prove_le(a, max(a, c)) == T::kTrue);
+  CHECK(facts.prove_lt(c, 16) == T::kTrue);
+  CHECK(facts.prove_lt(c, a) == T::kUnknown);
+  CHECK(facts.prove_lt(c, b) == T::kUnknown);   // b is a multiple of 8, so >= 8; c may be 15
+  CHECK(facts.prove_lt(c, b * 2) == T::kTrue);
+  CHECK(facts.prove_divisible(b, 4) == T::kTrue);
+  CHECK(facts.prove_divisible(b * 3 + 4, 4) == T::kTrue);
+  CHECK(facts.prove_divisible(b + 2, 4) == T::kFalse);
+  CHECK(facts.prove_divisible(a, 2) == T::kUnknown);
+  CHECK(facts.prove_divisible(a * 6, -3) == T::kTrue);
+  CHECK(facts.prove_divisible(a * b, 8) == T::kTrue);
+  CHECK(facts.prove_eq(mod(b, 8), 0) == T::kTrue);
+  CHECK(facts.prove_eq(floordiv(b, 8) * 8, b) == T::kTrue);
+  CHECK(facts.prove_eq(a * 2, c * 2 + 1) == T::kFalse);  // even != odd
+  CHECK(facts.prove_eq(b, a * 8 + 4) == T::kFalse);
+  CHECK(facts.bounds(b) == Range{8, Range::kPosInf});
+  CHECK_THROWS_AS(facts.prove_divisible(a, 0), kiln::Error);
+  CHECK(std::string(truth_name(T::kUnknown)) == "unknown");
+}
+
+TEST_CASE("size facts: simplify decides atoms", "[sym]") {
+  SizeFacts facts;
+  Expr big = facts.new_symbol({16, Range::kPosInf});
+  Expr m8 = facts.new_symbol();
+  facts.add_divisor(m8, 8);
+  Expr small = facts.new_symbol({0, 15});
+  CHECK(facts.simplify(min(big, 16)) == 16);
+  CHECK(facts.simplify(max(big, 16)) == big);
+  CHECK(facts.simplify(mod(m8, 8)) == 0);
+  CHECK(facts.simplify(mod(m8 * 3 + 2, 4)) == 2);
+  CHECK(facts.simplify(floordiv(small, 16)) == 0);
+  CHECK(facts.simplify(mod(small, 16)) == small);
+  CHECK(facts.simplify(mod(small, big)) == small);
+  CHECK(facts.simplify(floordiv(small, big)) == 0);
+  CHECK(facts.simplify(min({big, small, m8})) == min(small, m8));
+  CHECK(facts.simplify(big + min(small, 20) * 2) == big + small * 2);
+  CHECK(facts.simplify(min(big, m8)) == min(big, m8));
+  CHECK(facts.simplify(floordiv(min(small, 20) + 16, 16)) == 1);
+}
+
+TEST_CASE("random facts: proofs, bounds and simplify never contradict evaluation", "[sym]") {
+  std::mt19937_64 rng(11);
+  TreeMaker maker{std::mt19937_64(12)};
+  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  int proven = 0, disproven = 0, checked = 0;
+  for (int round = 0; round < 400; ++round) {
+    SizeFacts facts;
+    std::vector<std::vector<int64_t>> allowed(3);  // the values sampled per symbol: within [-30, 30]
+    for (SymbolId id = 0; id < 3; ++id) {
+      int64_t lo = pick(0, 6) == 0 ? Range::kNegInf : (pick(0, 2) == 0 ? 2 : pick(-6, 6));
+      int64_t hi = pick(0, 2) == 0 ? Range::kPosInf : (lo == Range::kNegInf ? pick(-6, 6) : lo + pick(0, 14));
+      static const int64_t kDivisors[] = {1, 1, 1, 2, 3, 4, 8};
+      int64_t d = kDivisors[pick(0, 6)];
+      Expr s = Expr::symbol(id, "s" + std::to_string(id));
+      facts.set_range(s, {lo, hi});
+      if (d > 1) facts.add_divisor(s, d);
+      for (int64_t v = -30; v <= 30; ++v)
+        if (Range{lo, hi}.contains(v) && v % d == 0) allowed[id].push_back(v);
+    }
+    if (std::any_of(allowed.begin(), allowed.end(), [](const auto& v) { return v.empty(); })) continue;
+    std::vector<Bindings> samples;
+    for (int i = 0; i < 120; ++i) {
+      Bindings b;
+      for (SymbolId id = 0; id < 3; ++id) b[id] = allowed[id][pick(0, static_cast<int64_t>(allowed[id].size()) - 1)];
+      samples.push_back(b);
+    }
+    for (int pair = 0; pair < 12; ++pair) {
+      Sample x = maker.sample(1 + pair % 4), y = maker.sample(1 + (pair / 4) % 3);
+      int64_t k = pick(2, 6);
+      Truth le = facts.prove_le(x.expr, y.expr), lt = facts.prove_lt(x.expr, y.expr);
+      Truth eq = facts.prove_eq(x.expr, y.expr), nonneg = facts.prove_nonneg(x.expr);
+      Truth divisible = facts.prove_divisible(x.expr, k);
+      Range range = facts.bounds(x.expr);
+      Expr simple = x.expr;
+      try {
+        simple = facts.simplify(x.expr);
+      } catch (const kiln::Error&) {
+        // a divisor the facts show to be 0
+      }
+      INFO("x = " << x.expr.to_string() << ", y = " << y.expr.to_string() << ", k = " << k << ", x simplified "
+                  << simple.to_string() << ", bounds " << range.to_string());
+      for (Truth t : {le, lt, eq, nonneg, divisible}) {
+        proven += t == Truth::kTrue;
+        disproven += t == Truth::kFalse;
+      }
+      for (const Bindings& b : samples) {
+        auto vx = reference_eval(x.tree, b), vy = reference_eval(y.tree, b);
+        if (!vx) continue;
+        INFO("s0 = " << b.at(0) << ", s1 = " << b.at(1) << ", s2 = " << b.at(2));
+        REQUIRE(range.contains(static_cast<int64_t>(*vx)));
+        REQUIRE(try_evaluate(simple, b) == std::optional<int64_t>(static_cast<int64_t>(*vx)));
+        if (nonneg != Truth::kUnknown) REQUIRE((nonneg == Truth::kTrue) == (*vx >= 0));
+        if (divisible != Truth::kUnknown) REQUIRE((divisible == Truth::kTrue) == (*vx % k == 0));
+        ++checked;
+        if (!vy) continue;
+        if (le != Truth::kUnknown) REQUIRE((le == Truth::kTrue) == (*vx <= *vy));
+        if (lt != Truth::kUnknown) REQUIRE((lt == Truth::kTrue) == (*vx < *vy));
+        if (eq != Truth::kUnknown) REQUIRE((eq == Truth::kTrue) == (*vx == *vy));
+      }
+    }
+  }
+  CHECK(checked > 100000);
+  CHECK(proven > 1000);
+  CHECK(disproven > 500);
+}
+
+// ---- C and JSON ----
+
+TEST_CASE("to_c spells helpers, and plain / and % where the dividend is provably >= 0", "[sym]") {
+  SizeFacts facts;
+  facts.new_symbol();
+  facts.new_symbol();
+  CHECK(to_c(s0 * 4 + 2) == "s0*4 + 2");
+  CHECK(to_c(floordiv(s0, 2)) == "kiln_floordiv(s0, 2)");
+  CHECK(to_c(floordiv(s0, 2), nullptr, &facts) == "s0 / 2");
+  CHECK(to_c(mod(s0 + s1, 8), nullptr, &facts) == "(s0 + s1) % 8");
+  CHECK(to_c(mod(s0 - s1, 8), nullptr, &facts) == "(s0 + s1*7) % 8");  // the canonical dividend is >= 0
+  CHECK(to_c(mod(s0 + s2, 8), nullptr, &facts) == "kiln_mod(s0 + s2, 8)");  // s2 is unconstrained
+  CHECK(to_c(s1 * floordiv(s0, 2) * 3, nullptr, &facts) == "s1*(s0 / 2)*3");
+  CHECK(to_c(s1 - floordiv(s0, 2), nullptr, &facts) == "s1 - (s0 / 2)");
+  CHECK(to_c(floordiv(s0, 2) + 1, nullptr, &facts) == "s0 / 2 + 1");
+  CHECK(to_c(floordiv(s0 * s0, 3)) == "s0*s0 / 3");  // an even power is >= 0 without facts
+  CHECK(to_c(floordiv(s0, s1), nullptr, &facts) == "kiln_floordiv(s0, s1)");
+  CHECK(to_c(min({s0, s1, 16})) == "kiln_min(s0, kiln_min(s1, 16))");
+  CHECK(to_c(max(s0, 1)) == "kiln_max(s0, 1)");
+  CHECK(to_c(s0 * s0 * 3 - 1) == "s0*s0*3 - 1");
+  CHECK(to_c(s0 + 5000000000) == "s0 + 5000000000LL");
+  CHECK(to_c(s0 * -5000000000) == "-s0*5000000000LL");
+  CHECK(to_c(Expr(INT64_MIN)) == "(-9223372036854775807LL - 1)");
+  CHECK(to_c(-s0 - 1) == "-s0 - 1");
+  CHECK(to_c(s0 * 4 + 2, [](const Expr& s) { return "size[" + std::to_string(s.symbol_id()) + "]"; }) ==
+        "size[0]*4 + 2");
+  CHECK((s0 * -5000000000).to_string() == "-s0*5000000000");
+}
+
+#ifdef KILN_SYM_HAVE_JSON
+TEST_CASE("JSON round-trips expressions and facts exactly", "[sym]") {
+  TreeMaker maker{std::mt19937_64(21)};
+  for (int i = 0; i < 2000; ++i) {
+    Expr e = maker.sample(1 + i % 4).expr;
+    nlohmann::json j = e;
+    Expr back = nlohmann::json::parse(j.dump()).get<Expr>();
+    INFO(j.dump());
+    REQUIRE(back == e);
+    REQUIRE(back.to_string() == e.to_string());
+  }
+  nlohmann::json j = std::vector<Expr>{s0 * 2, floordiv(s1, 4), 7};
+  CHECK(j.dump() ==
+        R"([{"constant":0,"sum":[[2,[[{"name":"s0","symbol":0},1]]]]},{"floordiv":[{"name":"s1","symbol":1},4]},7])");
+  CHECK(j.get<std::vector<Expr>>() == std::vector<Expr>{s0 * 2, floordiv(s1, 4), 7});
+
+  SizeFacts facts;
+  Expr a = facts.new_symbol();
+  Expr b = facts.new_symbol({Range::kNegInf, 40});
+  facts.add_divisor(a, 8);
+  SizeFacts read = nlohmann::json::parse(nlohmann::json(facts).dump()).get<SizeFacts>();
+  CHECK(read.range(0) == facts.range(0));
+  CHECK(read.range(1) == Range{Range::kNegInf, 40});
+  CHECK(read.divisor(0) == 8);
+  CHECK(read.prove_divisible(a * 3, 8) == Truth::kTrue);
+  CHECK(read.new_symbol() == Expr::symbol(2, "s2"));
+
+  for (const char* bad : {R"({"foo": 1})", R"({"symbol": "x", "name": "s0"})", R"({"floordiv": [1]})",
+                          R"({"floordiv": [{"symbol": 0, "name": "s0"}, 0]})", R"("s0")", "18446744073709551615",
+                          R"({"sum": [[1, [[3, 0]]]], "constant": 0})"}) {
+    INFO(bad);
+    CHECK_THROWS_AS(nlohmann::json::parse(bad).get<Expr>(), kiln::Error);
+  }
+  CHECK_THROWS_AS(nlohmann::json::parse(R"({"symbols": [{"id": 0}]})").get<SizeFacts>(), kiln::Error);
+}
+#endif
