@@ -269,7 +269,11 @@ Range SizeFacts::symbol_range(SymbolId id) const {
 Expr SizeFacts::expand_divisors(const Expr& e) const {
   Substitution multiples;
   for (const Expr& s : e.free_symbols()) {
-    int64_t d = s.symbol_id() >= 0 ? divisor(s.symbol_id()) : 1;
+    // Negative ids are the t's below; a caller's symbol with one would be read as one of them (the queries then
+    // answer unknown).
+    KILN_CHECK(s.symbol_id() >= 0) << "size symbol ids are >= 0, not " << s.symbol_id() << " (" << s.symbol_name()
+                                   << ")";
+    int64_t d = divisor(s.symbol_id());
     if (d > 1)
       multiples[s.symbol_id()] = d * Expr::symbol(-1 - s.symbol_id(), s.symbol_name() + "/" + std::to_string(d));
   }

@@ -491,6 +491,10 @@ TEST_CASE("size facts: what the prover shows", "[sym]") {
   CHECK(facts.prove_eq(b, a * 8 + 4) == T::kFalse);
   CHECK(facts.bounds(b) == Range{8, Range::kPosInf});
   CHECK_THROWS_AS(facts.prove_divisible(a, 0), kiln::Error);
+  // A symbol with a negative id (reserved) is not read as SizeFacts' own -1 - 2 (which would be c, in [0, 15]).
+  Expr reserved = Expr::symbol(-3, "r");
+  CHECK(facts.prove_lt(reserved, 16) == T::kUnknown);
+  CHECK(facts.bounds(reserved) == Range{});
   CHECK(std::string(truth_name(T::kUnknown)) == "unknown");
 }
 
