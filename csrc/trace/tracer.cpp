@@ -101,6 +101,7 @@ Tracer::Tracer(const FrameInput& frame) : root_(frame), guards_(std::make_unique
 
 Tracer::~Tracer() {
   tensor_vars_.clear();
+  for (PyObject* standin : standins_) Py_DECREF(standin);
   for (PendingStore& store : stores_) {
     Py_DECREF(store.owner);
     Py_DECREF(store.name);
@@ -302,6 +303,9 @@ bool Tracer::from_resume_frame(const SourcePtr& source) const {
 }
 
 VarPtr Tracer::wrap_result(PyObject* value) {
+  if (standins_.count(value))
+    KILN_UNSUPPORTED() << "a " << Py_TYPE(value)->tp_name << " made in the trace was handed out by code run at trace time "
+                       << "(not mapped back to the traced object)";
   int fake = 0;
   if (is_tensor(value)) {
     PyObject* r = check(PyObject_CallMethod(recorder_, "is_fake", "O", value), "recorder.is_fake");

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -294,6 +295,8 @@ class Tracer {
   /// graph at that call instead (failed_override_), where eager then raises it for real.
   std::unordered_map<VarPtr, std::pair<int, int>> exceptions_from_calls_;
   std::pair<int, int> failed_override_{-1, -1};
+  /// The stand-ins user_object_standin made (owned): one reaching wrap_result would leave the trace as a constant.
+  std::unordered_set<PyObject*> standins_;
   std::unordered_map<const Var*, int> memo_slots_;
   /// Dicts and lists read from the frame, by identity (each Var's built_from): one Var per container, so a change made
   /// through one path is seen through every other, and its items are written back once (PendingStore::contents).

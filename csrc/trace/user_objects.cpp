@@ -223,6 +223,8 @@ PyObject* Tracer::user_object_standin(const VarPtr& obj) {
   std::unordered_map<const Var*, PyObject*> made;
   PyObject* standin = standin_value(obj, made);
   if (!standin) rethrow_python("making a stand-in for a " + obj->describe());
+  for (const auto& [var, object] : made)
+    if (standins_.insert(object).second) Py_INCREF(object);
   return standin;
 }
 

@@ -7,6 +7,7 @@ have their attribute stores and list appends replayed after the graph. Each case
 inputs, and kiln.explain shows that no graph break is left where these constructs used to break.
 """
 import abc
+import dataclasses
 
 import pytest
 import torch
@@ -205,6 +206,28 @@ def test_object_stored_on_a_module_is_the_returned_object():
     out = kiln.compile(module)(x)
     assert module.last is out and type(out) is Pair
     torch.testing.assert_close(out.left, module.lin(x))
+
+
+@dataclasses.dataclass
+class Output:
+    hidden: torch.Tensor
+    cache: object = None
+
+
+def returns_a_record_holding_an_object(x):
+    cache = KVCache()
+    k, v = cache.update(x.unsqueeze(0), x.unsqueeze(0) * 2, 0)
+    out = Output(hidden=k.sum(0), cache=cache)
+    assert out.cache is cache  # the record's field reads back the traced object
+    return out, cache
+
+
+def test_record_holding_an_object_made_in_the_trace():
+    x = random_tensor(2, 3)
+    assert_same_as_eager(returns_a_record_holding_an_object, x)
+    assert_no_break(returns_a_record_holding_an_object, x)
+    out, cache = kiln.compile(returns_a_record_holding_an_object)(x)
+    assert type(out) is Output and out.cache is cache and type(cache.layers[0]) is GrowingLayer
 
 
 # --- objects from outside the trace, mutated ----------------------------------------------------------------------
