@@ -665,7 +665,8 @@ void Tracer::bind_arguments(PyObject* function, std::vector<VarPtr> args, const 
       locals[i] = args[PyLong_AsSize_t(payload)];
     } else if (tag == "const") {
       // A mutable default (`acc=[]`) is one object shared by every call: it keeps a source (pinned by identity)
-      // so that the trace never takes it for a container of its own and a mutation of it breaks instead.
+      // so that the trace never takes it for a container of its own: a mutation of it is replayed on it after the
+      // graph (a list's or dict's, claim_container) or breaks.
       const bool shared = PyList_Check(payload) || PyDict_Check(payload) || PyAnySet_Check(payload) ||
                           PyByteArray_Check(payload);
       locals[i] = wrap(payload, shared ? Source::object(payload, "<default of " + name_of(function) + ">") : nullptr);
