@@ -99,6 +99,30 @@ PyObject* construct(const OutputSpec& spec, BuildContext& ctx) {
   return out;
 }
 
+// object.__new__(cls), then its __dict__ filled: no Python code runs (the class's __init__ ran in the trace).
+PyObject* new_object(const OutputSpec& spec, BuildContext& ctx) {
+  PyTypeObject* cls = (PyTypeObject*)PyTuple_GET_ITEM(spec.object, 0);
+  PyObject* names = PyTuple_GET_ITEM(spec.object, 1);
+  PyObject* no_args = PyTuple_New(0);
+  PyObject* out = no_args ? PyBaseObject_Type.tp_new(cls, no_args, nullptr) : nullptr;
+  Py_XDECREF(no_args);
+  if (!out) return nullptr;
+  remember(spec, out, ctx);
+  PyObject* dict = PyObject_GenericGetDict(out, nullptr);
+  for (size_t i = 0; dict && i < spec.children.size(); ++i) {
+    PyObject* value = build_output(spec.children[i], ctx);
+    int r = value ? PyDict_SetItem(dict, PyTuple_GET_ITEM(names, i), value) : -1;
+    Py_XDECREF(value);
+    if (r < 0) Py_CLEAR(dict);
+  }
+  if (!dict) {
+    Py_DECREF(out);
+    return nullptr;
+  }
+  Py_DECREF(dict);
+  return out;
+}
+
 PyObject* build_output(const OutputSpec& spec, BuildContext& ctx) {
   std::vector<at::Tensor>& outputs = ctx.outputs;
   const SourceRoots& roots = ctx.roots;
@@ -141,6 +165,7 @@ PyObject* build_output(const OutputSpec& spec, BuildContext& ctx) {
       return out;
     }
     case OutputSpec::Kind::kConstruct: return construct(spec, ctx);
+    case OutputSpec::Kind::kNewObject: return new_object(spec, ctx);
     case OutputSpec::Kind::kStores: {
       PyObject* out = build_output(spec.children[0], ctx);
       if (!out) return nullptr;
@@ -159,6 +184,9 @@ PyObject* build_output(const OutputSpec& spec, BuildContext& ctx) {
             case StoreKind::kDictContents:  // the same dict object, with the items the trace left in it
               PyDict_Clear(target);
               r = PyDict_Update(target, value);
+              break;
+            case StoreKind::kListContents:  // the same list object, with the items the trace left in it
+              r = PyList_SetSlice(target, 0, PyList_GET_SIZE(target), value);
               break;
           }
         }

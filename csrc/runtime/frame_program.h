@@ -20,7 +20,7 @@ class CompiledGraph;
 
 /// The shape of a frame's return value around the graph's outputs.
 /// How an assignment of OutputSpec::kStores is made (its code in the pair).
-enum class StoreKind : int { kAttribute = 0, kItem = 1, kDictContents = 2 };
+enum class StoreKind : int { kAttribute = 0, kItem = 1, kDictContents = 2, kListContents = 3 };
 
 struct OutputSpec {
   /// kSource: a value of the frame re-read through `source` (keeps its identity across a graph break);
@@ -29,16 +29,20 @@ struct OutputSpec {
   /// kTypedTuple: a namedtuple or structseq (torch.return_types) of the children, `object` its class;
   /// kConstruct: `cls(*children[:-n], **{names: children[-n:]})` with `object` = (cls, names): a record
   /// (dataclass, ModelOutput) built the way the traced code built it, so __post_init__ runs as in eager;
+  /// kNewObject: `object.__new__(cls)` with its __dict__ filled from `names` and the children, `object` = (cls, names):
+  /// an instance of a plain user class made in the traced code; memo slot `index`, made before its attributes, so
+  /// an attribute may refer back to it;
   /// kStores: children[0] (the frame's own output), then the assignments the traced code made, in order:
   /// children[1 + 2i] = target, children[2 + 2i] = value, `object` a tuple of (name, StoreKind) pairs:
   /// setattr(target, name, value); target[name] = value (a globals dict); or target's items replaced by
-  /// value's (a dict from the frame that the traced code changed; name is None).
+  /// value's (a dict or list from the frame that the traced code changed; name is None).
   enum class Kind : unsigned char {
     kGraphOutput, kConstant, kTuple, kList, kDict, kSource, kBoundMethod, kRepeat, kTypedTuple, kConstruct, kStores,
+    kNewObject,
     kCell  ///< the cell of the frame's free variable `index` (the frame passes its cells)
   };
   Kind kind = Kind::kConstant;
-  int index = -1;              ///< kGraphOutput: index into the graph's outputs; kList/kDict/kConstruct: memo slot or -1
+  int index = -1;              ///< kGraphOutput: index into the graph's outputs; kList/kDict/kConstruct/kNewObject: memo slot or -1
   PyObject* object = nullptr;  ///< kConstant: the value; kDict: tuple of keys; kBoundMethod: function (owned)
   SourcePtr source;            ///< kSource
   std::vector<OutputSpec> children;

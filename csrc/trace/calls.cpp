@@ -98,7 +98,10 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
   if (construct) return made;
   switch (fn->kind) {
     case VarKind::kModule: return call_module(fn, std::move(args), std::move(kwargs));
+    case VarKind::kUserObject: return call_user_object(fn, std::move(args), std::move(kwargs));
     case VarKind::kMethod: {
+      if (fn->items[0]->is(VarKind::kUserObject) && !PyFunction_Check(fn->value))
+        return call_user_object(fn, std::move(args), std::move(kwargs));
       if (fn->items[0]->is(VarKind::kTensor)) {
         args.insert(args.begin(), fn->items[0]);
         return call_recorded(fn->value, args, kwargs);
@@ -166,6 +169,8 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
   if (torch_callable) return call_recorded(f, args, kwargs);
   if (PyFunction_Check(f) && allowed_in_graph(f, args, kwargs)) return call_recorded(f, args, kwargs);
   if (PyFunction_Check(f)) return inline_function(f, std::move(args), std::move(kwargs), fn->source);
+  if (PyType_Check(f) && ((PyTypeObject*)f)->tp_init != nullptr && !PyExceptionClass_Check(f))
+    return construct_user_object(f, fn->source, std::move(args), std::move(kwargs));
   if (PyMethod_Check(f)) {
     PyObject* self = PyMethod_GET_SELF(f);
     args.insert(args.begin(), wrap(self, nullptr));
@@ -189,6 +194,7 @@ bool Tracer::allowed_in_graph(PyObject* f, const std::vector<VarPtr>& args, cons
 VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs, bool* handled) {
   *handled = true;
   size_t n = args.size();
+  if (VarPtr out = user_object_builtin(f, args, kwargs)) return out;
   if (f == builtin("len") && n == 1 && kwargs.empty()) {
     const VarPtr& x = args[0];
     if (x->is(VarKind::kTuple) || x->is(VarKind::kList) || x->is(VarKind::kDict))
@@ -217,6 +223,7 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
       case VarKind::kMethod:
       case VarKind::kFunction:
       case VarKind::kPartial: return make_const(Py_True);
+      case VarKind::kUserObject: return make_const(python_special_method(x, "__call__") ? Py_True : Py_False);
       case VarKind::kConst:
       case VarKind::kObject:
         if (x->value) return make_const(PyCallable_Check(x->value) ? Py_True : Py_False);
@@ -227,13 +234,13 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
   if (f == builtin("isinstance") && n == 2 && is_constant(args[1]) && !holds_object_pinned_by_type(args[1])) {
     const VarPtr& x = args[0];
     // A class or a tuple of classes (`isinstance(m, (torch.Tensor, BlockMask))`: a tuple the trace built)
-    if (!x->is(VarKind::kTensor) && !x->is(VarKind::kTuple) && !x->is(VarKind::kList) && !x->is(VarKind::kDict) &&
-        !x->value)
+    if (!x->is(VarKind::kTensor) && !x->is(VarKind::kUserObject) && !x->is(VarKind::kTuple) && !x->is(VarKind::kList) &&
+        !x->is(VarKind::kDict) && !x->value)
       KILN_UNSUPPORTED() << "isinstance of a " << x->describe();
     PyObject* cls = to_python(args[1]);
     if (!cls) rethrow_python("isinstance's classes");
     int r;
-    if (x->is(VarKind::kTensor)) {
+    if (x->is(VarKind::kTensor) || x->is(VarKind::kUserObject)) {
       r = PyObject_IsSubclass((PyObject*)x->real_type, cls);
     } else if (x->is(VarKind::kTuple) || x->is(VarKind::kList) || x->is(VarKind::kDict)) {
       PyTypeObject* t = x->is(VarKind::kTuple) ? (x->real_type ? x->real_type : &PyTuple_Type)
@@ -413,7 +420,8 @@ VarPtr Tracer::call_container_method(const VarPtr& self, const std::string& qual
     }
     if (VarPtr out = mutate_dict(self, name, args)) return out;
   }
-  if (self->is(VarKind::kList) && claim_container(self)) {
+  const bool list_mutation = name == "append" || name == "extend" || name == "insert" || name == "pop";
+  if (self->is(VarKind::kList) && list_mutation && claim_container(self)) {
     if (name == "append" && n == 1) {
       self->items.push_back(args[0]);
       return make_const(Py_None);
@@ -657,7 +665,8 @@ void Tracer::bind_arguments(PyObject* function, std::vector<VarPtr> args, const 
       locals[i] = args[PyLong_AsSize_t(payload)];
     } else if (tag == "const") {
       // A mutable default (`acc=[]`) is one object shared by every call: it keeps a source (pinned by identity)
-      // so that the trace never takes it for a container of its own and a mutation of it breaks instead.
+      // so that the trace never takes it for a container of its own: a mutation of it is replayed on it after the
+      // graph (a list's or dict's, claim_container) or breaks.
       const bool shared = PyList_Check(payload) || PyDict_Check(payload) || PyAnySet_Check(payload) ||
                           PyByteArray_Check(payload);
       locals[i] = wrap(payload, shared ? Source::object(payload, "<default of " + name_of(function) + ">") : nullptr);

@@ -54,7 +54,8 @@ bool all_constant(const std::vector<VarPtr>& args, const KwArgs& kwargs) {
 PyTypeObject* type_of(const VarPtr& v) {
   switch (v->kind) {
     case VarKind::kTensor:  // the tensor guard checks the exact type
-    case VarKind::kObject: return v->real_type;
+    case VarKind::kObject:
+    case VarKind::kUserObject: return v->real_type;
     case VarKind::kConst:   // pinned by identity, by value, or (by_type) by its type
     case VarKind::kModule:  // pinned by identity; its class is guarded in call_python_construct
     case VarKind::kFunction: return Py_TYPE(v->value);
@@ -128,6 +129,13 @@ PyObject* context_var_type() {
 
 bool Tracer::claim_container(const VarPtr& v) {
   if (!v->source) return true;
+  if (v->is(VarKind::kList)) {
+    // A list from the frame (`self.cache.layers.append(layer)`): the compiled frame puts the items the trace leaves
+    // in it back into the very same list after the graph (stores.cpp). A ModuleList's slice is no list of the frame.
+    if (!v->built_from || v->real_type) return false;
+    record_store({v, v->built_from, Py_None, v, /*item=*/false, /*free_index=*/-1, /*contents=*/true});
+    return true;
+  }
   if (!v->is(VarKind::kDict)) return false;
   PyCodeObject* code = root_.code;
   const int varkeywords = code->co_argcount + code->co_kwonlyargcount + ((code->co_flags & CO_VARARGS) ? 1 : 0);

@@ -1,5 +1,7 @@
 // The frame's output: which graph outputs the tensors inside the returned value (or a graph break's live
 // values) become, and the OutputSpec that rebuilds the Python value around them on every call.
+#include <unordered_set>
+
 #include "common/error.h"
 #include "trace/graph_break.h"
 #include "trace/tracer.h"
@@ -18,6 +20,16 @@ void refuse_escaping_fake(PyObject* value, PyObject* holds_meta_tensor) {
   Py_DECREF(r);
   KILN_ASSERT(!leaked) << "a " << Py_TYPE(value)->tp_name
                        << " holding trace-time fake (meta) tensors would leave the compiled frame";
+}
+
+// True when `v` holds (or is) an object made in the trace: outputs then keep every mutable value one object, as at a
+// graph break (an object's list attribute returned beside it is that very list).
+bool reaches_user_object(const VarPtr& v, std::unordered_set<const Var*>& seen) {
+  if (!v || !seen.insert(v.get()).second) return false;
+  if (v->is(VarKind::kUserObject)) return true;
+  for (const VarPtr& item : v->items)
+    if (reaches_user_object(item, seen)) return true;
+  return false;
 }
 
 }  // namespace
@@ -105,6 +117,16 @@ runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>&
       for (const VarPtr& item : v->items) spec.children.push_back(output_spec(item, graph_outputs, break_output));
       return spec;
     }
+    case VarKind::kUserObject: {
+      // One real object per Var, however many paths reach it (memo slot), on every output.
+      if (repeated(v, spec)) return spec;
+      spec.kind = runtime::OutputSpec::Kind::kNewObject;
+      PyObject* names = PyTuple_New(v->keys.size());
+      for (size_t i = 0; i < v->keys.size(); ++i) PyTuple_SET_ITEM(names, i, Py_NewRef(v->keys[i]));
+      spec.object = Py_BuildValue("(ON)", (PyObject*)v->real_type, names);
+      for (const VarPtr& item : v->items) spec.children.push_back(output_spec(item, graph_outputs, break_output));
+      return spec;
+    }
     case VarKind::kTuple:
       if (v->real_type) {
         spec.kind = runtime::OutputSpec::Kind::kTypedTuple;
@@ -148,7 +170,9 @@ TraceResult Tracer::finish(const VarPtr& returned, bool break_output) {
   std::vector<PyObject*> outputs;
   // With stores to replay, values are rebuilt as at a break (a tensor or list both returned and stored
   // stays one object, as in eager).
-  result.output = output_spec(returned, outputs, break_output || !stores_.empty());
+  std::unordered_set<const Var*> seen;
+  if (!break_output) break_output = !stores_.empty() || reaches_user_object(returned, seen);
+  result.output = output_spec(returned, outputs, break_output);
   if (!stores_.empty()) result.output = with_stores(std::move(result.output), outputs);
   PyObject* out_list = PyList_New(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {

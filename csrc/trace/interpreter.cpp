@@ -39,6 +39,7 @@ struct HandlerTable {
         {"LOAD_CONST", &T::op_load_const},
         {"LOAD_GLOBAL", &T::op_load_global},
         {"STORE_ATTR", &T::op_store_attr},
+        {"DELETE_ATTR", &T::op_delete_attr},
         {"STORE_GLOBAL", &T::op_store_global},
         {"LOAD_ATTR", &T::op_load_attr},
         {"LOAD_METHOD", &T::op_load_method},
@@ -217,6 +218,10 @@ VarPtr InstructionTranslator::run() {
         tracer_.break_state_ = BreakState{pc_, stack_, locals_, kwnames_};
         return nullptr;
       }
+      if (tracer_.depth() == 0) {
+        tracer_.root_step_ = steps;
+        tracer_.root_pc_ = pc_;
+      }
       const Instruction& ins = instrs[pc_];
       next_ = pc_ + 1;
       H handler = table.handlers[ins.opcode];
@@ -224,19 +229,33 @@ VarPtr InstructionTranslator::run() {
       try {
         (this->*handler)(ins);
       } catch (const TracedRaise& raised) {
-        // Eager raises here: this frame's own handler takes it; else the root frame breaks at its instruction that
-        // led here, and eager raises it for real. (An exception leaving an inlined frame would need that frame in
-        // its traceback, so a caller in the trace does not catch it.)
-        if (!catch_raise(raised)) {
-          KILN_UNSUPPORTED() << raised.describe() << (tracer_.depth() > 0 ? ", raised out of an inlined call" : ", not caught in the traced frame");
+        // Eager raises here: this frame's own handler takes it. An inlined function's frame with no handler here
+        // (no with block whose __exit__ would run) unwinds as CPython's does, and the handlers of the inlined frames
+        // that called it may take it (a helper's `except IndexError`, a Sequence's __iter__ ending at its IndexError):
+        // a caught exception never leaves the trace (Var::caught), so the traceback it would carry (the inlined
+        // frames) is never seen; raising it again breaks at the call it left (raise_again). The root frame's own
+        // handlers do not take it: the root would hold it in its locals, live at later breaks that cannot rebuild
+        // it. Nor does a generator's frame pass it on (it would have to finish). There the root breaks at its
+        // instruction that led here, and eager raises it for real.
+        const bool from_call = tracer_.exceptions_from_calls_.count(raised.exception()) > 0;
+        if ((tracer_.depth() > 0 || !from_call) && catch_raise(raised)) {
+          // taken by this frame's handler
+        } else {
+          if (tracer_.depth() > 0 && !generator_ && !handler_covers_pc()) {
+            tracer_.exceptions_from_calls_.emplace(raised.exception(), std::pair{tracer_.root_step_, tracer_.root_pc_});
+            throw;
+          }
+          KILN_UNSUPPORTED() << raised.describe()
+                             << (tracer_.depth() > 0 || from_call ? ", raised out of an inlined call" : ", not caught in the traced frame");
         }
       }
       pc_ = next_;
     }
   } catch (const Error& e) {
     if (tracer_.depth() == 0 && e.kind() == ErrorKind::Unsupported) {
-      tracer_.failed_step_ = steps;
-      tracer_.failed_pc_ = pc_;
+      const auto [step, pc] = tracer_.failed_override_;
+      tracer_.failed_step_ = step >= 0 ? step : steps;
+      tracer_.failed_pc_ = step >= 0 ? pc : pc_;
     }
     std::string msg = e.what();
     if (e.kind() == ErrorKind::Unsupported && msg.find(" [at ") == std::string::npos)

@@ -53,6 +53,7 @@ class InstructionTranslator {
   void op_load_const(const bytecode::Instruction&);
   void op_load_global(const bytecode::Instruction&);
   void op_store_attr(const bytecode::Instruction&);
+  void op_delete_attr(const bytecode::Instruction&);
   void op_store_global(const bytecode::Instruction&);
   void op_load_attr(const bytecode::Instruction&);
   void op_load_method(const bytecode::Instruction&);
@@ -125,6 +126,10 @@ class InstructionTranslator {
   /// Sends `raised` to the exception-table handler of the instruction at pc_, as CPython does: the stack cut to
   /// the handler's depth, the exception pushed, the handler next. False when this frame has none there.
   bool catch_raise(const TracedRaise& raised);
+  /// Raises `exception` (a Var the trace holds) again, or breaks at the call it left when it left an inlined frame.
+  [[noreturn]] void raise_again(const VarPtr& exception, const char* context);
+  /// True when an exception-table entry (a try, a with block) covers the instruction at pc_.
+  bool handler_covers_pc() const;
   // with statements (grad_mode.cpp)
   void op_before_with(const bytecode::Instruction&);
   void call_with(VarPtr fn, std::vector<VarPtr> args, PyObject* kwnames);

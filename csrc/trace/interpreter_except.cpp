@@ -10,6 +10,12 @@ namespace kiln::trace {
 
 using bytecode::Instruction;
 
+bool InstructionTranslator::handler_covers_pc() const {
+  for (const bytecode::ExceptionEntry& entry : instructions_.exception_table)
+    if (entry.start <= pc_ && pc_ < entry.end) return true;
+  return false;
+}
+
 bool InstructionTranslator::catch_raise(const TracedRaise& raised) {
   for (const bytecode::ExceptionEntry& entry : instructions_.exception_table) {
     if (pc_ < entry.start || pc_ >= entry.end) continue;
@@ -64,10 +70,20 @@ void InstructionTranslator::op_check_exc_match(const Instruction&) {
   push(make_const(match ? Py_True : Py_False));
 }
 
+void InstructionTranslator::raise_again(const VarPtr& exception, const char* context) {
+  auto from_call = tracer_.exceptions_from_calls_.find(exception);
+  if (from_call != tracer_.exceptions_from_calls_.end()) {
+    tracer_.failed_override_ = from_call->second;
+    KILN_UNSUPPORTED() << "raising again an exception that left an inlined call (eager's traceback holds that call's "
+                          "frame): the graph breaks at the call";
+  }
+  throw TracedRaise(exception, context);
+}
+
 void InstructionTranslator::op_reraise(const Instruction&) {
   VarPtr exception = pop();
   if (!is_exception(exception)) KILN_UNSUPPORTED() << "re-raising a " << exception->describe();
-  throw TracedRaise(exception, "re-raised");
+  raise_again(exception, "re-raised");
 }
 
 void InstructionTranslator::op_raise_varargs(const Instruction& ins) {
@@ -82,14 +98,15 @@ void InstructionTranslator::op_raise_varargs(const Instruction& ins) {
     case 0: {
       const auto& handled = tracer_.handled_exceptions_;
       if (handled.empty()) KILN_UNSUPPORTED() << "bare raise outside an except block of the traced code";
-      throw TracedRaise(handled.back(), "re-raised");
+      raise_again(handled.back(), "re-raised");
     }
-    case 1: throw TracedRaise(exception_of(pop()), "raised");
+    case 1: raise_again(exception_of(pop()), "raised");
     default: {
       // `raise exc from cause`: the cause is set on the trace-time instance, for reads in a handler of the trace.
       // Uncaught, the frame breaks before this instruction and eager raises (and chains) it itself.
       VarPtr cause = pop();
       VarPtr exception = exception_of(pop());
+      if (tracer_.exceptions_from_calls_.count(exception)) raise_again(exception, "raised");
       if (cause->is(VarKind::kConst) && cause->value == Py_None) {
         PyException_SetCause(exception->value, Py_NewRef(Py_None));
       } else {

@@ -111,6 +111,12 @@ void InstructionTranslator::op_to_bool(const Instruction&) {
 
 void InstructionTranslator::op_get_iter(const Instruction&) {
   VarPtr v = pop();
+  if (v->is(VarKind::kUserObject)) {
+    // Its class's __iter__: a generator it returns is advanced by FOR_ITER, interleaved with the loop as in eager.
+    VarPtr dunder_iter = tracer_.python_special_method(v, "__iter__");
+    if (!dunder_iter) KILN_UNSUPPORTED() << "iterating a " << v->describe() << " (its class has no Python __iter__)";
+    v = tracer_.call(dunder_iter, {}, {});
+  }
   if (v->is(VarKind::kGenerator)) {  // its own iterator, advanced item by item by FOR_ITER
     push(v);
     return;

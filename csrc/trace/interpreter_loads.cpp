@@ -118,6 +118,8 @@ void InstructionTranslator::op_store_attr(const Instruction& ins) {
   tracer_.store_attribute(obj, name_at(ins.arg), value);
 }
 
+void InstructionTranslator::op_delete_attr(const Instruction& ins) { tracer_.delete_attribute(pop(), name_at(ins.arg)); }
+
 void InstructionTranslator::op_store_global(const Instruction& ins) {
   VarPtr value = pop();
   tracer_.store_global(globals_, name_at(ins.arg), value);
@@ -334,7 +336,8 @@ VarPtr Tracer::super_attr(const VarPtr& super, PyObject* name) {
       break;
     case VarKind::kConst: type = of_class ? (PyTypeObject*)obj->value : Py_TYPE(obj->value); break;
     case VarKind::kTensor:
-    case VarKind::kObject: type = obj->real_type; break;
+    case VarKind::kObject:
+    case VarKind::kUserObject: type = obj->real_type; break;
     case VarKind::kDict: type = &PyDict_Type; break;
     case VarKind::kList: type = &PyList_Type; break;
     case VarKind::kTuple: type = obj->real_type ? obj->real_type : &PyTuple_Type; break;

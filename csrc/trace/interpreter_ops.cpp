@@ -32,28 +32,11 @@ void InstructionTranslator::op_binary_op(const Instruction& ins) {
   push(tracer_.binary(table_entry(tracer_, "BINARY_OPS", ins.arg), a, b));
 }
 
-namespace {
-// The Python-level special method `name` of a plain object's class (a Mapping's __getitem__), bound to the
-// object's Var so that its body is traced (its reads then carry guards of their own); nullptr when the
-// class has none written in Python.
-VarPtr python_special_method(const VarPtr& obj, const char* name) {
-  // dict, list and tuple subclasses (a ModelOutput from the frame) are read off their items by the tracer.
-  if (!obj->is(VarKind::kConst) || PyType_Check(obj->value) || PyModule_Check(obj->value) || PyDict_Check(obj->value) ||
-      PyList_Check(obj->value) || PyTuple_Check(obj->value))
-    return nullptr;
-  PyObject* key = PyUnicode_InternFromString(name);
-  PyObject* descr = _PyType_Lookup(Py_TYPE(obj->value), key);
-  Py_DECREF(key);
-  if (!descr || !PyFunction_Check(descr)) return nullptr;
-  return make_method(descr, obj);
-}
-}  // namespace
-
 void InstructionTranslator::op_binary_subscr(const Instruction&) {
   VarPtr index = pop();
   VarPtr obj = pop();
   if (obj->by_type) {
-    if (VarPtr getitem = python_special_method(obj, "__getitem__")) {
+    if (VarPtr getitem = tracer_.python_special_method(obj, "__getitem__")) {
       push(tracer_.call(getitem, {index}, {}));
       return;
     }
@@ -149,7 +132,7 @@ void InstructionTranslator::op_contains_op(const Instruction& ins) {
   VarPtr container = pop();
   VarPtr item = pop();
   if (container->by_type) {
-    if (VarPtr contains = python_special_method(container, "__contains__")) {
+    if (VarPtr contains = tracer_.python_special_method(container, "__contains__")) {
       bool found = tracer_.truthy(tracer_.call(contains, {item}, {}));
       push(make_const((ins.arg ? !found : found) ? Py_True : Py_False));
       return;

@@ -73,7 +73,9 @@ VarPtr Tracer::construct_record(PyObject* cls, std::vector<VarPtr> args, const K
     }
   } release{built_from, names, kwnames};
   for (size_t i = 0; i < args.size(); ++i) {
-    PyObject* item = to_python(args[i]);
+    // An object made in the trace (a cache in a ModelOutput) stands in as an instance holding its attributes'
+    // trace-time values: found again by identity in built_from, its reads map back to its Var (record_value).
+    PyObject* item = args[i]->is(VarKind::kUserObject) ? user_object_standin(args[i]) : to_python(args[i]);
     if (!item) rethrow_python("converting an argument of " + class_name);
     PyTuple_SET_ITEM(built_from, i, item);
   }

@@ -62,6 +62,7 @@ std::string why_unstorable_value(const VarPtr& value) {
 }  // namespace
 
 void Tracer::store_attribute(const VarPtr& obj, PyObject* name, const VarPtr& value) {
+  if (obj->is(VarKind::kUserObject)) return store_user_object_attr(obj, name, value);  // its table, no replay
   std::string attr = PyUnicode_AsUTF8(name);
   auto refuse = [&](const std::string& why) {
     KILN_UNSUPPORTED() << "assigning ." << attr << " of a " << obj->describe() << " (" << why << ")";
@@ -146,10 +147,20 @@ runtime::OutputSpec Tracer::with_stores(runtime::OutputSpec output, std::vector<
       target.object = Py_NewRef(store.owner);
     }
     spec.children.push_back(std::move(target));
-    // A dict's new contents are built from the items the trace left in it (its own spec would re-read the dict).
-    spec.children.push_back(store.contents ? dict_spec(store.value, graph_outputs, /*break_output=*/true)
-                                           : output_spec(store.value, graph_outputs, /*break_output=*/true));
-    const runtime::StoreKind kind = store.contents ? runtime::StoreKind::kDictContents
+    // A container's new contents are built from the items the trace left in it (its own spec would re-read it).
+    const bool list = store.contents && store.value->is(VarKind::kList);
+    if (list) {
+      runtime::OutputSpec items;
+      items.kind = runtime::OutputSpec::Kind::kList;
+      for (const VarPtr& item : store.value->items)
+        items.children.push_back(output_spec(item, graph_outputs, /*break_output=*/true));
+      spec.children.push_back(std::move(items));
+    } else {
+      spec.children.push_back(store.contents ? dict_spec(store.value, graph_outputs, /*break_output=*/true)
+                                             : output_spec(store.value, graph_outputs, /*break_output=*/true));
+    }
+    const runtime::StoreKind kind = list             ? runtime::StoreKind::kListContents
+                                    : store.contents ? runtime::StoreKind::kDictContents
                                     : store.item   ? runtime::StoreKind::kItem
                                                    : runtime::StoreKind::kAttribute;
     PyTuple_SET_ITEM(spec.object, i, Py_BuildValue("(Oi)", store.name, static_cast<int>(kind)));

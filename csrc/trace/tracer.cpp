@@ -101,6 +101,7 @@ Tracer::Tracer(const FrameInput& frame) : root_(frame), guards_(std::make_unique
 
 Tracer::~Tracer() {
   tensor_vars_.clear();
+  for (PyObject* standin : standins_) Py_DECREF(standin);
   for (PendingStore& store : stores_) {
     Py_DECREF(store.owner);
     Py_DECREF(store.name);
@@ -164,6 +165,15 @@ VarPtr Tracer::wrap(PyObject* value, SourcePtr source) {
   if (PyTuple_CheckExact(value) || PyList_CheckExact(value)) {
     bool tuple = PyTuple_CheckExact(value);
     Py_ssize_t n = PySequence_Fast_GET_SIZE(value);
+    if (source && !tuple) {
+      // As for dicts below: one Var per list, so a change made through one path (an append the compiled frame
+      // replays, claim_container) is seen through every other; the paths must keep leading to one list.
+      auto seen = containers_from_frame_.find(value);
+      if (seen != containers_from_frame_.end()) {
+        guards_->add_same_object(seen->second->source, source);
+        return seen->second;
+      }
+    }
     if (source) {
       guards_->add_type(source, Py_TYPE(value));
       guards_->add_length(source, n);
@@ -171,9 +181,14 @@ VarPtr Tracer::wrap(PyObject* value, SourcePtr source) {
     std::vector<VarPtr> items;
     for (Py_ssize_t i = 0; i < n; ++i)
       items.push_back(wrap(PySequence_Fast_GET_ITEM(value, i), source ? Source::index(source, i) : nullptr));
-    // A list from outside keeps its source: the interpreter refuses to mutate it (the side effect
-    // would need replaying after the graph).
-    return make_sequence(tuple ? VarKind::kTuple : VarKind::kList, std::move(items), source);
+    // A list from outside keeps its source: the trace mutates it only through claim_container, which has the
+    // compiled frame replay its final items into the real list after the graph.
+    VarPtr seq = make_sequence(tuple ? VarKind::kTuple : VarKind::kList, std::move(items), source);
+    if (source && !tuple) {
+      seq->built_from = Py_NewRef(value);
+      containers_from_frame_.emplace(value, seq);
+    }
+    return seq;
   }
   if (source && PyTuple_Check(value)) {
     // A namedtuple or structseq argument: its items, so indexing and field reads stay symbolic.
@@ -200,8 +215,8 @@ VarPtr Tracer::wrap(PyObject* value, SourcePtr source) {
       if (source) {
         // The same dict reached again (another path, or the same one read twice): the same Var, so what the
         // trace changes in it shows through both; the two paths must keep leading to one dict.
-        auto seen = dicts_from_frame_.find(value);
-        if (seen != dicts_from_frame_.end()) {
+        auto seen = containers_from_frame_.find(value);
+        if (seen != containers_from_frame_.end()) {
           guards_->add_same_object(seen->second->source, source);
           return seen->second;
         }
@@ -219,7 +234,7 @@ VarPtr Tracer::wrap(PyObject* value, SourcePtr source) {
       VarPtr dict = make_dict(std::move(keys), std::move(items), source);
       if (source) {
         dict->built_from = Py_NewRef(value);
-        dicts_from_frame_.emplace(value, dict);
+        containers_from_frame_.emplace(value, dict);
       }
       return dict;
     }
@@ -288,6 +303,9 @@ bool Tracer::from_resume_frame(const SourcePtr& source) const {
 }
 
 VarPtr Tracer::wrap_result(PyObject* value) {
+  if (standins_.count(value))
+    KILN_UNSUPPORTED() << "a " << Py_TYPE(value)->tp_name << " made in the trace was handed out by code run at trace time "
+                       << "(not mapped back to the traced object)";
   int fake = 0;
   if (is_tensor(value)) {
     PyObject* r = check(PyObject_CallMethod(recorder_, "is_fake", "O", value), "recorder.is_fake");
@@ -427,6 +445,7 @@ VarPtr Tracer::get_attr(const VarPtr& obj, PyObject* name) {
       return out;
     }
     case VarKind::kObject: return record_attr(obj, name);
+    case VarKind::kUserObject: return user_object_attr(obj, name);
     case VarKind::kDict:
     case VarKind::kList:
     case VarKind::kTuple: {
@@ -469,7 +488,7 @@ VarPtr Tracer::binary(PyObject* op, const VarPtr& a, const VarPtr& b) {
       (a->is(VarKind::kTuple) || a->is(VarKind::kList))) {
     std::vector<VarPtr> items = a->items;
     items.insert(items.end(), b->items.begin(), b->items.end());
-    if (op == iadd_fn && a->is(VarKind::kList) && !a->source) {
+    if (op == iadd_fn && a->is(VarKind::kList) && !a->real_type && claim_container(a)) {  // in place, as list.__iadd__
       a->items = items;
       return a;
     }
@@ -479,6 +498,11 @@ VarPtr Tracer::binary(PyObject* op, const VarPtr& a, const VarPtr& b) {
 }
 
 VarPtr Tracer::subscript(const VarPtr& obj, const VarPtr& index) {
+  if (obj->is(VarKind::kUserObject)) {
+    VarPtr getitem = python_special_method(obj, "__getitem__");
+    if (!getitem) KILN_UNSUPPORTED() << "subscript of a " << obj->describe() << " (its class has no Python __getitem__)";
+    return call(getitem, {index}, {});
+  }
   if (obj->is(VarKind::kTensor) || index->is(VarKind::kTensor)) {
     static PyObject* getitem = nullptr;
     if (!getitem) {
@@ -603,11 +627,16 @@ std::pair<bool, bool> bool_and_len_slots(PyTypeObject* t) {
 bool Tracer::truthy(const VarPtr& v) {
   switch (v->kind) {
     case VarKind::kConst: {
+      // An object pinned by type only (a deque, a user object): its truth is its state. A __bool__ or __len__
+      // written in Python is traced (its reads carry their guards), a C length is guarded, others run in Python.
+      if (v->by_type && v->source) {
+        VarPtr test = python_special_method(v, "__bool__");
+        if (!test) test = python_special_method(v, "__len__");
+        if (test) return truthy(call(test, {}, {}));
+      }
       int r = PyObject_IsTrue(v->value);
       if (r < 0) throw_python_error("truth value");
       if (v->by_type && v->source) {
-        // An object pinned by type only (a deque, a user object): its truth is its state. A C length is
-        // guarded; a __bool__ or __len__ written in Python runs in Python (a graph break here).
         PyTypeObject* t = Py_TYPE(v->value);
         const auto [has_bool, has_len] = bool_and_len_slots(t);
         if (has_bool || (has_len && (t->tp_flags & Py_TPFLAGS_HEAPTYPE)))
@@ -636,6 +665,12 @@ bool Tracer::truthy(const VarPtr& v) {
       return r;
     }
     case VarKind::kMethod: return true;
+    case VarKind::kUserObject: {
+      // As CPython: __bool__, else __len__, else true (a class with a C one is not plain).
+      VarPtr test = python_special_method(v, "__bool__");
+      if (!test) test = python_special_method(v, "__len__");
+      return test ? truthy(call(test, {}, {})) : true;
+    }
     case VarKind::kTensor:
       KILN_UNSUPPORTED() << "control flow depends on a tensor's value (bool(tensor)): data-dependent branch";
     default: break;
@@ -710,6 +745,11 @@ std::vector<VarPtr> Tracer::iterate(const VarPtr& v) {
                                      : subscript(v, make_const_steal(PyLong_FromSsize_t(i))));
       Py_DECREF(items);
       return out;
+    }
+    case VarKind::kUserObject: {
+      VarPtr dunder_iter = python_special_method(v, "__iter__");
+      if (!dunder_iter) KILN_UNSUPPORTED() << "iterating a " << v->describe() << " (its class has no Python __iter__)";
+      return iterate(call(dunder_iter, {}, {}));
     }
     case VarKind::kObject: {
       PyObject* seq = PySequence_List(v->value);

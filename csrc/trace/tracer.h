@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -165,6 +166,34 @@ class Tracer {
   VarPtr import_module(PyObject* name, PyObject* fromlist, int level, PyObject* globals);
   VarPtr import_from(const VarPtr& module, PyObject* name);
   VarPtr call_python_construct(const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs, bool* handled);
+  // Plain user objects made in traced code (kUserObject, user_objects.cpp).
+  /// `cls(*args, **kwargs)` of a class with a Python __init__ or object's: a kUserObject when the class is plain
+  /// (kiln._tracing.user_class_refusal), its __init__ inlined; Unsupported, naming the reason, for other classes.
+  /// `class_source`: where the trace read `cls`.
+  VarPtr construct_user_object(PyObject* cls, const SourcePtr& class_source, std::vector<VarPtr> args, KwArgs kwargs);
+  /// `obj.name` of a kUserObject, as object.__getattribute__ finds it: a data descriptor of the class (a property's
+  /// getter, inlined), else the attribute table, else the class attribute (a function bound as a method, a static or
+  /// class method, a value read through the class's source). A missing name raises AttributeError in the trace, or,
+  /// with `found`, sets *found = false and returns nullptr.
+  VarPtr user_object_attr(const VarPtr& obj, PyObject* name, bool* found = nullptr);
+  /// A real instance of a kUserObject's class whose __dict__ holds its attributes' trace-time values (fakes for
+  /// tensors; objects made in the trace, and containers of them, likewise), for Python code the trace runs for real
+  /// that only reads it (a record's __post_init__). New reference; it must never leave the trace.
+  PyObject* user_object_standin(const VarPtr& obj);
+  /// len(), getattr() and hasattr() of a kUserObject, and len() of a plain object from the frame whose __len__ is
+  /// written in Python (traced); nullptr for other calls.
+  VarPtr user_object_builtin(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+  /// `obj.name = value` of a kUserObject: a property's setter (inlined), else the attribute table.
+  void store_user_object_attr(const VarPtr& obj, PyObject* name, const VarPtr& value);
+  /// `del obj.name` (DELETE_ATTR): of a kUserObject (a property's deleter, else the table); Unsupported for others.
+  void delete_attribute(const VarPtr& obj, PyObject* name);
+  /// `fn(*args)` where fn is a kUserObject (its class's Python __call__) or one of object's C slots bound to one
+  /// (super().__init__() reaching object.__init__, object.__setattr__(self, ...)).
+  VarPtr call_user_object(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs);
+  /// The special method `name` (__len__, __getitem__...) of the class of a kUserObject or of a plain object from the
+  /// frame, when written in Python, bound to the object's Var so that its body is traced (its reads then carry guards
+  /// of their own); nullptr otherwise.
+  VarPtr python_special_method(const VarPtr& obj, const char* name);
   /// os.environ.get(key[, default]), os.environ[key] and `key in os.environ` (through __contains__) with a constant
   /// key: the variable's value at trace time, guarded (os.environ.get(key) read again on every call); nullptr
   /// for any other call. An absent key read by subscript stays a graph break (eager raises KeyError).
@@ -216,8 +245,8 @@ class Tracer {
     VarPtr value;
     bool item = false;  ///< owner[name] = value (a globals dict) rather than setattr
     int free_index = -1;  ///< an assignment to the root frame's free variable (owner = its cell at trace time)
-    /// owner (a dict from the frame, `target`'s built_from) takes the items `value` (that same Var) holds when the
-    /// graph ends: the traced code changed it (d[k] = v, d.pop(k), d.update(...)); name is None.
+    /// owner (a dict or list from the frame, `target`'s built_from) takes the items `value` (that same Var) holds when
+    /// the graph ends: the traced code changed it (d[k] = v, d.pop(k), l.append(x)); name is None.
     bool contents = false;
   };
   std::vector<PendingStore> stores_;
@@ -259,10 +288,19 @@ class Tracer {
   bool broke_ = false;
   BreakState break_state_;
   int failed_step_ = -1, failed_pc_ = -1;
+  /// The root frame's current step and instruction (the call an inlined frame runs under).
+  int root_step_ = 0, root_pc_ = -1;
+  /// Exceptions that left an inlined frame, with the root step and instruction of the call they left (the first
+  /// time): eager's traceback holds that frame, which a later re-raise would show, so a re-raise of one breaks the
+  /// graph at that call instead (failed_override_), where eager then raises it for real.
+  std::unordered_map<VarPtr, std::pair<int, int>> exceptions_from_calls_;
+  std::pair<int, int> failed_override_{-1, -1};
+  /// The stand-ins user_object_standin made (owned): one reaching wrap_result would leave the trace as a constant.
+  std::unordered_set<PyObject*> standins_;
   std::unordered_map<const Var*, int> memo_slots_;
-  /// Dicts read from the frame, by identity (each Var's built_from): one Var per dict, so a change made through one
-  /// path is seen through every other, and the dict's items are written back once (PendingStore::contents).
-  std::unordered_map<PyObject*, VarPtr> dicts_from_frame_;  // finish(break_output): list/dict -> memo slot
+  /// Dicts and lists read from the frame, by identity (each Var's built_from): one Var per container, so a change made
+  /// through one path is seen through every other, and its items are written back once (PendingStore::contents).
+  std::unordered_map<PyObject*, VarPtr> containers_from_frame_;  // finish(break_output): list/dict -> memo slot
 };
 
 }  // namespace kiln::trace

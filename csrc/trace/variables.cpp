@@ -45,6 +45,7 @@ std::string Var::describe() const {
     case VarKind::kPartial: return "functools.partial of " + items[0]->describe();
     case VarKind::kToken: return "ContextVar token";
     case VarKind::kGenerator: return "generator made in the trace";
+    case VarKind::kUserObject: return std::string(real_type->tp_name) + " object (made in the trace)";
   }
   return "?";
 }
@@ -133,6 +134,15 @@ VarPtr make_object(PyObject* instance, std::vector<VarPtr> args, std::vector<PyO
   v->keys = std::move(kwnames);
   Py_INCREF(built_from);
   v->built_from = built_from;
+  return v;
+}
+
+VarPtr make_user_object(PyTypeObject* cls, SourcePtr class_source) {
+  auto v = std::make_shared<Var>();
+  v->kind = VarKind::kUserObject;
+  v->real_type = cls;
+  v->built_from = Py_NewRef((PyObject*)cls);
+  v->class_source = std::move(class_source);
   return v;
 }
 

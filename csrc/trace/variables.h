@@ -52,6 +52,12 @@ enum class VarKind : unsigned char {
   /// `frame` is its paused translator. Iterated lazily, one YIELD_VALUE per item, so its body interleaves
   /// with the loop that consumes it as in eager. Never rebuilt in Python: a break with one live is refused.
   kGenerator,
+  /// An instance of a plain user class (user_objects.cpp says which) made by calling the class in traced code. It has
+  /// no Python object while the trace runs: real_type = the class (a reference held in built_from), keys/items = its
+  /// instance attributes in __dict__ order (the attribute table that __init__ and later stores fill), class_source =
+  /// where the class was read (its class attributes are read through it, guarded). It becomes a real object only where
+  /// it leaves the trace (OutputSpec::kNewObject), once per Var whatever the number of paths.
+  kUserObject,
 };
 
 struct Var;
@@ -74,6 +80,7 @@ struct Var {
   /// be rebuilt, so it may not leave the trace (a return or a value live at a break).
   bool caught = false;
   std::shared_ptr<InstructionTranslator> frame;  ///< kGenerator only
+  SourcePtr class_source;  ///< kUserObject only: where its class was read (nullptr when unknown)
 
   ~Var();
   Var() = default;
@@ -100,6 +107,9 @@ VarPtr make_typed_tuple(PyTypeObject* type, std::vector<VarPtr> items);
 /// A kObject (see VarKind): steals nothing.
 VarPtr make_object(PyObject* instance, std::vector<VarPtr> args, std::vector<PyObject*> kwnames_new_refs,
                    PyObject* built_from);
+
+/// A kUserObject of class `cls` with no attributes yet (see VarKind).
+VarPtr make_user_object(PyTypeObject* cls, SourcePtr class_source);
 
 /// The factory a zero-argument `super` call in a method resolves to: calling it gives make_super(cls, obj).
 VarPtr make_super_factory(VarPtr cls, VarPtr obj);

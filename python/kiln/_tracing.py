@@ -4,6 +4,7 @@ The symbolic interpreter is C++; a few questions are far simpler to answer with 
 machinery (argument binding, module hooks, what counts as a torch function). They run only while a
 frame is traced, never on a cache hit.
 """
+import abc as _abc
 import inspect
 import operator
 import os
@@ -403,6 +404,60 @@ def record_class_kind(cls):
         return "tuple"
     if _dataclasses.is_dataclass(cls):
         return "object"
+    return None
+
+
+class _PlainInstanceLayout:
+    """An instance of the plainest Python class: the layout (size, __dict__) a traced user object's class must have."""
+
+
+_PLAIN_SLOTS = {"__dict__", "__weakref__"}
+# Library mixins a user class may inherit from: pure-Python classes without instance state of their own (empty
+# __slots__), whose methods are traced like the user's.
+_MIXIN_MODULES = ("abc", "typing", "_collections_abc", "collections.abc")
+
+
+def user_class_refusal(cls):
+    """Why calling `cls` in traced code is not traced as a plain user object (csrc/trace/user_objects.cpp), or None
+    when it is. A plain user class: defined outside torch, kiln and the standard library (its library bases only the
+    pure-Python mixins of abc, typing and collections.abc); metaclass type or abc.ABCMeta (neither overrides __call__);
+    object's __new__, __setattr__, __delattr__ and __getattribute__, no __getattr__ and no __del__ (so an instance is
+    its __dict__, filled by __init__ and plain stores, and is rebuilt as object.__new__(cls) plus that dict); an
+    __init__ written in Python (or object's); the layout of a plain Python instance (no C base, no __slots__ beyond
+    __dict__/__weakref__); not abstract."""
+    if not isinstance(cls, type):
+        return "not a class"
+    if type(cls) not in (type, _abc.ABCMeta):
+        return f"its metaclass {type(cls).__name__} is not type or ABCMeta"
+    for base in cls.__mro__[:-1]:
+        module = base.__module__
+        if module in _MIXIN_MODULES:
+            if any(slot not in _PLAIN_SLOTS for slot in vars(base).get("__slots__", ("?",))):
+                return f"its base {module}.{base.__qualname__} holds instance state"
+            continue
+        file = getattr(sys.modules.get(module), "__file__", None)
+        reason = skip_reason(file) if file else ("a built-in class" if module == "builtins" else None)
+        if reason:
+            return f"its base {module}.{base.__qualname__} is {reason}"
+        slots = vars(base).get("__slots__", ())
+        if isinstance(slots, str):
+            slots = (slots,)
+        if any(slot not in _PLAIN_SLOTS for slot in slots):
+            return f"{base.__qualname__} has __slots__"
+    if cls.__basicsize__ != _PlainInstanceLayout.__basicsize__ or not cls.__dictoffset__:
+        return "its instances are not laid out as plain Python objects (a C base or __slots__)"
+    if cls.__new__ is not object.__new__:
+        return "it defines __new__"
+    for name in ("__setattr__", "__delattr__", "__getattribute__"):
+        if getattr(cls, name) is not getattr(object, name):
+            return f"it defines {name}"
+    for name in ("__getattr__", "__del__"):
+        if hasattr(cls, name):
+            return f"it defines {name}"
+    if not (isinstance(cls.__init__, types.FunctionType) or cls.__init__ is object.__init__):
+        return "its __init__ is not a Python function"
+    if getattr(cls, "__abstractmethods__", None):
+        return "it is abstract (abstract methods: " + ", ".join(sorted(cls.__abstractmethods__)) + ")"
     return None
 
 

@@ -3,6 +3,9 @@
 
 Every test compares with eager on fresh random inputs and counts graphs, breaks and fallbacks.
 """
+import collections.abc
+import traceback
+
 import pytest
 import torch
 
@@ -82,7 +85,7 @@ def _inner(x):
 
 
 def test_exception_raised_out_of_an_inlined_call_breaks_at_the_call():
-    # Eager's traceback holds the inlined frame: the caller's except runs eagerly, after a graph break at the call.
+    # Eager's traceback holds the inlined frame: the root frame's except runs eagerly, after a graph break at the call.
     def f(x):
         try:
             y = _inner(x)
@@ -96,6 +99,63 @@ def test_exception_raised_out_of_an_inlined_call_breaks_at_the_call():
     compiled = kiln.compile(f)
     for n in (4, 2):
         assert_same_as_eager(f, torch.randn(n), compiled=compiled)
+
+
+def _inner_or_fallback(x):
+    try:
+        return _inner(x)
+    except ValueError:
+        return x - 1
+
+
+class _Items(collections.abc.Sequence):
+    """A sequence whose iteration (Sequence.__iter__, a generator) ends at the IndexError its __getitem__ raises."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i >= self.n:
+            raise IndexError(i)
+        return i
+
+
+def test_exception_from_an_inlined_call_is_caught_by_an_inlined_caller():
+    # The inlined frame unwinds and its inlined caller's handler takes the exception, as in eager: the traceback it
+    # carries is never seen, since a caught exception never leaves the trace.
+    def f(x):
+        y = _inner_or_fallback(x)
+        for i in _Items(3):
+            y = y + i
+        return y.exp()
+
+    e = kiln.explain(f)(torch.randn(4))
+    assert e.graph_break_count == 0 and e.graph_count == 1, e.break_reasons
+    kiln.reset()
+    compiled = kiln.compile(f)
+    for n in (4, 2):
+        assert_same_as_eager(f, torch.randn(n), compiled=compiled)
+
+
+def test_exception_from_an_inlined_call_raised_again_breaks_at_the_call():
+    # Raised again, the exception would show the inlined frame in its traceback: the graph breaks at the call instead,
+    # where eager raises it for real.
+    def f(x):
+        y = x.sin()
+        try:
+            _inner(x)
+        except ValueError as e:
+            caught = e
+        raise caught
+
+    compiled = kiln.compile(f)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="too long") as info:
+            compiled(torch.randn(4))
+        assert "_inner" in [frame.name for frame in traceback.extract_tb(info.value.__traceback__)]
 
 
 def test_caught_exception_leaving_the_trace_runs_eagerly_with_eager_traceback():

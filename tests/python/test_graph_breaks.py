@@ -679,14 +679,14 @@ class _Settings:
         return super().__getattribute__(key)
 
 
-_attribute_reads = []
+_attribute_reads = set()
 
 
 class _CountingSettings(_Settings):
-    """Its __getattribute__ appends to a module-level list: a mutation the trace refuses, so it falls back."""
+    """Its __getattribute__ adds to a module-level set: a mutation the trace refuses, so it falls back."""
 
     def __getattribute__(self, key):
-        _attribute_reads.append(key)
+        _attribute_reads.add(key)
         return super().__getattribute__(key)
 
 

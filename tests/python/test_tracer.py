@@ -407,8 +407,9 @@ def test_builtins_of_objects_guarded_by_type_are_not_folded():
         message, length, y = compiled(torch.ones(2), ValueError(f"call {i}"), Bag(i))
         assert (message, length) == (f"call {i}", i)
         torch.testing.assert_close(y, torch.full((2,), 2.0))
-    # str(err) and len(bag) run eagerly at each call instead of replaying the first call's answers.
-    assert (stats()["graph_breaks"], stats()["fallbacks"]) == (4, 0), stats()
+    # str(err) runs eagerly at each call instead of replaying the first call's answer; len(bag) traces Bag.__len__,
+    # whose read of bag.n is guarded (a new n recompiles the resume function instead of replaying the first answer).
+    assert (stats()["graph_breaks"], stats()["fallbacks"], stats()["recompiles"]) == (1, 0, 2), stats()
 
 
 def test_hasattr_on_objects_guarded_by_type_is_guarded():
