@@ -593,6 +593,9 @@ const std::map<std::string, DerivativeRule>& rule_table() {
       {"aten::mean.default", {rule_mean}},
       {"aten::mean.dim", {rule_mean_dim}},
       {"aten::_softmax.default", {rule_softmax}},
+      // _safe_softmax(self, dim, dtype): softmax with 0 for rows of -inf (attention's math path); its rows of 0 get
+      // gradient 0 from the same formula. The meta rule admits only dtype None or the input's.
+      {"aten::_safe_softmax.default", {rule_softmax}},
       {"aten::_log_softmax.default", {rule_log_softmax}},
       {"aten::native_layer_norm.default", {rule_native_layer_norm}},
       {"aten::convolution.default", {rule_convolution}},

@@ -51,17 +51,17 @@ PyObject* helpers() {
   return module;
 }
 
-void* new_pool(std::string* error) {
+void* new_pool(int device, std::string* error) {
   Gil gil;
-  PyObject* pool = helpers() ? PyObject_CallMethod(helpers(), "new_pool", nullptr) : nullptr;
+  PyObject* pool = helpers() ? PyObject_CallMethod(helpers(), "Pool", "i", device) : nullptr;
   if (!pool) *error = take_python_error();
   return pool;
 }
 
-void* begin(void* pool, int device, std::string* error) {
+void* begin(void* pool, std::string* error) {
   Gil gil;
   PyObject* recording =
-      helpers() ? PyObject_CallMethod(helpers(), "Recording", "Oi", static_cast<PyObject*>(pool), device) : nullptr;
+      helpers() ? PyObject_CallMethod(helpers(), "Recording", "O", static_cast<PyObject*>(pool)) : nullptr;
   if (!recording) *error = take_python_error();
   return recording;
 }

@@ -54,10 +54,19 @@ class CudaGraphPool {
     if (handle_ && g_api.release) g_api.release(handle_);
   }
 
-  // The pool handle, made on first use (it needs CUDA); null with `error` set when it cannot be made.
-  void* handle(std::string& error) {
+  // The pool handle, made on first use on `device` (it needs CUDA); null with `error` set when it cannot be made or
+  // the model's graphs span two devices.
+  void* handle(int device, std::string& error) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!handle_ && g_api.new_pool) handle_ = g_api.new_pool(&error);
+    if (handle_ && device != device_) {
+      error = "the model's graphs run on cuda:" + std::to_string(device_) + " and cuda:" + std::to_string(device) +
+              " (one pool per model and device)";
+      return nullptr;
+    }
+    if (!handle_ && g_api.new_pool) {
+      handle_ = g_api.new_pool(device, &error);
+      device_ = device;
+    }
     if (!g_api.new_pool) error = "CUDA graphs are not available in this process (no recording API registered)";
     return handle_;
   }
@@ -101,6 +110,7 @@ class CudaGraphPool {
  private:
   std::mutex mutex_;
   void* handle_ = nullptr;
+  int device_ = -1;
   std::vector<std::weak_ptr<Recording>> recordings_;
 };
 
@@ -246,8 +256,8 @@ class CudaGraphRunner final : public CompiledGraph {
       r->kept_clear = pool_values;
     }
     std::string error;
-    void* pool = pool_->handle(error);
-    void* capture = pool ? g_api.begin(pool, device, &error) : nullptr;
+    void* pool = pool_->handle(device, error);
+    void* capture = pool ? g_api.begin(pool, &error) : nullptr;
     if (!capture) return decline_and_run("recording could not start: " + error, inputs);
     std::vector<at::Tensor> outputs;
     try {

@@ -31,10 +31,11 @@ namespace kiln::runtime {
 /// Recording and replaying through torch's CUDA graphs, as the embedding layer provides them. Each function returns
 /// false (or null) with `error` set on failure, and may be called from any thread (the autograd engine's).
 struct CudaGraphApi {
-  /// A new memory pool handle for the graphs of one compiled model (torch.cuda.graph_pool_handle()).
-  void* (*new_pool)(std::string* error) = nullptr;
-  /// Starts recording on a side stream of `device` into `pool`; returns the recording's handle.
-  void* (*begin)(void* pool, int device, std::string* error) = nullptr;
+  /// A new memory pool on `device` for the graphs of one compiled model. The allocator keeps it while the handle
+  /// lives, whether or not any recording in it does.
+  void* (*new_pool)(int device, std::string* error) = nullptr;
+  /// Starts recording into `pool`, on a side stream of its device; returns the recording's handle.
+  void* (*begin)(void* pool, std::string* error) = nullptr;
   /// Ends the recording `capture` began; returns the graph (null when the recording failed: `error` says why). The
   /// capture handle is released either way.
   void* (*end)(void* capture, std::string* error) = nullptr;

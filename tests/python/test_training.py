@@ -1271,3 +1271,18 @@ def test_a_write_through_a_reshaped_view_keeps_eager_semantics():
         return flat * 1, out
 
     assert_same_as_eager(f, r(2, 3))  # the reshape aliases the base: the graph keeps its in-place write
+
+
+def test_safe_softmax_differentiates_with_rows_of_minus_inf(fresh_kiln, device):
+    """_safe_softmax (nn.MultiheadAttention's math path): 0 for a row of -inf, and 0 gradient there, as in eager."""
+    def f(x):
+        return torch.ops.aten._safe_softmax(x, -1) * 3
+
+    x = random_tensor(4, 6, 8, device=device)
+    x[1, 2] = float("-inf")
+    x[2, :, :3] = float("-inf")
+    x.requires_grad_(True)
+    kiln._C.reset_compiler_stats()
+    assert_same_as_eager(f, x)
+    stats = kiln._C.compiler_stats()
+    assert stats["graphs_autograd"] == 1 and stats["graphs_fallback"] == 0, stats["last_fallback_reason"]
