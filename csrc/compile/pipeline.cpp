@@ -129,13 +129,21 @@ std::string plan_counts(const cache::CompiledArtifact& artifact) {
 // `compiled` replayed as a CUDA graph when the options ask for CUDA graphs and it runs on a CUDA device
 // (runtime/cuda_graphs.h), else `compiled` itself. Graphs on the CPU are not wrapped: their status says why.
 std::shared_ptr<runtime::CompiledGraph> with_cuda_graphs(std::shared_ptr<runtime::CompiledGraph> compiled,
-                                                         const graph::Device& device, const CompileOptions& options,
-                                                         size_t escaping, bool training_half) {
+                                                         const graph::Graph& g, const graph::Device& device,
+                                                         const CompileOptions& options, size_t escaping,
+                                                         bool training_half) {
   if (!options.cuda_graph_pool) return compiled;
+  std::string declined;
+  if (device.type != graph::DeviceType::CUDA) declined = "its tensors are on the CPU (CUDA graphs replay CUDA work only)";
+  // A value on the host (a CPU scalar, the random seed efficient attention returns) would be computed once, while
+  // recording, and never again: a replay runs only the device's work.
+  for (const graph::Node& node : g.nodes)
+    for (graph::ValueId out : node.outputs)
+      if (declined.empty() && g.values[out].is_tensor && g.values[out].meta.device.type != graph::DeviceType::CUDA)
+        declined = node.qualified_name() + " makes a tensor on the host, which a replay would not recompute";
   return runtime::make_cuda_graph_runner(
       std::move(compiled), options.cuda_graph_pool, escaping,
-      training_half ? (escaping == SIZE_MAX ? "backward graph" : "forward graph") : "graph",
-      device.type == graph::DeviceType::CUDA ? "" : "its tensors are on the CPU (CUDA graphs replay CUDA work only)");
+      training_half ? (escaping == SIZE_MAX ? "backward graph" : "forward graph") : "graph", declined);
 }
 
 // A lowering's artefact, found in the graph cache when one was stored under the same key, else lowered and stored;
@@ -165,7 +173,7 @@ std::shared_ptr<runtime::CompiledGraph> compile_artifact(std::shared_ptr<const g
     cache::stats().graph_hits++;
     KILN_LOG(perf) << "kiln backend: found in the graph cache (" << counts << "); read "
                    << log::whole_ms(read_ms) << " ms, compiler or cache " << log::whole_ms(started.ms() - read_ms) << " ms";
-    return with_cuda_graphs(std::move(compiled), device, options, escaping, training_half);
+    return with_cuda_graphs(std::move(compiled), *captured, device, options, escaping, training_half);
   }
   LoweringTimes times;
   cache::CompiledArtifact artifact = lower_graph(*captured, device, options, training_half, times);
@@ -177,7 +185,7 @@ std::shared_ptr<runtime::CompiledGraph> compile_artifact(std::shared_ptr<const g
   KILN_LOG(perf) << "kiln backend: " << counts << "; passes and fusion " << log::whole_ms(times.passes_ms)
                  << " ms, code generation " << log::whole_ms(times.emit_ms) << " ms, compiler or cache "
                  << log::whole_ms(started.ms() - lowered_ms) << " ms";
-  return with_cuda_graphs(std::move(compiled), device, options, escaping, training_half);
+  return with_cuda_graphs(std::move(compiled), *captured, device, options, escaping, training_half);
 }
 
 // A graph whose only in-place ops update inputs that need no grad (BatchNorm's num_batches_tracked): compiled with

@@ -156,8 +156,16 @@ class CudaGraphRunner final : public CompiledGraph {
     if (!warmed_up_) {
       warmed_up_ = true;
       for (const at::Tensor& t : inputs) warm_addresses_.push_back(t.defined() ? t.data_ptr() : nullptr);
-      lock.unlock();
-      return inner_->run(inputs);
+      std::vector<at::Tensor> outputs = inner_->run(inputs);
+      // An output on the host (the random seed efficient attention returns outside a recording) is computed by the
+      // host: a replay would not compute it again.
+      for (size_t i = 0; i < outputs.size(); ++i)
+        if (outputs[i].defined() && !outputs[i].is_cuda()) {
+          decline("output " + std::to_string(i) + " is made on " + outputs[i].device().str() +
+                  ", which a replay would not compute again");
+          break;
+        }
+      return outputs;
     }
     return record_and_replay(inputs);
   }

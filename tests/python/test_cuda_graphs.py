@@ -237,3 +237,19 @@ def test_reduce_overhead_model_matches_eager_with_gradients(fresh_kiln):
     compiled = kiln.compile(model, mode="reduce-overhead")
     for _ in range(3):
         assert_same_as_eager(model, random_tensor(2, 8, 64, device="cuda", requires_grad=True), compiled=compiled)
+
+
+@pytest.mark.cuda
+def test_graphs_making_host_tensors_are_declined(fresh_kiln):
+    """Efficient attention with dropout returns its random seed on the host; a replay would not recompute it."""
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=0.2).sum(-1)
+
+    q, k, v = (random_tensor(2, 4, 64, 32, device="cuda", requires_grad=True) for _ in range(3))
+    compiled = kiln.compile(f, mode="reduce-overhead")
+    for _ in range(3):
+        out = compiled(q, k, v)
+        out.sum().backward()
+        assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+    reason = kiln.stats()["cudagraph_last_decline_reason"]
+    assert "on the host" in reason or "on cpu" in reason, reason
