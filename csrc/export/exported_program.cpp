@@ -6,8 +6,9 @@
 //   compiled  the file's graph record (kernels/graphs/) decoded as the graph cache decodes it, its C++ library
 //             (kernels/cpp/) published into kiln's disk cache, and runtime::make_kiln_graph loading it from there
 //             through the device backend, as kiln.compile's warm start does. The record was made from the saved
-//             graph after the pipeline's first steps (in-place ops made functional, constants folded: the folded
-//             values are not in the file), so those steps run here too, on the same passes, to get its constants;
+//             graph after the pipeline's first steps (in-place ops made functional, constants folded, attention
+//             masks that mask nothing dropped: the folded values are not in the file), so those steps run here too,
+//             through the same functions, to get the graph and constants it was keyed by;
 //   eager     runtime::make_eager_interpreter over the saved graph (ATen op by op), for everything else.
 //
 // Why not run the pipeline here: compile/ asks Python for meta rules (compile/meta_oracle.cpp), and this loader
@@ -37,6 +38,7 @@
 #include "passes/fold_constants.h"
 #include "passes/functionalize.h"
 #include "runtime/compiled_graph.h"
+#include "runtime/drop_attention_masks.h"
 #include "runtime/eager_interpreter.h"
 #include "runtime/evaluate_folding.h"
 #include "runtime/kernel_graph.h"
@@ -190,23 +192,30 @@ std::string compiled_code_unusable(const json& manifest, const graph::Graph& g, 
 }
 
 // The graph kiln's pipeline keyed the file's compiled record by, with its constants' tensors: the saved graph with
-// in-place ops made functional and constants folded, exactly as compile::compile_kiln_graph does before it looks for
-// or lowers an artefact (compile/pipeline.cpp). Throws when the pipeline took another route (buffer updates).
+// in-place ops made functional, constants folded and attention masks that mask nothing dropped, exactly as
+// compile::compile_kiln_graph does before it looks for or lowers an artefact (compile/pipeline.cpp, steps 1 and 2).
+// Throws when the pipeline took another route (buffer updates).
 struct KeyedGraph {
   std::shared_ptr<const graph::Graph> graph;
   std::vector<at::Tensor> constants;  // indexed by ValueId
 };
 
-KeyedGraph pipeline_input(std::shared_ptr<const graph::Graph> g, std::vector<at::Tensor> constants) {
+// Step 1: in-place ops on the graph's own intermediates made functional (passes/functionalize.h).
+std::shared_ptr<const graph::Graph> functional_graph(std::shared_ptr<const graph::Graph> g) {
   bool mutates = false;
   for (const graph::Node& node : g->nodes) mutates = mutates || node.mutates_args;
-  if (mutates) {
-    auto functional = std::make_shared<graph::Graph>(*g);
-    if (passes::functionalize_inplace_ops(*functional)) g = std::move(functional);
-    for (const graph::Node& node : g->nodes)
-      KILN_CHECK(!node.mutates_args) << "the graph updates tensors in place (" << node.qualified_name()
-                                     << "), which kiln's pipeline compiles as buffer updates";
-  }
+  if (!mutates) return g;
+  auto functional = std::make_shared<graph::Graph>(*g);
+  if (passes::functionalize_inplace_ops(*functional)) g = std::move(functional);
+  for (const graph::Node& node : g->nodes)
+    KILN_CHECK(!node.mutates_args) << "the graph updates tensors in place (" << node.qualified_name()
+                                   << "), which kiln's pipeline compiles as buffer updates";
+  return g;
+}
+
+// Step 2: what reads no input folded into constants, as compile/fold_graph_constants.cpp folds (the same plan and
+// evaluation); the constants stay apart from the graph, renumbered with it.
+KeyedGraph folded_graph(std::shared_ptr<const graph::Graph> g, std::vector<at::Tensor> constants) {
   const passes::ConstantFolding plan = passes::plan_constant_folding(*g, passes::kMaxFoldedBytes);
   if (plan.empty()) return {g, std::move(constants)};
   std::vector<at::Tensor> results;
@@ -223,6 +232,14 @@ KeyedGraph pipeline_input(std::shared_ptr<const graph::Graph> g, std::vector<at:
     if (v.is_constant) folded_constants.at(new_id.at(v.id)) = constants.at(v.id);
   for (size_t i = 0; i < plan.values.size(); ++i) folded_constants.at(new_id.at(plan.values[i])) = results[i];
   return {folded, std::move(folded_constants)};
+}
+
+KeyedGraph pipeline_input(std::shared_ptr<const graph::Graph> g, std::vector<at::Tensor> constants) {
+  KeyedGraph keyed = folded_graph(functional_graph(std::move(g)), std::move(constants));
+  // Step 2, its second half: the mask drop reads the folded constants (value ids are unchanged by it).
+  keyed.graph = runtime::drop_attention_masks_that_mask_nothing(
+      std::move(keyed.graph), [&keyed](const graph::Graph&) { return keyed.constants; });
+  return keyed;
 }
 
 // The graph record's artefact loaded through the device backend (its C++ library found in kiln's disk cache, where
