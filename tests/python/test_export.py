@@ -174,6 +174,22 @@ def test_round_trip_in_new_process(name, device, tmp_path):
     assert {name.split("/")[1] for name in saved} == {"graphs", "cuda" if device == "cuda" else "cpp"}, saved
 
 
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_cuda_code_of_exported_graphs_compiles_to_ptx(name):
+    """Without a GPU: each exported graph's kernels, emitted as CUDA C (what a CUDA export holds as CUDA images), compile
+    to PTX through NVRTC (the conftest's PTX check, which fails the test with NVRTC's message otherwise)."""
+    if not kiln._C.cuda.nvrtc_available():
+        pytest.skip("NVRTC is not installed")
+    torch.manual_seed(0)
+    make, make_inputs = MODELS[name]
+    args, kwargs = make_inputs("cpu")
+    program = kiln.export(make().eval(), args, kwargs)
+    before = kiln._C.cuda_ptx_check()["compiled"]
+    with torch.no_grad():
+        program(*args, **kwargs)
+    assert kiln._C.cuda_ptx_check()["compiled"] == before + 1
+
+
 def test_exported_module_has_the_state_under_its_names():
     torch.manual_seed(0)
     model = MLP().eval()

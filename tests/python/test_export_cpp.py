@@ -1,7 +1,8 @@
 """The C++ loader of exported programs (include/kiln/export.h) through examples/export_cpp: programs exported and
-saved here are loaded and run by the example executable, a process without Python, and its outputs compared with
-eager's; the file's compiled code must run as it is (backend kiln, no code compiled again); wrong inputs and
-corrupted files make it fail with the message; the executable links no libpython.
+saved here (on the CPU, and on CUDA where there is a GPU) are loaded and run by the example executable, a process
+without Python, and its outputs compared with eager's; the file's compiled code must run as it is (backend kiln, no
+code compiled again); wrong inputs and corrupted files make it fail with the message; the executable links no
+libpython.
 
 The example is built once per session with cmake + ninja into build/export_cpp from the static libraries of the
 kiln build folder (build/dev or build/gpu, made by scripts/setup.sh; KILN_BUILD_DIR overrides); the tests skip with
@@ -126,21 +127,23 @@ def _check_against_eager(example, tmp_path, model, args, flatten=lambda out: [ou
 
 
 @pytest.mark.parametrize("make, args, flatten", [
-    (MLP, lambda: (random_tensor(4, 16),), lambda out: [out]),
-    (SmallCNN, lambda: (random_tensor(2, 3, 12, 12), random_tensor(2, 16)), lambda out: [out["logits"], out["masked"]]),
+    (MLP, lambda device: (random_tensor(4, 16, device=device),), lambda out: [out]),
+    (SmallCNN, lambda device: (random_tensor(2, 3, 12, 12, device=device), random_tensor(2, 16, device=device)),
+     lambda out: [out["logits"], out["masked"]]),
 ], ids=["mlp", "cnn"])
-def test_example_matches_eager(example, tmp_path, make, args, flatten):
+def test_example_matches_eager(example, tmp_path, device, make, args, flatten):
     torch.manual_seed(0)
-    # backend kiln: the file's compiled code ran (its C++ library, through kiln's runtime), not the interpreter.
-    _check_against_eager(example, tmp_path, make().eval(), args, flatten)
+    # backend kiln: the file's compiled code ran (its C++ library or CUDA kernels, through kiln's runtime), not the
+    # interpreter.
+    _check_against_eager(example, tmp_path, make().to(device).eval(), lambda: args(device), flatten)
 
 
-def test_attention_masks_that_mask_nothing_run_the_compiled_code(example, tmp_path):
+def test_attention_masks_that_mask_nothing_run_the_compiled_code(example, tmp_path, device):
     """The pipeline drops attention masks that mask nothing (an all-True bool mask, an all-zero float mask) before its
     cache key; the loader drops them too, through the same step, and runs the file's compiled record."""
     torch.manual_seed(0)
-    model = AttentionWithMasksThatMaskNothing().eval()
-    done = _check_against_eager(example, tmp_path, model, lambda: (random_tensor(2, 8, 16),))
+    model = AttentionWithMasksThatMaskNothing().to(device).eval()
+    done = _check_against_eager(example, tmp_path, model, lambda: (random_tensor(2, 8, 16, device=device),))
     assert "2 attention masks that mask nothing dropped" in done.stderr, done.stderr
 
 
