@@ -16,10 +16,4 @@ namespace kiln::compile {
 std::shared_ptr<const graph::Graph> fold_graph_constants(std::shared_ptr<const graph::Graph> g, const runtime::ConstantsOf& constants_of,
                                                          std::vector<std::string>& folded);
 
-/// scaled_dot_product_attention whose mask is a constant that masks nothing (all True, or all 0.0: what
-/// transformers builds from an all-ones attention mask while compiling) gets no mask, so the unmasked attention
-/// kernels and their backward apply; the result is the same. Returns `g` itself when none qualifies. Needs the GIL.
-std::shared_ptr<const graph::Graph> drop_attention_masks_that_mask_nothing(std::shared_ptr<const graph::Graph> g,
-                                                                            const runtime::ConstantsOf& constants_of);
-
 }  // namespace kiln::compile

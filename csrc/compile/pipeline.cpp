@@ -21,6 +21,7 @@
 #include "compile/fold_graph_constants.h"
 #include "compile/meta_oracle.h"
 #include "compile/split_for_autodiff.h"
+#include "graph/graph_device.h"
 #include "fusion/in_place_outputs.h"
 #include "fusion/schedule_kernels.h"
 #include "passes/channels_last.h"
@@ -33,6 +34,7 @@
 #include "passes/stage_row_sums.h"
 #include "passes/use_cudnn_batch_norm.h"
 #include "runtime/cuda_graphs.h"
+#include "runtime/drop_attention_masks.h"
 #include "runtime/eager_interpreter.h"
 #include "runtime/torch_info.h"
 
@@ -64,28 +66,17 @@ bool views_only(const graph::Graph& g) {
   return true;
 }
 
-// The device all of the graph's tensors live on (CPU, or one CUDA device), or nullopt with `why` set.
+// The device all of the graph's tensors live on, when kiln generates code for it (CPU, or one CUDA device), or
+// nullopt with `why` set.
 std::optional<graph::Device> graph_device(const graph::Graph& g, std::string& why) {
-  std::optional<graph::Device> device;
   for (const graph::Value& v : g.values) {
-    if (!v.is_tensor) continue;
-    const graph::Device& d = v.meta.device;
-    if (d.type != graph::DeviceType::CPU && d.type != graph::DeviceType::CUDA) {
-      why = "tensors on " + graph::device_type_name(d.type) + " (kiln generates code for CPU and CUDA)";
+    const graph::DeviceType type = v.meta.device.type;
+    if (v.is_tensor && type != graph::DeviceType::CPU && type != graph::DeviceType::CUDA) {
+      why = "tensors on " + graph::device_type_name(type) + " (kiln generates code for CPU and CUDA)";
       return std::nullopt;
     }
-    if (d.type == graph::DeviceType::CUDA && d.index < 0) {
-      why = "a CUDA tensor without a device index";
-      return std::nullopt;
-    }
-    if (device && !(*device == d)) {
-      why = "tensors on more than one device (" + graph::device_type_name(device->type) + " and " +
-            graph::device_type_name(d.type) + ")";
-      return std::nullopt;
-    }
-    device = d;
   }
-  return device ? device : graph::Device{};
+  return graph::single_device(g, why);
 }
 
 // Why `g` must stay on the eager interpreter, or "".
@@ -305,7 +296,9 @@ std::shared_ptr<runtime::CompiledGraph> compile_kiln_graph(std::shared_ptr<const
   // 2. Fold: after functionalization, so a mask built in place (`torch.full(...).triu_(1)`) is functional by now.
   std::vector<std::string> folded;
   g = fold_graph_constants(std::move(g), constants_of, folded);
-  g = drop_attention_masks_that_mask_nothing(std::move(g), constants_of);
+  // Then attention masks that mask nothing are dropped: after folding, which may have made the mask a constant. The
+  // C++ loader of exported programs (csrc/export) repeats steps 1 and 2 to find the graph the artefact is keyed by.
+  g = runtime::drop_attention_masks_that_mask_nothing(std::move(g), constants_of);
   // 3. What the graph needs: a forward/backward split, buffer updates, or the plain lowering.
   std::string reason;
   if (views_only(*g) && needs_autograd(*g)) {

@@ -3,11 +3,13 @@
 // the manifest's SHA-256, rebuilds the graph from graph.json (graph::graph_from_json), the state and constants from
 // weights.safetensors, and the calling convention from program.json; then picks how to run:
 //
-//   compiled  the file's graph record (kernels/graphs/) decoded as the graph cache decodes it, its C++ library
-//             (kernels/cpp/) published into kiln's disk cache, and runtime::make_kiln_graph loading it from there
-//             through the device backend, as kiln.compile's warm start does. The record was made from the saved
-//             graph after the pipeline's first steps (in-place ops made functional, constants folded: the folded
-//             values are not in the file), so those steps run here too, on the same passes, to get its constants;
+//   compiled  the file's graph record (kernels/graphs/) decoded as the graph cache decodes it, its device code (the C++
+//             library, kernels/cpp/, or the CUDA images, kernels/cuda/) published into kiln's disk cache, and
+//             runtime::make_kiln_graph loading it from there through the device backend the record names, on the
+//             graph's device, as kiln.compile's warm start does. The record was made from the saved graph after the
+//             pipeline's first steps (in-place ops made functional, constants folded, attention masks that mask
+//             nothing dropped: the folded values are not in the file), so those steps run here too, through the same
+//             functions, to get the graph and constants it was keyed by;
 //   eager     runtime::make_eager_interpreter over the saved graph (ATen op by op), for everything else.
 //
 // Why not run the pipeline here: compile/ asks Python for meta rules (compile/meta_oracle.cpp), and this loader
@@ -27,6 +29,7 @@
 
 #include "cache/graph_cache.h"
 #include "cache/kernel_cache.h"
+#include "codegen/device_backend.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/sha256.h"
@@ -34,9 +37,11 @@
 #include "export/dtype_names.h"
 #include "export/safetensors.h"
 #include "graph/graph.h"
+#include "graph/graph_device.h"
 #include "passes/fold_constants.h"
 #include "passes/functionalize.h"
 #include "runtime/compiled_graph.h"
+#include "runtime/drop_attention_masks.h"
 #include "runtime/eager_interpreter.h"
 #include "runtime/evaluate_folding.h"
 #include "runtime/kernel_graph.h"
@@ -182,31 +187,36 @@ std::string compiled_code_unusable(const json& manifest, const graph::Graph& g, 
   if (graphs.empty()) return "the file holds no compiled code (kiln.export ran the graph on the eager interpreter, "
                              "or kiln's disk cache was off when it was saved)";
   if (graphs.size() != 1) return "the file holds " + std::to_string(graphs.size()) + " compiled graph records, not one";
-  for (const graph::Value& v : g.values)
-    if (v.meta.device.type != graph::DeviceType::CPU)
-      return "the C++ loader runs compiled code for CPU programs only (the graph has " +
-             graph::device_type_name(v.meta.device.type) + " tensors)";
+  std::string why;
+  if (!graph::single_device(g, why)) return "the graph has " + why;
   return "";
 }
 
 // The graph kiln's pipeline keyed the file's compiled record by, with its constants' tensors: the saved graph with
-// in-place ops made functional and constants folded, exactly as compile::compile_kiln_graph does before it looks for
-// or lowers an artefact (compile/pipeline.cpp). Throws when the pipeline took another route (buffer updates).
+// in-place ops made functional, constants folded and attention masks that mask nothing dropped, exactly as
+// compile::compile_kiln_graph does before it looks for or lowers an artefact (compile/pipeline.cpp, steps 1 and 2).
+// Throws when the pipeline took another route (buffer updates).
 struct KeyedGraph {
   std::shared_ptr<const graph::Graph> graph;
   std::vector<at::Tensor> constants;  // indexed by ValueId
 };
 
-KeyedGraph pipeline_input(std::shared_ptr<const graph::Graph> g, std::vector<at::Tensor> constants) {
+// Step 1: in-place ops on the graph's own intermediates made functional (passes/functionalize.h).
+std::shared_ptr<const graph::Graph> functional_graph(std::shared_ptr<const graph::Graph> g) {
   bool mutates = false;
   for (const graph::Node& node : g->nodes) mutates = mutates || node.mutates_args;
-  if (mutates) {
-    auto functional = std::make_shared<graph::Graph>(*g);
-    if (passes::functionalize_inplace_ops(*functional)) g = std::move(functional);
-    for (const graph::Node& node : g->nodes)
-      KILN_CHECK(!node.mutates_args) << "the graph updates tensors in place (" << node.qualified_name()
-                                     << "), which kiln's pipeline compiles as buffer updates";
-  }
+  if (!mutates) return g;
+  auto functional = std::make_shared<graph::Graph>(*g);
+  if (passes::functionalize_inplace_ops(*functional)) g = std::move(functional);
+  for (const graph::Node& node : g->nodes)
+    KILN_CHECK(!node.mutates_args) << "the graph updates tensors in place (" << node.qualified_name()
+                                   << "), which kiln's pipeline compiles as buffer updates";
+  return g;
+}
+
+// Step 2: what reads no input folded into constants, as compile/fold_graph_constants.cpp folds (the same plan and
+// evaluation); the constants stay apart from the graph, renumbered with it.
+KeyedGraph folded_graph(std::shared_ptr<const graph::Graph> g, std::vector<at::Tensor> constants) {
   const passes::ConstantFolding plan = passes::plan_constant_folding(*g, passes::kMaxFoldedBytes);
   if (plan.empty()) return {g, std::move(constants)};
   std::vector<at::Tensor> results;
@@ -225,21 +235,38 @@ KeyedGraph pipeline_input(std::shared_ptr<const graph::Graph> g, std::vector<at:
   return {folded, std::move(folded_constants)};
 }
 
-// The graph record's artefact loaded through the device backend (its C++ library found in kiln's disk cache, where
-// the file's copy was published, or compiled again from the record's source for another CPU or compiler).
+KeyedGraph pipeline_input(std::shared_ptr<const graph::Graph> g, std::vector<at::Tensor> constants) {
+  KeyedGraph keyed = folded_graph(functional_graph(std::move(g)), std::move(constants));
+  // Step 2, its second half: the mask drop reads the folded constants (value ids are unchanged by it).
+  keyed.graph = runtime::drop_attention_masks_that_mask_nothing(
+      std::move(keyed.graph), [&keyed](const graph::Graph&) { return keyed.constants; });
+  return keyed;
+}
+
+// The graph record's artefact loaded through the device backend it names, on the graph's device: its device code
+// found in kiln's disk cache, where the file's copy was published, or compiled again from the record's source (another
+// CPU or compiler; another GPU architecture or NVRTC version).
 std::shared_ptr<runtime::CompiledGraph> load_compiled(const std::map<std::string, std::string_view>& entries,
                                                       const std::string& graph_entry,
                                                       std::shared_ptr<const graph::Graph> g,
                                                       const std::vector<at::Tensor>& constants) {
   for (const auto& [name, data] : entries) {
     std::smatch m;
-    if (std::regex_match(name, m, kernel_entry_pattern()) && m[1] == "cpp")  // best effort: the disk cache may be off
-      cache::publish_content("cpp", m[2], m[3], std::string(data));
+    if (std::regex_match(name, m, kernel_entry_pattern()) && m[1] != "graphs")  // best effort: the cache may be off
+      cache::publish_content(m[1], m[2], m[3], std::string(data));
   }
+  std::string why;
+  const graph::Device device = *graph::single_device(*g, why);  // checked by compiled_code_unusable
   const KeyedGraph keyed = pipeline_input(std::move(g), constants);
   std::optional<cache::CompiledArtifact> artifact =
       cache::artifact_from_bytes(std::string(entries.at(graph_entry)), *keyed.graph);
   KILN_CHECK(artifact) << "the compiled graph record does not match the saved graph's constants";
+  // The backend registered for the graph's device must be the one that emitted the record's code (throws for a
+  // device kiln generates no code for).
+  const std::string expected = codegen::device_backend(device.type).name();
+  KILN_CHECK(artifact->code.empty() || artifact->code.backend == expected)
+      << "the compiled graph record holds " << artifact->code.backend << " code, and the graph runs on "
+      << graph::device_type_name(device.type) << " (" << expected << " code)";
   const std::vector<graph::ValueId> sources = artifact->constant_sources;
   const runtime::ConstantsOf constants_of = [keyed_constants = keyed.constants, sources](const graph::Graph& optimised) {
     std::vector<at::Tensor> tensors(optimised.values.size());
@@ -248,7 +275,7 @@ std::shared_ptr<runtime::CompiledGraph> load_compiled(const std::map<std::string
     return tensors;
   };
   const char* dump_dir = std::getenv("KILN_DEBUG_DIR");
-  return runtime::make_kiln_graph(std::move(*artifact), graph::Device{}, constants_of,
+  return runtime::make_kiln_graph(std::move(*artifact), device, constants_of,
                                   "torch " + runtime::built_torch_version(), dump_dir ? dump_dir : "", {});
 }
 

@@ -9,10 +9,11 @@
 //
 // load() checks every entry of the file against the SHA-256 its manifest records (and the zip's CRC-32), reads the
 // graph, the program's input specification and the weights. When the file holds compiled code for this machine
-// (the same torch, a CPU program), the code runs through kiln's runtime as kiln.compile runs it: the C++ library
-// from the file is put into kiln's disk cache (KILN_CACHE_DIR, with the cache's ownership and permission checks)
-// and loaded from there. Otherwise the graph runs on kiln's eager interpreter (ATen op by op), and
-// fallback_reason() says why. Loading a file runs the compiled code it holds: load only files you trust.
+// (the same torch), the code runs through kiln's runtime as kiln.compile runs it: the C++ library (a CPU program) or
+// the CUDA images (a CUDA program; NVRTC must be found, as kiln finds it, to key them) from the file are put into
+// kiln's disk cache (KILN_CACHE_DIR, with the cache's ownership and permission checks) and loaded from there.
+// Otherwise the graph runs on kiln's eager interpreter (ATen op by op), and fallback_reason() says why. Loading a file
+// runs the compiled code it holds: load only files you trust.
 //
 // Link: kiln_export, kiln_runtime and kiln_base (static libraries of kiln's build) and LibTorch
 // (examples/export_cpp/CMakeLists.txt shows how).
@@ -53,7 +54,8 @@ class ExportedProgram {
   /// strings were specialised at export and are not passed). Returns the tensors of the result flattened the same
   /// way. Throws ExportError naming the argument (`inputs[0]: expected shape (4, 16), got (5, 16)`) when a tensor has
   /// another dtype, device or shape than input_specs() says; an input with other strides is copied to the exported
-  /// layout. Inference only: no gradients are recorded.
+  /// layout. Inference only: no gradients are recorded. A CUDA program's kernels run on torch's current stream of its
+  /// device and, as torch's own ops, may still be running when run() returns.
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) const;
 
   const std::vector<TensorSpec>& input_specs() const;

@@ -10,6 +10,7 @@ import zipfile
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import kiln
 from kiln.errors import GraphBreakError, KilnError
@@ -58,11 +59,48 @@ class TransformerBlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
+class AttentionWithMasksThatMaskNothing(nn.Module):
+    """Attention under masks that read no input and mask nothing (an all-True bool mask, an all-zero float mask), as
+    transformers builds from an all-ones attention mask: kiln's pipeline drops them before its cache key, so the
+    saved compiled record is keyed by the graph without them."""
+
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        keep = torch.ones(t, t, dtype=torch.bool, device=x.device)
+        bias = torch.zeros(b, 1, t, t, device=x.device)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        y = y + F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+
 MODELS = {
     "mlp": (MLP, lambda device: ((random_tensor(4, 16, device=device),), {"scale": 0.5})),
     "cnn": (ConvBnRelu, lambda device: ((random_tensor(2, 3, 12, 12, device=device),), {})),
     "transformer": (TransformerBlock, lambda device: ((random_tensor(2, 10, 32, device=device),), {})),
+    "attention_masks": (AttentionWithMasksThatMaskNothing, lambda device: ((random_tensor(2, 8, 16, device=device),),
+                                                                           {})),
 }
+
+
+def compiled_entries(cache_dir):
+    """The compiled code in a disk cache, named as an exported file names it ("kernels/cpp/<key>.so"): the C++
+    libraries and CUDA images. Code compiled in a process whose cache held only a file's entries shows as a name the
+    file does not hold."""
+    found = set()
+    for kind in ("cpp", "cuda"):
+        folder = os.path.join(cache_dir, kind)
+        if os.path.isdir(folder):
+            # an entry's checksum (<key><suffix>.sum) belongs to the entry
+            found |= {f"kernels/{kind}/{name.removesuffix('.sum')}" for name in os.listdir(folder)
+                      if not name.startswith(".")}
+    return found
 
 # Run in a new interpreter with only the saved file: loads it, runs it on the saved inputs, saves the outputs.
 # Prints kiln's compiler counters, to show what the first call compiled.
@@ -125,10 +163,31 @@ def test_round_trip_in_new_process(name, device, tmp_path):
         expected = model(*fresh_args, **fresh_kwargs)
     outputs, stats, log = _run_in_new_process(path, fresh_args, fresh_kwargs, tmp_path)
     _assert_close_tree(outputs, expected)
-    # The file's compiled code was used: the graph record and the library came from it, nothing was compiled.
+    # The file's compiled code was used: the graph record and the library or CUDA images came from it, nothing was
+    # compiled (neither by the C++ compiler nor by NVRTC).
     assert "compiling the saved graph" not in log, log
     assert stats["graph_cache_hits"] == 1 and stats["kernels_compiled"] == 0, stats
     assert stats["graphs_fallback"] == 0, stats
+    with zipfile.ZipFile(path) as archive:
+        saved = json.loads(archive.read("manifest.json"))["kernels"]
+    assert compiled_entries(tmp_path / "cache") <= set(saved), saved
+    assert {name.split("/")[1] for name in saved} == {"graphs", "cuda" if device == "cuda" else "cpp"}, saved
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_cuda_code_of_exported_graphs_compiles_to_ptx(name):
+    """Without a GPU: each exported graph's kernels, emitted as CUDA C (what a CUDA export holds as CUDA images), compile
+    to PTX through NVRTC (the conftest's PTX check, which fails the test with NVRTC's message otherwise)."""
+    if not kiln._C.cuda.nvrtc_available():
+        pytest.skip("NVRTC is not installed")
+    torch.manual_seed(0)
+    make, make_inputs = MODELS[name]
+    args, kwargs = make_inputs("cpu")
+    program = kiln.export(make().eval(), args, kwargs)
+    before = kiln._C.cuda_ptx_check()["compiled"]
+    with torch.no_grad():
+        program(*args, **kwargs)
+    assert kiln._C.cuda_ptx_check()["compiled"] == before + 1
 
 
 def test_exported_module_has_the_state_under_its_names():

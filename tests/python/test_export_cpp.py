@@ -1,14 +1,18 @@
 """The C++ loader of exported programs (include/kiln/export.h) through examples/export_cpp: programs exported and
-saved here are loaded and run by the example executable, a process without Python, and its outputs compared with
-eager's; wrong inputs and corrupted files make it fail with the message; the executable links no libpython.
+saved here (on the CPU, and on CUDA where there is a GPU) are loaded and run by the example executable, a process
+without Python, and its outputs compared with eager's; the file's compiled code must run as it is (backend kiln, no
+code compiled again); wrong inputs and corrupted files make it fail with the message; the executable links no
+libpython.
 
 The example is built once per session with cmake + ninja into build/export_cpp from the static libraries of the
 kiln build folder (build/dev or build/gpu, made by scripts/setup.sh; KILN_BUILD_DIR overrides); the tests skip with
 the reason when cmake, ninja or those libraries are missing."""
+import json
 import os
 import shutil
 import sys
 import subprocess
+import zipfile
 
 import pytest
 import torch
@@ -17,6 +21,7 @@ import torch.nn as nn
 import kiln
 from kiln.export import _safetensors_bytes, _tensors_from_safetensors
 from kiln.testing import random_tensor, tolerance
+from test_export import AttentionWithMasksThatMaskNothing, compiled_entries
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The kiln build folder whose static libraries the example links: KILN_BUILD_DIR, else scripts/setup.sh's folder for
@@ -84,7 +89,7 @@ def _run(example, program_path, inputs, tmp_path, cache_dir):
     inputs_path.write_bytes(_safetensors_bytes({f"input.{i}": t for i, t in enumerate(inputs)}))
     if outputs_path.exists():
         outputs_path.unlink()
-    env = dict(os.environ, KILN_CACHE_DIR=str(cache_dir))
+    env = dict(os.environ, KILN_CACHE_DIR=str(cache_dir), KILN_LOGS="perf,fallbacks")
     done = subprocess.run([example, str(program_path), "--inputs", str(inputs_path), "--outputs", str(outputs_path),
                            "--iterations", "3"], capture_output=True, text=True, env=env, timeout=300)
     outputs = _tensors_from_safetensors(outputs_path.read_bytes()) if outputs_path.exists() else None
@@ -99,29 +104,47 @@ def _export(model, args, tmp_path):
 
 
 def _check_against_eager(example, tmp_path, model, args, flatten=lambda out: [out], backend="kiln"):
-    """Exports `model` on args(), runs the file in the example on fresh args() and compares with eager's result."""
+    """Exports `model` on args(), runs the file in the example on fresh args() and compares with eager's result. With
+    backend "kiln", the file's compiled code must have run as it is: its C++ library or CUDA images were loaded from
+    the disk cache the example started with (holding nothing but the file's entries), none compiled again."""
     path = _export(model, args(), tmp_path)
     fresh = args()  # fresh inputs, not the exported ones
     with torch.no_grad():
         expected = flatten(model(*fresh))
-    done, outputs = _run(example, path, fresh, tmp_path, tmp_path / "cache")
+    cache = tmp_path / "cache"
+    done, outputs = _run(example, path, fresh, tmp_path, cache)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"backend {backend}" in done.stdout, done.stdout
     assert len(outputs) == len(expected)
     for i, want in enumerate(expected):
         rtol, atol = tolerance(want.dtype)
-        torch.testing.assert_close(outputs[f"output.{i}"], want, rtol=rtol, atol=atol)
+        torch.testing.assert_close(outputs[f"output.{i}"], want.cpu(), rtol=rtol, atol=atol)
+    if backend == "kiln":
+        with zipfile.ZipFile(path) as archive:
+            saved = set(json.loads(archive.read("manifest.json"))["kernels"])
+        assert compiled_entries(cache) <= saved, done.stdout
     return done
 
 
 @pytest.mark.parametrize("make, args, flatten", [
-    (MLP, lambda: (random_tensor(4, 16),), lambda out: [out]),
-    (SmallCNN, lambda: (random_tensor(2, 3, 12, 12), random_tensor(2, 16)), lambda out: [out["logits"], out["masked"]]),
+    (MLP, lambda device: (random_tensor(4, 16, device=device),), lambda out: [out]),
+    (SmallCNN, lambda device: (random_tensor(2, 3, 12, 12, device=device), random_tensor(2, 16, device=device)),
+     lambda out: [out["logits"], out["masked"]]),
 ], ids=["mlp", "cnn"])
-def test_example_matches_eager(example, tmp_path, make, args, flatten):
+def test_example_matches_eager(example, tmp_path, device, make, args, flatten):
     torch.manual_seed(0)
-    # backend kiln: the file's compiled code ran (its C++ library, through kiln's runtime), not the interpreter.
-    _check_against_eager(example, tmp_path, make().eval(), args, flatten)
+    # backend kiln: the file's compiled code ran (its C++ library or CUDA kernels, through kiln's runtime), not the
+    # interpreter.
+    _check_against_eager(example, tmp_path, make().to(device).eval(), lambda: args(device), flatten)
+
+
+def test_attention_masks_that_mask_nothing_run_the_compiled_code(example, tmp_path, device):
+    """The pipeline drops attention masks that mask nothing (an all-True bool mask, an all-zero float mask) before its
+    cache key; the loader drops them too, through the same step, and runs the file's compiled record."""
+    torch.manual_seed(0)
+    model = AttentionWithMasksThatMaskNothing().to(device).eval()
+    done = _check_against_eager(example, tmp_path, model, lambda: (random_tensor(2, 8, 16, device=device),))
+    assert "2 attention masks that mask nothing dropped" in done.stderr, done.stderr
 
 
 def test_wrong_input_shape_and_dtype(example, tmp_path):
