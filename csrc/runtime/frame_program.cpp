@@ -188,6 +188,13 @@ PyObject* build_output(const OutputSpec& spec, BuildContext& ctx) {
             case StoreKind::kListContents:  // the same list object, with the items the trace left in it
               r = PyList_SetSlice(target, 0, PyList_GET_SIZE(target), value);
               break;
+            case StoreKind::kCall: {  // a deferred call (a log line): its result is None, dropped as eager drops it
+              PyObject* result = PyObject_Call(PyTuple_GET_ITEM(value, 0), PyTuple_GET_ITEM(value, 1),
+                                               PyTuple_GET_ITEM(value, 2));
+              r = result ? 0 : -1;
+              Py_XDECREF(result);
+              break;
+            }
           }
         }
         Py_XDECREF(target);

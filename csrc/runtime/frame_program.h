@@ -20,7 +20,7 @@ class CompiledGraph;
 
 /// The shape of a frame's return value around the graph's outputs.
 /// How an assignment of OutputSpec::kStores is made (its code in the pair).
-enum class StoreKind : int { kAttribute = 0, kItem = 1, kDictContents = 2, kListContents = 3 };
+enum class StoreKind : int { kAttribute = 0, kItem = 1, kDictContents = 2, kListContents = 3, kCall = 4 };
 
 struct OutputSpec {
   /// kSource: a value of the frame re-read through `source` (keeps its identity across a graph break);
@@ -35,7 +35,8 @@ struct OutputSpec {
   /// kStores: children[0] (the frame's own output), then the assignments the traced code made, in order:
   /// children[1 + 2i] = target, children[2 + 2i] = value, `object` a tuple of (name, StoreKind) pairs:
   /// setattr(target, name, value); target[name] = value (a globals dict); or target's items replaced by
-  /// value's (a dict or list from the frame that the traced code changed; name is None).
+  /// value's (a dict or list from the frame that the traced code changed; name is None); or, kCall, value[0](*value[1],
+  /// **value[2]) (a deferred log call; target unused).
   enum class Kind : unsigned char {
     kGraphOutput, kConstant, kTuple, kList, kDict, kSource, kBoundMethod, kRepeat, kTypedTuple, kConstruct, kStores,
     kNewObject,

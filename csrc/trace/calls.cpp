@@ -17,11 +17,6 @@ namespace {
 
 constexpr int kMaxInlineDepth = 64;
 
-
-
-
-
-
 // A value the recorder can be handed as it is: fakes, constants and containers of them. A module or an object would
 // reach it with its real tensors, which would become graph constants (no gradient, no guard on their values).
 bool recordable(const VarPtr& v) {
@@ -96,6 +91,7 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
   bool construct = false;
   VarPtr made = call_python_construct(fn, args, kwargs, &construct);
   if (construct) return made;
+  if (VarPtr logged = defer_log_call(fn, args, kwargs)) return logged;
   switch (fn->kind) {
     case VarKind::kModule: return call_module(fn, std::move(args), std::move(kwargs));
     case VarKind::kUserObject: return call_user_object(fn, std::move(args), std::move(kwargs));
@@ -195,6 +191,7 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
   *handled = true;
   size_t n = args.size();
   if (VarPtr out = user_object_builtin(f, args, kwargs)) return out;
+  if (VarPtr out = call_identity_or_copy(f, args, kwargs)) return out;
   if (f == builtin("len") && n == 1 && kwargs.empty()) {
     const VarPtr& x = args[0];
     if (x->is(VarKind::kTuple) || x->is(VarKind::kList) || x->is(VarKind::kDict))
@@ -358,6 +355,8 @@ VarPtr Tracer::generic_getattr(const VarPtr& obj, const VarPtr& name) {
   // object.__getattribute__(obj, name), as a class's own __getattribute__ calls it (HF's configs map aliases, then
   // ask super()): read the attribute as the trace reads any, when that gives the very object the generic lookup
   // gives (the override passes this name through), so the guards of an ordinary read cover it.
+  if (obj->is(VarKind::kUserObject) && name->is(VarKind::kConst) && PyUnicode_Check(name->value))
+    return raw_user_object_attr(obj, name->value);  // its table, whatever its class's override does
   if (!name->is(VarKind::kConst) || !PyUnicode_Check(name->value) || !obj->value ||
       !(obj->is(VarKind::kConst) || obj->is(VarKind::kModule)))
     KILN_UNSUPPORTED() << "object.__getattribute__ of a " << obj->describe();

@@ -128,6 +128,7 @@ PyObject* context_var_type() {
 }  // namespace
 
 bool Tracer::claim_container(const VarPtr& v) {
+  if (v->read_only) return false;
   if (!v->source) return true;
   if (v->is(VarKind::kList)) {
     // A list from the frame (`self.cache.layers.append(layer)`): the compiled frame puts the items the trace leaves

@@ -105,7 +105,7 @@ void Tracer::store_cell(int index, PyObject* cell, const VarPtr& value) {
 
 Tracer::Tracer::PendingStore* Tracer::find_store(PyObject* owner, PyObject* name) const {
   for (const PendingStore& store : stores_) {
-    if (store.owner != owner) continue;
+    if (store.call || store.owner != owner) continue;
     // A dict's contents are one place (name None); attributes and items are places by name.
     if (name == Py_None ? store.contents : !store.contents && PyUnicode_Compare(store.name, name) == 0)
       return const_cast<PendingStore*>(&store);
@@ -148,7 +148,7 @@ runtime::OutputSpec Tracer::with_stores(runtime::OutputSpec output, std::vector<
     }
     spec.children.push_back(std::move(target));
     // A container's new contents are built from the items the trace left in it (its own spec would re-read it).
-    const bool list = store.contents && store.value->is(VarKind::kList);
+    const bool list = !store.call && store.contents && store.value->is(VarKind::kList);
     if (list) {
       runtime::OutputSpec items;
       items.kind = runtime::OutputSpec::Kind::kList;
@@ -159,7 +159,8 @@ runtime::OutputSpec Tracer::with_stores(runtime::OutputSpec output, std::vector<
       spec.children.push_back(store.contents ? dict_spec(store.value, graph_outputs, /*break_output=*/true)
                                              : output_spec(store.value, graph_outputs, /*break_output=*/true));
     }
-    const runtime::StoreKind kind = list             ? runtime::StoreKind::kListContents
+    const runtime::StoreKind kind = store.call       ? runtime::StoreKind::kCall
+                                    : list           ? runtime::StoreKind::kListContents
                                     : store.contents ? runtime::StoreKind::kDictContents
                                     : store.item   ? runtime::StoreKind::kItem
                                                    : runtime::StoreKind::kAttribute;

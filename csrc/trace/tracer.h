@@ -176,6 +176,11 @@ class Tracer {
   /// class method, a value read through the class's source). A missing name raises AttributeError in the trace, or,
   /// with `found`, sets *found = false and returns nullptr.
   VarPtr user_object_attr(const VarPtr& obj, PyObject* name, bool* found = nullptr);
+  /// object.__getattribute__, object.__setattr__ and object.__delattr__ of a kUserObject (what the public three do for
+  /// a class that does not override them in Python, and what an override reaches through super()).
+  VarPtr raw_user_object_attr(const VarPtr& obj, PyObject* name, bool* found = nullptr);
+  void raw_store_user_object_attr(const VarPtr& obj, PyObject* name, const VarPtr& value);
+  void raw_delete_attribute(const VarPtr& obj, PyObject* name);
   /// A real instance of a kUserObject's class whose __dict__ holds its attributes' trace-time values (fakes for
   /// tensors; objects made in the trace, and containers of them, likewise), for Python code the trace runs for real
   /// that only reads it (a record's __post_init__). New reference; it must never leave the trace.
@@ -234,6 +239,14 @@ class Tracer {
   bool pin_context_var(const VarPtr& v);
   /// inspect.signature(f) of a function pinned by identity or a method of one: a constant.
   VarPtr fold_signature(const VarPtr& target, const KwArgs& kwargs);
+  /// id(x) and copy.deepcopy(x) with one argument (object_copies.cpp); nullptr for other calls.
+  VarPtr call_identity_or_copy(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+  /// A deep copy of `v` as copy.deepcopy makes it, on Vars; `memo` maps copied Vars to their copies.
+  VarPtr deep_copy(const VarPtr& v, std::unordered_map<const Var*, VarPtr>& memo);
+  /// `logger.warning(...)` and the other level methods of a logging.Logger (log_calls.cpp): the call is recorded with
+  /// the traced assignments and made for real after the graph, in program order; returns None's Var. nullptr for any
+  /// other call.
+  VarPtr defer_log_call(const VarPtr& fn, const std::vector<VarPtr>& args, const KwArgs& kwargs);
 
  private:
   /// Attribute and global stores traced so far, in program order (one entry per owner and name: a later
@@ -248,6 +261,9 @@ class Tracer {
     /// owner (a dict or list from the frame, `target`'s built_from) takes the items `value` (that same Var) holds when
     /// the graph ends: the traced code changed it (d[k] = v, d.pop(k), l.append(x)); name is None.
     bool contents = false;
+    /// A call made after the graph (a deferred log call, log_calls.cpp): value = (callable, args tuple, kwargs dict);
+    /// owner and name are None. Never a place: stored_value does not see it, and each call is its own entry.
+    bool call = false;
   };
   std::vector<PendingStore> stores_;
   PendingStore* find_store(PyObject* owner, PyObject* name) const;

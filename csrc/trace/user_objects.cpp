@@ -58,6 +58,19 @@ bool immutable_constant(PyObject* v) {
   return v == Py_None || PyBool_Check(v) || PyLong_CheckExact(v) || PyFloat_CheckExact(v) || PyUnicode_CheckExact(v);
 }
 
+// The class's own __getattribute__, __setattr__ or __delattr__ when written in Python (a config that maps aliased
+// names, a strict dataclass that validates on assignment), else nullptr: object's, which the table implements.
+PyObject* python_attribute_hook(PyTypeObject* type, const char* name) {
+  PyObject* key = PyUnicode_InternFromString(name);
+  PyObject* hook = key ? _PyType_Lookup(type, key) : nullptr;
+  Py_XDECREF(key);
+  return hook && PyFunction_Check(hook) ? hook : nullptr;
+}
+
+bool is_attribute_error(const VarPtr& exception) {
+  return exception && exception->value && PyObject_IsInstance(exception->value, PyExc_AttributeError) == 1;
+}
+
 }  // namespace
 
 VarPtr Tracer::construct_user_object(PyObject* cls, const SourcePtr& class_source, std::vector<VarPtr> args,
@@ -87,10 +100,33 @@ VarPtr Tracer::construct_user_object(PyObject* cls, const SourcePtr& class_sourc
 
 VarPtr Tracer::user_object_attr(const VarPtr& obj, PyObject* name, bool* found) {
   KILN_ASSERT(obj->is(VarKind::kUserObject)) << "user_object_attr on a " << obj->describe();
+  PyObject* hook = python_attribute_hook(obj->real_type, "__getattribute__");
+  if (!hook) return raw_user_object_attr(obj, name, found);
+  // The class's __getattribute__ is traced (it ends in object.__getattribute__, the table); getattr(x, n, d) and
+  // hasattr see the AttributeError it raises, as in eager.
+  if (found) *found = true;
+  try {
+    return call(make_method(hook, obj), {make_const(name)}, {});
+  } catch (const TracedRaise& raised) {
+    if (!found || !is_attribute_error(raised.exception())) throw;
+  }
+  *found = false;
+  return nullptr;
+}
+
+VarPtr Tracer::raw_user_object_attr(const VarPtr& obj, PyObject* name, bool* found) {
   if (found) *found = true;
   PyTypeObject* type = obj->real_type;
   const std::string attr = str_of(name);
   if (attr == "__class__") return make_const((PyObject*)type, obj->class_source);
+  if (attr == "__dict__") {
+    // A view of the table that the trace may read but not change (a change through it would not reach the table).
+    std::vector<PyObject*> keys;
+    for (PyObject* k : obj->keys) keys.push_back(Py_NewRef(k));
+    VarPtr view = make_dict(std::move(keys), obj->items);
+    view->read_only = true;
+    return view;
+  }
   if (PyObject* descr = data_descriptor(type, name)) {
     if (Py_TYPE(descr) != &PyProperty_Type)
       KILN_UNSUPPORTED() << "reading ." << attr << " of a " << obj->describe() << " (a " << Py_TYPE(descr)->tp_name
@@ -136,6 +172,14 @@ VarPtr Tracer::user_object_attr(const VarPtr& obj, PyObject* name, bool* found) 
 }
 
 void Tracer::store_user_object_attr(const VarPtr& obj, PyObject* name, const VarPtr& value) {
+  if (PyObject* hook = python_attribute_hook(obj->real_type, "__setattr__")) {
+    call(make_method(hook, obj), {make_const(name), value}, {});  // traced, down to object.__setattr__ (the table)
+    return;
+  }
+  raw_store_user_object_attr(obj, name, value);
+}
+
+void Tracer::raw_store_user_object_attr(const VarPtr& obj, PyObject* name, const VarPtr& value) {
   if (PyObject* descr = data_descriptor(obj->real_type, name)) {
     if (Py_TYPE(descr) != &PyProperty_Type)
       KILN_UNSUPPORTED() << "assigning ." << str_of(name) << " of a " << obj->describe() << " (a "
@@ -161,6 +205,14 @@ void Tracer::delete_attribute(const VarPtr& obj, PyObject* name) {
   if (!obj->is(VarKind::kUserObject))
     KILN_UNSUPPORTED() << "deleting ." << str_of(name) << " of a " << obj->describe()
                        << " (only attributes of objects made in the traced code are deleted in the graph)";
+  if (PyObject* hook = python_attribute_hook(obj->real_type, "__delattr__")) {
+    call(make_method(hook, obj), {make_const(name)}, {});
+    return;
+  }
+  raw_delete_attribute(obj, name);
+}
+
+void Tracer::raw_delete_attribute(const VarPtr& obj, PyObject* name) {
   if (PyObject* descr = data_descriptor(obj->real_type, name)) {
     PyObject* deleter = Py_TYPE(descr) == &PyProperty_Type ? property_part(descr, "fdel") : nullptr;
     if (!deleter)
@@ -273,6 +325,12 @@ VarPtr Tracer::user_object_builtin(PyObject* f, const std::vector<VarPtr>& args,
     if (n == 3) return args[2];
     return user_object_attr(x, args[1]->value);  // raises AttributeError in the trace
   }
+  const bool set = f == calls::builtin("setattr") && n == 3, del = f == calls::builtin("delattr") && n == 2;
+  if ((set || del) && x->is(VarKind::kUserObject) && args[1]->is(VarKind::kConst) && PyUnicode_Check(args[1]->value)) {
+    if (set) store_user_object_attr(x, args[1]->value, args[2]);
+    else delete_attribute(x, args[1]->value);
+    return make_const(Py_None);
+  }
   return nullptr;
 }
 
@@ -297,12 +355,12 @@ VarPtr Tracer::call_user_object(const VarPtr& fn, std::vector<VarPtr> args, KwAr
   if (kwargs.empty()) {
     if (name == "__init__" && n == 0) return make_const(Py_None);  // object.__init__ (super().__init__())
     if (name == "__setattr__" && n == 2) {
-      store_user_object_attr(self, attribute_name(args[0]), args[1]);
+      raw_store_user_object_attr(self, attribute_name(args[0]), args[1]);
       return make_const(Py_None);
     }
-    if (name == "__getattribute__" && n == 1) return user_object_attr(self, attribute_name(args[0]));
+    if (name == "__getattribute__" && n == 1) return raw_user_object_attr(self, attribute_name(args[0]));
     if (name == "__delattr__" && n == 1) {
-      delete_attribute(self, attribute_name(args[0]));
+      raw_delete_attribute(self, attribute_name(args[0]));
       return make_const(Py_None);
     }
   }

@@ -79,6 +79,8 @@ struct Var {
   /// An exception the traced code raised and caught (interpreter_except.cpp): the traceback eager gives it cannot
   /// be rebuilt, so it may not leave the trace (a return or a value live at a break).
   bool caught = false;
+  /// A kDict view the trace may read but never change (a kUserObject's __dict__, whose changes would miss the table).
+  bool read_only = false;
   std::shared_ptr<InstructionTranslator> frame;  ///< kGenerator only
   SourcePtr class_source;  ///< kUserObject only: where its class was read (nullptr when unknown)
 

@@ -422,7 +422,8 @@ def user_class_refusal(cls):
     when it is. A plain user class: defined outside torch, kiln and the standard library (its library bases only the
     pure-Python mixins of abc, typing and collections.abc); metaclass type or abc.ABCMeta (neither overrides __call__);
     object's __new__, __setattr__, __delattr__ and __getattribute__, no __getattr__ and no __del__ (so an instance is
-    its __dict__, filled by __init__ and plain stores, and is rebuilt as object.__new__(cls) plus that dict); an
+    its __dict__, filled by __init__ and plain stores, and is rebuilt as object.__new__(cls) plus that dict; Python
+    overrides of the three are traced down to object's); an
     __init__ written in Python (or object's); the layout of a plain Python instance (no C base, no __slots__ beyond
     __dict__/__weakref__); not abstract."""
     if not isinstance(cls, type):
@@ -448,9 +449,9 @@ def user_class_refusal(cls):
         return "its instances are not laid out as plain Python objects (a C base or __slots__)"
     if cls.__new__ is not object.__new__:
         return "it defines __new__"
-    for name in ("__setattr__", "__delattr__", "__getattribute__"):
-        if getattr(cls, name) is not getattr(object, name):
-            return f"it defines {name}"
+    for name in ("__setattr__", "__delattr__", "__getattribute__"):  # overrides written in Python are traced
+        if getattr(cls, name) is not getattr(object, name) and not isinstance(getattr(cls, name), types.FunctionType):
+            return f"it defines {name} in C"
     for name in ("__getattr__", "__del__"):
         if hasattr(cls, name):
             return f"it defines {name}"
@@ -543,3 +544,7 @@ def module_iteration(module):
         return "indexed"
     return None
 
+
+
+# Questions about Python protocols the tracer rebuilds (logging calls, deep copies): in their own module.
+from kiln._tracing_protocols import deepcopy_is_identity, deepcopy_refusal, is_log_call  # noqa: E402,F401
