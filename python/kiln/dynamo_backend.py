@@ -269,10 +269,13 @@ def _load(value, env):
     """An FX argument with each node replaced by its value in env."""
     if isinstance(value, torch.fx.Node):
         return env[value]
-    if type(value) in (tuple, list):
-        return type(value)(_load(v, env) for v in value)
     if isinstance(value, tuple) and hasattr(value, "_fields"):
         return type(value)(*(_load(v, env) for v in value))
+    # FX keeps list arguments as immutable_list (a list subclass): `torch.cat([a, b])` reaches here as one.
+    if isinstance(value, list):
+        return [_load(v, env) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_load(v, env) for v in value)
     if type(value) is dict or isinstance(value, torch.fx.immutable_collections.immutable_dict):
         return {k: _load(v, env) for k, v in value.items()}
     if isinstance(value, slice):

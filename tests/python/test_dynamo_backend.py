@@ -213,6 +213,17 @@ def test_symbolic_sizes_past_the_recompile_limit_run_eagerly(monkeypatch):
     assert stats["graphs_compiled"] == 1 and stats["calls_eager"] == 2, stats
 
 
+def test_list_arguments_of_fx_nodes_are_recorded():
+    """FX keeps a list argument (torch.cat's tensors, a view's sizes) as an immutable_list of nodes."""
+    def f(x, y):
+        z = torch.cat([torch.sin(x), y * 2], dim=1)
+        return torch.stack([z, z + 1]).view([2, -1]).relu()
+
+    assert_same_as_eager(f, random_tensor(3, 4, requires_grad=True), random_tensor(3, 5, requires_grad=True),
+                         compiled=backend_compile(f))
+    assert_ran_through_kiln()
+
+
 def test_unrecordable_node_runs_the_graph_eagerly_with_a_warning():
     # Activation checkpointing reaches the backend as a higher-order op with a subgraph, which kiln does not record.
     def block(x):
