@@ -279,6 +279,13 @@ BreakPlan plan_break(PyCodeObject* code, const bytecode::CodeInstructions& ci, c
       return plan;
     }
   }
+  // The exception an except block handles is CPython's current exception (sys.exc_info(), a bare `raise`,
+  // logger.exception); the code after a break runs in a resume function where none is, so the frame runs eagerly.
+  if (state.handling_exception) {
+    plan.why_not = "the construct is inside an except block (the exception it handles would not be current after a "
+                   "graph break)";
+    return plan;
+  }
   // A torch.autocast block entered at trace time was never entered at run time: the compiled frame enters it
   // after its graph (break_values, output_spec).
   // Inside grad-mode blocks only: the break code restores the mode on an exception. Inside any other block:

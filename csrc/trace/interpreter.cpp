@@ -215,7 +215,7 @@ VarPtr InstructionTranslator::run() {
         // A graph break planned by a previous trace of this frame: stop before the instruction that
         // failed there, with everything before it traced (trace.cpp's finish builds the graph).
         tracer_.broke_ = true;
-        tracer_.break_state_ = BreakState{pc_, stack_, locals_, kwnames_};
+        tracer_.break_state_ = BreakState{pc_, stack_, locals_, kwnames_, !tracer_.handled_exceptions_.empty()};
         return nullptr;
       }
       if (tracer_.depth() == 0) {

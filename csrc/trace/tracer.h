@@ -52,6 +52,9 @@ struct BreakState {
   std::vector<VarPtr> stack;    ///< the root's symbolic stack, bottom first (kNull entries included)
   std::vector<VarPtr> locals;   ///< the root's localsplus (nullptr = unbound)
   PyObject* kwnames = nullptr;  ///< a pending KW_NAMES tuple (borrowed from co_consts), else nullptr
+  /// Inside an except block: an exception is being handled (sys.exc_info(), a bare `raise`, logger.exception read
+  /// it), which the code after a break would not have.
+  bool handling_exception = false;
 };
 
 /// Turns the pending Python exception into kiln's Unsupported error (a graph break), naming `context` and the

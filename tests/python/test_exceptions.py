@@ -270,3 +270,34 @@ def test_missing_attribute_caught_as_attribute_error_is_traced_and_guarded():
     x = torch.randn(3)
     torch.testing.assert_close(compiled(x, _Options()), x * 0.5)
     torch.testing.assert_close(compiled(x, _Options(scale=3.0)), x * 3.0)  # the guard sees the attribute appear
+
+
+def test_a_break_inside_an_except_block_keeps_the_exception_current(capsys):
+    """Code after a graph break in an except block still sees the exception it handles: a bare `raise` raises it
+    (not "No active exception to reraise") and sys.exc_info() names it, as in eager."""
+    import sys
+
+    def reraise(x):
+        try:
+            raise ValueError("bad input")
+        except ValueError:
+            y = x * 2
+            print("handling")  # a graph break inside the handler
+            raise
+
+    def report(x):
+        try:
+            raise KeyError("k")
+        except KeyError:
+            y = torch.sin(x)
+            print("handling")
+            return y, sys.exc_info()[0]
+
+    x = torch.randn(4)
+    for fn in (kiln.compile(reraise), reraise):
+        with pytest.raises(ValueError, match="bad input"):
+            fn(x)
+    out, kind = kiln.compile(report)(x)
+    assert kind is KeyError
+    torch.testing.assert_close(out, torch.sin(x))
+    assert capsys.readouterr().out.count("handling") == 3
