@@ -184,16 +184,16 @@ std::vector<bool> RuleCall::bool_list(size_t i) const {
 
 std::optional<ScalarType> RuleCall::optional_dtype(size_t i) const {
   if (is_none(i)) return std::nullopt;
-  auto* t = std::get_if<ScalarTypeArg>(&arg(i));
-  if (!t) refuse("argument " + std::to_string(i) + " is not a dtype");
-  return t->type;
+  if (auto* t = std::get_if<ScalarTypeArg>(&arg(i))) return t->type;
+  if (std::holds_alternative<Expr>(arg(i))) return static_cast<ScalarType>(const_int(i));  // (a schema default)
+  refuse("argument " + std::to_string(i) + " is not a dtype");
 }
 
 std::optional<int8_t> RuleCall::optional_memory_format(size_t i) const {
   if (is_none(i)) return std::nullopt;
-  auto* m = std::get_if<MemoryFormatArg>(&arg(i));
-  if (!m) refuse("argument " + std::to_string(i) + " is not a memory format");
-  return m->code;
+  if (auto* m = std::get_if<MemoryFormatArg>(&arg(i))) return m->code;
+  if (std::holds_alternative<Expr>(arg(i))) return static_cast<int8_t>(const_int(i));  // (a schema default)
+  refuse("argument " + std::to_string(i) + " is not a memory format");
 }
 
 std::optional<double> RuleCall::number(size_t i) const {
@@ -226,14 +226,49 @@ bool RuleCall::decide(Truth t, const std::string& what) const {
   return t == Truth::kTrue;
 }
 
-Truth RuleCall::prove_eq(const Expr& a, const Expr& b) const { return facts_.prove_eq(substituted(a), substituted(b)); }
-Truth RuleCall::prove_lt(const Expr& a, const Expr& b) const { return facts_.prove_lt(substituted(a), substituted(b)); }
+namespace {
+// Strides are products of sizes, which interval arithmetic compares poorly (s0*s1 against s1: each variable is
+// bounded on its own). Where one side is a monomial multiple q of the other and that other is positive, comparing
+// q with 1 decides: s0*s1 > s1 because s0 >= 2.
+enum class Relation { kEq, kLt, kLe };
+Truth by_ratio(const sym::SizeFacts& facts, const Expr& a, const Expr& b, Relation relation) {
+  auto against_one = [&](const Expr& q, bool flipped) {  // a = q*b (or b = q*a when flipped), and b > 0
+    switch (relation) {
+      case Relation::kEq: return facts.prove_eq(q, 1);
+      case Relation::kLt: return flipped ? facts.prove_lt(1, q) : facts.prove_lt(q, 1);
+      case Relation::kLe: return flipped ? facts.prove_le(1, q) : facts.prove_le(q, 1);
+    }
+    return Truth::kUnknown;
+  };
+  if (facts.prove_lt(0, b) == Truth::kTrue)
+    if (auto q = exact_quotient(a, b)) return against_one(*q, false);
+  if (facts.prove_lt(0, a) == Truth::kTrue)
+    if (auto q = exact_quotient(b, a)) return against_one(*q, true);
+  return Truth::kUnknown;
+}
+}  // namespace
+
+Truth RuleCall::prove_eq(const Expr& a, const Expr& b) const {
+  Expr x = substituted(a), y = substituted(b);
+  Truth t = facts_.prove_eq(x, y);
+  return t != Truth::kUnknown ? t : by_ratio(facts_, x, y, Relation::kEq);
+}
+
+Truth RuleCall::prove_lt(const Expr& a, const Expr& b) const {
+  Expr x = substituted(a), y = substituted(b);
+  Truth t = facts_.prove_lt(x, y);
+  return t != Truth::kUnknown ? t : by_ratio(facts_, x, y, Relation::kLt);
+}
+
+Truth RuleCall::prove_le(const Expr& a, const Expr& b) const {
+  Expr x = substituted(a), y = substituted(b);
+  Truth t = facts_.prove_le(x, y);
+  return t != Truth::kUnknown ? t : by_ratio(facts_, x, y, Relation::kLe);
+}
 
 bool RuleCall::eq(const Expr& a, const Expr& b, const std::string& what) const { return decide(prove_eq(a, b), what); }
 bool RuleCall::lt(const Expr& a, const Expr& b, const std::string& what) const { return decide(prove_lt(a, b), what); }
-bool RuleCall::le(const Expr& a, const Expr& b, const std::string& what) const {
-  return decide(facts_.prove_le(substituted(a), substituted(b)), what);
-}
+bool RuleCall::le(const Expr& a, const Expr& b, const std::string& what) const { return decide(prove_le(a, b), what); }
 
 void RuleCall::assume(Assumption::Kind kind, const Expr& a, const Expr& b, const std::string& what) {
   assumptions_.push_back(Assumption{kind, substituted(a), substituted(b), what});
@@ -241,7 +276,7 @@ void RuleCall::assume(Assumption::Kind kind, const Expr& a, const Expr& b, const
 
 void RuleCall::require_eq(const Expr& a, const Expr& b, const std::string& what) {
   Expr x = substituted(a), y = substituted(b);
-  Truth t = facts_.prove_eq(x, y);
+  Truth t = prove_eq(x, y);
   if (t == Truth::kFalse) refuse(what + ": " + x.to_string() + " != " + y.to_string());
   if (t == Truth::kTrue) return;
   assume(Assumption::Kind::kEq, x, y, what);
@@ -260,7 +295,7 @@ void RuleCall::require_lt(const Expr& a, const Expr& b, const std::string& what)
 }
 
 void RuleCall::require_le(const Expr& a, const Expr& b, const std::string& what) {
-  Truth t = facts_.prove_le(substituted(a), substituted(b));
+  Truth t = prove_le(a, b);
   if (t == Truth::kFalse) refuse(what + ": not " + a.to_string() + " <= " + b.to_string());
   if (t == Truth::kUnknown) assume(Assumption::Kind::kLe, a, b, what);
 }

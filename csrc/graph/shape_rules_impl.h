@@ -44,11 +44,13 @@ class RuleCall {
   // ---- decisions: kUnknown refuses, naming `what` ----
   sym::SizeFacts& facts() { return facts_; }
   bool decide(Truth t, const std::string& what) const;
+  /// Proofs over the facts, with this call's assumed equalities substituted; products compared by their ratio.
   bool eq(const Expr& a, const Expr& b, const std::string& what) const;
   bool lt(const Expr& a, const Expr& b, const std::string& what) const;
   bool le(const Expr& a, const Expr& b, const std::string& what) const;
   Truth prove_eq(const Expr& a, const Expr& b) const;
   Truth prove_lt(const Expr& a, const Expr& b) const;
+  Truth prove_le(const Expr& a, const Expr& b) const;
   /// A size that may be a symbol: its relation to a constant (sizes are never negative).
   bool size_is(const Expr& size, int64_t value) const { return eq(size, value, "size == " + std::to_string(value)); }
   /// Proven, or assumed (recorded, and used by later proofs of this call); proven false refuses (eager raises).

@@ -49,8 +49,7 @@ SymTensorMeta pointwise(RuleCall& call, Result result) {
   if (result == Result::kSameShape) {
     for (const SymTensorMeta* t : tensors) {
       call.check(t->dim() == tensors[0]->dim(), "operands of different ranks");
-      for (int64_t d = 0; d < t->dim(); ++d)
-        call.check(call.eq(t->sizes[d], tensors[0]->sizes[d], "operand sizes"), "operands of different shapes");
+      for (int64_t d = 0; d < t->dim(); ++d) call.require_eq(t->sizes[d], tensors[0]->sizes[d], "operand sizes");
     }
   }
   std::vector<std::vector<Expr>> shapes;

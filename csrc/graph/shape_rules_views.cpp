@@ -97,13 +97,13 @@ void expand_rule(RuleCall& call) {
       call.check(dim >= 0, "-1 for a new dim");
       want = size;
     }
-    if (!call.eq(size, want, "expand's size")) {
-      if (call.size_is(size, 1)) {
+    if (call.size_is(size, 1)) {
+      if (!call.size_is(want, 1)) {
         size = want;
         stride = 0;
-      } else {
-        call.require_eq(size, want, "expand of dim " + std::to_string(i));
       }
+    } else {
+      call.require_eq(size, want, "expand of dim " + std::to_string(i));  // (eager raises otherwise)
     }
     sizes[i] = size;
     strides[i] = stride;
