@@ -405,8 +405,9 @@ Expr pool_output_size(const Expr& size, int64_t kernel, int64_t stride, int64_t 
   Expr raw = sym::floordiv(size + 2 * padding - dilation * (kernel - 1) - 1 + (ceil_mode ? stride - 1 : 0), stride) + 1;
   if (!ceil_mode) return raw;
   // ATen drops the last window when it would start inside the right padding: (out - 1) * stride >= size + padding.
-  // out - 1 never exceeds ceil((size + padding) / stride) while padding <= kernel / 2, so the correction is a min.
-  return sym::min(raw, sym::floordiv(size + padding + stride - 1, stride) + 1);
+  // That is out - 1 >= ceil((size + padding) / stride), and out - 1 never exceeds it while padding <= kernel / 2,
+  // so the corrected size is min(out, ceil((size + padding) / stride)).
+  return sym::min(raw, sym::floordiv(size + padding + stride - 1, stride));
 }
 
 int64_t wrap_dim(RuleCall& call, int64_t dim, int64_t ndim) {

@@ -394,6 +394,8 @@ def test_embedding_convolution_pooling_batch_norm():
             _run(aten.max_pool2d_with_indices.default, case, [x, [3, 3], [2, 2], [1, 1], [1, 1], ceil_mode])
             _run(aten.avg_pool2d.default, case, [x, [2, 2], [2, 2], [0, 0], ceil_mode])
             _run(aten.avg_pool2d.default, case, [x, [3, 3], [2, 2], [1, 1], ceil_mode])
+            _run(aten.avg_pool2d.default, case, [x, [2, 2], [2, 2], [1, 1], ceil_mode])  # (ceil_mode drops a window)
+            _run(aten.max_pool2d_with_indices.default, case, [x, [2, 2], [3, 3], [1, 1], [1, 1], ceil_mode])
         _run(aten._adaptive_avg_pool2d.default, case, [x, [rng.randint(1, 4), rng.randint(1, 4)]])
         x = case.tensor([n + 1, c, h, w], kind=rng.choice(["contiguous", "channels_last"]))
         params = [case.tensor([c], kind="contiguous") for _ in range(4)]
