@@ -382,6 +382,12 @@ void efficient_attention_rule(RuleCall& call) {
 void register_nn_rules(RuleTable& table) {
   auto add = [&](const std::string& name, Rule rule) { table["aten::" + name] = std::move(rule); };
   for (const char* op : {"sum.dim_IntList", "mean.dim", "amax.default", "amin.default"}) add(op, reduction_rule);
+  for (const char* op : {"sum.default", "mean.default"})  // (self, dtype): a 0-d result
+    add(op, [](RuleCall& call) {
+      const SymTensorMeta& x = call.tensor(0);
+      call.check(call.is_none(1) && is_floating(x.dtype), "a dtype argument or a non-floating input");
+      call.add_output(contiguous_meta({}, x.dtype, x.device));
+    });
   add("_softmax.default", [](RuleCall& call) { softmax_rule(call, false); });
   add("_log_softmax.default", [](RuleCall& call) { softmax_rule(call, false); });
   add("_safe_softmax.default", [](RuleCall& call) { softmax_rule(call, true); });

@@ -298,6 +298,8 @@ def test_reductions_softmax_layer_norm_and_matmuls():
             if len({d % 4 for d in dims}) == len(dims):
                 _run(func, case, [x, dims, rng.random() < 0.5])
         _run(aten.sum.dim_IntList, case, [x, None])
+        _run(aten.sum.default, case, [x])
+        _run(aten.mean.default, case, [x])
         _run(aten._softmax.default, case, [x, rng.randint(-4, 3), False])
         _run(aten._log_softmax.default, case, [x, rng.randint(-4, 3), False])
         _run(aten._safe_softmax.default, case, [x, rng.randint(-4, 3)])
