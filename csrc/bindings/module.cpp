@@ -11,6 +11,7 @@ PYBIND11_MODULE(_C, m) {
   kiln::bindings::install_python_hooks();
   kiln::bindings::register_errors(m);
   kiln::bindings::register_graph(m);
+  kiln::bindings::register_shape_rules(m);
   kiln::bindings::register_compile(m);
   kiln::bindings::register_compiler(m);
   kiln::bindings::register_cuda(m);

@@ -1,0 +1,260 @@
+// kiln._C.shape_rule: evaluates one of graph/shape_rules.h's symbolic rules on inputs described in Python, for
+// tests/python/test_shape_rules.py (nothing else in kiln calls the rules yet).
+//
+// Sizes, strides, offsets and int arguments are given as ints or as expression text over the named symbols
+// ("s0*s1*2 + 3", "floordiv(s0, 2)", "min(s0, 4)"); the results come back both as text and evaluated at the
+// symbols' given values.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cctype>
+
+#include "bindings/module_register.h"
+#include "common/error.h"
+#include "graph/shape_rules.h"
+
+namespace py = pybind11;
+
+namespace kiln::bindings {
+
+namespace {
+using graph::shape::Expr;
+namespace shape = graph::shape;
+namespace sym = graph::sym;
+
+// A recursive-descent reader of expression text: sums of products of atoms, // and % bind as *, unary minus,
+// parentheses, and the calls floordiv, mod, min and max.
+class ExprReader {
+ public:
+  ExprReader(const std::string& text, const std::map<std::string, Expr>& symbols) : text_(text), symbols_(symbols) {}
+
+  Expr read() {
+    Expr e = sum();
+    skip_space();
+    KILN_CHECK(pos_ == text_.size()) << "unexpected '" << text_.substr(pos_) << "' in expression '" << text_ << "'";
+    return e;
+  }
+
+ private:
+  void skip_space() {
+    while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;
+  }
+  bool take(const std::string& token) {
+    skip_space();
+    if (text_.compare(pos_, token.size(), token) != 0) return false;
+    pos_ += token.size();
+    return true;
+  }
+  Expr sum() {
+    Expr e = product();
+    while (true) {
+      if (take("+")) {
+        e = e + product();
+      } else if (take("-")) {
+        e = e - product();
+      } else {
+        return e;
+      }
+    }
+  }
+  Expr product() {
+    Expr e = unary();
+    while (true) {
+      if (take("**")) {
+        Expr p = unary();
+        KILN_CHECK(p.is_constant() && p.constant_value() >= 0) << "a non-constant power in '" << text_ << "'";
+        Expr base = e;
+        e = 1;
+        for (int64_t i = 0; i < p.constant_value(); ++i) e = e * base;
+      } else if (take("*")) {
+        e = e * unary();
+      } else if (take("//")) {
+        e = sym::floordiv(e, unary());
+      } else if (take("%")) {
+        e = sym::mod(e, unary());
+      } else {
+        return e;
+      }
+    }
+  }
+  Expr unary() {
+    if (take("-")) return -unary();
+    return atom();
+  }
+  std::vector<Expr> call_args() {
+    KILN_CHECK(take("(")) << "'(' expected in '" << text_ << "'";
+    std::vector<Expr> args = {sum()};
+    while (take(",")) args.push_back(sum());
+    KILN_CHECK(take(")")) << "')' expected in '" << text_ << "'";
+    return args;
+  }
+  Expr atom() {
+    skip_space();
+    KILN_CHECK(pos_ < text_.size()) << "expression '" << text_ << "' ends early";
+    if (take("(")) {
+      Expr e = sum();
+      KILN_CHECK(take(")")) << "')' expected in '" << text_ << "'";
+      return e;
+    }
+    size_t start = pos_;
+    if (std::isdigit(static_cast<unsigned char>(text_[pos_]))) {
+      while (pos_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos_]))) ++pos_;
+      return Expr(static_cast<int64_t>(std::stoll(text_.substr(start, pos_ - start))));
+    }
+    while (pos_ < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[pos_])) || text_[pos_] == '_')) ++pos_;
+    std::string name = text_.substr(start, pos_ - start);
+    KILN_CHECK(!name.empty()) << "unexpected '" << text_.substr(pos_) << "' in '" << text_ << "'";
+    if (name == "floordiv" || name == "mod" || name == "min" || name == "max") {
+      std::vector<Expr> args = call_args();
+      if (name == "min") return sym::min(args);
+      if (name == "max") return sym::max(args);
+      KILN_CHECK(args.size() == 2) << name << " takes two arguments in '" << text_ << "'";
+      return name == "floordiv" ? sym::floordiv(args[0], args[1]) : sym::mod(args[0], args[1]);
+    }
+    auto it = symbols_.find(name);
+    KILN_CHECK(it != symbols_.end()) << "unknown symbol '" << name << "' in '" << text_ << "'";
+    return it->second;
+  }
+
+  const std::string& text_;
+  const std::map<std::string, Expr>& symbols_;
+  size_t pos_ = 0;
+};
+
+struct Converter {
+  std::map<std::string, Expr> symbols;
+
+  Expr expr(py::handle h) const {
+    if (py::isinstance<py::bool_>(h)) throw py::type_error("a bool where a size is expected");
+    if (py::isinstance<py::int_>(h)) return Expr(h.cast<int64_t>());
+    if (py::isinstance<py::str>(h)) return ExprReader(h.cast<std::string>(), symbols).read();
+    throw py::type_error("a size is an int or expression text, got " + std::string(py::str(py::type::of(h))));
+  }
+  std::vector<Expr> exprs(py::handle h) const {
+    std::vector<Expr> out;
+    for (py::handle item : h) out.push_back(expr(item));
+    return out;
+  }
+  shape::SymTensorMeta tensor(const py::dict& d) const {
+    shape::SymTensorMeta t;
+    t.sizes = exprs(d["sizes"]);
+    t.strides = exprs(d["strides"]);
+    KILN_CHECK(t.sizes.size() == t.strides.size()) << "a tensor's sizes and strides differ in length";
+    t.storage_offset = d.contains("offset") ? expr(d["offset"]) : Expr(0);
+    t.dtype = static_cast<graph::ScalarType>(d["dtype"].cast<int>());
+    if (d.contains("device")) t.device.type = static_cast<graph::DeviceType>(d["device"].cast<int>());
+    return t;
+  }
+  static bool is_tensor(py::handle h) { return py::isinstance<py::dict>(h) && h.cast<py::dict>().contains("sizes"); }
+
+  shape::RuleArg arg(py::handle h) const {
+    if (h.is_none()) return graph::NoneArg{};
+    if (py::isinstance<py::bool_>(h)) return h.cast<bool>();
+    if (py::isinstance<py::int_>(h)) return Expr(h.cast<int64_t>());
+    if (py::isinstance<py::float_>(h)) return h.cast<double>();
+    if (py::isinstance<py::str>(h)) return h.cast<std::string>();
+    if (py::isinstance<py::dict>(h)) {
+      py::dict d = h.cast<py::dict>();
+      if (d.contains("sizes")) return tensor(d);
+      if (d.contains("expr")) return expr(d["expr"]);
+      if (d.contains("dtype")) return graph::ScalarTypeArg{static_cast<graph::ScalarType>(d["dtype"].cast<int>())};
+      if (d.contains("memory_format")) return graph::MemoryFormatArg{d["memory_format"].cast<int8_t>()};
+      if (d.contains("layout")) return graph::LayoutArg{d["layout"].cast<int8_t>()};
+      if (d.contains("device")) return graph::Device{static_cast<graph::DeviceType>(d["device"].cast<int>()), -1};
+      throw py::value_error("an argument dict needs one of sizes, expr, dtype, memory_format, layout, device");
+    }
+    if (py::isinstance<py::list>(h) || py::isinstance<py::tuple>(h)) {
+      py::sequence seq = h.cast<py::sequence>();
+      bool tensors = false, bools = true, floats = false;
+      for (py::handle item : seq) {
+        tensors = tensors || is_tensor(item);
+        bools = bools && py::isinstance<py::bool_>(item);
+        floats = floats || py::isinstance<py::float_>(item);
+      }
+      if (tensors) {
+        shape::SymTensorList list;
+        for (py::handle item : seq)
+          list.items.push_back(item.is_none() ? std::nullopt : std::optional(tensor(item.cast<py::dict>())));
+        return list;
+      }
+      if (seq.size() > 0 && bools) return seq.cast<std::vector<bool>>();
+      if (floats) return seq.cast<std::vector<double>>();
+      std::vector<Expr> ints;
+      for (py::handle item : seq)
+        ints.push_back(py::isinstance<py::dict>(item) ? expr(item.cast<py::dict>()["expr"]) : expr(item));
+      return ints;
+    }
+    throw py::type_error("unsupported argument type " + std::string(py::str(py::type::of(h))));
+  }
+};
+
+py::list texts(const std::vector<Expr>& exprs) {
+  py::list out;
+  for (const Expr& e : exprs) out.append(e.to_string());
+  return out;
+}
+
+py::list values(const std::vector<Expr>& exprs, const sym::Bindings& bindings) {
+  py::list out;
+  for (const Expr& e : exprs) out.append(e.evaluate(bindings));
+  return out;
+}
+
+py::dict shape_rule(const std::string& op, py::sequence args, py::dict symbols) {
+  sym::SizeFacts facts;
+  Converter convert;
+  sym::Bindings bindings;
+  for (auto [name, value] : symbols) {
+    Expr s = facts.new_symbol();
+    s = Expr::symbol(s.symbol_id(), name.cast<std::string>());
+    convert.symbols.emplace(name.cast<std::string>(), s);
+    bindings[s.symbol_id()] = value.cast<int64_t>();
+  }
+  std::vector<shape::RuleArg> rule_args;
+  for (py::handle a : args) rule_args.push_back(convert.arg(a));
+  shape::RuleResult result = shape::infer_shapes(op, rule_args, facts);
+  py::dict out;
+  out["has_rule"] = result.has_rule;
+  out["reason"] = result.reason;
+  py::list outputs;
+  for (const auto& meta : result.outputs) {
+    if (!meta) {
+      outputs.append(py::none());
+      continue;
+    }
+    py::dict m;
+    m["sizes"] = texts(meta->sizes);
+    m["strides"] = texts(meta->strides);
+    m["offset"] = meta->storage_offset.to_string();
+    m["dtype"] = static_cast<int>(meta->dtype);
+    m["device"] = static_cast<int>(meta->device.type);
+    m["text"] = meta->to_string();
+    m["sizes_value"] = values(meta->sizes, bindings);
+    m["strides_value"] = values(meta->strides, bindings);
+    m["offset_value"] = meta->storage_offset.evaluate(bindings);
+    outputs.append(m);
+  }
+  out["outputs"] = outputs;
+  py::list assumptions;
+  for (const shape::Assumption& a : result.assumptions) {
+    py::dict d;
+    d["text"] = a.to_string();
+    d["reason"] = a.reason;
+    d["holds"] = a.holds(bindings);
+    assumptions.append(d);
+  }
+  out["assumptions"] = assumptions;
+  return out;
+}
+}  // namespace
+
+void register_shape_rules(py::module_& m) {
+  m.def("shape_rule", &shape_rule, py::arg("op"), py::arg("args"), py::arg("symbols") = py::dict(),
+        "evaluate kiln's symbolic shape rule of `op` ('aten::add.Tensor') on `args` (schema order, defaults filled; "
+        "tensors as {'sizes', 'strides', 'offset', 'dtype', 'device'} with ints or expression text over `symbols`, "
+        "{'expr': text} for a symbolic int): {'has_rule', 'reason', 'outputs', 'assumptions'}, each output's "
+        "sizes, strides and offset as text and evaluated at the symbols' values");
+  m.def("shape_rule_ops", &graph::shape::shape_rule_ops, "the ops kiln has a symbolic shape rule for");
+}
+
+}  // namespace kiln::bindings

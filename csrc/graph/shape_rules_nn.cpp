@@ -1,0 +1,420 @@
+// Shape rules of the network ops: reductions, softmax, layer and batch norm, matrix products, embedding,
+// convolution, 2-d pooling and the fused attention kernels scaled_dot_product_attention lowers to.
+//
+// Design note: these kernels allocate their outputs (contiguous, or in the input's suggested memory format), so
+// the rules compute sizes: reduced dims, matrix dims (inner sizes must agree: an assumption where unproven),
+// convolution and pooling sizes as floordiv expressions (shape_rules.cpp). The dtype cases are _meta_rules.py's.
+#include "graph/shape_rules_impl.h"
+
+#include <set>
+
+namespace kiln::graph::shape {
+
+namespace {
+
+void no_empty(RuleCall& call, const std::vector<Expr>& sizes) {
+  for (const Expr& s : sizes) call.check(!call.size_is(s, 0), "an empty tensor");
+}
+
+// sum.dim_IntList / mean.dim (self, dim, keepdim, dtype) and amax / amin (self, dim, keepdim).
+void reduction_rule(RuleCall& call) {
+  const SymTensorMeta& x = call.tensor(0);
+  call.check(call.num_args() < 4 || call.is_none(3), "a dtype argument");
+  call.check(is_floating(x.dtype) && x.dim() > 0, "a non-floating or 0-d input");
+  std::set<int64_t> dims;
+  std::vector<int64_t> listed = call.is_none(1) ? std::vector<int64_t>{} : call.const_int_list(1);
+  for (int64_t d : listed) dims.insert(wrap_dim(call, d, x.dim()));
+  call.check(dims.size() == listed.size(), "a repeated dim");
+  if (listed.empty())
+    for (int64_t d = 0; d < x.dim(); ++d) dims.insert(d);
+  bool keepdim = call.num_args() > 2 && call.bool_arg(2);
+  std::vector<Expr> sizes;
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    bool reduced = dims.count(d) != 0;
+    if (reduced) call.check(!call.size_is(x.sizes[d], 0), "a reduction over an empty dim");
+    if (!reduced) {
+      sizes.push_back(x.sizes[d]);
+    } else if (keepdim) {
+      sizes.push_back(1);
+    }
+  }
+  call.add_output(contiguous_meta(sizes, x.dtype, x.device));
+}
+
+// _softmax / _log_softmax (self, dim, half_to_float) and _safe_softmax (self, dim, dtype).
+void softmax_rule(RuleCall& call, bool safe) {
+  const SymTensorMeta& x = call.tensor(0);
+  if (safe) {
+    auto dtype = call.optional_dtype(2);
+    call.check(is_floating(x.dtype) && (!dtype || *dtype == x.dtype), "dtype");
+  } else {
+    call.check(x.dtype == ScalarType::Float || x.dtype == ScalarType::Double, "dtype");
+    call.check(!call.bool_arg(2), "half_to_float");
+  }
+  call.check(x.dim() > 0, "a 0-d input");
+  wrap_dim(call, call.const_int(1), x.dim());
+  call.add_output(contiguous_meta(x.sizes, x.dtype, x.device));
+}
+
+// native_layer_norm(input, normalized_shape, weight, bias, eps): output, mean and rstd.
+void layer_norm_rule(RuleCall& call) {
+  const SymTensorMeta& x = call.tensor(0);
+  std::vector<Expr> normalized = call.int_list(1);
+  call.check(x.dtype == ScalarType::Float || x.dtype == ScalarType::Double, "dtype");
+  int64_t axis = x.dim() - static_cast<int64_t>(normalized.size());
+  call.check(axis >= 0, "normalized_shape longer than the input");
+  for (size_t i = 0; i < normalized.size(); ++i)
+    call.require_eq(x.sizes[axis + i], normalized[i], "normalized_shape");
+  for (size_t i : {2, 3}) {
+    const SymTensorMeta* p = call.optional_tensor(i);
+    if (!p) continue;
+    call.check(p->dtype == x.dtype && p->dim() == static_cast<int64_t>(normalized.size()), "weight or bias");
+    for (size_t d = 0; d < normalized.size(); ++d) call.require_eq(p->sizes[d], normalized[d], "weight or bias size");
+  }
+  no_empty(call, x.sizes);
+  std::vector<Expr> stat(x.sizes.begin(), x.sizes.begin() + axis);
+  stat.resize(x.sizes.size(), Expr(1));
+  call.add_output(contiguous_meta(x.sizes, x.dtype, x.device));
+  call.add_output(contiguous_meta(stat, x.dtype, x.device));
+  call.add_output(contiguous_meta(stat, x.dtype, x.device));
+}
+
+void same_floating(RuleCall& call, const std::vector<const SymTensorMeta*>& tensors) {
+  for (const SymTensorMeta* t : tensors)
+    call.check(t->dtype == tensors[0]->dtype && is_floating(t->dtype), "operands of different or non-floating dtypes");
+}
+
+void mm_rule(RuleCall& call) {
+  const SymTensorMeta &a = call.tensor(0), &b = call.tensor(1);
+  same_floating(call, {&a, &b});
+  call.check(a.dim() == 2 && b.dim() == 2, "mm of non-matrices");
+  call.require_eq(a.sizes[1], b.sizes[0], "mm's inner dim");
+  call.add_output(contiguous_meta({a.sizes[0], b.sizes[1]}, a.dtype, a.device));
+}
+
+// addmm(self, mat1, mat2, beta, alpha): self broadcasts to the product's shape.
+void addmm_rule(RuleCall& call) {
+  const SymTensorMeta &bias = call.tensor(0), &a = call.tensor(1), &b = call.tensor(2);
+  same_floating(call, {&bias, &a, &b});
+  call.check(a.dim() == 2 && b.dim() == 2 && bias.dim() <= 2, "addmm's ranks");
+  call.require_eq(a.sizes[1], b.sizes[0], "addmm's inner dim");
+  std::vector<Expr> shape = {a.sizes[0], b.sizes[1]};
+  std::vector<Expr> broadcast = broadcast_shape(call, {bias.sizes, shape});
+  for (size_t d = 0; d < 2; ++d) call.require_eq(broadcast[d], shape[d], "addmm's bias size");
+  call.add_output(contiguous_meta(shape, a.dtype, a.device));
+}
+
+void bmm_rule(RuleCall& call) {
+  const SymTensorMeta &a = call.tensor(0), &b = call.tensor(1);
+  same_floating(call, {&a, &b});
+  call.check(a.dim() == 3 && b.dim() == 3, "bmm of non-3-d tensors");
+  call.require_eq(a.sizes[0], b.sizes[0], "bmm's batch");
+  call.require_eq(a.sizes[2], b.sizes[1], "bmm's inner dim");
+  call.add_output(contiguous_meta({a.sizes[0], a.sizes[1], b.sizes[2]}, a.dtype, a.device));
+}
+
+// matmul where ATen computes it as one mm / bmm viewed back (contiguous): a vector or matrix second operand, or
+// both batched. (A matrix times a batch folds into a transposed result: left to torch.)
+void matmul_rule(RuleCall& call) {
+  const SymTensorMeta &a = call.tensor(0), &b = call.tensor(1);
+  same_floating(call, {&a, &b});
+  call.check(a.dim() >= 1 && b.dim() >= 1, "matmul of 0-d tensors");
+  call.check(b.dim() <= 2 || a.dim() >= 3, "a matrix times a batch");
+  std::vector<Expr> sizes;
+  if (b.dim() == 1) {
+    call.require_eq(a.sizes.back(), b.sizes[0], "matmul's inner dim");
+    sizes.assign(a.sizes.begin(), a.sizes.end() - 1);
+  } else if (a.dim() == 1) {
+    call.require_eq(a.sizes[0], b.sizes[0], "matmul's inner dim");
+    sizes = {b.sizes[1]};
+  } else {
+    call.require_eq(a.sizes.back(), b.sizes[b.dim() - 2], "matmul's inner dim");
+    std::vector<Expr> batch_a(a.sizes.begin(), a.sizes.end() - 2), batch_b(b.sizes.begin(), b.sizes.end() - 2);
+    sizes = broadcast_shape(call, {batch_a, batch_b});
+    sizes.push_back(a.sizes[a.dim() - 2]);
+    sizes.push_back(b.sizes.back());
+  }
+  no_empty(call, sizes);
+  call.add_output(contiguous_meta(sizes, a.dtype, a.device));
+}
+
+// linear(input, weight, bias): input's leading dims and weight's rows.
+void linear_rule(RuleCall& call) {
+  const SymTensorMeta &x = call.tensor(0), &w = call.tensor(1);
+  const SymTensorMeta* bias = call.optional_tensor(2);
+  same_floating(call, bias ? std::vector<const SymTensorMeta*>{&x, &w, bias} : std::vector<const SymTensorMeta*>{&x, &w});
+  call.check(x.dim() >= 2 && w.dim() == 2, "linear's ranks");
+  call.require_eq(x.sizes.back(), w.sizes[1], "linear's inner dim");
+  std::vector<Expr> sizes(x.sizes.begin(), x.sizes.end() - 1);
+  sizes.push_back(w.sizes[0]);
+  if (bias) {
+    std::vector<Expr> broadcast = broadcast_shape(call, {bias->sizes, sizes});
+    call.check(broadcast.size() == sizes.size(), "a bias of more dims");
+  }
+  no_empty(call, sizes);
+  call.add_output(contiguous_meta(sizes, x.dtype, x.device));
+}
+
+void embedding_rule(RuleCall& call) {
+  const SymTensorMeta &weight = call.tensor(0), &indices = call.tensor(1);
+  call.check(weight.dim() == 2 && is_floating(weight.dtype), "weight");
+  call.check(indices.dtype == ScalarType::Long || indices.dtype == ScalarType::Int, "indices' dtype");
+  std::vector<Expr> sizes = indices.sizes;
+  sizes.push_back(weight.sizes[1]);
+  call.add_output(contiguous_meta(sizes, weight.dtype, weight.device));
+}
+
+// convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups) of contiguous
+// inputs (not channels-last-looking): contiguous outputs of conv_output_size.
+void convolution_rule(RuleCall& call) {
+  const SymTensorMeta &x = call.tensor(0), &w = call.tensor(1);
+  const SymTensorMeta* bias = call.optional_tensor(2);
+  std::vector<int64_t> stride = call.const_int_list(3), padding = call.const_int_list(4),
+                       dilation = call.const_int_list(5);
+  call.check(!call.bool_arg(6), "a transposed convolution");
+  int64_t groups = call.const_int(8);
+  same_floating(call, {&x, &w});
+  const int64_t spatial = x.dim() - 2;
+  call.check(spatial >= 1 && w.dim() == x.dim(), "ranks");
+  for (const auto* v : {&stride, &padding, &dilation})
+    call.check(static_cast<int64_t>(v->size()) == spatial, "stride, padding or dilation of the wrong length");
+  no_empty(call, x.sizes);
+  call.check(is_contiguous(call, x), "a non-contiguous input");
+  call.check(!(x.dim() == 4 && is_channels_last_contiguous(call, x)), "an input that is channels-last as well");
+  call.check(!strides_like_channels_last(call, w), "a channels-last weight");
+  call.check(groups >= 1, "groups");
+  call.require_eq(x.sizes[1], w.sizes[1] * groups, "input channels");
+  call.require_divisible(w.sizes[0], groups, "output channels by groups");
+  if (bias) {
+    call.check(bias->dtype == x.dtype && bias->dim() == 1, "bias");
+    call.require_eq(bias->sizes[0], w.sizes[0], "bias size");
+  }
+  std::vector<Expr> sizes = {x.sizes[0], w.sizes[0]};
+  for (int64_t i = 0; i < spatial; ++i) {
+    call.check(stride[i] > 0 && dilation[i] > 0 && padding[i] >= 0, "stride, padding or dilation");
+    Expr size = conv_output_size(x.sizes[2 + i], w.sizes[2 + i], stride[i], padding[i], dilation[i]);
+    call.require_le(1, size, "convolution output size");
+    sizes.push_back(size);
+  }
+  call.add_output(contiguous_meta(sizes, x.dtype, x.device));
+}
+
+// A tensor of `sizes` in like.suggest_memory_format() (channels-last for 4-d inputs whose strides read so).
+std::vector<Expr> suggested_strides(RuleCall& call, const std::vector<Expr>& sizes, const SymTensorMeta& like) {
+  if (like.dim() == 4 && strides_like_channels_last(call, like)) return channels_last_strides(sizes);
+  return contiguous_strides(sizes);
+}
+
+std::vector<int64_t> pair(RuleCall& call, std::vector<int64_t> v) {
+  call.check(v.size() == 1 || v.size() == 2, "a pooling parameter of the wrong length");
+  if (v.size() == 1) v.push_back(v[0]);
+  return v;
+}
+
+// max_pool2d_with_indices(self, kernel, stride, padding, dilation, ceil_mode) and avg_pool2d(self, kernel, stride,
+// padding, ceil_mode, count_include_pad, divisor_override).
+void pool2d_rule(RuleCall& call, bool max) {
+  const SymTensorMeta& x = call.tensor(0);
+  std::vector<int64_t> kernel = pair(call, call.const_int_list(1));
+  std::vector<int64_t> stride = call.const_int_list(2);
+  stride = stride.empty() ? kernel : pair(call, stride);
+  std::vector<int64_t> padding = pair(call, call.const_int_list(3));
+  std::vector<int64_t> dilation = max ? pair(call, call.const_int_list(4)) : std::vector<int64_t>{1, 1};
+  bool ceil_mode = call.bool_arg(max ? 5 : 4);
+  if (!max) {
+    call.bool_arg(5);
+    call.check(call.is_none(6) || call.const_int(6) != 0, "divisor_override 0");
+  }
+  call.check((x.dim() == 3 || x.dim() == 4) && is_floating(x.dtype), "rank or dtype");
+  no_empty(call, x.sizes);
+  std::vector<Expr> sizes(x.sizes.begin(), x.sizes.end() - 2);
+  for (int i = 0; i < 2; ++i) {
+    int64_t k = kernel[i], s = stride[i], p = padding[i], d = dilation[i];
+    call.check(k > 0 && s > 0 && d > 0 && p >= 0 && p <= k / 2, "kernel, stride, padding or dilation");
+    Expr size = pool_output_size(x.sizes[x.dim() - 2 + i], k, s, p, d, ceil_mode);
+    call.require_le(1, size, "pooling output size");
+    sizes.push_back(size);
+  }
+  std::vector<Expr> strides = suggested_strides(call, sizes, x);
+  call.add_output(make_meta(sizes, strides, x.dtype, x.device));
+  if (max) call.add_output(make_meta(sizes, strides, ScalarType::Long, x.device));
+}
+
+void adaptive_avg_pool2d_rule(RuleCall& call) {
+  const SymTensorMeta& x = call.tensor(0);
+  std::vector<Expr> output_size = call.int_list(1);
+  call.check(output_size.size() == 2, "output_size of the wrong length");
+  call.check((x.dim() == 3 || x.dim() == 4) && is_floating(x.dtype), "rank or dtype");
+  no_empty(call, x.sizes);
+  std::vector<Expr> sizes(x.sizes.begin(), x.sizes.end() - 2);
+  for (const Expr& s : output_size) {
+    call.check(call.le(1, s, "an output size"), "an output size below 1");
+    sizes.push_back(s);
+  }
+  call.add_output(make_meta(sizes, suggested_strides(call, sizes, x), x.dtype, x.device));
+}
+
+enum class BatchNorm { kNative, kLegit, kLegitNoStats, kLegitNoTraining, kLegitFunctional, kCudnn };
+
+// native_batch_norm and its _native_batch_norm_legit* and cudnn forms: the output laid out as every backend lays it
+// out (contiguous, or channels-last for channels-last-contiguous 4-d inputs), statistics of [C] in the accumulation
+// dtype as torch's meta kernel gives them.
+void batch_norm_rule(RuleCall& call, BatchNorm kind) {
+  const SymTensorMeta& x = call.tensor(0);
+  const SymTensorMeta *weight = call.optional_tensor(1), *bias = call.optional_tensor(2);
+  const SymTensorMeta *running_mean = nullptr, *running_var = nullptr;
+  bool training;
+  if (kind == BatchNorm::kLegitNoStats) {
+    training = call.bool_arg(3);
+  } else {
+    running_mean = call.optional_tensor(3);
+    running_var = call.optional_tensor(4);
+    training = kind == BatchNorm::kLegitNoTraining ? false : call.bool_arg(5);
+  }
+  call.check(x.dim() >= 2, "rank");
+  no_empty(call, x.sizes);
+  const Expr& channels = x.sizes[1];
+  std::vector<const SymTensorMeta*> params;
+  for (const SymTensorMeta* p : {weight, bias, running_mean, running_var})
+    if (p) params.push_back(p);
+  for (const SymTensorMeta* p : params) {
+    call.check(p->dim() == 1, "a parameter that is not 1-d");
+    call.require_eq(p->sizes[0], channels, "a parameter's size");
+  }
+  call.check((running_mean == nullptr) == (running_var == nullptr), "one running statistic");
+  call.check(training || running_mean != nullptr, "eval mode without running statistics");
+  if (training) {
+    std::vector<Expr> others = x.sizes;
+    others.erase(others.begin() + 1);
+    call.require_lt(1, product(others), "values per channel");
+  }
+  bool cudnn = kind == BatchNorm::kCudnn;
+  call.check(!cudnn || (weight && bias), "cudnn without weight and bias");
+  ScalarType param_dtype = params.empty() ? x.dtype : params[0]->dtype;
+  for (const SymTensorMeta* p : params) call.check(p->dtype == param_dtype, "parameters of two dtypes");
+  ScalarType stat_dtype;
+  bool full = x.dtype == ScalarType::Float || (!cudnn && x.dtype == ScalarType::Double);
+  if (full && param_dtype == x.dtype) {
+    stat_dtype = x.dtype;
+  } else if ((x.dtype == ScalarType::Half || x.dtype == ScalarType::BFloat16) && param_dtype == ScalarType::Float &&
+             !params.empty()) {
+    stat_dtype = ScalarType::Float;
+  } else {
+    call.refuse("a dtype combination whose statistics differ between CPU and CUDA");
+  }
+  bool like_channels_last = strides_like_channels_last(call, x);
+  std::vector<Expr> strides;
+  if (!like_channels_last && is_contiguous(call, x)) {
+    strides = contiguous_strides(x.sizes);
+  } else if (x.dim() == 4 && like_channels_last && !is_contiguous(call, x) && is_channels_last_contiguous(call, x)) {
+    strides = channels_last_strides(x.sizes);
+  } else {
+    call.refuse("an input layout backends treat differently");
+  }
+  call.add_output(make_meta(x.sizes, strides, x.dtype, x.device));
+  std::vector<Expr> stat = cudnn && !training ? std::vector<Expr>{0} : std::vector<Expr>{channels};
+  call.add_output(contiguous_meta(stat, stat_dtype, x.device));
+  call.add_output(contiguous_meta(stat, stat_dtype, x.device));
+  if (cudnn) call.add_output(contiguous_meta({0}, ScalarType::Byte, x.device));
+  if (kind == BatchNorm::kLegitFunctional) {
+    call.add_output(contiguous_meta({channels}, param_dtype, x.device));
+    call.add_output(contiguous_meta({channels}, param_dtype, x.device));
+  }
+}
+
+// query, key, value: 4-d, one dtype, key and value of query's batch and heads, key of its head dim.
+void attention_operands(RuleCall& call, const SymTensorMeta& q, const SymTensorMeta& k, const SymTensorMeta& v) {
+  for (const SymTensorMeta* t : {&q, &k, &v}) {
+    call.check(t->dim() == 4 && t->dtype == q.dtype && is_floating(q.dtype), "rank or dtype");
+    no_empty(call, t->sizes);
+  }
+  for (int d = 0; d < 2; ++d) {
+    call.require_eq(k.sizes[d], q.sizes[d], "key's batch or heads");
+    call.require_eq(v.sizes[d], q.sizes[d], "value's batch or heads");
+  }
+  call.require_eq(v.sizes[2], k.sizes[2], "value's length");
+  call.require_eq(k.sizes[3], q.sizes[3], "key's head dim");
+}
+
+// _scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, attn_mask, scale): the output in
+// query's layout, logsumexp (batch, length, heads) transposed to (batch, heads, length).
+void flash_attention_cpu_rule(RuleCall& call) {
+  const SymTensorMeta &q = call.tensor(0), &k = call.tensor(1), &v = call.tensor(2);
+  attention_operands(call, q, k, v);
+  auto dropout = call.number(3);
+  call.check(dropout && *dropout == 0, "dropout");
+  bool causal = call.bool_arg(4);
+  call.require_eq(v.sizes[3], q.sizes[3], "value's head dim");
+  call.check(is_non_overlapping_and_dense(call, q), "a non-dense query");
+  if (const SymTensorMeta* mask = call.optional_tensor(5)) {
+    call.check(!causal && mask->dtype == q.dtype, "a mask with is_causal or of another dtype");
+    std::vector<Expr> scores = {q.sizes[0], q.sizes[1], q.sizes[2], k.sizes[2]};
+    std::vector<Expr> b = broadcast_shape(call, {mask->sizes, scores});
+    call.check(b.size() == 4, "a mask of more dims");
+    for (int d = 0; d < 4; ++d) call.require_eq(b[d], scores[d], "the mask's size");
+  }
+  call.check(call.is_none(6) || call.number(6).has_value(), "scale");
+  ScalarType lse = q.dtype == ScalarType::Half || q.dtype == ScalarType::BFloat16 ? ScalarType::Float : q.dtype;
+  const Expr &length = q.sizes[2], &heads = q.sizes[1];
+  call.add_output(make_meta(q.sizes, q.strides, q.dtype, q.device));
+  call.add_output(make_meta({q.sizes[0], heads, length}, {length * heads, 1, heads}, lse, q.device));
+}
+
+// _scaled_dot_product_efficient_attention(q, k, v, attn_bias, compute_log_sumexp, dropout_p, is_causal, scale):
+// the output (batch, length, heads, v_dim) transposed, logsumexp rounded up to 32 rows, seed and offset.
+void efficient_attention_rule(RuleCall& call) {
+  const SymTensorMeta &q = call.tensor(0), &k = call.tensor(1), &v = call.tensor(2);
+  attention_operands(call, q, k, v);
+  call.check(q.dtype != ScalarType::Double, "dtype");
+  bool lse = call.bool_arg(4);
+  call.check(call.is_none(7) || call.number(7).has_value(), "scale");
+  const Expr &batch = q.sizes[0], &heads = q.sizes[1], &length = q.sizes[2], &v_dim = v.sizes[3];
+  call.add_output(make_meta({batch, heads, length, v_dim}, {length * heads * v_dim, v_dim, heads * v_dim, 1}, q.dtype,
+                            q.device));
+  Expr rows = lse ? sym::floordiv(length + 31, 32) * 32 : Expr(0);
+  call.add_output(contiguous_meta({batch, heads, rows}, ScalarType::Float, q.device));
+  call.add_output(contiguous_meta({}, ScalarType::Long, q.device));
+  call.add_output(contiguous_meta({}, ScalarType::Long, q.device));
+}
+
+}  // namespace
+
+void register_nn_rules(RuleTable& table) {
+  auto add = [&](const std::string& name, Rule rule) { table["aten::" + name] = std::move(rule); };
+  for (const char* op : {"sum.dim_IntList", "mean.dim", "amax.default", "amin.default"}) add(op, reduction_rule);
+  for (const char* op : {"sum.default", "mean.default"})  // (self, dtype): a 0-d result
+    add(op, [](RuleCall& call) {
+      const SymTensorMeta& x = call.tensor(0);
+      call.check(call.is_none(1) && is_floating(x.dtype), "a dtype argument or a non-floating input");
+      call.add_output(contiguous_meta({}, x.dtype, x.device));
+    });
+  add("_softmax.default", [](RuleCall& call) { softmax_rule(call, false); });
+  add("_log_softmax.default", [](RuleCall& call) { softmax_rule(call, false); });
+  add("_safe_softmax.default", [](RuleCall& call) { softmax_rule(call, true); });
+  add("native_layer_norm.default", layer_norm_rule);
+  add("mm.default", mm_rule);
+  add("addmm.default", addmm_rule);
+  add("bmm.default", bmm_rule);
+  add("matmul.default", matmul_rule);
+  add("linear.default", linear_rule);
+  add("embedding.default", embedding_rule);
+  add("convolution.default", convolution_rule);
+  add("max_pool2d_with_indices.default", [](RuleCall& call) { pool2d_rule(call, true); });
+  add("avg_pool2d.default", [](RuleCall& call) { pool2d_rule(call, false); });
+  add("_adaptive_avg_pool2d.default", adaptive_avg_pool2d_rule);
+  const std::pair<const char*, BatchNorm> batch_norms[] = {
+      {"native_batch_norm.default", BatchNorm::kNative},
+      {"_native_batch_norm_legit.default", BatchNorm::kLegit},
+      {"_native_batch_norm_legit.no_stats", BatchNorm::kLegitNoStats},
+      {"_native_batch_norm_legit_no_training.default", BatchNorm::kLegitNoTraining},
+      {"_native_batch_norm_legit_functional.default", BatchNorm::kLegitFunctional},
+      {"cudnn_batch_norm.default", BatchNorm::kCudnn}};
+  for (const auto& [op, kind] : batch_norms) {
+    BatchNorm k = kind;
+    add(op, [k](RuleCall& call) { batch_norm_rule(call, k); });
+  }
+  add("_scaled_dot_product_flash_attention_for_cpu.default", flash_attention_cpu_rule);
+  add("_scaled_dot_product_efficient_attention.default", efficient_attention_rule);
+}
+
+}  // namespace kiln::graph::shape
