@@ -68,7 +68,20 @@ SourcePtr Source::dict_item(SourcePtr base, PyObject* key) {
 }
 
 bool Source::is_plain_key(PyObject* key) {
-  return PyUnicode_CheckExact(key) || PyLong_CheckExact(key) || PyBool_Check(key) || key == Py_None;
+  if (PyUnicode_CheckExact(key) || PyLong_CheckExact(key) || PyBool_Check(key) || key == Py_None) return true;
+  // Keys compared by identity: classes (a registry keyed by type), and objects that keep object's own hash and
+  // equality and are singletons: without an instance dict (typing.Union, object() sentinels), or pickled by name
+  // (`__reduce__` returns a str, as typing.Literal's does). Other objects with an instance dict (modules, user
+  // objects) are left out: a source holds its key, and guards must not keep a model alive.
+  PyTypeObject* t = Py_TYPE(key);
+  if (PyType_Check(key)) return t->tp_hash == PyType_Type.tp_hash && t->tp_richcompare == PyType_Type.tp_richcompare;
+  if (t->tp_hash != PyBaseObject_Type.tp_hash || t->tp_richcompare != PyBaseObject_Type.tp_richcompare) return false;
+  if (t->tp_dictoffset == 0) return true;
+  PyObject* reduced = PyObject_CallMethod(key, "__reduce__", nullptr);
+  const bool by_name = reduced && PyUnicode_Check(reduced);
+  Py_XDECREF(reduced);
+  if (!reduced) PyErr_Clear();
+  return by_name;
 }
 
 SourcePtr Source::mapping_get(SourcePtr base, std::string key) {

@@ -57,9 +57,10 @@ class Source {
   static SourcePtr module_slot(SourcePtr base, std::string slot, std::string name);
   static SourcePtr index(SourcePtr base, long long i);
   static SourcePtr dict_key(SourcePtr base, std::string key);
-  /// base[key] for a dict key that is a str, an int (bool included) or None: `key` is kept by the source.
+  /// base[key] for a dict key is_plain_key accepts: `key` is kept by the source.
   static SourcePtr dict_item(SourcePtr base, PyObject* key);
-  /// The keys dict_item takes: hashable, immutable, equal only to themselves across calls.
+  /// The keys dict_item takes: str, int (bool included), None, and keys compared by identity (classes; objects
+  /// without an instance dict that keep object's hash and equality, such as typing.Union).
   static bool is_plain_key(PyObject* key);
   /// type(base): the class of the value `base` reaches (its attributes are guarded through this).
   static SourcePtr type_of(SourcePtr base);

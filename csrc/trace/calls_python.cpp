@@ -439,7 +439,7 @@ VarPtr Tracer::snapshot_dict(const VarPtr& obj) {
   Py_ssize_t pos = 0;
   PyObject *k, *v;
   while (PyDict_Next(dict, &pos, &k, &v))
-    if (!Source::is_plain_key(k)) KILN_UNSUPPORTED() << "reading a " << Py_TYPE(dict)->tp_name << " with keys other than str, int or None";
+    if (!Source::is_plain_key(k)) KILN_UNSUPPORTED() << "reading a " << Py_TYPE(dict)->tp_name << " with keys other than str, int, None or objects compared by identity";
   PyObject* keys = PyTuple_New(PyDict_GET_SIZE(dict));
   std::vector<PyObject*> key_refs;
   std::vector<VarPtr> items;

@@ -209,7 +209,7 @@ VarPtr Tracer::wrap(PyObject* value, SourcePtr source) {
     std::vector<VarPtr> items;
     Py_ssize_t pos = 0;
     PyObject *k, *v;
-    bool plain_keys = true;  // str, int or None: each item gets a source of its own (Source::dict_item)
+    bool plain_keys = true;  // Source::is_plain_key: each item gets a source of its own (Source::dict_item)
     while (PyDict_Next(value, &pos, &k, &v)) plain_keys = plain_keys && Source::is_plain_key(k);
     if (plain_keys) {
       if (source) {

@@ -1638,3 +1638,28 @@ def test_callable_of_traced_values():
     x = random_tensor(3)
     args = (x, torch.sin, nn.Linear(3, 3), SimpleNamespaceLike())
     torch.testing.assert_close(kiln.compile(f, fullgraph=True)(*args), f(*args))
+
+
+# A module-level registry keyed by classes and typing forms (a validator table, a dispatch-by-type dict).
+import typing as _typing  # noqa: E402
+
+_SCALE_BY_KIND = {list: 2.0, tuple: 3.0, _typing.Union: 5.0, _typing.Literal: 7.0}
+
+
+def test_dict_keyed_by_classes_and_typing_forms_is_read_in_the_trace(fresh_kiln):
+    def f(x, kind):
+        scale = _SCALE_BY_KIND.get(kind)
+        return x * (scale if scale is not None else -1.0)
+
+    x = random_tensor(5)
+    for kind in (list, _typing.Literal, dict):
+        explained = kiln.explain(f)(x, kind)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+        assert_same_as_eager(f, x, kind)
+    compiled = kiln.compile(f)
+    torch.testing.assert_close(compiled(x, tuple), x * 3.0)
+    _SCALE_BY_KIND[tuple] = 4.0  # the registry changes: the guard on its items sees it
+    try:
+        torch.testing.assert_close(compiled(x, tuple), x * 4.0)
+    finally:
+        _SCALE_BY_KIND[tuple] = 3.0
