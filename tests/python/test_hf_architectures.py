@@ -107,8 +107,12 @@ def test_architecture_matches_eager(arch, train, device):
             if bound == 1:
                 assert e.graph_break_count == 0, e.break_reasons
         compiled = kiln.compile(model)
+        # A whole model's gradients: a tied embedding's sums its two paths' gradients over every token, in another
+        # order than eager's on a many-core machine (seen: 1 of 6400 elements 1.4e-5 off, relative 4e-4). Ten times
+        # the float32 table still fails any real error, which is of the gradient's own size.
+        tolerances = dict(rtol=1e-3, atol=1e-4) if train else {}
         for _ in range(2):
-            assert_same_as_eager(model, **inputs(arch, device), compiled=compiled, grads=train)
+            assert_same_as_eager(model, **inputs(arch, device), compiled=compiled, grads=train, **tolerances)
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "t5"])
