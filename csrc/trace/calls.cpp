@@ -127,6 +127,17 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
         if (!kwargs.empty()) KILN_UNSUPPORTED() << "keyword arguments to a container method";
         return call_container_method(fn->items[0], name_of(fn->value), std::move(args));
       }
+      // A custom torch.autograd.Function's apply (a classmethod bound to the subclass): eager runs the subclass's
+      // forward under autograd's own node, whose backward is the user's Python.
+      if (PyObject* owner = fn->items[0]->is(VarKind::kConst) ? fn->items[0]->value : nullptr;
+          owner && PyType_Check(owner) && owner != helper("AUTOGRAD_FUNCTION") &&
+          PyObject_IsSubclass(owner, helper("AUTOGRAD_FUNCTION")) == 1)
+        KILN_UNSUPPORTED() << "call of " << ((PyTypeObject*)owner)->tp_name << "."
+                           << (PyFunction_Check(fn->value)
+                                   ? PyUnicode_AsUTF8(((PyFunctionObject*)fn->value)->func_name)
+                                   : "apply")
+                           << ", a custom torch.autograd.Function (it runs eagerly, with its own backward)";
+      PyErr_Clear();
       args.insert(args.begin(), fn->items[0]);
       return inline_function(fn->value, std::move(args), std::move(kwargs));
     }

@@ -463,6 +463,11 @@ def user_class_refusal(cls):
 
 
 # Methods of record instances that only read them: called for real on the trace-time instance.
+# Custom autograd functions: `MyFunction.apply(...)` runs eagerly at a graph break, so its own backward (which
+# kiln's autodiff would not reproduce: a straight-through estimator differs from the forward's derivative) is what
+# autograd calls.
+AUTOGRAD_FUNCTION = torch.autograd.Function
+
 RECORD_READ_METHODS = {"keys", "values", "items", "get", "to_tuple", "__getitem__", "__len__", "__contains__",
                        "__iter__"}
 

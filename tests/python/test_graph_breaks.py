@@ -790,3 +790,29 @@ def test_a_wrapper_that_names_itself_keeps_a_short_source_across_layers(fresh_ki
         torch.testing.assert_close(compiled(x), model(x))
     reasons = kiln.explain(model)(x).break_reasons
     assert not any("attribute or item steps" in r for r in reasons), [r for r in reasons if "steps" in r][:1]
+
+
+class _StraightThrough(torch.autograd.Function):
+    """Rounds in the forward; its backward is not the forward's derivative (a straight-through estimator)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.round(x * 4) / 4
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 3.0
+
+
+def test_custom_autograd_function_runs_eagerly_with_its_own_backward(fresh_kiln):
+    def f(x):
+        return _StraightThrough.apply(torch.sin(x)).sum() * 2
+
+    x = torch.randn(6, requires_grad=True)
+    explained = kiln.explain(f)(x)
+    assert explained.graph_break_count == 1, explained.break_reasons
+    assert "_StraightThrough.apply, a custom torch.autograd.Function" in explained.break_reasons[0]
+    assert "test_graph_breaks.py" in explained.breaks[0]["file"]
+    compiled = kiln.compile(f)
+    for _ in range(2):
+        assert_same_as_eager(f, torch.randn(6, requires_grad=True), compiled=compiled)
