@@ -290,3 +290,74 @@ def test_autocast_manager_from_outside_is_not_entered_by_the_trace(fresh_kiln):
     out = assert_same_as_eager(uses_outer_manager, random_tensor(4, 4))
     assert out.dtype == torch.bfloat16
     assert not torch.is_autocast_enabled("cpu")
+
+
+class _ScaledSwish(torch.autograd.Function):
+    """custom_fwd casts its inputs to float32 under autocast; custom_bwd runs the backward in the forward's state."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * torch.sigmoid(x)
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        s = torch.sigmoid(x)
+        return grad * (s + x * s * (1 - s))
+
+
+class _DisabledRegion(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 8)
+
+    def forward(self, x):
+        h = self.a(x)  # lower precision
+        with torch.autocast("cpu", enabled=False):
+            h = torch.softmax(h.float(), -1) * 3  # float32, as the region asks
+        return self.b(_ScaledSwish.apply(h)), h
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_disabled_regions_and_custom_fwd_bwd_under_autocast(fresh_kiln, dtype):
+    model = _DisabledRegion()
+    x = random_tensor(4, 16, requires_grad=True)
+    rtol, atol = tolerance(dtype)
+    with autocast_cpu(dtype):
+        out, region = assert_same_as_eager(model, x, rtol=10 * rtol, atol=10 * atol)
+    assert region.dtype == torch.float32 and out.dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_grad_scaler_steps_follow_eager(fresh_kiln, device, dtype):
+    """torch.amp.GradScaler around compiled training steps: the scale, the inf checks and a skipped step (the first
+    scale overflows float16's gradients on purpose) as in eager."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 4)).to(device)
+    reference = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 4)).to(device)
+    reference.load_state_dict(model.state_dict())
+    compiled = kiln.compile(model)
+    data = [(random_tensor(16, 8, device=device), random_tensor(16, 4, device=device)) for _ in range(6)]
+    runs = []
+    for fn, m in ((compiled, model), (reference, reference)):
+        opt = torch.optim.SGD(m.parameters(), lr=1e-2)
+        scaler = torch.amp.GradScaler(device, init_scale=2.0**17)  # float16: the first steps overflow and are skipped
+        scales, losses = [], []
+        for x, target in data:
+            opt.zero_grad()
+            with autocast_on(device, dtype):
+                loss = F.mse_loss(fn(x).float(), target)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            scales.append(scaler.get_scale())
+            losses.append(loss.item())
+        runs.append((scales, losses, [p.detach().clone() for p in m.parameters()]))
+    (scales, losses, params), (eager_scales, eager_losses, eager_params) = runs
+    assert scales == eager_scales
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(eager_losses), rtol=2e-2, atol=1e-3)
+    for got, want in zip(params, eager_params):
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=1e-3)
