@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "compile/pipeline.h"
+#include "runtime/cuda_graphs.h"
 #include "runtime/eager_interpreter.h"
 #include "runtime/python_bridge.h"
 
@@ -108,7 +109,13 @@ std::vector<std::string> backend_names() {
 std::shared_ptr<CompiledGraph> compile_graph(std::shared_ptr<const graph::Graph> g, const std::string& backend,
                                              PyObject* example_inputs, PyObject* user_backend, const CompileOptions& options) {
   KILN_ASSERT(g != nullptr) << "compile_graph without a graph";
-  if (user_backend) return compile_with_callable(std::move(g), backend, user_backend, example_inputs);
+  if (user_backend) {
+    auto compiled = compile_with_callable(std::move(g), backend, user_backend, example_inputs);
+    if (!options.cuda_graph_pool) return compiled;
+    return runtime::make_cuda_graph_runner(std::move(compiled), options.cuda_graph_pool, SIZE_MAX, "graph",
+                                           "backend '" + backend + "' is a Python callable (kiln records only its own "
+                                           "backend's graphs)");
+  }
   const auto& table = backend_table();
   auto it = table.find(backend);
   if (it == table.end()) {
@@ -117,7 +124,13 @@ std::shared_ptr<CompiledGraph> compile_graph(std::shared_ptr<const graph::Graph>
     KILN_CHECK(false) << "unknown backend '" << backend << "': known backends are " << known
                       << ", or pass a callable (graph, example_inputs) -> callable";
   }
-  return it->second(std::move(g), example_inputs, options);
+  std::shared_ptr<CompiledGraph> compiled = it->second(std::move(g), example_inputs, options);
+  // The "kiln" backend wraps its graphs itself (compile/pipeline.cpp: they report a status); the others run op by op,
+  // which kiln does not record: say so where kiln.explain looks.
+  if (!options.cuda_graph_pool || !compiled->cudagraph_status().empty()) return compiled;
+  return runtime::make_cuda_graph_runner(std::move(compiled), options.cuda_graph_pool, SIZE_MAX, "graph",
+                                         "backend '" + backend + "' runs the graph op by op (CUDA graphs need " +
+                                         "backend='kiln')");
 }
 
 std::shared_ptr<CompiledGraph> compile_graph_object(PyObject* graph, const std::string& backend, PyObject* example_inputs,

@@ -305,8 +305,11 @@ std::shared_ptr<runtime::CompiledGraph> compile_kiln_graph(std::shared_ptr<const
     // Eager's own views (storage, version counter, autograd history) are what the caller must get: the eager
     // interpreter replays them. By design, so not counted as a fallback.
     std::vector<at::Tensor> constants = constants_of(*g);
-    return runtime::make_fallback_graph(std::move(g), std::move(constants), "views of the inputs only",
-                                        std::move(folded));
+    auto views = runtime::make_fallback_graph(std::move(g), std::move(constants), "views of the inputs only",
+                                              std::move(folded));
+    if (!options.cuda_graph_pool) return views;
+    return runtime::make_cuda_graph_runner(std::move(views), options.cuda_graph_pool, escaping, "graph",
+                                           "it only views its inputs (nothing to launch)");
   }
   if (runtime::needs_eager_for_grad_mode(*g)) {
     reason = "the graph switches grad mode over values that require grad (eager_interpreter.h)";

@@ -58,6 +58,11 @@ def test_cpu_graphs_are_declined_with_the_reason(fresh_kiln):
     # Without CUDA graphs asked for, there is nothing to report.
     with torch.no_grad():
         assert kiln.explain(model, backend="kiln")(x).cudagraphs == [""]
+    # Backends other than kiln's own run graphs op by op: nothing is recorded, and the status says why.
+    with torch.no_grad():
+        explained = kiln.explain(model, backend="eager", mode="reduce-overhead")(x)
+    assert explained.cudagraphs == ["declined: backend 'eager' runs the graph op by op (CUDA graphs need "
+                                    "backend='kiln')"]
 
 
 # ---- CUDA --------------------------------------------------------------------------------------------------------
