@@ -77,6 +77,9 @@ bool Source::is_plain_key(PyObject* key) {
   if (PyType_Check(key)) return t->tp_hash == PyType_Type.tp_hash && t->tp_richcompare == PyType_Type.tp_richcompare;
   if (t->tp_hash != PyBaseObject_Type.tp_hash || t->tp_richcompare != PyBaseObject_Type.tp_richcompare) return false;
   if (t->tp_dictoffset == 0) return true;
+  // Only a class that defines its own __reduce__ is asked (object's would copy the instance's state to answer).
+  static PyObject* reduce_name = PyUnicode_InternFromString("__reduce__");
+  if (_PyType_Lookup(t, reduce_name) == _PyType_Lookup(&PyBaseObject_Type, reduce_name)) return false;
   PyObject* reduced = PyObject_CallMethod(key, "__reduce__", nullptr);
   const bool by_name = reduced && PyUnicode_Check(reduced);
   Py_XDECREF(reduced);
