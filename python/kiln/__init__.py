@@ -13,7 +13,7 @@ except ImportError:  # the torch-free core alone (tests of bytecode/ and frame/ 
     torch = None
 
 if torch is not None:
-    from kiln.api import compile, disable, explain, mark_dynamic, reset, stats  # noqa: F401,A004
+    from kiln.api import compile, disable, explain, mark_dynamic, mark_static, reset, stats  # noqa: F401,A004
     from kiln import config, errors  # noqa: F401
     from kiln.export import ExportedProgram, export, load  # noqa: F401
 

@@ -260,18 +260,50 @@ class _Disabled:
 _warned_mark_dynamic = False
 
 
-def mark_dynamic(tensor, dim):
-    """torch.compile's mark_dynamic: records that `dim` of `tensor` varies. kiln does not compile symbolic sizes yet,
-    so the mark has no effect on compilation (each new size compiles its own graph); the first call warns."""
-    global _warned_mark_dynamic
+def _marked_dims(tensor, index, what):
+    """`index` (an int or a list of ints) as non-negative dims of `tensor`, or KilnError naming the bad one."""
     if not isinstance(tensor, torch.Tensor):
-        raise KilnError("mark_dynamic expects a tensor")
-    if not -tensor.dim() <= dim < max(tensor.dim(), 1):
-        raise KilnError(f"mark_dynamic: dimension {dim} out of range for a {tensor.dim()}-d tensor")
+        raise KilnError(f"{what} expects a tensor, got {type(tensor).__name__}")
+    dims = list(index) if isinstance(index, (list, tuple)) else [index]
+    rank = max(tensor.dim(), 1)
+    for dim in dims:
+        if not isinstance(dim, int) or not -rank <= dim < rank:
+            raise KilnError(f"{what}: dimension {dim!r} out of range for a {tensor.dim()}-d tensor")
+    return [dim % rank for dim in dims]
+
+
+def _warn_no_effect_yet(what):
+    global _warned_mark_dynamic
     if not _warned_mark_dynamic:
         _warned_mark_dynamic = True
-        warnings.warn("kiln.mark_dynamic has no effect yet: kiln does not compile symbolic sizes, so each new size "
-                      "compiles its own graph", stacklevel=2)
-    marked = getattr(tensor, "_kiln_dynamic_dims", set())
-    marked.add(dim % max(tensor.dim(), 1))
+        warnings.warn(f"kiln.{what} has no effect yet: kiln does not compile symbolic sizes, so each new size "
+                      "compiles its own graph", stacklevel=3)
+
+
+def mark_dynamic(tensor, index, *, min=None, max=None):  # noqa: A002 (torch's keyword names)
+    """torch.compile's mark_dynamic: records that dims `index` (an int or a list) of `tensor` vary, optionally within
+    [min, max]. kiln does not compile symbolic sizes yet, so the mark has no effect on compilation (each new size
+    compiles its own graph); the first call warns."""
+    dims = _marked_dims(tensor, index, "mark_dynamic")
+    for bound, name in ((min, "min"), (max, "max")):
+        if bound is not None and (not isinstance(bound, int) or bound < 0):
+            raise KilnError(f"mark_dynamic: {name} must be a non-negative int, got {bound!r}")
+    if min is not None and max is not None and min > max:
+        raise KilnError(f"mark_dynamic: min {min} is larger than max {max}")
+    _warn_no_effect_yet("mark_dynamic")
+    marked = dict(getattr(tensor, "_kiln_dynamic_dims", {}))
+    for dim in dims:
+        marked[dim] = (min, max)
     tensor._kiln_dynamic_dims = marked
+
+
+def mark_static(tensor, index=None):
+    """torch.compile's mark_static: dims `index` (an int, a list, or None for every dim) of `tensor` keep their size.
+    Sizes are specialised already, so this only records the mark (and clears a mark_dynamic on those dims)."""
+    dims = list(range(tensor.dim())) if index is None and isinstance(tensor, torch.Tensor) else \
+        _marked_dims(tensor, index, "mark_static")
+    marked = dict(getattr(tensor, "_kiln_dynamic_dims", {}))
+    for dim in dims:
+        marked.pop(dim, None)
+    tensor._kiln_dynamic_dims = marked
+    tensor._kiln_static_dims = set(getattr(tensor, "_kiln_static_dims", set())) | set(dims)

@@ -1,5 +1,6 @@
 """kiln's user-facing API, checked against real behaviour: compile (function, decorator, module),
 stats/reset, explain, disable, logs, backends, errors, fallbacks, tracebacks, generators, leaks."""
+import contextlib
 import fcntl
 import gc
 import inspect
@@ -593,3 +594,21 @@ def test_untraceable_frame_falls_back_to_eager(fresh_kiln):
     out = kiln.compile(through_numpy)(x)
     torch.testing.assert_close(out, through_numpy(x))
     assert kiln.stats()["fallbacks"] + kiln.stats()["graph_breaks"] >= 1, kiln.stats()
+
+
+def test_mark_dynamic_and_mark_static_take_torch_compiles_arguments(fresh_kiln):
+    x = random_tensor(4, 6, 8)
+    with pytest.warns(UserWarning, match="mark_dynamic has no effect yet") if not kiln.api._warned_mark_dynamic \
+            else contextlib.nullcontext():
+        kiln.mark_dynamic(x, [0, -1], min=2, max=64)
+    assert x._kiln_dynamic_dims == {0: (2, 64), 2: (2, 64)}
+    kiln.mark_static(x, 2)
+    assert x._kiln_dynamic_dims == {0: (2, 64)} and x._kiln_static_dims == {2}
+    kiln.mark_static(x)
+    assert x._kiln_dynamic_dims == {} and x._kiln_static_dims == {0, 1, 2}
+    for bad, message in (((x, 3), "dimension 3 out of range"), ((x, 0, 8, 4), "min 8 is larger than max 4"),
+                         (("x", 0), "expects a tensor")):
+        with pytest.raises(kiln.errors.KilnError, match=message):
+            kiln.mark_dynamic(*bad[:2], **dict(zip(("min", "max"), bad[2:])))
+    # Marks change nothing about the results (sizes are still specialised).
+    torch.testing.assert_close(kiln.compile(sin_plus)(x, x), sin_plus(x, x))
