@@ -92,9 +92,16 @@ py::dict evaluate(const Graph& g, const std::map<std::string, int64_t>& values) 
     graph::TensorMeta m = graph::evaluate_meta(g, v.id, bindings);
     metas.append(py::make_tuple(m.sizes, m.strides, m.storage_offset));
   }
-  if (g.symbolic)
+  // A specialised symbol is a guard too: the graph holds only at its value.
+  if (g.symbolic) {
     for (const graph::shape::Assumption& a : g.symbolic->assumptions)
       if (!a.holds(bindings)) failed.append(a.to_string());
+    for (const graph::Specialisation& sp : g.symbolic->specialisations) {
+      auto it = bindings.find(sp.symbol.symbol_id());
+      if (it != bindings.end() && it->second != sp.value)
+        failed.append(sp.symbol.symbol_name() + " == " + std::to_string(sp.value));
+    }
+  }
   py::dict out;
   out["metas"] = metas;
   out["failed_assumptions"] = failed;
@@ -125,7 +132,7 @@ void register_symbolic_graph(py::module_& m) {
   cls.def("symbolic_summary", &summary, "what propagate_symbolic_sizes returned");
   cls.def("evaluate_sizes", &evaluate, py::arg("symbols"),
           "each value's (sizes, strides, storage offset) at the given symbol values ({'s0': 12}), and the "
-          "assumptions that fail there: {'metas', 'failed_assumptions'}");
+          "assumptions and specialisations that fail there (the graph would recompile): {'metas', 'failed_assumptions'}");
   m.def("_graph_round_trip", &round_trip, py::arg("graph"), py::arg("format"),
         "the graph written as 'bytes' (the graph cache's form) or 'json' and read back (constants without tensors)");
 }
