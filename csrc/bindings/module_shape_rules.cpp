@@ -1,5 +1,5 @@
 // kiln._C.shape_rule: evaluates one of graph/shape_rules.h's symbolic rules on inputs described in Python, for
-// tests/python/test_shape_rules.py (nothing else in kiln calls the rules yet).
+// tests/python/test_shape_rules.py (graph/propagate_symbolic_sizes is their other caller).
 //
 // Sizes, strides, offsets and int arguments are given as ints or as expression text over the named symbols
 // ("s0*s1*2 + 3", "floordiv(s0, 2)", "min(s0, 4)"); the results come back both as text and evaluated at the

@@ -70,12 +70,17 @@ py::dict summary(const Graph& g) {
 py::dict propagate(Graph& g, const std::map<int32_t, std::vector<int64_t>>& dynamic,
                    const std::vector<std::tuple<int32_t, int32_t, int32_t, std::string>>& int_args) {
   KILN_CHECK(!g.symbolic) << "this graph's symbolic sizes were propagated already";
-  for (const auto& [input, dims] : dynamic) graph::mark_symbolic_dims(g, input, dims);
-  const auto symbols = symbols_by_name(g);
-  for (const auto& [node, arg, element, text] : int_args)
-    graph::mark_symbolic_int_arg(g, {node, arg, element, sym::parse_expr(text, symbols)});
-  graph::propagate_symbolic_sizes(g);
-  g.verify(false);
+  try {
+    for (const auto& [input, dims] : dynamic) graph::mark_symbolic_dims(g, input, dims);
+    const auto symbols = symbols_by_name(g);
+    for (const auto& [node, arg, element, text] : int_args)
+      graph::mark_symbolic_int_arg(g, {node, arg, element, sym::parse_expr(text, symbols)});
+    graph::propagate_symbolic_sizes(g);
+    g.verify(false);
+  } catch (...) {
+    g.symbolic = nullptr;  // the graph as it was: a failed call marks nothing
+    throw;
+  }
   return summary(g);
 }
 

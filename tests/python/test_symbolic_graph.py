@@ -195,9 +195,11 @@ def test_node_without_rule_specialises_with_reason():
 
 
 def test_marking_a_missing_dim_is_a_user_error():
-    graph = capture(lambda x: x * 2, randn((4, 6)))
+    graph = capture(lambda x, y: x * 2 + y, randn((4, 6), (4, 6)))
     with pytest.raises(Exception, match="has no dim 2"):
-        graph.propagate_symbolic_sizes({0: [2]})
+        graph.propagate_symbolic_sizes({0: [0, 1], 1: [2]})
+    retried = graph.propagate_symbolic_sizes({0: [0]})  # the failed call marked nothing
+    assert [x["name"] for x in retried["symbols"]] == ["s0"] and texts(retried) == ["s0 == 4"]
 
 
 def test_graph_without_symbols_prints_and_serialises_as_before():
