@@ -12,6 +12,7 @@ PYBIND11_MODULE(_C, m) {
   kiln::bindings::register_errors(m);
   kiln::bindings::register_graph(m);
   kiln::bindings::register_shape_rules(m);
+  kiln::bindings::register_symbolic_graph(m);
   kiln::bindings::register_compile(m);
   kiln::bindings::register_compiler(m);
   kiln::bindings::register_cuda(m);

@@ -9,6 +9,7 @@
 namespace kiln::bindings {
 void register_graph(pybind11::module_& m);    // module_graph.cpp: Graph, recorder bridge, backends
 void register_shape_rules(pybind11::module_& m);  // module_shape_rules.cpp: the symbolic shape rules' test hook
+void register_symbolic_graph(pybind11::module_& m);  // module_symbolic_graph.cpp: symbolic sizes of graphs (tests)
 void register_compile(pybind11::module_& m);  // module_compile.cpp: compile wrapper, stats, reset
 void register_compiler(pybind11::module_& m);  // module_compiler.cpp: the kiln backend's stats and summaries
 void register_cuda(pybind11::module_& m);     // module_cuda.cpp: kiln._C.cuda (NVRTC, driver API, launches)

@@ -1,13 +1,11 @@
 // kiln._C.shape_rule: evaluates one of graph/shape_rules.h's symbolic rules on inputs described in Python, for
-// tests/python/test_shape_rules.py (nothing else in kiln calls the rules yet).
+// tests/python/test_shape_rules.py (graph/propagate_symbolic_sizes is their other caller).
 //
 // Sizes, strides, offsets and int arguments are given as ints or as expression text over the named symbols
 // ("s0*s1*2 + 3", "floordiv(s0, 2)", "min(s0, 4)"); the results come back both as text and evaluated at the
 // symbols' given values.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-
-#include <cctype>
 
 #include "bindings/module_register.h"
 #include "common/error.h"
@@ -22,112 +20,13 @@ using graph::shape::Expr;
 namespace shape = graph::shape;
 namespace sym = graph::sym;
 
-// A recursive-descent reader of expression text: sums of products of atoms, // and % bind as *, unary minus,
-// parentheses, and the calls floordiv, mod, min and max.
-class ExprReader {
- public:
-  ExprReader(const std::string& text, const std::map<std::string, Expr>& symbols) : text_(text), symbols_(symbols) {}
-
-  Expr read() {
-    Expr e = sum();
-    skip_space();
-    KILN_CHECK(pos_ == text_.size()) << "unexpected '" << text_.substr(pos_) << "' in expression '" << text_ << "'";
-    return e;
-  }
-
- private:
-  void skip_space() {
-    while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;
-  }
-  bool take(const std::string& token) {
-    skip_space();
-    if (text_.compare(pos_, token.size(), token) != 0) return false;
-    pos_ += token.size();
-    return true;
-  }
-  Expr sum() {
-    Expr e = product();
-    while (true) {
-      if (take("+")) {
-        e = e + product();
-      } else if (take("-")) {
-        e = e - product();
-      } else {
-        return e;
-      }
-    }
-  }
-  Expr product() {
-    Expr e = unary();
-    while (true) {
-      if (take("**")) {
-        Expr p = unary();
-        KILN_CHECK(p.is_constant() && p.constant_value() >= 0) << "a non-constant power in '" << text_ << "'";
-        Expr base = e;
-        e = 1;
-        for (int64_t i = 0; i < p.constant_value(); ++i) e = e * base;
-      } else if (take("*")) {
-        e = e * unary();
-      } else if (take("//")) {
-        e = sym::floordiv(e, unary());
-      } else if (take("%")) {
-        e = sym::mod(e, unary());
-      } else {
-        return e;
-      }
-    }
-  }
-  Expr unary() {
-    if (take("-")) return -unary();
-    return atom();
-  }
-  std::vector<Expr> call_args() {
-    KILN_CHECK(take("(")) << "'(' expected in '" << text_ << "'";
-    std::vector<Expr> args = {sum()};
-    while (take(",")) args.push_back(sum());
-    KILN_CHECK(take(")")) << "')' expected in '" << text_ << "'";
-    return args;
-  }
-  Expr atom() {
-    skip_space();
-    KILN_CHECK(pos_ < text_.size()) << "expression '" << text_ << "' ends early";
-    if (take("(")) {
-      Expr e = sum();
-      KILN_CHECK(take(")")) << "')' expected in '" << text_ << "'";
-      return e;
-    }
-    size_t start = pos_;
-    if (std::isdigit(static_cast<unsigned char>(text_[pos_]))) {
-      while (pos_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos_]))) ++pos_;
-      return Expr(static_cast<int64_t>(std::stoll(text_.substr(start, pos_ - start))));
-    }
-    while (pos_ < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[pos_])) || text_[pos_] == '_')) ++pos_;
-    std::string name = text_.substr(start, pos_ - start);
-    KILN_CHECK(!name.empty()) << "unexpected '" << text_.substr(pos_) << "' in '" << text_ << "'";
-    if (name == "floordiv" || name == "mod" || name == "min" || name == "max") {
-      std::vector<Expr> args = call_args();
-      if (name == "min") return sym::min(args);
-      if (name == "max") return sym::max(args);
-      KILN_CHECK(args.size() == 2) << name << " takes two arguments in '" << text_ << "'";
-      return name == "floordiv" ? sym::floordiv(args[0], args[1]) : sym::mod(args[0], args[1]);
-    }
-    auto it = symbols_.find(name);
-    KILN_CHECK(it != symbols_.end()) << "unknown symbol '" << name << "' in '" << text_ << "'";
-    return it->second;
-  }
-
-  const std::string& text_;
-  const std::map<std::string, Expr>& symbols_;
-  size_t pos_ = 0;
-};
-
 struct Converter {
   std::map<std::string, Expr> symbols;
 
   Expr expr(py::handle h) const {
     if (py::isinstance<py::bool_>(h)) throw py::type_error("a bool where a size is expected");
     if (py::isinstance<py::int_>(h)) return Expr(h.cast<int64_t>());
-    if (py::isinstance<py::str>(h)) return ExprReader(h.cast<std::string>(), symbols).read();
+    if (py::isinstance<py::str>(h)) return sym::parse_expr(h.cast<std::string>(), symbols);
     throw py::type_error("a size is an int or expression text, got " + std::string(py::str(py::type::of(h))));
   }
   std::vector<Expr> exprs(py::handle h) const {

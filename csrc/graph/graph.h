@@ -28,6 +28,8 @@ typedef struct _object PyObject;  // the CPython object type, without Python.h
 
 namespace kiln::graph {
 
+struct SymbolicSizes;  // graph/symbolic_sizes.h
+
 using ValueId = int32_t;
 using NodeIndex = int32_t;
 
@@ -145,6 +147,10 @@ class Graph {
   std::vector<ValueId> inputs;   // in calling order
   std::vector<Node> nodes;       // in execution order
   std::vector<ValueId> outputs;  // may name inputs or constants directly
+  /// Sizes as expressions over size symbols, beside the concrete metas (graph/symbolic_sizes.h); null, as in every
+  /// graph nothing marked dynamic, when all sizes are concrete. Copies of a graph share it: change it only through
+  /// mutable_symbolic(), which copies it first when shared.
+  std::shared_ptr<SymbolicSizes> symbolic;
 
   // ---- builder ----------------------------------------------------------------------------
   ValueId add_input(TensorMeta meta);

@@ -1,9 +1,13 @@
 // Graph <-> bytes (see graph_bytes.h).
+//
+// A graph with symbolic sizes starts with the integer -1 (no graph starts with a negative value count) and ends with
+// its symbolic table after the outputs; a graph without writes exactly the bytes it did before symbols existed.
 #include "graph/graph_bytes.h"
 
 #include <cstring>
 
 #include "common/error.h"
+#include "graph/symbolic_sizes.h"
 
 namespace kiln::graph {
 
@@ -167,9 +171,186 @@ void write_ids(ByteWriter& w, const std::vector<ValueId>& ids) {
   for (ValueId id : ids) w.integer(id);
 }
 
+// ---- symbolic sizes -------------------------------------------------------------------------------------------
+using sym::Expr;
+using sym::ExprKind;
+
+// An expression by its canonical structure: kind, then a symbol's id and name, a constant's value, a sum's terms
+// (coefficient, factors as (atom, exponent)) and constant, or the arguments of floordiv, mod, min and max.
+void write_expr(ByteWriter& w, const Expr& e) {
+  w.integer(static_cast<int64_t>(e.kind()));
+  switch (e.kind()) {
+    case ExprKind::kSymbol:
+      w.integer(e.symbol_id());
+      w.text(e.symbol_name());
+      return;
+    case ExprKind::kConstant: w.integer(e.constant_value()); return;
+    case ExprKind::kSum:
+      w.integer(static_cast<int64_t>(e.terms().size()));
+      for (const Expr::Term& t : e.terms()) {
+        w.integer(t.coefficient);
+        w.integer(static_cast<int64_t>(t.factors.size()));
+        for (const Expr::Factor& f : t.factors) {
+          write_expr(w, f.atom);
+          w.integer(f.exponent);
+        }
+      }
+      w.integer(e.sum_constant());
+      return;
+    default:
+      w.integer(static_cast<int64_t>(e.args().size()));
+      for (const Expr& a : e.args()) write_expr(w, a);
+  }
+}
+
+// Rebuilt through the constructors, so what is read is canonical (and equal to what was written).
+Expr read_expr(ByteReader& r, int depth = 0) {
+  KILN_CHECK(depth < 64) << "graph bytes: a size expression nests too deeply";
+  const int64_t limit = 1 << 20;
+  const auto kind = static_cast<ExprKind>(r.count(static_cast<int64_t>(ExprKind::kConstant)));
+  switch (kind) {
+    case ExprKind::kSymbol: {
+      const auto id = static_cast<sym::SymbolId>(r.count(1 << 30));
+      return Expr::symbol(id, r.text());
+    }
+    case ExprKind::kConstant: return r.integer();
+    case ExprKind::kSum: {
+      Expr sum = 0;
+      for (int64_t t = r.count(limit); t > 0; --t) {
+        Expr term = r.integer();
+        for (int64_t f = r.count(limit); f > 0; --f) {
+          Expr atom = read_expr(r, depth + 1);
+          for (int64_t k = r.count(64); k > 0; --k) term = term * atom;
+        }
+        sum = sum + term;
+      }
+      return sum + r.integer();
+    }
+    default: break;
+  }
+  std::vector<Expr> args(r.count(limit));
+  for (Expr& a : args) a = read_expr(r, depth + 1);
+  if (kind == ExprKind::kMin || kind == ExprKind::kMax) {
+    KILN_CHECK(!args.empty()) << "graph bytes: min/max of nothing";
+    return kind == ExprKind::kMin ? sym::min(args) : sym::max(args);
+  }
+  KILN_CHECK(args.size() == 2) << "graph bytes: floordiv/mod of " << args.size() << " arguments";
+  return kind == ExprKind::kFloorDiv ? sym::floordiv(args[0], args[1]) : sym::mod(args[0], args[1]);
+}
+
+std::vector<Expr> read_exprs(ByteReader& r) {
+  std::vector<Expr> v(r.count(1 << 20));
+  for (Expr& e : v) e = read_expr(r);
+  return v;
+}
+
+void write_exprs(ByteWriter& w, const std::vector<Expr>& v) {
+  w.integer(static_cast<int64_t>(v.size()));
+  for (const Expr& e : v) write_expr(w, e);
+}
+
+void write_symbolic(ByteWriter& w, const SymbolicSizes& s) {
+  w.integer(static_cast<int64_t>(s.symbols.size()));
+  for (const SymbolOrigin& o : s.symbols) {
+    write_expr(w, o.symbol);
+    w.integer(o.input_index);
+    w.integer(o.dim);
+    w.integer(o.hint);
+    const sym::Range range = s.facts.range(o.symbol.symbol_id());
+    w.integer(range.lo);
+    w.integer(range.hi);
+    w.integer(s.facts.divisor(o.symbol.symbol_id()));
+  }
+  w.integer(static_cast<int64_t>(s.metas.size()));
+  for (const auto& m : s.metas) {
+    w.integer(m.has_value());
+    if (!m) continue;
+    write_exprs(w, m->sizes);
+    write_exprs(w, m->strides);
+    write_expr(w, m->storage_offset);
+    w.integer(static_cast<int64_t>(m->dtype));
+    WriteArg{w}(m->device);
+  }
+  w.integer(static_cast<int64_t>(s.int_args.size()));
+  for (const SymbolicIntArg& a : s.int_args) {
+    w.integer(a.node);
+    w.integer(a.arg);
+    w.integer(a.element);
+    write_expr(w, a.value);
+  }
+  w.integer(static_cast<int64_t>(s.assumptions.size()));
+  for (const shape::Assumption& a : s.assumptions) {
+    w.integer(static_cast<int64_t>(a.kind));
+    write_expr(w, a.lhs);
+    write_expr(w, a.rhs);
+    w.text(a.reason);
+  }
+  w.integer(static_cast<int64_t>(s.specialisations.size()));
+  for (const Specialisation& sp : s.specialisations) {
+    write_expr(w, sp.symbol);
+    w.integer(sp.value);
+    w.text(sp.reason);
+  }
+}
+
+std::shared_ptr<SymbolicSizes> read_symbolic(ByteReader& r, int64_t num_values) {
+  auto s = std::make_shared<SymbolicSizes>();
+  const int64_t limit = 1 << 30;
+  auto symbol = [&] {
+    Expr e = read_expr(r);
+    KILN_CHECK(e.is_symbol()) << "graph bytes: " << e.to_string() << " where a size symbol belongs";
+    return e;
+  };
+  s->symbols.resize(r.count(limit));
+  for (SymbolOrigin& o : s->symbols) {
+    o.symbol = symbol();
+    o.input_index = static_cast<int32_t>(r.integer());
+    o.dim = static_cast<int32_t>(r.integer());
+    o.hint = r.integer();
+    sym::Range range;
+    range.lo = r.integer();
+    range.hi = r.integer();
+    s->facts.set_range(o.symbol, range);
+    s->facts.add_divisor(o.symbol, r.count(limit));
+  }
+  s->metas.resize(r.count(num_values));
+  for (auto& m : s->metas) {
+    if (r.integer() == 0) continue;
+    m.emplace();
+    m->sizes = read_exprs(r);
+    m->strides = read_exprs(r);
+    KILN_CHECK(m->sizes.size() == m->strides.size()) << "graph bytes: a symbolic meta's sizes and strides differ";
+    m->storage_offset = read_expr(r);
+    m->dtype = static_cast<ScalarType>(r.integer());
+    m->device = read_device(r);
+  }
+  s->int_args.resize(r.count(limit));
+  for (SymbolicIntArg& a : s->int_args) {
+    a.node = static_cast<NodeIndex>(r.integer());
+    a.arg = static_cast<int32_t>(r.integer());
+    a.element = static_cast<int32_t>(r.integer());
+    a.value = read_expr(r);
+  }
+  s->assumptions.resize(r.count(limit));
+  for (shape::Assumption& a : s->assumptions) {
+    a.kind = static_cast<shape::Assumption::Kind>(r.count(static_cast<int64_t>(shape::Assumption::Kind::kDivisible)));
+    a.lhs = read_expr(r);
+    a.rhs = read_expr(r);
+    a.reason = r.text();
+  }
+  s->specialisations.resize(r.count(limit));
+  for (Specialisation& sp : s->specialisations) {
+    sp.symbol = symbol();
+    sp.value = r.integer();
+    sp.reason = r.text();
+  }
+  return s;
+}
+
 }  // namespace
 
 void write_graph(ByteWriter& w, const Graph& g) {
+  if (g.symbolic) w.integer(-1);
   w.integer(static_cast<int64_t>(g.values.size()));
   for (const Value& v : g.values) {
     w.integer(v.is_tensor);
@@ -203,12 +384,16 @@ void write_graph(ByteWriter& w, const Graph& g) {
     w.integer(n.is_view);
   }
   write_ids(w, g.outputs);
+  if (g.symbolic) write_symbolic(w, *g.symbolic);
 }
 
 Graph read_graph(ByteReader& r) {
   Graph g;
   const int64_t limit = 1 << 30;
-  const int64_t num_values = r.count(limit);
+  int64_t first = r.integer();
+  const bool symbolic = first == -1;
+  const int64_t num_values = symbolic ? r.count(limit) : first;
+  KILN_CHECK(num_values >= 0 && num_values <= limit) << "graph bytes: " << num_values << " values";
   g.values.resize(num_values);
   for (int64_t i = 0; i < num_values; ++i) {
     Value& v = g.values[i];
@@ -244,6 +429,7 @@ Graph read_graph(ByteReader& r) {
     n.is_view = r.integer() != 0;
   }
   g.outputs = read_ids(r, num_values);
+  if (symbolic) g.symbolic = read_symbolic(r, num_values);
   for (const Value& v : g.values)
     KILN_CHECK(v.producer >= -1 && v.producer < static_cast<int64_t>(g.nodes.size()))
         << "graph bytes: value %" << v.id << " names producer " << v.producer;

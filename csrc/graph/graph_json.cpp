@@ -1,11 +1,15 @@
 // Graph::to_json: a machine-readable dump for KILN_DEBUG_DIR, tools and kiln.export's files (python/kiln/export.py
 // reads it back, and so does graph_from_json for the C++ loader, csrc/export). Each argument is an object {"name", "kind", "value"} so readers need no schema; constants appear
-// by meta only (their data stays in Python; export saves them with the weights).
+// by meta only (their data stays in Python; export saves them with the weights). A graph with symbolic sizes adds
+// "symbolic" to the values that have them ({"sizes", "strides", "storage_offset"} as sym::Expr JSON) and a top-level
+// "symbolic" object (symbols with origins and hints, facts, symbolic int arguments, assumptions, specialisations).
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
 #include "common/error.h"
 #include "graph/graph.h"
+#include "graph/symbolic_sizes.h"
 
 #if __has_include(<nlohmann/json.hpp>)
 #include <nlohmann/json.hpp>
@@ -68,6 +72,77 @@ struct ArgJson {
   json operator()(const MemoryFormatArg& m) const { return {{"kind", "memory_format"}, {"value", m.code}}; }
   json operator()(const Device& d) const { return {{"kind", "device"}, {"value", device_json(d)}}; }
 };
+
+// ---- symbolic sizes ---------------------------------------------------------------------------------------------
+constexpr const char* kAssumptionKinds[] = {"eq", "ne", "lt", "le", "divisible"};  // Assumption::Kind's order
+
+json sym_meta_json(const shape::SymTensorMeta& m) {
+  return {{"sizes", m.sizes}, {"strides", m.strides}, {"storage_offset", m.storage_offset}};
+}
+
+json symbolic_json(const SymbolicSizes& s) {
+  json symbols = json::array(), int_args = json::array(), assumptions = json::array(), pins = json::array();
+  for (const SymbolOrigin& o : s.symbols)
+    symbols.push_back({{"symbol", o.symbol}, {"input_index", o.input_index}, {"dim", o.dim}, {"hint", o.hint}});
+  for (const SymbolicIntArg& a : s.int_args)
+    int_args.push_back({{"node", a.node}, {"arg", a.arg}, {"element", a.element}, {"value", a.value}});
+  for (const shape::Assumption& a : s.assumptions)
+    assumptions.push_back({{"kind", kAssumptionKinds[static_cast<int>(a.kind)]}, {"lhs", a.lhs}, {"rhs", a.rhs},
+                           {"reason", a.reason}, {"text", a.to_string()}});
+  for (const Specialisation& sp : s.specialisations)
+    pins.push_back({{"symbol", sp.symbol}, {"value", sp.value}, {"reason", sp.reason}});
+  return {{"symbols", symbols}, {"facts", s.facts}, {"int_args", int_args}, {"assumptions", assumptions},
+          {"specialisations", pins}};
+}
+
+sym::Expr symbol_from_json(const json& j) {
+  sym::Expr e = j.get<sym::Expr>();
+  KILN_CHECK(e.is_symbol()) << "graph JSON: " << e.to_string() << " where a size symbol belongs";
+  return e;
+}
+
+// The top-level "symbolic" object and the values' "symbolic" metas, into g.
+void symbolic_from_json(const json& doc, Graph& g) {
+  const json& j = doc.at("symbolic");
+  SymbolicSizes& s = mutable_symbolic(g);
+  s.facts = j.at("facts").get<sym::SizeFacts>();
+  for (const json& o : j.at("symbols"))
+    s.symbols.push_back({symbol_from_json(o.at("symbol")), o.at("input_index").get<int32_t>(), o.at("dim").get<int32_t>(),
+                         o.at("hint").get<int64_t>()});
+  for (const json& a : j.at("int_args"))
+    s.int_args.push_back({a.at("node").get<NodeIndex>(), a.at("arg").get<int32_t>(), a.at("element").get<int32_t>(),
+                          a.at("value").get<sym::Expr>()});
+  for (const json& a : j.at("assumptions")) {
+    shape::Assumption assumption;
+    const std::string& kind = a.at("kind").get_ref<const std::string&>();
+    auto it = std::find(std::begin(kAssumptionKinds), std::end(kAssumptionKinds), kind);
+    KILN_CHECK(it != std::end(kAssumptionKinds)) << "graph JSON: unknown assumption kind '" << kind << "'";
+    assumption.kind = static_cast<shape::Assumption::Kind>(it - std::begin(kAssumptionKinds));
+    assumption.lhs = a.at("lhs").get<sym::Expr>();
+    assumption.rhs = a.at("rhs").get<sym::Expr>();
+    assumption.reason = a.at("reason").get<std::string>();
+    s.assumptions.push_back(std::move(assumption));
+  }
+  for (const json& sp : j.at("specialisations"))
+    s.specialisations.push_back(
+        {symbol_from_json(sp.at("symbol")), sp.at("value").get<int64_t>(), sp.at("reason").get<std::string>()});
+  const json& values = doc.at("values");
+  s.metas.resize(g.values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!values[i].contains("symbolic")) continue;
+    const json& m = values[i]["symbolic"];
+    shape::SymTensorMeta meta;
+    meta.sizes = m.at("sizes").get<std::vector<sym::Expr>>();
+    meta.strides = m.at("strides").get<std::vector<sym::Expr>>();
+    meta.storage_offset = m.at("storage_offset").get<sym::Expr>();
+    meta.dtype = g.values[i].meta.dtype;
+    meta.device = g.values[i].meta.device;
+    KILN_CHECK(meta.sizes.size() == meta.strides.size())
+        << "graph JSON: value " << i << " has " << meta.sizes.size() << " symbolic sizes and " << meta.strides.size()
+        << " strides";
+    s.metas[i] = std::move(meta);
+  }
+}
 
 // ---- reading back (graph_from_json) ---------------------------------------------------------------------------
 double real_from_json(const json& j) {
@@ -187,6 +262,7 @@ Graph graph_from_document(const json& doc) {
     g.nodes.push_back(std::move(node));
   }
   g.outputs = doc.at("outputs").get<std::vector<ValueId>>();
+  if (doc.contains("symbolic")) symbolic_from_json(doc, g);
   return g;
 }
 }  // namespace
@@ -213,6 +289,8 @@ std::string Graph::to_json(int indent) const {
     if (v.is_input) entry["input_index"] = v.input_index;
     if (v.is_constant) entry["constant"] = true;
     if (v.producer >= 0) entry["producer"] = v.producer;
+    if (symbolic)
+      if (const shape::SymTensorMeta* m = symbolic->meta(v.id)) entry["symbolic"] = sym_meta_json(*m);
     values_json.push_back(std::move(entry));
   }
   json nodes_json = json::array();
@@ -236,6 +314,7 @@ std::string Graph::to_json(int indent) const {
               {"inputs", inputs},
               {"nodes", std::move(nodes_json)},
               {"outputs", outputs}};
+  if (symbolic) doc["symbolic"] = symbolic_json(*symbolic);
   return doc.dump(indent);
 }
 #else

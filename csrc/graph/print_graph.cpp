@@ -4,12 +4,16 @@
 //     %3 : f32[10, 50](1, 10) = aten::t.default(%1)
 //     %4 : f32[32, 50] = aten::addmm.default(%2, %0, %3, beta=1, alpha=1)
 //     return (%4)
+//
+// A graph with symbolic sizes prints them (`%0 : f32[s0, 10]`), then its symbols, guards and specialisations as
+// comment lines after the return.
 #include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
 
 #include "graph/graph.h"
+#include "graph/symbolic_sizes.h"
 
 namespace kiln::graph {
 
@@ -98,8 +102,10 @@ struct ArgPrinter {
   void operator()(const Device& d) const { os << device_to_string(d); }
 };
 
-void print_value_decl(std::ostream& os, const Value& v) {
-  os << "%" << v.id << " : " << meta_to_string(v.meta);
+// A value's meta with its symbolic sizes where it has them: `%0 : f32[s0, 64]`.
+void print_value_decl(std::ostream& os, const Graph& g, const Value& v) {
+  const shape::SymTensorMeta* sym = g.symbolic ? g.symbolic->meta(v.id) : nullptr;
+  os << "%" << v.id << " : " << (sym ? symbolic_meta_to_string(*sym, v.meta) : meta_to_string(v.meta));
 }
 }  // namespace
 
@@ -123,20 +129,20 @@ std::string Graph::to_string() const {
   os << "graph(";
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (i) os << ", ";
-    print_value_decl(os, value(inputs[i]));
+    print_value_decl(os, *this, value(inputs[i]));
   }
   os << "):\n";
   for (const Value& v : values) {
     if (!v.is_constant) continue;
     os << "  ";
-    print_value_decl(os, v);
+    print_value_decl(os, *this, v);
     os << " = constant\n";
   }
   for (const Node& node : nodes) {
     os << "  ";
     for (size_t i = 0; i < node.outputs.size(); ++i) {
       if (i) os << ", ";
-      print_value_decl(os, value(node.outputs[i]));
+      print_value_decl(os, *this, value(node.outputs[i]));
     }
     os << (node.outputs.empty() ? "() = " : " = ") << node.qualified_name() << "(";
     for (size_t i = 0; i < node.args.size(); ++i) {
@@ -149,6 +155,7 @@ std::string Graph::to_string() const {
   os << "  return (";
   for (size_t i = 0; i < outputs.size(); ++i) os << (i ? ", " : "") << "%" << outputs[i];
   os << ")\n";
+  if (symbolic) os << symbolic_sizes_to_string(*symbolic);
   return os.str();
 }
 

@@ -360,6 +360,35 @@ void flash_attention_cpu_rule(RuleCall& call) {
   call.add_output(make_meta({q.sizes[0], heads, length}, {length * heads, 1, heads}, lse, q.device));
 }
 
+// scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa), recorded whole: the
+// output (batch, heads, length, v_dim) in the layout python/kiln/_fake.py records (_fused_attention_layout): the fused
+// kernels' (batch, length, heads, v_dim) transposed when q, k and v have unit stride in the head dim, a dtype of
+// f32/f16/bf16, a head dim that is a multiple of 8 up to 256, and no boolean mask; contiguous otherwise.
+void attention_rule(RuleCall& call) {
+  const SymTensorMeta &q = call.tensor(0), &k = call.tensor(1), &v = call.tensor(2);
+  attention_operands(call, q, k, v);
+  call.check(call.is_none(7) || !call.bool_arg(7), "enable_gqa");
+  const SymTensorMeta* mask = call.optional_tensor(3);
+  if (mask) {
+    std::vector<Expr> scores = {q.sizes[0], q.sizes[1], q.sizes[2], k.sizes[2]};
+    std::vector<Expr> b = broadcast_shape(call, {mask->sizes, scores});
+    call.check(b.size() == 4, "a mask of more dims");
+    for (int d = 0; d < 4; ++d) call.require_eq(b[d], scores[d], "the mask's size");
+  }
+  const Expr head_dim = call.simplify(q.sizes[3]);
+  call.check(head_dim.is_constant(), "a symbolic head dim");
+  bool fused = !(mask && mask->dtype == ScalarType::Bool) &&
+               (q.dtype == ScalarType::Float || q.dtype == ScalarType::Half || q.dtype == ScalarType::BFloat16) &&
+               head_dim.constant_value() % 8 == 0 && head_dim.constant_value() <= 256 &&
+               call.eq(v.sizes[3], head_dim, "value's head dim");
+  for (const SymTensorMeta* t : {&q, &k, &v}) fused = fused && call.eq(t->strides[3], 1, "the head dim's stride");
+  const Expr &batch = q.sizes[0], &heads = q.sizes[1], &length = q.sizes[2], &v_dim = v.sizes[3];
+  std::vector<Expr> sizes = {batch, heads, length, v_dim};
+  std::vector<Expr> strides = fused ? std::vector<Expr>{length * heads * v_dim, v_dim, heads * v_dim, 1}
+                                    : contiguous_strides(sizes);
+  call.add_output(make_meta(sizes, strides, q.dtype, q.device));
+}
+
 // _scaled_dot_product_efficient_attention(q, k, v, attn_bias, compute_log_sumexp, dropout_p, is_causal, scale):
 // the output (batch, length, heads, v_dim) transposed, logsumexp rounded up to 32 rows, seed and offset.
 void efficient_attention_rule(RuleCall& call) {
@@ -413,6 +442,7 @@ void register_nn_rules(RuleTable& table) {
     BatchNorm k = kind;
     add(op, [k](RuleCall& call) { batch_norm_rule(call, k); });
   }
+  add("scaled_dot_product_attention.default", attention_rule);
   add("_scaled_dot_product_flash_attention_for_cpu.default", flash_attention_cpu_rule);
   add("_scaled_dot_product_efficient_attention.default", efficient_attention_rule);
 }

@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -148,6 +149,11 @@ using SymbolNamer = std::function<std::string(const Expr& symbol)>;
 /// positive constant whose dividend is provably >= 0 (by `facts` when given, else by the expression alone)
 /// becomes plain / or %, which agree with Python there. Constants outside int32 carry the LL suffix.
 std::string to_c(const Expr& e, const SymbolNamer& name_symbol = nullptr, const SizeFacts* facts = nullptr);
+
+/// The readable form back (sym_text.cpp): sums, products, unary minus, parentheses, `**` with a constant power,
+/// `//` and `%` (binding as `*` does), and the calls floordiv, mod, min and max; names are looked up in `symbols`.
+/// Throws kiln::Error (a user error) naming the text on anything else.
+Expr parse_expr(const std::string& text, const std::map<std::string, Expr>& symbols);
 
 #ifdef KILN_SYM_HAVE_JSON
 /// JSON for the disk cache (sym_text.cpp; nlohmann's ADL hooks, so std::vector<Expr> converts as well).

@@ -1,6 +1,7 @@
 // The text forms of symbolic sizes (graph/sym_expr.h): the readable one, the C one the code emitters paste into
-// kernels, and JSON for the disk cache. The readable and C forms share one writer; they differ in how atoms,
-// powers and large constants are spelled.
+// kernels, JSON for the disk cache, and the reader of the readable form (parse_expr). The readable and C forms share
+// one writer; they differ in how atoms, powers and large constants are spelled.
+#include <cctype>
 #include <climits>
 #include <functional>
 #include <string>
@@ -113,6 +114,112 @@ std::string Expr::to_string() const { return write(*this, Style{}); }
 
 std::string to_c(const Expr& e, const SymbolNamer& name_symbol, const SizeFacts* facts) {
   return write(e, Style{true, &name_symbol, facts});
+}
+
+namespace {
+// parse_expr's reader, recursive descent of expression text: sums of products of atoms, // and % bind as *, unary minus,
+// parentheses, and the calls floordiv, mod, min and max.
+class ExprReader {
+ public:
+  ExprReader(const std::string& text, const std::map<std::string, Expr>& symbols) : text_(text), symbols_(symbols) {}
+
+  Expr read() {
+    Expr e = sum();
+    skip_space();
+    KILN_CHECK(pos_ == text_.size()) << "unexpected '" << text_.substr(pos_) << "' in expression '" << text_ << "'";
+    return e;
+  }
+
+ private:
+  void skip_space() {
+    while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;
+  }
+  bool take(const std::string& token) {
+    skip_space();
+    if (text_.compare(pos_, token.size(), token) != 0) return false;
+    pos_ += token.size();
+    return true;
+  }
+  Expr sum() {
+    Expr e = product();
+    while (true) {
+      if (take("+")) {
+        e = e + product();
+      } else if (take("-")) {
+        e = e - product();
+      } else {
+        return e;
+      }
+    }
+  }
+  Expr product() {
+    Expr e = unary();
+    while (true) {
+      if (take("**")) {
+        Expr p = unary();
+        KILN_CHECK(p.is_constant() && p.constant_value() >= 0) << "a non-constant power in '" << text_ << "'";
+        Expr base = e;
+        e = 1;
+        for (int64_t i = 0; i < p.constant_value(); ++i) e = e * base;
+      } else if (take("*")) {
+        e = e * unary();
+      } else if (take("//")) {
+        e = floordiv(e, unary());
+      } else if (take("%")) {
+        e = mod(e, unary());
+      } else {
+        return e;
+      }
+    }
+  }
+  Expr unary() {
+    if (take("-")) return -unary();
+    return atom();
+  }
+  std::vector<Expr> call_args() {
+    KILN_CHECK(take("(")) << "'(' expected in '" << text_ << "'";
+    std::vector<Expr> args = {sum()};
+    while (take(",")) args.push_back(sum());
+    KILN_CHECK(take(")")) << "')' expected in '" << text_ << "'";
+    return args;
+  }
+  Expr atom() {
+    skip_space();
+    KILN_CHECK(pos_ < text_.size()) << "expression '" << text_ << "' ends early";
+    if (take("(")) {
+      Expr e = sum();
+      KILN_CHECK(take(")")) << "')' expected in '" << text_ << "'";
+      return e;
+    }
+    size_t start = pos_;
+    if (std::isdigit(static_cast<unsigned char>(text_[pos_]))) {
+      while (pos_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos_]))) ++pos_;
+      return Expr(static_cast<int64_t>(std::stoll(text_.substr(start, pos_ - start))));
+    }
+    while (pos_ < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[pos_])) || text_[pos_] == '_')) ++pos_;
+    std::string name = text_.substr(start, pos_ - start);
+    KILN_CHECK(!name.empty()) << "unexpected '" << text_.substr(pos_) << "' in '" << text_ << "'";
+    if (name == "floordiv" || name == "mod" || name == "min" || name == "max") {
+      std::vector<Expr> args = call_args();
+      if (name == "min") return min(args);
+      if (name == "max") return max(args);
+      KILN_CHECK(args.size() == 2) << name << " takes two arguments in '" << text_ << "'";
+      return name == "floordiv" ? floordiv(args[0], args[1]) : mod(args[0], args[1]);
+    }
+    auto it = symbols_.find(name);
+    KILN_CHECK(it != symbols_.end()) << "unknown symbol '" << name << "' in '" << text_ << "'";
+    return it->second;
+  }
+
+  const std::string& text_;
+  const std::map<std::string, Expr>& symbols_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+Expr parse_expr(const std::string& text, const std::map<std::string, Expr>& symbols) {
+  return ExprReader(text, symbols).read();
 }
 
 #ifdef KILN_SYM_HAVE_JSON

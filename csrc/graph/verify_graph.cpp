@@ -1,10 +1,12 @@
 // Graph::verify: the graph-level verifier (STYLE.md 4), run at stage boundaries and under KILN_VERIFY=1.
+// With symbolic sizes it also checks that they evaluate to the concrete metas at the hints.
 // It checks structure only (definitions before uses, consistent bookkeeping, meta present); whether an
 // op accepts its arguments is the dispatcher's business at run time.
 #include <sstream>
 
 #include "common/error.h"
 #include "graph/graph.h"
+#include "graph/symbolic_sizes.h"
 
 namespace kiln::graph {
 
@@ -73,6 +75,7 @@ void Graph::verify(bool constants_hold_tensors) const {
   for (ValueId out : outputs)
     KILN_ASSERT(out >= 0 && out < num_values && defined[out]) << "graph verifier: graph output %" << out
                                                               << " is never defined";
+  verify_symbolic_sizes(*this);
 }
 
 }  // namespace kiln::graph

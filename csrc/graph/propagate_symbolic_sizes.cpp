@@ -1,0 +1,307 @@
+// propagate_symbolic_sizes: symbolic metas for a recorded graph, from its marked input dims and kiln's shape rules.
+//
+// Design note: the recorder gives every value a concrete meta (torch's meta kernels or kiln's Python rules at the
+// captured sizes); this pass adds the symbolic one next to it and checks the two agree at the hints, node by node.
+// Where the rules cannot follow (no rule, a refusal), the symbols the node reads are pinned to their hints: the graph
+// is then specialised in them everywhere, never wrong. One substitution map carries what the graph learned about
+// symbols (s1 -> s0 from an assumed equality, s0 -> 8 from a pin); each node's arguments go through it before its
+// rule runs, and every stored meta once more at the end.
+#include "graph/propagate_symbolic_sizes.h"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+
+#include "common/error.h"
+
+namespace kiln::graph {
+
+using shape::SymTensorMeta;
+using sym::Expr;
+
+namespace {
+
+// Strides over symbolic `sizes` for an input whose concrete strides are dense in some dim order (row-major,
+// channels-last, transposed); the concrete strides otherwise.
+std::vector<Expr> input_strides(const std::vector<Expr>& sizes, const TensorMeta& meta) {
+  std::vector<Expr> constant(meta.strides.begin(), meta.strides.end());
+  std::vector<size_t> order(sizes.size());
+  std::iota(order.begin(), order.end(), 0);
+  // Innermost first; equal strides (dims of size 1) keep row-major order: the later dim is the inner one.
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return meta.strides[a] != meta.strides[b] ? meta.strides[a] < meta.strides[b] : a > b;
+  });
+  std::vector<Expr> strides(sizes.size());
+  Expr running = 1;
+  int64_t running_hint = 1;
+  for (size_t d : order) {
+    if (meta.strides[d] != running_hint) return constant;
+    strides[d] = running;
+    running = running * (meta.sizes[d] == 0 ? Expr(1) : sizes[d]);  // (c10 counts a size 0 as 1)
+    running_hint *= std::max<int64_t>(meta.sizes[d], 1);
+  }
+  return strides;
+}
+
+bool is_symbolic(const SymTensorMeta& m) {
+  auto symbolic = [](const Expr& e) { return !e.is_constant(); };
+  return std::any_of(m.sizes.begin(), m.sizes.end(), symbolic) ||
+         std::any_of(m.strides.begin(), m.strides.end(), symbolic) || symbolic(m.storage_offset);
+}
+
+std::string node_name(const Graph& g, NodeIndex n) {
+  return "node " + std::to_string(n) + " (" + g.nodes[n].qualified_name() + ")";
+}
+
+class Propagation {
+ public:
+  explicit Propagation(Graph& g) : g_(g), s_(mutable_symbolic(g)), hints_(s_.hints()) {
+    s_.metas.resize(g.values.size());
+    for (const SymbolicIntArg& a : s_.int_args) int_args_[{a.node, a.arg}].push_back(&a);
+  }
+
+  void run() {
+    for (NodeIndex n = 0; n < static_cast<NodeIndex>(g_.nodes.size()); ++n) visit(n);
+    for (auto& m : s_.metas)
+      if (m) m = finish(*m);
+  }
+
+ private:
+  Expr apply(const Expr& e) const { return s_.facts.simplify(subst_.empty() ? e : e.substitute(subst_)); }
+
+  SymTensorMeta apply(SymTensorMeta m) const {
+    for (Expr& e : m.sizes) e = apply(e);
+    for (Expr& e : m.strides) e = apply(e);
+    m.storage_offset = apply(m.storage_offset);
+    return m;
+  }
+
+  std::optional<SymTensorMeta> finish(const SymTensorMeta& m) const {
+    SymTensorMeta out = apply(m);
+    if (!is_symbolic(out)) return std::nullopt;
+    return out;
+  }
+
+  // The meta of tensor `id` as the rules see it, noting the symbols it names.
+  SymTensorMeta tensor(ValueId id, std::vector<Expr>& read) const {
+    const SymTensorMeta* m = s_.meta(id);
+    if (!m) return constant_meta(g_.value(id).meta);
+    SymTensorMeta out = apply(*m);
+    auto note = [&](const Expr& e) {
+      for (const Expr& s : e.free_symbols()) read.push_back(s);
+    };
+    for (const Expr& e : out.sizes) note(e);
+    for (const Expr& e : out.strides) note(e);
+    note(out.storage_offset);
+    return out;
+  }
+
+  // Node n's arguments in the rules' form; nullopt for one the rules have no form for (a complex number).
+  std::optional<std::vector<shape::RuleArg>> rule_args(NodeIndex n, std::vector<Expr>& read) const {
+    const Node& node = g_.nodes[n];
+    std::vector<shape::RuleArg> args;
+    for (size_t i = 0; i < node.args.size(); ++i) {
+      const ArgValue& a = node.args[i];
+      auto marked = int_args_.find({n, static_cast<int32_t>(i)});
+      auto symbolic_int = [&](int32_t element, int64_t value) -> Expr {
+        if (marked == int_args_.end()) return value;
+        for (const SymbolicIntArg* s : marked->second)
+          if (s->element == element) {
+            Expr e = apply(s->value);
+            for (const Expr& symbol : e.free_symbols()) read.push_back(symbol);
+            return e;
+          }
+        return value;
+      };
+      if (std::holds_alternative<NoneArg>(a)) {
+        args.emplace_back(NoneArg{});
+      } else if (auto* t = std::get_if<TensorArg>(&a)) {
+        args.emplace_back(tensor(t->id, read));
+      } else if (auto* list = std::get_if<TensorListArg>(&a)) {
+        shape::SymTensorList items;
+        for (const auto& id : list->ids)
+          items.items.push_back(id ? std::optional<SymTensorMeta>(tensor(*id, read)) : std::nullopt);
+        args.emplace_back(std::move(items));
+      } else if (auto* b = std::get_if<bool>(&a)) {
+        args.emplace_back(*b);
+      } else if (auto* i = std::get_if<int64_t>(&a)) {
+        args.emplace_back(symbolic_int(-1, *i));
+      } else if (auto* d = std::get_if<double>(&a)) {
+        args.emplace_back(*d);
+      } else if (std::holds_alternative<std::complex<double>>(a)) {
+        return std::nullopt;
+      } else if (auto* s = std::get_if<std::string>(&a)) {
+        args.emplace_back(*s);
+      } else if (auto* ints = std::get_if<std::vector<int64_t>>(&a)) {
+        std::vector<Expr> exprs;
+        for (size_t k = 0; k < ints->size(); ++k) exprs.push_back(symbolic_int(static_cast<int32_t>(k), (*ints)[k]));
+        args.emplace_back(std::move(exprs));
+      } else if (auto* reals = std::get_if<std::vector<double>>(&a)) {
+        args.emplace_back(*reals);
+      } else if (auto* bools = std::get_if<std::vector<bool>>(&a)) {
+        args.emplace_back(*bools);
+      } else if (auto* dtype = std::get_if<ScalarTypeArg>(&a)) {
+        args.emplace_back(*dtype);
+      } else if (auto* layout = std::get_if<LayoutArg>(&a)) {
+        args.emplace_back(*layout);
+      } else if (auto* format = std::get_if<MemoryFormatArg>(&a)) {
+        args.emplace_back(*format);
+      } else {
+        args.emplace_back(std::get<Device>(a));
+      }
+    }
+    return args;
+  }
+
+  void visit(NodeIndex n) {
+    const Node& node = g_.nodes[n];
+    std::vector<Expr> read;
+    std::optional<std::vector<shape::RuleArg>> args = rule_args(n, read);
+    if (read.empty()) return;  // no symbol reaches this node: its outputs stay concrete
+    const std::string op = node.qualified_name();
+    if (!args) {
+      specialise(read, node_name(g_, n) + ": a complex argument has no symbolic form");
+      return;
+    }
+    shape::RuleResult result = shape::infer_shapes(op, *args, s_.facts);
+    if (!result.has_rule) {
+      specialise(read, node_name(g_, n) + ": " + result.reason);
+      return;
+    }
+    std::vector<const SymTensorMeta*> outputs;
+    for (const auto& out : result.outputs)
+      if (out) outputs.push_back(&*out);
+    KILN_ASSERT_EQ(outputs.size(), node.outputs.size())
+        << "the shape rule of " << op << " (node " << n << ") gives a different number of tensor outputs";
+    for (size_t i = 0; i < outputs.size(); ++i) check(n, *outputs[i], node.outputs[i]);
+    for (size_t i = 0; i < outputs.size(); ++i) s_.metas[node.outputs[i]] = finish(*outputs[i]);
+    for (shape::Assumption& a : result.assumptions) {
+      a.reason = node_name(g_, n) + ": " + a.reason;
+      s_.assumptions.push_back(a);
+      if (a.kind == shape::Assumption::Kind::kEq) unify(a);
+    }
+  }
+
+  // A rule's output evaluated at the hints must be the recorded meta exactly.
+  void check(NodeIndex n, const SymTensorMeta& out, ValueId id) const {
+    const TensorMeta& recorded = g_.value(id).meta;
+    TensorMeta at_hints = recorded;
+    at_hints.sizes.clear();
+    at_hints.strides.clear();
+    for (const Expr& e : out.sizes) at_hints.sizes.push_back(e.evaluate(hints_));
+    for (const Expr& e : out.strides) at_hints.strides.push_back(e.evaluate(hints_));
+    at_hints.storage_offset = out.storage_offset.evaluate(hints_);
+    at_hints.dtype = out.dtype;
+    KILN_ASSERT(at_hints.sizes == recorded.sizes && at_hints.strides == recorded.strides &&
+                at_hints.storage_offset == recorded.storage_offset && at_hints.dtype == recorded.dtype)
+        << "the shape rule of " << g_.nodes[n].qualified_name() << " (node " << n << ", output %" << id << ") gives "
+        << out.to_string() << " = " << meta_to_string(at_hints) << " at the hints, but the recorded meta is "
+        << meta_to_string(recorded);
+  }
+
+  // Replaces `symbol` by `e` everywhere from now on (and in what the map already holds).
+  void bind(const Expr& symbol, const Expr& e) {
+    sym::Substitution one = {{symbol.symbol_id(), e}};
+    for (auto& [id, value] : subst_) value = value.substitute(one);
+    subst_[symbol.symbol_id()] = e;
+  }
+
+  void pin(const Expr& symbol, const std::string& reason) {
+    const int64_t hint = hints_.at(symbol.symbol_id());
+    bind(symbol, hint);
+    s_.facts.set_range(symbol, {hint, hint});
+    s_.specialisations.push_back({symbol, hint, reason});
+  }
+
+  void specialise(const std::vector<Expr>& read, const std::string& reason) {
+    for (const Expr& symbol : read)
+      if (!apply(symbol).is_constant()) pin(symbol, reason);
+  }
+
+  // An assumed equality that names a symbol on one side: the symbol becomes the other side (the lower id of two
+  // symbols survives); with a constant, that pins it.
+  void unify(const shape::Assumption& a) {
+    Expr lhs = apply(a.lhs), rhs = apply(a.rhs);
+    if (lhs == rhs) return;
+    if (lhs.is_symbol() && rhs.is_symbol()) {
+      if (lhs.symbol_id() < rhs.symbol_id()) std::swap(lhs, rhs);
+      merge_facts(lhs, rhs);
+      bind(lhs, rhs);
+      return;
+    }
+    if (!lhs.is_symbol()) std::swap(lhs, rhs);
+    if (!lhs.is_symbol()) return;
+    for (const Expr& s : rhs.free_symbols())
+      if (s == lhs) return;
+    if (rhs.is_constant()) {
+      pin(lhs, a.reason + " (" + a.to_string() + ")");
+      return;
+    }
+    bind(lhs, rhs);
+  }
+
+  // What was known of `from` now holds of `to`.
+  void merge_facts(const Expr& from, const Expr& to) {
+    sym::Range a = s_.facts.range(from.symbol_id()), b = s_.facts.range(to.symbol_id());
+    s_.facts.set_range(to, {std::max(a.lo, b.lo), std::min(a.hi, b.hi)});
+    s_.facts.add_divisor(to, s_.facts.divisor(from.symbol_id()));
+  }
+
+  Graph& g_;
+  SymbolicSizes& s_;
+  sym::Bindings hints_;
+  sym::Substitution subst_;
+  std::map<std::pair<NodeIndex, int32_t>, std::vector<const SymbolicIntArg*>> int_args_;
+};
+
+}  // namespace
+
+std::vector<Expr> mark_symbolic_dims(Graph& g, int32_t input_index, const std::vector<int64_t>& dims) {
+  KILN_CHECK(input_index >= 0 && static_cast<size_t>(input_index) < g.inputs.size())
+      << "the graph has " << g.inputs.size() << " inputs, no input " << input_index;
+  const ValueId id = g.inputs[input_index];
+  const TensorMeta& meta = g.value(id).meta;
+  const int64_t ndim = static_cast<int64_t>(meta.sizes.size());
+  SymTensorMeta m = symbolic_meta(g, id);
+  std::vector<int64_t> wanted;
+  for (int64_t d : dims) {
+    KILN_CHECK(d >= -ndim && d < ndim) << "input " << input_index << " " << meta_to_string(meta) << " has no dim "
+                                       << d;
+    d = d < 0 ? d + ndim : d;
+    // Sizes 0 and 1 stay concrete, and a dim marked twice keeps its symbol.
+    if (meta.sizes[d] >= 2 && m.sizes[d].is_constant()) wanted.push_back(d);
+  }
+  if (wanted.empty()) return {};
+  SymbolicSizes& s = mutable_symbolic(g);
+  s.metas.resize(std::max(s.metas.size(), g.values.size()));
+  std::vector<Expr> made;
+  for (int64_t d : wanted) {
+    if (!m.sizes[d].is_constant()) continue;  // (listed twice)
+    Expr symbol = s.facts.new_symbol();
+    s.symbols.push_back({symbol, input_index, static_cast<int32_t>(d), meta.sizes[d]});
+    m.sizes[d] = symbol;
+    made.push_back(symbol);
+  }
+  m.strides = input_strides(m.sizes, meta);
+  s.metas[id] = m;
+  return made;
+}
+
+void mark_symbolic_int_arg(Graph& g, const SymbolicIntArg& arg) {
+  KILN_CHECK(g.symbolic) << "mark input dims symbolic before int arguments";
+  SymbolicSizes& s = mutable_symbolic(g);
+  s.int_args.push_back(arg);
+  try {
+    verify_symbolic_sizes(g);
+  } catch (const kiln::Error& e) {
+    s.int_args.pop_back();
+    KILN_CHECK(false) << "cannot mark that int argument symbolic: " << e.what();
+  }
+}
+
+void propagate_symbolic_sizes(Graph& g) {
+  if (!g.symbolic) return;
+  Propagation(g).run();
+}
+
+}  // namespace kiln::graph
