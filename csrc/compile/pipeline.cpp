@@ -343,8 +343,13 @@ std::shared_ptr<runtime::CompiledGraph> compile_kiln_graph(std::shared_ptr<const
   } else if (needs_autograd(*g) && !compiled_autograd()) {
     reason = "the graph needs grad (compiled autograd is off: kiln.config.set_compiled_autograd)";
   } else if (needs_autograd(*g)) {
-    // Inside a DDP forward, one piece per gradient bucket, each going through this pipeline again.
-    if (auto chained = compile_in_buckets(g, constants_of, options)) return chained;
+    // Inside a DDP forward, one piece per gradient bucket, each going through this pipeline again; a failure to cut
+    // compiles the graph whole, which only gives up the overlap.
+    try {
+      if (auto chained = compile_in_buckets(g, constants_of, options)) return chained;
+    } catch (const std::exception& e) {
+      KILN_LOG(fallbacks) << "kiln backend: not cut at DDP's buckets, compiled whole: " << e.what();
+    }
     // Forward and backward compiled ahead of time behind one autograd node; each half goes through this pipeline
     // again. Anything autodiff does not cover keeps the eager interpreter, which records eager's autograd history
     // op by op.

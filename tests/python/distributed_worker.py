@@ -222,6 +222,7 @@ SCENARIOS = {
     "ddp_static_graph": ("block", "sgd", "inner", ddp_with(static_graph=True), 1),
     "ddp_buckets_outer": ("deep_mlp", "sgd", "outer", ddp_with(bucket_cap_mb=0.01, record_buckets=True), 1),
     "ddp_buckets_inner": ("deep_mlp", "adamw", "inner", ddp_with(bucket_cap_mb=0.01, record_buckets=True), 1),
+    "ddp_buckets_stack": ("stack", "adamw", "inner", ddp_with(bucket_cap_mb=0.002), 1),
     "fsdp2_mlp": ("mlp", "adamw", "outer", fully_shard_each(nn.Linear), 1),
     "fsdp2_block": ("block", "sgd", "outer", fully_shard_each(nn.Linear), 1),
     "fsdp2_layers": ("stack", "adamw", "outer", fully_shard_each(Layer), 1),

@@ -87,6 +87,7 @@ EXPECTED_BREAKS = {
     "ddp_outer_sequential": 0, "ddp_outer_mlp": 0, "ddp_inner_mlp": 0, "ddp_outer_block": 0, "ddp_inner_block": 0,
     "ddp_no_sync": 0, "ddp_find_unused": 0, "ddp_static_graph": 0,
     "ddp_step_mlp": 1, "ddp_buckets_outer": 0, "ddp_buckets_inner": 0,
+    "ddp_buckets_stack": 0,
     "fsdp2_mlp": 3,      # fc1, fc2, fc3
     "fsdp2_block": 6,    # qkv, proj, up, down (in the layer, itself inlined), the layer loop's resume, head
     "fsdp2_layers": 2,   # one per sharded layer
@@ -144,6 +145,13 @@ def test_ddp_buckets_overlap_backward(ranks, name):
         for buckets in timing[1:]:
             assert len(buckets) > 1 and buckets[0] < BUCKET_PIECES and buckets[-1] == BUCKET_PIECES, timing
             assert buckets == sorted(buckets), timing
+
+
+def test_ddp_buckets_through_attention(ranks):
+    """Two transformer layers (views, permutes and reshapes of attention between the Linear layers) at
+    bucket_cap_mb=0.002: cut into several pieces, no cut separating a view from its base, training equal to eager's."""
+    per_rank = _check_scenario(ranks, "ddp_buckets_stack")
+    assert all(r["graphs_split"] == 1 and r["split_pieces"] >= 3 for r in per_rank), per_rank
 
 
 def test_ddp_without_buckets_to_split_stays_one_graph(ranks):
