@@ -7,6 +7,7 @@
 #include "cache/kernel_cache.h"
 #include "compile/pipeline.h"
 #include "decomp/decompositions.h"
+#include "runtime/autograd_graph.h"
 #include "runtime/compiled_graph.h"
 #include "runtime/kernel_graph.h"
 
@@ -35,6 +36,9 @@ void register_compiler(py::module_& m) {
         d["graphs_autograd"] = b.graphs_autograd;
         d["autograd_saved_bytes"] = b.autograd_saved_bytes;
         d["autograd_recomputed_nodes"] = b.autograd_recomputed_nodes;
+        d["graphs_split"] = b.graphs_split;
+        d["split_pieces"] = b.split_pieces;
+        d["autograd_backward_runs"] = runtime::autograd_backward_runs().load();
         d["last_fallback_reason"] = b.last_fallback_reason;
         return d;
       },
@@ -43,12 +47,15 @@ void register_compiler(py::module_& m) {
       "no passes, code generation or compiler), joint_cache_hits (autodiff's forward and backward graphs read "
       "back: no autodiff), graphs_compiled, graphs_fallback, "
       "last_fallback_reason, autograd_saved_bytes (saved forward intermediates of compiled autograd graphs, graph "
-      "inputs excluded), autograd_recomputed_nodes (forward nodes their backward graphs recompute)");
+      "inputs excluded), autograd_recomputed_nodes (forward nodes their backward graphs recompute), graphs_split "
+      "(training graphs cut at DistributedDataParallel's gradient buckets), split_pieces (the pieces they were cut "
+      "into, each its own autograd node), autograd_backward_runs (compiled backward graphs run)");
   m.def(
       "reset_compiler_stats",
       [] {
         cache::stats() = {};
         runtime::kiln_backend_stats() = {};
+        runtime::autograd_backward_runs() = 0;
       },
       "zero compiler_stats()");
   m.def(

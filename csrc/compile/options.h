@@ -6,6 +6,8 @@
 #include <memory>
 #include <string>
 
+#include "passes/split_at_parameter_buckets.h"
+
 namespace kiln::runtime {
 class CudaGraphPool;  // runtime/cuda_graphs.h
 }
@@ -33,6 +35,11 @@ struct CompileOptions {
   /// The memory pool of the CUDA graphs of one kiln.compile call (runtime/cuda_graphs.h), shared by every copy of
   /// these options; made by the binding when uses_cudagraphs().
   std::shared_ptr<runtime::CudaGraphPool> cuda_graph_pool;
+  /// Set by the tracer for a frame running inside a DistributedDataParallel forward: the graph inputs that are the
+  /// parameters DDP reduces, and its bucket sizes. A training graph holding more than one bucket's worth is compiled
+  /// in pieces (passes/split_at_parameter_buckets.h), so each bucket's all-reduce overlaps the rest of the backward.
+  /// Not in cache_key(): each piece is keyed as the graph it is.
+  std::shared_ptr<const passes::ParameterBuckets> parameter_buckets;
 
   /// True when compiled CUDA graphs replay as CUDA graphs: mode="reduce-overhead" or options={"cudagraphs": True}.
   bool uses_cudagraphs() const { return cudagraphs || mode == Mode::kReduceOverhead; }

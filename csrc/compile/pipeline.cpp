@@ -30,9 +30,11 @@
 #include "passes/lower_batch_norm.h"
 #include "passes/pipeline.h"
 #include "passes/sink_into_copies.h"
+#include "passes/split_at_parameter_buckets.h"
 #include "passes/split_addmm.h"
 #include "passes/stage_row_sums.h"
 #include "passes/use_cudnn_batch_norm.h"
+#include "runtime/chained_graph.h"
 #include "runtime/cuda_graphs.h"
 #include "runtime/drop_attention_masks.h"
 #include "runtime/eager_interpreter.h"
@@ -227,6 +229,34 @@ std::shared_ptr<const graph::Graph> with_cudnn_batch_norm(std::shared_ptr<const 
   return rewritten;
 }
 
+// A training graph inside a DDP forward cut at DDP's gradient buckets (passes/split_at_parameter_buckets.h), each
+// piece compiled on its own through compile_kiln_graph (a piece that needs grad gets its own autograd node), chained
+// by runtime/. Null when the options name no buckets or the graph holds one bucket's worth or less.
+std::shared_ptr<runtime::CompiledGraph> compile_in_buckets(const std::shared_ptr<const graph::Graph>& g,
+                                                           const runtime::ConstantsOf& constants_of,
+                                                           const CompileOptions& options) {
+  if (!options.parameter_buckets) return nullptr;
+  passes::SplitGraph split = passes::split_at_parameter_buckets(*g, *options.parameter_buckets);
+  if (split.pieces.size() < 2) return nullptr;
+  CompileOptions piece_options = options;
+  piece_options.parameter_buckets = nullptr;  // each piece compiles whole
+  std::vector<runtime::ChainLink> links;
+  std::string bytes;
+  for (passes::GraphPiece& piece : split.pieces) {
+    if (passes::verify_enabled()) piece.graph->verify();
+    const size_t num_outputs = piece.graph->outputs.size();
+    const progress::Part part("bucket piece");
+    links.push_back({compile_kiln_graph(std::move(piece.graph), constants_of, piece_options), std::move(piece.input_slots),
+                     num_outputs});
+    bytes += (bytes.empty() ? "" : ", ") + std::to_string(piece.parameter_bytes);
+  }
+  KILN_LOG(graph) << "kiln backend: graph cut at DDP's gradient buckets into " << links.size()
+                  << " pieces holding " << bytes << " bytes of parameters";
+  runtime::kiln_backend_stats().graphs_split++;
+  runtime::kiln_backend_stats().split_pieces += static_cast<int64_t>(links.size());
+  return runtime::make_chained_graph(std::move(links), g->inputs.size(), std::move(split.output_slots));
+}
+
 }  // namespace
 
 cache::CompiledArtifact lower_graph(const graph::Graph& captured, const graph::Device& device,
@@ -316,6 +346,13 @@ std::shared_ptr<runtime::CompiledGraph> compile_kiln_graph(std::shared_ptr<const
   } else if (needs_autograd(*g) && !compiled_autograd()) {
     reason = "the graph needs grad (compiled autograd is off: kiln.config.set_compiled_autograd)";
   } else if (needs_autograd(*g)) {
+    // Inside a DDP forward, one piece per gradient bucket, each going through this pipeline again; a failure to cut
+    // compiles the graph whole, which only gives up the overlap.
+    try {
+      if (auto chained = compile_in_buckets(g, constants_of, options)) return chained;
+    } catch (const std::exception& e) {
+      KILN_LOG(fallbacks) << "kiln backend: not cut at DDP's buckets, compiled whole: " << e.what();
+    }
     // Forward and backward compiled ahead of time behind one autograd node; each half goes through this pipeline
     // again. Anything autodiff does not cover keeps the eager interpreter, which records eager's autograd history
     // op by op.

@@ -177,6 +177,7 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
     c10::List<bool> leaves = ctx->saved_data["leaf_gradients"].toBoolList();
     for (size_t i = 0; i < packed.size(); ++i) packed[i] = packed[i] && leaves.get(i);
     std::vector<at::Tensor> grads = program->backward->run_packing(std::move(inputs), consume, packed);
+    autograd_backward_runs()++;
     // One gradient per forward argument: the inputs (undefined where none flows), then the program.
     const size_t num_inputs = signature.num_inputs;
     variable_list result(num_inputs + 1);
@@ -242,6 +243,11 @@ class JointGraph final : public AutogradGraph {
 };
 
 }  // namespace
+
+std::atomic<int64_t>& autograd_backward_runs() {
+  static std::atomic<int64_t> runs{0};
+  return runs;
+}
 
 std::shared_ptr<AutogradGraph> make_autograd_graph(AutogradSignature signature, std::shared_ptr<CompiledGraph> forward,
                                                    std::shared_ptr<CompiledGraph> backward,

@@ -3,6 +3,7 @@
 // backward graph (compile/split_for_autodiff.h) joined by ONE autograd node, so loss.backward() runs
 // the compiled backward (fused kernels) instead of replaying eager autograd op by op. This file only runs the two
 // compiled halves: what they are and how their inputs and outputs stand to the captured graph's comes from compile/.
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -57,5 +58,9 @@ struct AutogradSignature {
 std::shared_ptr<AutogradGraph> make_autograd_graph(AutogradSignature signature, std::shared_ptr<CompiledGraph> forward,
                                                    std::shared_ptr<CompiledGraph> backward,
                                                    std::vector<std::shared_ptr<CompiledGraph>> view_replays);
+
+/// How many compiled backward halves have run in this process (every kiln autograd node's backward counts once): lets
+/// a test see how far a backward had gone when something else happened (a DDP bucket's all-reduce launched).
+std::atomic<int64_t>& autograd_backward_runs();
 
 }  // namespace kiln::runtime

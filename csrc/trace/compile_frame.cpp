@@ -10,6 +10,7 @@
 #include "compile/backends.h"
 #include "runtime/frame_program.h"
 #include "trace/code_layout.h"
+#include "trace/data_parallel_buckets.h"
 #include "trace/graph_break.h"
 #include "trace/tracer.h"
 #include "trace/transform_code.h"
@@ -519,8 +520,10 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
     spec.name = PyUnicode_AsUTF8(frame.code->co_qualname);
     const double trace_ms = started.ms();
     const log::Stopwatch backend_started;
+    compile::CompileOptions compile_options = options_.compile;
+    compile_options.parameter_buckets = data_parallel_buckets(traced.example_inputs);  // inside a DDP forward
     auto compiled = compile::compile_graph_object(traced.graph, options_.backend, traced.example_inputs,
-                                                  options_.user_backend, options_.compile);
+                                                  options_.user_backend, compile_options);
     const double backend_ms = backend_started.ms();
     PyObject* cudagraphs = options_.explain_sink ? cudagraph_status_callable(compiled) : nullptr;
     // The program is created before the code that calls it; the code passes arguments then free vars.

@@ -87,6 +87,35 @@ def forward_runs_untraced(cls):
     return isinstance(module, str) and module.startswith(_UNTRACED_FORWARD_PACKAGES)
 
 
+def data_parallel_buckets(example_inputs):
+    """For a frame compiled while a DistributedDataParallel forward runs (DDP's forward runs untraced and calls the
+    module it wraps: kiln.compile(DDP(m)) and DDP(kiln.compile(m)) alike): (indices of the graph inputs, the real
+    tensors `example_inputs`, that are parameters DDP reduces, DDP's bucket_bytes_cap, the cap of its first bucket).
+    None outside a DDP forward or when no input is one of its parameters. The pipeline cuts the graph at those
+    buckets, so each bucket's all-reduce overlaps the rest of the backward (passes/split_at_parameter_buckets.h)."""
+    distributed = sys.modules.get("torch.nn.parallel.distributed")  # never imported here: no DDP without it
+    ddp_class = getattr(distributed, "DistributedDataParallel", None)
+    active = getattr(ddp_class, "_active_ddp_module", None)  # set by DDP's _inside_ddp_forward
+    if active is None or not isinstance(getattr(active, "bucket_bytes_cap", None), int):
+        return None
+    parameters = getattr(active, "_module_parameters", None)  # DDP's parameters, without those it ignores
+    if parameters is None:
+        parameters = list(active.module.parameters())
+    reduced = {id(p) for p in parameters if p.requires_grad}
+    indices = [i for i, t in enumerate(example_inputs) if id(t) in reduced]
+    if not indices:
+        return None
+    cap = active.bucket_bytes_cap
+    config = getattr(active, "_bucket_config", None)
+    if config is not None:
+        first = config.first_bucket_bytes_cap
+    elif getattr(active, "bucket_bytes_cap_default", False):  # torch before _bucket_config: 1 MiB with the default cap
+        first = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+    else:
+        first = cap
+    return indices, int(cap), int(first)
+
+
 def module_call_kind(module):
     """How the tracer treats a call of `module`: "hooks" (has hooks: cannot trace yet), "untraced" (a wrapper whose
     forward runs eagerly, forward_runs_untraced), "sequential", "leaf" (a built-in torch.nn module: called as a whole

@@ -74,7 +74,24 @@ class Block(nn.Module):
         return self.head(x.mean(dim=1))
 
 
-MODELS = {"mlp": (MLP, (8, DIM)), "mlp_unused": (lambda: MLP(unused=True), (8, DIM)), "block": (Block, (4, 6, DIM)),
+class DeepMLP(nn.Module):
+    """Five Linear layers, 64 wide: about 140 KB of parameters, four DDP buckets of 0.01 MB (each hidden layer's
+    weight alone fills one)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc_in = nn.Linear(DIM, 64)
+        self.hidden = nn.ModuleList(nn.Linear(64, 64) for _ in range(3))
+        self.head = nn.Linear(64, 4)
+
+    def forward(self, x):
+        x = torch.relu(self.fc_in(x))
+        for layer in self.hidden:
+            x = torch.relu(layer(x))
+        return self.head(x)
+
+
+MODELS = {"mlp": (MLP, (8, DIM)), "deep_mlp": (DeepMLP, (8, DIM)), "mlp_unused": (lambda: MLP(unused=True), (8, DIM)), "block": (Block, (4, 6, DIM)),
           "stack": (lambda: Block(layers=2), (4, 6, DIM)),
           "sequential": (lambda: nn.Sequential(nn.Linear(DIM, 32), nn.Tanh(), nn.Linear(32, 4)), (8, DIM))}
 
@@ -98,9 +115,14 @@ def mse_of(model):
     return lambda x, y: F.mse_loss(model(x), y)
 
 
+def backward_runs():
+    return kiln._C.compiler_stats()["autograd_backward_runs"]
+
+
 def train(model, optimizer, data, accumulate=1, loss_of=mse_of):
     """STEPS optimizer steps; with accumulate > 1, each step runs that many micro-batches, all but the last under
-    model.no_sync(). Returns the losses and kiln's counters after the first step."""
+    model.no_sync(). Returns the losses and kiln's counters after the first step. A model with a RecordingHook
+    (`_bucket_log`) gets ("backward", compiled backward graphs run so far) logged before each backward."""
     loss_fn = loss_of(model)
     losses, after_first = [], None
     data = iter(data)
@@ -111,6 +133,8 @@ def train(model, optimizer, data, accumulate=1, loss_of=mse_of):
             sync = micro == accumulate - 1
             with (contextlib.nullcontext() if sync else model.no_sync()):
                 loss = loss_fn(x, y) / accumulate
+                if getattr(model, "_bucket_log", None) is not None:
+                    model._bucket_log.append(("backward", backward_runs()))
                 loss.backward()
             losses.append(loss.item())
         optimizer.step()
@@ -139,11 +163,34 @@ def compare(name, eager_losses, eager_model, kiln_losses, kiln_model):
     return worst, failures
 
 
-def ddp_with(**options):
+def ddp_with(bucket_cap_mb=1, record_buckets=False, **options):
+    """DDP with these options; with record_buckets, a communication hook that logs ("bucket", index, compiled backward
+    graphs run so far) when each bucket's all-reduce is launched, then all-reduces as DDP's default does."""
     def wrap(model):
         from torch.nn.parallel import DistributedDataParallel as DDP
-        return DDP(model, bucket_cap_mb=1, **options)
+        ddp = DDP(model, bucket_cap_mb=bucket_cap_mb, **options)
+        if record_buckets:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            def hook(log, bucket):
+                log.append(("bucket", bucket.index(), backward_runs()))
+                return default_hooks.allreduce_hook(None, bucket)
+            ddp._bucket_log = []
+            ddp.register_comm_hook(ddp._bucket_log, hook)
+        return ddp
     return wrap
+
+
+def bucket_timing(log):
+    """Per backward in `log` (bucket_log's entries): for each bucket's all-reduce in launch order, how many compiled
+    backward graphs of that backward had run when it was launched."""
+    steps = []
+    for entry in log:
+        if entry[0] == "backward":
+            steps.append({"start": entry[1], "buckets": []})
+        elif steps:
+            steps[-1]["buckets"].append(entry[2] - steps[-1]["start"])
+    return [s["buckets"] for s in steps]
 
 
 ddp = ddp_with()
@@ -173,6 +220,9 @@ SCENARIOS = {
     "ddp_no_sync": ("mlp", "sgd", "outer", ddp, 2),
     "ddp_find_unused": ("mlp_unused", "adamw", "outer", ddp_with(find_unused_parameters=True), 2),
     "ddp_static_graph": ("block", "sgd", "inner", ddp_with(static_graph=True), 1),
+    "ddp_buckets_outer": ("deep_mlp", "sgd", "outer", ddp_with(bucket_cap_mb=0.01, record_buckets=True), 1),
+    "ddp_buckets_inner": ("deep_mlp", "adamw", "inner", ddp_with(bucket_cap_mb=0.01, record_buckets=True), 1),
+    "ddp_buckets_stack": ("stack", "adamw", "inner", ddp_with(bucket_cap_mb=0.002), 1),
     "fsdp2_mlp": ("mlp", "adamw", "outer", fully_shard_each(nn.Linear), 1),
     "fsdp2_block": ("block", "sgd", "outer", fully_shard_each(nn.Linear), 1),
     "fsdp2_layers": ("stack", "adamw", "outer", fully_shard_each(Layer), 1),
@@ -185,7 +235,7 @@ def run(name):
     # kiln first: the first scenario then meets what only a process's first DDP or FSDP call runs (lazy
     # initialisation, typing's caches filled), as a user's program does.
     kiln.reset()
-    fallbacks_before = kiln._C.compiler_stats()["graphs_fallback"]
+    stats_before = kiln._C.compiler_stats()
     loss_of = mse_of
     if how == "outer":
         model = kiln.compile(wrap(make_model(model_name)))
@@ -196,12 +246,17 @@ def run(name):
         loss_of = lambda m: kiln.compile(mse_of(m))  # noqa: E731
     losses, after_first = train(model, make_optimizer(opt, model.parameters()), data, accumulate, loss_of)
     after = kiln.stats()
+    stats_after = kiln._C.compiler_stats()
+    bucket_log = getattr(model, "_bucket_log", None)
     eager = wrap(make_model(model_name))
     eager_losses, _ = train(eager, make_optimizer(opt, eager.parameters()), data, accumulate)
     worst, failures = compare(name, eager_losses, eager, losses, model)
     return {"losses": losses, "eager_losses": eager_losses, "worst_difference": worst, "failures": failures,
             "graph_breaks": after["graph_breaks"], "fallbacks": after["fallbacks"],
-            "graphs_on_eager_interpreter": kiln._C.compiler_stats()["graphs_fallback"] - fallbacks_before,
+            "graphs_on_eager_interpreter": stats_after["graphs_fallback"] - stats_before["graphs_fallback"],
+            "graphs_split": stats_after["graphs_split"] - stats_before["graphs_split"],
+            "split_pieces": stats_after["split_pieces"] - stats_before["split_pieces"],
+            "bucket_timing": bucket_timing(bucket_log) if bucket_log is not None else None,
             "frames_compiled": after["frames_compiled"], "cache_hits": after["cache_hits"],
             "recompiles_after_first_step": after["recompiles"] - after_first["recompiles"],
             "compiled_after_first_step": after["frames_compiled"] - after_first["frames_compiled"]}
@@ -220,6 +275,14 @@ def main():
     with open(out_path, "w") as f:
         json.dump(results, f, indent=1)
     dist.destroy_process_group()
+    # Ended without the interpreter's finalization: torch keeps a Python object (autograd's contextvars context,
+    # torch/autograd/graph.py) in the thread-local state that every collective launched during a backward captures, as
+    # DDP's overlapped all-reduces are. When gloo's worker thread drops the last reference to such a work while the
+    # interpreter finalizes, it cannot take the GIL and the process aborts ("terminate called without an active
+    # exception"), about once in twenty runs of the bucket scenarios on the development machine.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -86,7 +86,8 @@ def ranks(tmp_path_factory):
 EXPECTED_BREAKS = {
     "ddp_outer_sequential": 0, "ddp_outer_mlp": 0, "ddp_inner_mlp": 0, "ddp_outer_block": 0, "ddp_inner_block": 0,
     "ddp_no_sync": 0, "ddp_find_unused": 0, "ddp_static_graph": 0,
-    "ddp_step_mlp": 1,
+    "ddp_step_mlp": 1, "ddp_buckets_outer": 0, "ddp_buckets_inner": 0,
+    "ddp_buckets_stack": 0,
     "fsdp2_mlp": 3,      # fc1, fc2, fc3
     "fsdp2_block": 6,    # qkv, proj, up, down (in the layer, itself inlined), the layer loop's resume, head
     "fsdp2_layers": 2,   # one per sharded layer
@@ -122,6 +123,40 @@ def test_ddp_options_as_eager(ranks, name):
     """no_sync() with two micro-batches per step (also with find_unused_parameters=True, the MLP's `unused` layer
     never called), and static_graph=True: the same losses and parameters as eager DDP's after 5 steps."""
     _check_scenario(ranks, name)
+
+
+# DeepMLP's parameters by first use, DDP's first bucket last: head and hidden[2] (17,680 bytes), hidden[1], hidden[0]
+# (16,640 each), fc_in (4,352): four pieces at bucket_cap_mb=0.01 (10,485 bytes).
+BUCKET_PIECES = 4
+
+
+@pytest.mark.parametrize("name", ["ddp_buckets_outer", "ddp_buckets_inner"])
+def test_ddp_buckets_overlap_backward(ranks, name):
+    """A model holding four DDP buckets (bucket_cap_mb=0.01) is compiled in four pieces, one autograd node each, so
+    that DDP's first bucket is all-reduced while the backward of the other pieces still runs: the communication hook
+    of each bucket sees how many compiled backward graphs had run when it was launched. Training equals eager DDP's."""
+    per_rank = _check_scenario(ranks, name)
+    for r in per_rank:
+        assert r["frames_compiled"] == 1 and r["graphs_split"] == 1 and r["split_pieces"] == BUCKET_PIECES, r
+        timing = r["bucket_timing"]
+        assert len(timing) == 5 and all(timing), timing
+        # The first step reduces all gradients in one bucket (DDP rebuilds its buckets in the order the gradients came
+        # in); from the second on, the first bucket is launched after the first piece's backward, the last after all.
+        for buckets in timing[1:]:
+            assert len(buckets) > 1 and buckets[0] < BUCKET_PIECES and buckets[-1] == BUCKET_PIECES, timing
+            assert buckets == sorted(buckets), timing
+
+
+def test_ddp_buckets_through_attention(ranks):
+    """Two transformer layers (views, permutes and reshapes of attention between the Linear layers) at
+    bucket_cap_mb=0.002: cut into several pieces, no cut separating a view from its base, training equal to eager's."""
+    per_rank = _check_scenario(ranks, "ddp_buckets_stack")
+    assert all(r["graphs_split"] == 1 and r["split_pieces"] >= 3 for r in per_rank), per_rank
+
+
+def test_ddp_without_buckets_to_split_stays_one_graph(ranks):
+    """One bucket's worth of parameters (bucket_cap_mb=1): the graph is compiled whole."""
+    assert all(results["ddp_outer_mlp"]["graphs_split"] == 0 for results in ranks)
 
 
 def test_ddp_called_from_compiled_function(ranks):
