@@ -218,6 +218,11 @@ class CudaGraphRunner final : public CompiledGraph {
     c10::NoGradGuard no_grad;
     for (size_t i = 0; i < inputs.size(); ++i)
       if (r.copies[i].defined()) r.copies[i].copy_(inputs[i], /*non_blocking=*/true);
+    return launch(r);
+  }
+
+  // Replays `r` (its inputs in place) and hands out its outputs.
+  std::vector<at::Tensor> launch(const Recording& r) {
     std::string error;
     KILN_CHECK(g_api.replay(r.graph, &error)) << name_ << ": replaying its CUDA graph failed: " << error;
     replays_++;
@@ -299,11 +304,7 @@ class CudaGraphRunner final : public CompiledGraph {
                          << std::count_if(r->copies.begin(), r->copies.end(), [](const at::Tensor& c) { return c.defined(); })
                          << " of " << inputs.size() << " inputs copied in)";
     // Recording ran nothing: the first replay computes this call's outputs.
-    std::string replay_error;
-    KILN_CHECK(g_api.replay(r->graph, &replay_error)) << name_ << ": replaying its CUDA graph failed: " << replay_error;
-    replays_++;
-    cuda_graph_stats().replays++;
-    return handed_out(*r);
+    return launch(*r);
   }
 
   static int device_of(const std::vector<at::Tensor>& inputs) {
