@@ -120,6 +120,9 @@ std::shared_ptr<PyObject> hold_python(PyObject* obj) {
 // binding with the concrete graph and, as example inputs, the real tensors of the first call at that binding (for the
 // binding at the hints, compiled here, `example_inputs` as given, or [] when none). The specialisation at the hints is
 // compiled now, so compile errors surface here as they do for a graph without symbols.
+// Until generated kernels take their sizes as run-time arguments, each new binding lowers the graph again (the kernel
+// cache hits for kernels whose source does not depend on the sizes); that change replaces only the factory, once one
+// compiled artefact serves every binding.
 std::shared_ptr<CompiledGraph> compile_dynamic(std::shared_ptr<const graph::Graph> g, const std::string& backend,
                                                PyObject* example_inputs, PyObject* user_backend,
                                                const CompileOptions& options) {
@@ -158,7 +161,8 @@ std::vector<std::string> backend_names() {
 std::shared_ptr<CompiledGraph> compile_graph(std::shared_ptr<const graph::Graph> g, const std::string& backend,
                                              PyObject* example_inputs, PyObject* user_backend, const CompileOptions& options) {
   KILN_ASSERT(g != nullptr) << "compile_graph without a graph";
-  if (graph::has_symbolic_sizes(*g)) return compile_dynamic(std::move(g), backend, example_inputs, user_backend, options);
+  if (graph::has_symbolic_sizes(*g))
+    return compile_dynamic(std::move(g), backend, example_inputs, user_backend, options);
   if (user_backend) {
     auto compiled = compile_with_callable(std::move(g), backend, user_backend, example_inputs);
     if (!options.cuda_graph_pool) return compiled;

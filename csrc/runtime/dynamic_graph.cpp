@@ -33,11 +33,19 @@ std::vector<int64_t> SymbolBinder::read(const std::vector<at::Tensor>& inputs) c
     const at::Tensor& t = inputs[o.input_index];
     KILN_CHECK(t.defined() && o.dim < t.dim())
         << "input " << o.input_index << " of the compiled graph has "
-        << (t.defined() ? std::to_string(t.dim()) + " dims" : std::string("no tensor")) << "; the graph reads size symbol "
+        << (t.defined() ? std::to_string(t.dim()) + " dims" : std::string("no tensor"))
+        << "; the graph reads size symbol "
         << o.symbol.to_string() << " from its dim " << o.dim;
     values[i] = t.size(o.dim);
   }
   return values;
+}
+
+std::vector<std::vector<int64_t>> SymbolBinder::input_sizes(const std::vector<int64_t>& values) const {
+  const sym::Bindings b = bindings(values);
+  std::vector<std::vector<int64_t>> out;
+  for (graph::ValueId id : graph_->inputs) out.push_back(graph::evaluate_meta(*graph_, id, b).sizes);
+  return out;
 }
 
 sym::Bindings SymbolBinder::bindings(const std::vector<int64_t>& values) const {
@@ -73,19 +81,22 @@ void SymbolBinder::check(const std::vector<int64_t>& values) const {
   const graph::SymbolicSizes& s = *graph_->symbolic;
   const sym::Bindings b = bindings(values);
   std::vector<std::string> failures;
+  std::vector<sym::SymbolId> pinned;  // symbols whose specialisation failed: their range says the same again
   for (const graph::Specialisation& sp : s.specialisations) {
     auto it = b.find(sp.symbol.symbol_id());
     if (it == b.end() || it->second == sp.value) continue;
+    pinned.push_back(sp.symbol.symbol_id());
     failures.push_back(describe_symbols(sp.symbol, values) + ": the graph was specialised to " + sp.symbol.to_string() +
                        " == " + std::to_string(sp.value) + " (" + sp.reason + ")");
   }
   for (size_t i = 0; i < s.symbols.size(); ++i) {
     const sym::Expr& symbol = s.symbols[i].symbol;
+    if (std::find(pinned.begin(), pinned.end(), symbol.symbol_id()) != pinned.end()) continue;
     const sym::Range range = s.facts.range(symbol.symbol_id());
     const int64_t divisor = s.facts.divisor(symbol.symbol_id());
     if (!range.contains(values[i]))
       failures.push_back(describe_symbols(symbol, values) + ": outside " + symbol.to_string() + "'s range " +
-                         range.to_string() + " (sizes 0 and 1 are never symbolic)");
+                         range.to_string() + (values[i] < 2 ? " (sizes 0 and 1 are never symbolic)" : ""));
     else if (divisor > 1 && values[i] % divisor != 0)
       failures.push_back(describe_symbols(symbol, values) + ": the graph needs " + symbol.to_string() +
                          " to be a multiple of " + std::to_string(divisor));
@@ -118,9 +129,8 @@ void SymbolBinder::check_input_sizes(const std::vector<std::vector<int64_t>>& ex
     if (sizes.size() == expected[i].size() && std::equal(sizes.begin(), sizes.end(), expected[i].begin())) continue;
     std::ostringstream want;
     for (size_t d = 0; d < expected[i].size(); ++d) want << (d ? ", " : "") << expected[i][d];
-    KILN_CHECK(false) << "input " << i << " of the compiled graph has sizes " << sizes << ", where the graph's "
-                      << "symbols bound from the other inputs make them [" << want.str()
-                      << "] (only the dims marked dynamic may vary)";
+    KILN_CHECK(false) << "input " << i << " of the compiled graph has sizes " << sizes << "; at these values of its "
+                      << "size symbols the graph takes [" << want.str() << "] (only the dims marked dynamic may vary)";
   }
 }
 
@@ -143,7 +153,7 @@ DynamicGraph::Specialisation DynamicGraph::compile_specialisation(const std::vec
   std::shared_ptr<const graph::Graph> concrete = graph::specialise_sizes(binder_.graph(), binder_.bindings(values));
   Specialisation s;
   s.values = values;
-  for (graph::ValueId id : concrete->inputs) s.input_sizes.push_back(concrete->value(id).meta.sizes);
+  for (graph::ValueId id : concrete->inputs) s.input_sizes.push_back(concrete->value(id).meta.sizes);  // for hits
   KILN_LOG(recompiles) << "dynamic graph: compiling the specialisation at " << binder_.binding_text(values);
   s.compiled = factory_(std::move(concrete), inputs);
   KILN_ASSERT(s.compiled) << "DynamicGraph: the factory returned no graph";
@@ -166,7 +176,7 @@ std::shared_ptr<CompiledGraph> DynamicGraph::insert(Specialisation s) {
 std::shared_ptr<CompiledGraph> DynamicGraph::specialisation_for(const std::vector<at::Tensor>& inputs) {
   const std::vector<int64_t> values = binder_.read(inputs);
   {
-    std::unique_lock<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(mutex_);
     // Most recently used first: a loop over one size finds it at once.
     auto hit = std::find_if(cache_.begin(), cache_.end(), [&](const Specialisation& e) { return e.values == values; });
     if (hit != cache_.end()) {
@@ -179,9 +189,8 @@ std::shared_ptr<CompiledGraph> DynamicGraph::specialisation_for(const std::vecto
     }
   }
   binder_.check(values);
-  Specialisation s = compile_specialisation(values, inputs);
-  SymbolBinder::check_input_sizes(s.input_sizes, inputs);
-  return insert(std::move(s));
+  SymbolBinder::check_input_sizes(binder_.input_sizes(values), inputs);
+  return insert(compile_specialisation(values, inputs));
 }
 
 std::vector<at::Tensor> DynamicGraph::run(const std::vector<at::Tensor>& inputs) {

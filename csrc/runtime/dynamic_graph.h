@@ -39,9 +39,12 @@ class SymbolBinder {
   /// symbol's range or divisor, an assumption or a specialisation of the graph: the caller's guards let through sizes
   /// the graph does not hold for, or a direct caller passed them.
   void check(const std::vector<int64_t>& values) const;
+  /// Each input's sizes at `values`.
+  std::vector<std::vector<int64_t>> input_sizes(const std::vector<int64_t>& values) const;
   /// Throws a user error when an input's rank or sizes differ from `expected` (the concrete graph's input sizes for
   /// this binding): the static dims are fixed as the symbolic ones are bound.
-  static void check_input_sizes(const std::vector<std::vector<int64_t>>& expected, const std::vector<at::Tensor>& inputs);
+  static void check_input_sizes(const std::vector<std::vector<int64_t>>& expected,
+                                const std::vector<at::Tensor>& inputs);
 
   /// "s0 = 7, s1 = 12", for logs.
   std::string binding_text(const std::vector<int64_t>& values) const;

@@ -70,7 +70,8 @@ TEST_CASE("elsewhere, metas and marked int arguments take the binding's values")
   const Graph g = symbolic_add_then_view();
   REQUIRE(g.symbolic->symbols.size() == 3);
   sym::Bindings at;
-  for (const SymbolOrigin& o : g.symbolic->symbols) at[o.symbol.symbol_id()] = o.dim == 0 && o.input_index == 0 ? 6 : 24;
+  for (const SymbolOrigin& o : g.symbolic->symbols)  // x [6, 24], b [24]
+    at[o.symbol.symbol_id()] = o.input_index == 0 && o.dim == 0 ? 6 : 24;
   auto s = specialise_sizes(g, at);
   s->verify();
   CHECK(s->symbolic == nullptr);

@@ -6,6 +6,8 @@ sizes not a multiple of 4 or 8, small and large), comparing with eager on fresh 
 the symbols compiles one specialisation (kiln.stats()["dynamic_specialisations"]); a binding seen before is a hit
 ("dynamic_hits"). A binding the graph does not hold for raises kiln's error and runs nothing.
 """
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,19 +19,7 @@ from kiln.testing import random_tensor, tolerance
 from test_symbolic_graph import capture
 
 BACKENDS = ["kiln", "eager"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def kiln_cache_dir(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("kiln_cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("KILN_CACHE_DIR", str(cache))
-        yield str(cache)
-
-
-@pytest.fixture(autouse=True)
-def fresh_stats():
-    _C.reset()
+pytestmark = pytest.mark.usefixtures("fresh_kiln")  # kiln.stats() counters from zero in each test
 
 
 def counters():
@@ -118,7 +108,8 @@ def test_linear_3d_with_its_view_sizes_marked():
     # The recorder writes view(x, [24, 8]) and view(out, [4, 6, 16]) with concrete ints; marked as size expressions
     # (as test_symbolic_graph does), the graph holds at every size.
     make = lambda n, t: [random_tensor(n, t, 8), random_tensor(16, 8), random_tensor(16)]  # noqa: E731
-    run_at_sizes(F.linear, make, SIZES[:5], {0: [0, 1]}, int_args=[(0, 1, 0, "s0*s1"), (3, 1, 0, "s0"), (3, 1, 1, "s1")])
+    int_args = [(0, 1, 0, "s0*s1"), (3, 1, 0, "s0"), (3, 1, 1, "s1")]
+    run_at_sizes(F.linear, make, SIZES[:5], {0: [0, 1]}, int_args=int_args)
 
 
 def test_bmm():
@@ -196,9 +187,10 @@ def test_broken_assumption_raises_and_runs_nothing(backend):
     with pytest.raises(KilnError, match=r"input 0 dim 0 = 5 \(s0\), input 1 dim 0 = 7 \(s1\): the graph needs "
                                         r"s0 == s1 \(node 0 \(aten::mul.Tensor\): broadcast dim 0\)"):
         compiled([random_tensor(5, 6), random_tensor(7, 6)])
-    with pytest.raises(KilnError, match=r"input 0 dim 0 = 1 \(s0\): outside s0's range \[2, inf\)"):
+    with pytest.raises(KilnError, match=r"input 0 dim 0 = 1 \(s0\): outside s0's range \[2, inf\) \(sizes 0 and 1"):
         compiled([random_tensor(1, 6), random_tensor(1, 6)])
-    with pytest.raises(KilnError, match=r"input 1 of the compiled graph has sizes \[5, 3\]"):
+    with pytest.raises(KilnError, match=r"input 1 of the compiled graph has sizes \[5, 3\]; at these values of its "
+                                        r"size symbols the graph takes \[5, 6\]"):
         compiled([random_tensor(5, 6), random_tensor(5, 3)])  # a static dim changed
     assert counters() == (2, 0)  # nothing compiled or run for the failing sizes
 
@@ -218,8 +210,9 @@ def test_specialised_symbol_must_keep_its_value():
     inputs = [random_tensor(7, 9), random_tensor(3, 5, 8)]  # x varies, y stays
     assert_same(compiled(inputs), fn(*inputs), "general")
     with pytest.raises(KilnError, match=r"input 1 dim 0 = 4 \(s2\): the graph was specialised to s2 == 3 \(node 1 "
-                                        r"\(aten::cumsum.default\): no rule"):
+                                        r"\(aten::cumsum.default\): no rule") as failed:
         compiled([random_tensor(7, 9), random_tensor(4, 5, 8)])
+    assert len(str(failed.value).splitlines()) == 2  # the heading and that line, not the symbol's range again
 
 
 def test_user_backend_compiles_each_binding_with_its_concrete_graph():
@@ -250,6 +243,23 @@ def test_cache_keeps_the_64_most_recently_used_bindings():
     assert counters() == (65, 2)
     compiled([random_tensor(2, 3)])
     assert counters() == (66, 2)
+
+
+def test_threads_share_the_specialisations():
+    fn = lambda x: (x * 3).softmax(-1)  # noqa: E731
+    _, compiled = compile_dynamic(fn, [random_tensor(4, 6)], {0: [0, 1]})
+    sizes = [(5, 7), (11, 3), (4, 6), (2, 9)]
+
+    def work(k):
+        for i in range(12):
+            x = random_tensor(*sizes[(i + k) % len(sizes)])
+            assert_same(compiled([x]), fn(x), "general")
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(work, range(4)))  # re-raises a thread's failure here
+    specialisations, hits = counters()
+    # Two threads that miss on one binding at once may both compile it: at least one compile per binding.
+    assert len(sizes) <= specialisations <= len(sizes) + 3 * (len(sizes) - 1) and specialisations + hits == 4 * 12 + 1
 
 
 def test_unknown_backend_fails_at_compile_time():
