@@ -5,6 +5,7 @@
 
 #include "bindings/module_register.h"
 #include "runtime/cuda_graphs.h"
+#include "runtime/dynamic_graph.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "frame/frame.h"
@@ -103,6 +104,8 @@ void register_compile(py::module_& m) {
     d["cudagraph_unrecorded_runs"] = g.unrecorded_runs;
     d["cudagraph_declined"] = g.declined;
     d["cudagraph_last_decline_reason"] = g.last_decline_reason;
+    d["dynamic_specialisations"] = runtime::dynamic_graph_stats().specialisations.load();
+    d["dynamic_hits"] = runtime::dynamic_graph_stats().hits.load();
     return d;
   });
   m.def("reset", [] {
@@ -110,6 +113,7 @@ void register_compile(py::module_& m) {
     trace::stats() = trace::Stats();
     guards::snapshot_stats() = guards::SnapshotStats();
     runtime::cuda_graph_stats() = runtime::CudaGraphStats();
+    runtime::reset_dynamic_graph_stats();
     runtime::release_host_buffers();
   });
   m.def("host_buffer_stats", [] {

@@ -3,6 +3,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <map>
+
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include "bindings/module_register.h"
@@ -12,6 +14,8 @@
 #include "common/error.h"
 #include "graph/graph.h"
 #include "graph/py_records.h"
+#include "graph/specialise_sizes.h"
+#include "graph/symbolic_sizes.h"
 #include "compile/backends.h"
 #include "runtime/python_bridge.h"
 
@@ -49,6 +53,24 @@ py::list run_compiled(CompiledGraph& compiled, py::handle inputs) {
     outputs = compiled.run(tensors);
   }
   return py::reinterpret_steal<py::list>(runtime::tensors_to_python(outputs));
+}
+
+// graph::specialise_sizes with the symbols named as the graph prints them ({"s0": 12}); every symbol must be given.
+std::shared_ptr<Graph> specialise(const Graph& g, const std::map<std::string, int64_t>& values) {
+  graph::sym::Bindings bindings;
+  size_t used = 0;
+  if (g.symbolic) {
+    for (const graph::SymbolOrigin& o : g.symbolic->symbols) {
+      auto it = values.find(o.symbol.symbol_name());
+      KILN_CHECK(it != values.end()) << "no value for size symbol " << o.symbol.symbol_name();
+      bindings[o.symbol.symbol_id()] = it->second;
+      ++used;
+    }
+  }
+  KILN_CHECK(used == values.size()) << "the graph has " << used << " size symbols, " << values.size() << " were given";
+  auto out = graph::specialise_sizes(g, bindings);
+  out->verify();
+  return out;
 }
 
 std::vector<std::string> op_names(const Graph& g) {
@@ -124,6 +146,9 @@ void register_graph(py::module_& m) {
       py::arg("options") = py::dict(),
       "compile `graph` with a backend name or a user callable (graph, example_inputs) -> callable; `mode` and "
       "`options` are kiln.compile's, checked by kiln/api.py");
+  m.def("_specialise_sizes", &specialise, py::arg("graph"), py::arg("symbols"),
+        "the graph at the given symbol values ({'s0': 12}): concrete sizes and int arguments, no symbolic table "
+        "(graph/specialise_sizes.h); what compile_graph compiles per binding of a graph with symbolic sizes");
   m.def(
       "run_graph",
       [](const std::shared_ptr<Graph>& g, py::object backend, py::handle inputs) {

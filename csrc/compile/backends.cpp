@@ -4,12 +4,16 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <c10/core/GradMode.h>
+
 #include <functional>
 #include <map>
 
 #include "common/error.h"
 #include "compile/pipeline.h"
+#include "graph/symbolic_sizes.h"
 #include "runtime/cuda_graphs.h"
+#include "runtime/dynamic_graph.h"
 #include "runtime/eager_interpreter.h"
 #include "runtime/python_bridge.h"
 
@@ -98,6 +102,54 @@ std::shared_ptr<runtime::CompiledGraph> compile_with_callable(std::shared_ptr<co
   return std::make_shared<PythonCallableGraph>(std::move(compiled), name);
 }
 
+// One reference to a Python object, released with the GIL (a DynamicGraph's factory may die on any thread).
+std::shared_ptr<PyObject> hold_python(PyObject* obj) {
+  if (!obj) return nullptr;
+  Py_INCREF(obj);
+  return std::shared_ptr<PyObject>(obj, [](PyObject* o) {
+    if (!Py_IsInitialized()) return;  // interpreter gone: leak rather than touch it
+    py::gil_scoped_acquire gil;
+    Py_DECREF(o);
+  });
+}
+
+// A graph with symbolic sizes runs as a runtime::DynamicGraph: one concrete graph per binding of its size symbols
+// (graph::specialise_sizes), each compiled by this same entry point with the same backend and options, under the grad
+// mode of this compile (a training graph keeps compile_kiln_graph's autodiff path per binding). What backends get per
+// binding: the built-in ones the concrete graph (they never read example inputs); a user callable is called once per
+// binding with the concrete graph and, as example inputs, the real tensors of the first call at that binding (for the
+// binding at the hints, compiled here, `example_inputs` as given, or [] when none). The specialisation at the hints is
+// compiled now, so compile errors surface here as they do for a graph without symbols.
+// Until generated kernels take their sizes as run-time arguments, each new binding lowers the graph again (the kernel
+// cache hits for kernels whose source does not depend on the sizes); that change replaces only the factory, once one
+// compiled artefact serves every binding.
+std::shared_ptr<CompiledGraph> compile_dynamic(std::shared_ptr<const graph::Graph> g, const std::string& backend,
+                                               PyObject* example_inputs, PyObject* user_backend,
+                                               const CompileOptions& options) {
+  const bool grad_mode = at::GradMode::is_enabled();
+  std::shared_ptr<PyObject> callable = hold_python(user_backend);
+  auto factory = [backend, callable, options, grad_mode](std::shared_ptr<const graph::Graph> concrete,
+                                                         const std::vector<at::Tensor>& inputs) {
+    py::gil_scoped_acquire gil;  // a miss inside run(), which callers make without the GIL
+    at::AutoGradMode mode(grad_mode);
+    py::object examples = inputs.empty() ? py::object()
+                                         : py::reinterpret_steal<py::object>(runtime::tensors_to_python(inputs));
+    return compile_graph(std::move(concrete), backend, examples ? examples.ptr() : nullptr, callable.get(), options);
+  };
+  auto dynamic = std::make_shared<runtime::DynamicGraph>(std::move(g), std::move(factory), user_backend != nullptr);
+  std::vector<at::Tensor> examples;
+  if (example_inputs && example_inputs != Py_None) {
+    try {
+      examples = runtime::tensors_from_python(example_inputs, "example inputs");
+    } catch (const std::exception&) {  // not all tensors: the backend gets none
+      PyErr_Clear();
+      examples.clear();
+    }
+  }
+  dynamic->compile_at_hints(examples);
+  return dynamic;
+}
+
 }  // namespace
 
 std::vector<std::string> backend_names() {
@@ -109,6 +161,8 @@ std::vector<std::string> backend_names() {
 std::shared_ptr<CompiledGraph> compile_graph(std::shared_ptr<const graph::Graph> g, const std::string& backend,
                                              PyObject* example_inputs, PyObject* user_backend, const CompileOptions& options) {
   KILN_ASSERT(g != nullptr) << "compile_graph without a graph";
+  if (graph::has_symbolic_sizes(*g))
+    return compile_dynamic(std::move(g), backend, example_inputs, user_backend, options);
   if (user_backend) {
     auto compiled = compile_with_callable(std::move(g), backend, user_backend, example_inputs);
     if (!options.cuda_graph_pool) return compiled;
