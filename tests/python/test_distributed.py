@@ -46,6 +46,9 @@ def launch(tmp_dir, scenarios=(), logs=None):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                    WORLD_SIZE=str(WORLD_SIZE), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD_SIZE),
                    OMP_NUM_THREADS="1", PYTHONPATH=python_path)
+        # gloo picks its network interface from the host name, which a machine without outside network may not
+        # resolve (the ranks then wait forever): the loopback interface serves ranks of one host.
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         out = os.path.join(tmp_dir, f"rank{rank}.json")
         outs.append(out)
         procs.append(subprocess.Popen([sys.executable, WORKER, out, *scenarios], env=env, stdout=subprocess.PIPE,
