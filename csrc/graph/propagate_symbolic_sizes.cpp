@@ -323,7 +323,8 @@ class Propagation {
   }
 
   // An assumed equality that names a symbol on one side: the symbol becomes the other side (the lower id of two
-  // symbols survives); with a constant, that pins it.
+  // symbols survives); with a constant, that pins it. Other equalities are solved for a symbol where they are linear
+  // in it with a unit coefficient once common factors go (bmm's `s0*4 == s2*4` makes s2 s0).
   void unify(const shape::Assumption& a) {
     Expr lhs = apply(a.lhs), rhs = apply(a.rhs);
     if (lhs == rhs) return;
@@ -334,14 +335,44 @@ class Propagation {
       return;
     }
     if (!lhs.is_symbol()) std::swap(lhs, rhs);
-    if (!lhs.is_symbol()) return;
+    if (!lhs.is_symbol() && !solve(lhs - rhs, lhs, rhs)) return;
     for (const Expr& s : rhs.free_symbols())
       if (s == lhs) return;
     if (rhs.is_constant()) {
       pin(lhs, a.reason + " (" + a.to_string() + ")");
       return;
     }
+    if (rhs.is_symbol()) merge_facts(lhs, rhs);
     bind(lhs, rhs);
+  }
+
+  // difference == 0 as symbol == value: the symbol of highest id whose term is g*symbol, g the gcd of every
+  // coefficient and the constant, and that no other term names. False when there is none.
+  static bool solve(const Expr& difference, Expr& symbol, Expr& value) {
+    if (difference.kind() != sym::ExprKind::kSum) return false;
+    int64_t g = std::gcd(difference.sum_constant(), int64_t{0});
+    for (const Expr::Term& t : difference.terms()) g = std::gcd(g, t.coefficient);
+    const Expr::Term* chosen = nullptr;
+    for (const Expr::Term& t : difference.terms()) {
+      if (t.factors.size() != 1 || t.factors[0].exponent != 1 || !t.factors[0].atom.is_symbol() ||
+          (t.coefficient != g && t.coefficient != -g))
+        continue;
+      if (chosen && chosen->factors[0].atom.symbol_id() > t.factors[0].atom.symbol_id()) continue;
+      chosen = &t;
+    }
+    if (!chosen) return false;
+    // symbol = -(the other terms) / its coefficient, exactly.
+    Expr rest = -difference.sum_constant() / chosen->coefficient;
+    for (const Expr::Term& t : difference.terms()) {
+      if (&t == chosen) continue;
+      Expr term = -t.coefficient / chosen->coefficient;
+      for (const Expr::Factor& f : t.factors)
+        for (int64_t k = 0; k < f.exponent; ++k) term = term * f.atom;
+      rest = rest + term;
+    }
+    symbol = chosen->factors[0].atom;
+    value = rest;
+    return true;
   }
 
   // What was known of `from` now holds of `to`.

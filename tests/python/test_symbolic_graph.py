@@ -82,16 +82,18 @@ def test_linear_of_a_batch_is_addmm_over_the_symbol():
     assert s["values"][-1] == ["s0", "16"] and failed == [[]]
 
 
-def test_matmul_of_3d_input_needs_its_view_sizes_marked():
+def test_linear_of_3d_input_infers_the_sizes_aten_computed():
     inputs, other = randn((4, 6, 8), (16, 8), (16,)), randn((5, 9, 8), (16, 8), (16,))
-    # The recorder writes view(x, [24, 8]) with concrete ints: the element count is a guard, other sizes recompile.
-    _, s, failed = symbolic(F.linear, inputs, {0: [0, 1]}, others=[other])
-    assert texts(s) == ["192 == s0*s1*8"] and failed == [["192 == s0*s1*8"]]
-    # A tracer that knows those ints came from sizes marks them: the graph then holds at every size.
-    graph, s, failed = symbolic(F.linear, inputs, {0: [0, 1]}, others=[other],
-                                int_args=[(0, 1, 0, "s0*s1"), (3, 1, 0, "s0"), (3, 1, 1, "s1")])
-    assert not s["assumptions"] and failed == [[]]
+    # The recorder writes view(x, [24, 8]) and view(out, [4, 6, 16]) with concrete ints: the graph infers s0*s1 and
+    # s0, s1 from the input's sizes, and records them as symbolic int arguments.
+    graph, s, failed = symbolic(F.linear, inputs, {0: [0, 1]}, others=[other])
+    assert not s["assumptions"] and not s["specialisations"] and failed == [[]]
     assert s["values"][-1] == ["s0", "s1", "16"] and "f32[s0*s1, 16]" in str(graph)
+    assert s["int_args"] == [(0, 1, 0, "s0*s1"), (3, 1, 0, "s0"), (3, 1, 1, "s1")]
+    # Ints a tracer marks are taken as they are (here the same expressions).
+    _, marked, failed = symbolic(F.linear, inputs, {0: [0, 1]}, others=[other],
+                                 int_args=[(0, 1, 0, "s0*s1"), (3, 1, 0, "s0"), (3, 1, 1, "s1")])
+    assert marked["values"] == s["values"] and not marked["assumptions"] and failed == [[]]
 
 
 def test_view_with_minus_one_over_the_sequence():
@@ -103,11 +105,14 @@ def test_view_with_minus_one_over_the_sequence():
 
 def test_view_of_batch_size_read_as_an_int():
     fn = lambda x: x.view(x.shape[0], -1, 2, 4)  # noqa: E731
-    # x.shape[0] reaches the graph as the int 4: only the guard on divisibility is known, so a size where it holds
-    # (8, 6) would give the captured graph's view, which the tracer must guard today by keeping that size concrete.
-    _, s, _ = symbolic(fn, randn((4, 6, 8)), {0: [0, 1]})
-    assert s["values"][-1] == ["4", "floordiv(s0*s1, 4)", "2", "4"]
-    assert texts(s) == ["s0*s1*8 % 32 == 0"]
+    # x.shape[0] reaches the graph as the int 4, unannotated: the view's first size is read as the batch it equals.
+    _, s, failed = symbolic(fn, randn((4, 6, 8)), {0: [0, 1]}, others=[randn((8, 6, 8)), randn((5, 9, 8))])
+    assert s["values"][-1] == ["s0", "s1", "2", "4"] and not s["assumptions"] and failed == [[], []]
+    # A tracer annotates the ints it passes: a literal 4 (annotated as a constant) stays 4, and -1 takes the rest.
+    _, s, failed = symbolic(lambda x: x.view(4, -1, 2, 4), randn((4, 6, 8)), {0: [0, 1]},
+                            others=[randn((8, 6, 8)), randn((5, 9, 8))], int_args=[(0, 1, 0, "4")])
+    assert s["values"][-1] == ["4", "floordiv(s0*s1, 4)", "2", "4"] and texts(s) == ["s0*s1*8 % 32 == 0"]
+    assert failed == [[], ["s0*s1*8 % 32 == 0"]]
     _, s, failed = symbolic(fn, randn((4, 6, 8)), {0: [0, 1]}, others=[randn((8, 6, 8)), randn((5, 9, 8))],
                             int_args=[(0, 1, 0, "s0")])
     assert s["values"][-1] == ["s0", "s1", "2", "4"] and failed == [[], []]
@@ -170,15 +175,18 @@ def test_attention_recorded_whole():
 
 # ---- guarded or specialised -------------------------------------------------------------------------------------
 def test_causal_attention_is_recorded_in_ops_of_concrete_sizes():
-    # is_causal makes the recorder write attention's math: a mask made by ones([6, 6]) and expand/view/bmm with
-    # concrete sizes, so the rules' expands pin batch and sequence: the graph recompiles at other sizes.
+    # is_causal makes the recorder write attention's math: a mask made by ones([6, 6]) (sizes no tensor argument
+    # explains, so they stay concrete) and expand/view/bmm, whose sizes the graph infers. The batch stays symbolic;
+    # adding the mask pins both lengths; bmm's `s0*4 == s2*4` is solved: the key's and value's batch become s0.
     fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
     inputs = randn((2, 4, 6, 8), (2, 4, 6, 8), (2, 4, 6, 8))
-    _, s, failed = symbolic(fn, inputs, {0: [0, 2], 1: [0, 2], 2: [0, 2]},
-                            others=[randn((3, 4, 9, 8), (3, 4, 9, 8), (3, 4, 9, 8)), inputs])
+    graph, s, failed = symbolic(fn, inputs, {0: [0, 2], 1: [0, 2], 2: [0, 2]},
+                                others=[randn((3, 4, 9, 8), (3, 4, 9, 8), (3, 4, 9, 8)),
+                                        randn((3, 4, 6, 8), (3, 4, 6, 8), (3, 4, 6, 8))])
     assert failed[0] and failed[1] == []
-    assert {p["symbol"] for p in s["specialisations"]} == {"s0", "s1", "s2", "s3", "s4", "s5"}
-    assert all("aten::expand.default): expand of dim" in p["reason"] for p in s["specialisations"])
+    assert {p["symbol"] for p in s["specialisations"]} == {"s1", "s3", "s5"}
+    assert s["values"][-1] == ["s0", "4", "6", "8"] and texts(s)[0] == "s0*4 == s2*4"
+    assert "f32[s0*4, 6, 8] = aten::bmm.default" in str(graph)
 
 
 def test_node_without_rule_specialises_with_reason():
