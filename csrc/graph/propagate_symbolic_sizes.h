@@ -51,7 +51,8 @@ void add_trace_assumption(Graph& g, shape::Assumption assumption);
 /// the hints.
 void mark_symbolic_int_arg(Graph& g, const SymbolicIntArg& arg);
 
-/// Needs: the dims that may vary marked (nothing marked: nothing to do, the graph stays without symbols).
+/// Needs: the dims that may vary marked, the tracer's placeholders, int arguments and assumptions added (nothing
+/// marked or added: nothing to do, the graph stays without symbols).
 /// Guarantees: each value's symbolic meta (Graph::symbolic->metas) evaluates to its concrete meta at the hints (a
 /// rule that disagrees is a bug: internal error naming the op and both metas); the rules' assumptions are on the
 /// graph, with the node in each reason; an equality of a symbol with another expression replaces the symbol by it
