@@ -21,14 +21,34 @@ namespace sym = graph::sym;
 
 std::map<std::string, sym::Expr> symbols_by_name(const Graph& g) {
   std::map<std::string, sym::Expr> out;
-  if (g.symbolic)
+  if (g.symbolic) {
     for (const graph::SymbolOrigin& o : g.symbolic->symbols) out.emplace(o.symbol.symbol_name(), o.symbol);
+    for (const graph::SizePlaceholder& p : g.symbolic->placeholders) out.emplace(p.symbol.symbol_name(), p.symbol);
+  }
   return out;
+}
+
+// "lhs OP rhs" with OP one of == != < <= > >=, over the graph's symbols and placeholders.
+graph::shape::Assumption parse_relation(const std::string& text, const std::string& reason,
+                                        const std::map<std::string, sym::Expr>& symbols) {
+  using Kind = graph::shape::Assumption::Kind;
+  static const std::pair<const char*, Kind> ops[] = {{"==", Kind::kEq}, {"!=", Kind::kNe}, {"<=", Kind::kLe},
+                                                     {">=", Kind::kLe}, {"<", Kind::kLt},  {">", Kind::kLt}};
+  for (const auto& [op, kind] : ops) {
+    const size_t at = text.find(op);
+    if (at == std::string::npos) continue;
+    sym::Expr lhs = sym::parse_expr(text.substr(0, at), symbols);
+    sym::Expr rhs = sym::parse_expr(text.substr(at + std::string(op).size()), symbols);
+    if (op[0] == '>') std::swap(lhs, rhs);
+    return {kind, lhs, rhs, reason};
+  }
+  KILN_CHECK(false) << "'" << text << "' is no relation (==, !=, <, <=, >, >=)";
+  return {};
 }
 
 py::dict summary(const Graph& g) {
   py::dict out;
-  py::list symbols, values, assumptions, specialisations;
+  py::list symbols, values, assumptions, specialisations, placeholders, int_args;
   if (g.symbolic) {
     const graph::SymbolicSizes& s = *g.symbolic;
     for (const graph::SymbolOrigin& o : s.symbols) {
@@ -53,6 +73,16 @@ py::dict summary(const Graph& g) {
       d["reason"] = sp.reason;
       specialisations.append(d);
     }
+    for (const graph::SizePlaceholder& p : s.placeholders) {
+      py::dict d;
+      d["name"] = p.symbol.symbol_name();
+      d["value"] = p.value;
+      d["dim"] = p.dim;
+      d["resolved"] = p.resolved ? py::cast(p.resolved->to_string()) : py::none();
+      placeholders.append(d);
+    }
+    for (const graph::SymbolicIntArg& a : s.int_args)
+      int_args.append(py::make_tuple(a.node, a.arg, a.element, a.value.to_string()));
   }
   for (const graph::Value& v : g.values) {
     const graph::shape::SymTensorMeta m = graph::symbolic_meta(g, v.id);
@@ -64,17 +94,29 @@ py::dict summary(const Graph& g) {
   out["values"] = values;
   out["assumptions"] = assumptions;
   out["specialisations"] = specialisations;
+  out["placeholders"] = placeholders;
+  out["int_args"] = int_args;
   return out;
 }
 
-py::dict propagate(Graph& g, const std::map<int32_t, std::vector<int64_t>>& dynamic,
-                   const std::vector<std::tuple<int32_t, int32_t, int32_t, std::string>>& int_args) {
+using IntArgs = std::vector<std::tuple<int32_t, int32_t, int32_t, std::string>>;
+using Placeholders = std::vector<std::tuple<graph::ValueId, int32_t>>;
+using Relations = std::vector<std::tuple<std::string, std::string>>;
+
+py::dict propagate(Graph& g, const std::map<int32_t, std::vector<int64_t>>& dynamic, const IntArgs& int_args,
+                   const Placeholders& placeholders, const Relations& trace_assumptions) {
   KILN_CHECK(!g.symbolic) << "this graph's symbolic sizes were propagated already";
   try {
     for (const auto& [input, dims] : dynamic) graph::mark_symbolic_dims(g, input, dims);
+    for (size_t i = 0; i < placeholders.size(); ++i) {
+      const auto& [value, dim] = placeholders[i];
+      graph::add_size_placeholder(g, {graph::size_placeholder_symbol(static_cast<int32_t>(i)), value, dim, {}});
+    }
     const auto symbols = symbols_by_name(g);
     for (const auto& [node, arg, element, text] : int_args)
       graph::mark_symbolic_int_arg(g, {node, arg, element, sym::parse_expr(text, symbols)});
+    for (const auto& [text, reason] : trace_assumptions)
+      graph::add_trace_assumption(g, parse_relation(text, reason, symbols));
     graph::propagate_symbolic_sizes(g);
     g.verify(false);
   } catch (...) {
@@ -128,12 +170,14 @@ std::shared_ptr<Graph> round_trip(const Graph& g, const std::string& format) {
 
 void register_symbolic_graph(py::module_& m) {
   auto cls = py::reinterpret_borrow<py::class_<Graph, std::shared_ptr<Graph>>>(m.attr("Graph"));
-  cls.def("propagate_symbolic_sizes", &propagate, py::arg("dynamic"),
-          py::arg("int_args") = std::vector<std::tuple<int32_t, int32_t, int32_t, std::string>>{},
-          "mark dims of inputs symbolic ({input index: [dims]}), mark int arguments as size expressions "
-          "([(node, arg, element or -1, expression text over the symbols)]), and propagate sizes through the "
-          "graph's shape rules: {'symbols', 'values' (each value's sizes as text), 'assumptions', "
-          "'specialisations'}");
+  cls.def("propagate_symbolic_sizes", &propagate, py::arg("dynamic"), py::arg("int_args") = IntArgs{},
+          py::arg("placeholders") = Placeholders{}, py::arg("trace_assumptions") = Relations{},
+          "mark dims of inputs symbolic ({input index: [dims]}), name sizes of values by placeholders p0, p1, ... "
+          "([(value, dim)], in order), mark int arguments as size expressions ([(node, arg, element or -1, "
+          "expression text over the symbols and placeholders)]), add the trace's relations ([(text such as "
+          "'p0 > 16', reason)]), and propagate sizes through the graph's shape rules: {'symbols', 'values' (each "
+          "value's sizes as text), 'assumptions', 'specialisations', 'placeholders' ({'name', 'value', 'dim', "
+          "'resolved'}), 'int_args' (the symbolic int arguments after propagation, inferred ones included)}");
   cls.def("symbolic_summary", &summary, "what propagate_symbolic_sizes returned");
   cls.def("evaluate_sizes", &evaluate, py::arg("symbols"),
           "each value's (sizes, strides, storage offset) at the given symbol values ({'s0': 12}), and the "

@@ -6,6 +6,11 @@
 // is then specialised in them everywhere, never wrong. One substitution map carries what the graph learned about
 // symbols (s1 -> s0 from an assumed equality, s0 -> 8 from a pin); each node's arguments go through it before its
 // rule runs, and every stored meta once more at the end.
+//
+// The tracer's placeholders enter the same map: each is bound to its value's size expression as soon as that value's
+// meta is known (inputs and constants first, then each node's outputs after its rule), and a trace assumption is
+// handled like a rule's once every placeholder it names is bound. Values are defined before they are read, so a
+// node's int arguments never name a placeholder still unbound.
 #include "graph/propagate_symbolic_sizes.h"
 
 #include <algorithm>
@@ -13,6 +18,7 @@
 #include <numeric>
 
 #include "common/error.h"
+#include "graph/infer_recorded_sizes.h"
 
 namespace kiln::graph {
 
@@ -57,13 +63,38 @@ class Propagation {
  public:
   explicit Propagation(Graph& g) : g_(g), s_(mutable_symbolic(g)), hints_(s_.hints()) {
     s_.metas.resize(g.values.size());
-    for (const SymbolicIntArg& a : s_.int_args) int_args_[{a.node, a.arg}].push_back(&a);
+    for (const SymbolicIntArg& a : s_.int_args) int_args_[{a.node, a.arg}].push_back(a);
+    for (size_t i = 0; i < s_.placeholders.size(); ++i)
+      placeholders_of_[s_.placeholders[i].value].push_back(i);
+    pending_ = std::move(s_.trace_assumptions);
+    s_.trace_assumptions.clear();
   }
 
   void run() {
-    for (NodeIndex n = 0; n < static_cast<NodeIndex>(g_.nodes.size()); ++n) visit(n);
+    for (const Value& v : g_.values)
+      if (v.producer < 0) bind_placeholders(v.id);
+    take_trace_assumptions();
+    for (NodeIndex n = 0; n < static_cast<NodeIndex>(g_.nodes.size()); ++n) {
+      visit(n);
+      for (ValueId out : g_.nodes[n].outputs) bind_placeholders(out);
+      take_trace_assumptions();
+    }
+    KILN_ASSERT(pending_.empty()) << "a trace assumption (" << pending_[0].to_string() << ") names a placeholder "
+                                  << "no value defines";
     for (auto& m : s_.metas)
       if (m) m = finish(*m);
+    for (SizePlaceholder& p : s_.placeholders) p.resolved = apply(p.symbol);
+    // The int arguments over the symbols as they end; inferred ones that became constants say nothing.
+    std::vector<SymbolicIntArg> int_args;
+    for (SymbolicIntArg a : s_.int_args) {
+      a.value = apply(a.value);
+      int_args.push_back(std::move(a));
+    }
+    for (SymbolicIntArg& a : inferred_) {
+      a.value = apply(a.value);
+      if (!a.value.is_constant()) int_args.push_back(std::move(a));
+    }
+    s_.int_args = std::move(int_args);
   }
 
  private:
@@ -96,22 +127,32 @@ class Propagation {
     return out;
   }
 
+  // The marked int argument `element` of node n's argument `arg` (over the symbols as they are now), if any.
+  std::optional<Expr> marked_int(NodeIndex n, size_t arg, int32_t element) const {
+    auto marked = int_args_.find({n, static_cast<int32_t>(arg)});
+    if (marked == int_args_.end()) return std::nullopt;
+    for (const SymbolicIntArg& s : marked->second)
+      if (s.element == element) {
+        Expr e = apply(s.value);
+        for (const Expr& symbol : e.free_symbols())
+          KILN_ASSERT(!is_size_placeholder(symbol))
+              << node_name(g_, n) << " reads placeholder " << symbol.to_string() << " before its value is defined";
+        return e;
+      }
+    return std::nullopt;
+  }
+
   // Node n's arguments in the rules' form; nullopt for one the rules have no form for (a complex number).
   std::optional<std::vector<shape::RuleArg>> rule_args(NodeIndex n, std::vector<Expr>& read) const {
     const Node& node = g_.nodes[n];
     std::vector<shape::RuleArg> args;
     for (size_t i = 0; i < node.args.size(); ++i) {
       const ArgValue& a = node.args[i];
-      auto marked = int_args_.find({n, static_cast<int32_t>(i)});
       auto symbolic_int = [&](int32_t element, int64_t value) -> Expr {
-        if (marked == int_args_.end()) return value;
-        for (const SymbolicIntArg* s : marked->second)
-          if (s->element == element) {
-            Expr e = apply(s->value);
-            for (const Expr& symbol : e.free_symbols()) read.push_back(symbol);
-            return e;
-          }
-        return value;
+        std::optional<Expr> e = marked_int(n, i, element);
+        if (!e) return value;
+        for (const Expr& symbol : e->free_symbols()) read.push_back(symbol);
+        return *e;
       };
       if (std::holds_alternative<NoneArg>(a)) {
         args.emplace_back(NoneArg{});
@@ -163,6 +204,7 @@ class Propagation {
       specialise(read, node_name(g_, n) + ": a complex argument has no symbolic form");
       return;
     }
+    infer_sizes(n, *args);
     shape::RuleResult result = shape::infer_shapes(op, *args, s_.facts);
     if (!result.has_rule) {
       specialise(read, node_name(g_, n) + ": " + result.reason);
@@ -180,6 +222,68 @@ class Propagation {
       s_.assumptions.push_back(a);
       if (a.kind == shape::Assumption::Kind::kEq) unify(a);
     }
+  }
+
+  // The forms of the sizes a composite computed into node n's size list (graph/infer_recorded_sizes.h), put in its
+  // rule arguments and remembered as symbolic int arguments.
+  void infer_sizes(NodeIndex n, std::vector<shape::RuleArg>& args) {
+    const Node& node = g_.nodes[n];
+    std::optional<RecordedSizeArgs> which = recorded_size_args(node.qualified_name());
+    if (!which || node.outputs.size() != 1 || static_cast<size_t>(which->sizes) >= args.size()) return;
+    const auto* input = std::get_if<SymTensorMeta>(&args[which->tensor]);
+    auto* sizes = std::get_if<std::vector<Expr>>(&args[which->sizes]);
+    const auto* recorded = std::get_if<std::vector<int64_t>>(&node.args[which->sizes]);
+    const auto* tensor = std::get_if<TensorArg>(&node.args[which->tensor]);
+    if (!input || !sizes || !recorded || !tensor) return;
+    if (std::all_of(input->sizes.begin(), input->sizes.end(), [](const Expr& e) { return e.is_constant(); })) return;
+    RecordedSizes r;
+    r.input = input;
+    r.input_hints = g_.value(tensor->id).meta.sizes;
+    r.sizes = *sizes;
+    for (size_t k = 0; k < sizes->size(); ++k)
+      r.inferable.push_back(!marked_int(n, which->sizes, static_cast<int32_t>(k)));
+    r.output_hints = g_.value(node.outputs[0]).meta.sizes;
+    r.hints = &hints_;
+    std::vector<Expr> inferred = infer_recorded_sizes(node.qualified_name(), r);
+    for (size_t k = 0; k < inferred.size(); ++k)
+      if (inferred[k] != (*sizes)[k]) inferred_.push_back({n, which->sizes, static_cast<int32_t>(k), inferred[k]});
+    *sizes = std::move(inferred);
+  }
+
+  // Binds the placeholders of value `id` to its sizes, now that its meta is known.
+  void bind_placeholders(ValueId id) {
+    auto it = placeholders_of_.find(id);
+    if (it == placeholders_of_.end()) return;
+    const SymTensorMeta* m = s_.meta(id);
+    const SymTensorMeta meta = m ? apply(*m) : constant_meta(g_.value(id).meta);
+    for (size_t i : it->second) {
+      const SizePlaceholder& p = s_.placeholders[i];
+      bind(p.symbol, meta.sizes.at(p.dim));
+    }
+  }
+
+  // Moves each trace assumption whose placeholders are all bound into the assumptions, as a rule's would be.
+  void take_trace_assumptions() {
+    std::vector<shape::Assumption> waiting;
+    for (shape::Assumption& a : pending_) {
+      a.lhs = apply(a.lhs);
+      a.rhs = apply(a.rhs);
+      bool ready = true;
+      for (const Expr& e : {a.lhs, a.rhs})
+        for (const Expr& symbol : e.free_symbols()) ready = ready && !is_size_placeholder(symbol);
+      if (!ready) {
+        waiting.push_back(std::move(a));
+        continue;
+      }
+      if (a.lhs.is_constant() && a.rhs.is_constant()) {
+        KILN_ASSERT(a.holds({})) << "trace assumption " << a.to_string() << " (" << a.reason << ") is false";
+        continue;
+      }
+      shape::record_assumption_in_facts(a, s_.facts);
+      s_.assumptions.push_back(a);
+      if (a.kind == shape::Assumption::Kind::kEq) unify(a);
+    }
+    pending_ = std::move(waiting);
   }
 
   // A rule's output evaluated at the hints must be the recorded meta exactly.
@@ -219,7 +323,8 @@ class Propagation {
   }
 
   // An assumed equality that names a symbol on one side: the symbol becomes the other side (the lower id of two
-  // symbols survives); with a constant, that pins it.
+  // symbols survives); with a constant, that pins it. Other equalities are solved for a symbol where they are linear
+  // in it with a unit coefficient once common factors go (bmm's `s0*4 == s2*4` makes s2 s0).
   void unify(const shape::Assumption& a) {
     Expr lhs = apply(a.lhs), rhs = apply(a.rhs);
     if (lhs == rhs) return;
@@ -230,14 +335,44 @@ class Propagation {
       return;
     }
     if (!lhs.is_symbol()) std::swap(lhs, rhs);
-    if (!lhs.is_symbol()) return;
+    if (!lhs.is_symbol() && !solve(lhs - rhs, lhs, rhs)) return;
     for (const Expr& s : rhs.free_symbols())
       if (s == lhs) return;
     if (rhs.is_constant()) {
       pin(lhs, a.reason + " (" + a.to_string() + ")");
       return;
     }
+    if (rhs.is_symbol()) merge_facts(lhs, rhs);
     bind(lhs, rhs);
+  }
+
+  // difference == 0 as symbol == value: the symbol of highest id whose term is g*symbol, g the gcd of every
+  // coefficient and the constant, and that no other term names. False when there is none.
+  static bool solve(const Expr& difference, Expr& symbol, Expr& value) {
+    if (difference.kind() != sym::ExprKind::kSum) return false;
+    int64_t g = std::gcd(difference.sum_constant(), int64_t{0});
+    for (const Expr::Term& t : difference.terms()) g = std::gcd(g, t.coefficient);
+    const Expr::Term* chosen = nullptr;
+    for (const Expr::Term& t : difference.terms()) {
+      if (t.factors.size() != 1 || t.factors[0].exponent != 1 || !t.factors[0].atom.is_symbol() ||
+          (t.coefficient != g && t.coefficient != -g))
+        continue;
+      if (chosen && chosen->factors[0].atom.symbol_id() > t.factors[0].atom.symbol_id()) continue;
+      chosen = &t;
+    }
+    if (!chosen) return false;
+    // symbol = -(the other terms) / its coefficient, exactly.
+    Expr rest = -difference.sum_constant() / chosen->coefficient;
+    for (const Expr::Term& t : difference.terms()) {
+      if (&t == chosen) continue;
+      Expr term = -t.coefficient / chosen->coefficient;
+      for (const Expr::Factor& f : t.factors)
+        for (int64_t k = 0; k < f.exponent; ++k) term = term * f.atom;
+      rest = rest + term;
+    }
+    symbol = chosen->factors[0].atom;
+    value = rest;
+    return true;
   }
 
   // What was known of `from` now holds of `to`.
@@ -251,44 +386,124 @@ class Propagation {
   SymbolicSizes& s_;
   sym::Bindings hints_;
   sym::Substitution subst_;
-  std::map<std::pair<NodeIndex, int32_t>, std::vector<const SymbolicIntArg*>> int_args_;
+  std::map<std::pair<NodeIndex, int32_t>, std::vector<SymbolicIntArg>> int_args_;
+  std::vector<SymbolicIntArg> inferred_;  // int arguments infer_sizes found
+  std::map<ValueId, std::vector<size_t>> placeholders_of_;  // value -> indices into s_.placeholders
+  std::vector<shape::Assumption> pending_;  // trace assumptions naming placeholders not bound yet
 };
 
 }  // namespace
 
-std::vector<Expr> mark_symbolic_dims(Graph& g, int32_t input_index, const std::vector<int64_t>& dims) {
+namespace {
+
+// Dim d of input `input_index` (negative counts from the end), which must exist.
+int64_t input_dim(const Graph& g, int32_t input_index, int64_t d) {
   KILN_CHECK(input_index >= 0 && static_cast<size_t>(input_index) < g.inputs.size())
       << "the graph has " << g.inputs.size() << " inputs, no input " << input_index;
+  const TensorMeta& meta = g.value(g.inputs[input_index]).meta;
+  const int64_t ndim = static_cast<int64_t>(meta.sizes.size());
+  KILN_CHECK(d >= -ndim && d < ndim) << "input " << input_index << " " << meta_to_string(meta) << " has no dim " << d;
+  return d < 0 ? d + ndim : d;
+}
+
+// Makes each symbol the size of its dim of input `input_index` (dims wrapped, sizes >= 2, not symbolic yet).
+void set_input_symbols(Graph& g, int32_t input_index, const std::vector<std::pair<int64_t, Expr>>& symbols) {
   const ValueId id = g.inputs[input_index];
   const TensorMeta& meta = g.value(id).meta;
-  const int64_t ndim = static_cast<int64_t>(meta.sizes.size());
-  SymTensorMeta m = symbolic_meta(g, id);
-  std::vector<int64_t> wanted;
-  for (int64_t d : dims) {
-    KILN_CHECK(d >= -ndim && d < ndim) << "input " << input_index << " " << meta_to_string(meta) << " has no dim "
-                                       << d;
-    d = d < 0 ? d + ndim : d;
-    // Sizes 0 and 1 stay concrete, and a dim marked twice keeps its symbol.
-    if (meta.sizes[d] >= 2 && m.sizes[d].is_constant()) wanted.push_back(d);
-  }
-  if (wanted.empty()) return {};
   SymbolicSizes& s = mutable_symbolic(g);
   s.metas.resize(std::max(s.metas.size(), g.values.size()));
-  std::vector<Expr> made;
-  for (int64_t d : wanted) {
-    if (!m.sizes[d].is_constant()) continue;  // (listed twice)
-    Expr symbol = s.facts.new_symbol();
+  SymTensorMeta m = symbolic_meta(g, id);
+  for (const auto& [d, symbol] : symbols) {
     s.symbols.push_back({symbol, input_index, static_cast<int32_t>(d), meta.sizes[d]});
     m.sizes[d] = symbol;
-    made.push_back(symbol);
   }
   m.strides = input_strides(m.sizes, meta);
   s.metas[id] = m;
+}
+
+}  // namespace
+
+std::vector<Expr> mark_symbolic_dims(Graph& g, int32_t input_index, const std::vector<int64_t>& dims) {
+  std::vector<int64_t> wanted;
+  for (int64_t d : dims) {
+    d = input_dim(g, input_index, d);
+    // Sizes 0 and 1 stay concrete, and a dim marked twice keeps its symbol.
+    const ValueId id = g.inputs[input_index];
+    if (g.value(id).meta.sizes[d] >= 2 && symbolic_meta(g, id).sizes[d].is_constant() &&
+        std::find(wanted.begin(), wanted.end(), d) == wanted.end())
+      wanted.push_back(d);
+  }
+  if (wanted.empty()) return {};
+  SymbolicSizes& s = mutable_symbolic(g);
+  std::vector<std::pair<int64_t, Expr>> symbols;
+  std::vector<Expr> made;
+  for (int64_t d : wanted) {
+    symbols.emplace_back(d, s.facts.new_symbol());
+    made.push_back(symbols.back().second);
+  }
+  set_input_symbols(g, input_index, symbols);
   return made;
 }
 
+void mark_symbolic_dims(Graph& g, int32_t input_index, const std::vector<int64_t>& dims,
+                        const std::vector<Expr>& symbols) {
+  KILN_CHECK(dims.size() == symbols.size()) << dims.size() << " dims and " << symbols.size() << " symbols";
+  std::vector<std::pair<int64_t, Expr>> given;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const int64_t d = input_dim(g, input_index, dims[i]);
+    const Expr& symbol = symbols[i];
+    const ValueId id = g.inputs[input_index];
+    KILN_CHECK(symbol.is_symbol() && !is_size_placeholder(symbol) && symbol.symbol_id() >= 0)
+        << symbol.to_string() << " is not an input size symbol (input_size_symbol)";
+    KILN_CHECK(g.value(id).meta.sizes[d] >= 2)
+        << "dim " << d << " of input " << input_index << " has size " << g.value(id).meta.sizes[d]
+        << ": sizes 0 and 1 stay concrete, make no symbol for them";
+    KILN_CHECK(symbolic_meta(g, id).sizes[d].is_constant())
+        << "dim " << d << " of input " << input_index << " is symbolic already";
+    bool used = g.symbolic && g.symbolic->origin(symbol.symbol_id());
+    for (const auto& [other_dim, other] : given) {
+      used = used || other.symbol_id() == symbol.symbol_id();
+      KILN_CHECK(other_dim != d) << "dim " << d << " of input " << input_index << " is listed twice";
+    }
+    KILN_CHECK(!used) << "symbol " << symbol.to_string() << " stands for another dim already";
+    given.emplace_back(d, symbol);
+  }
+  if (given.empty()) return;
+  SymbolicSizes& s = mutable_symbolic(g);
+  for (const auto& [d, symbol] : given) s.facts.set_range(symbol, sym::SizeFacts::kDynamicSizeRange);
+  set_input_symbols(g, input_index, given);
+}
+
+void add_size_placeholder(Graph& g, SizePlaceholder placeholder) {
+  KILN_CHECK(is_size_placeholder(placeholder.symbol))
+      << placeholder.symbol.to_string() << " is not a size placeholder (size_placeholder_symbol)";
+  KILN_CHECK(!g.symbolic || !g.symbolic->placeholder(placeholder.symbol.symbol_id()))
+      << "placeholder " << placeholder.symbol.to_string() << " is added twice";
+  KILN_CHECK(placeholder.value >= 0 && static_cast<size_t>(placeholder.value) < g.values.size())
+      << "the graph has no value %" << placeholder.value;
+  const TensorMeta& meta = g.values[placeholder.value].meta;
+  const int32_t ndim = static_cast<int32_t>(meta.sizes.size());
+  KILN_CHECK(placeholder.dim >= -ndim && placeholder.dim < ndim)
+      << "value %" << placeholder.value << " " << meta_to_string(meta) << " has no dim " << placeholder.dim;
+  if (placeholder.dim < 0) placeholder.dim += ndim;
+  placeholder.resolved.reset();
+  mutable_symbolic(g).placeholders.push_back(std::move(placeholder));
+}
+
+void add_trace_assumption(Graph& g, shape::Assumption assumption) {
+  const sym::Bindings known = g.symbolic ? g.symbolic->hints_with_placeholders(g) : sym::Bindings{};
+  for (const Expr& side : {assumption.lhs, assumption.rhs})
+    for (const Expr& symbol : side.free_symbols())
+      KILN_CHECK(known.count(symbol.symbol_id()))
+          << "trace assumption " << assumption.to_string() << " (" << assumption.reason << ") names "
+          << symbol.to_string() << ", which is neither an input symbol nor an unresolved placeholder of the graph";
+  KILN_CHECK(assumption.holds(known)) << "trace assumption " << assumption.to_string() << " (" << assumption.reason
+                                      << ") does not hold at the hints";
+  mutable_symbolic(g).trace_assumptions.push_back(std::move(assumption));
+}
+
 void mark_symbolic_int_arg(Graph& g, const SymbolicIntArg& arg) {
-  KILN_CHECK(g.symbolic) << "mark input dims symbolic before int arguments";
+  KILN_CHECK(g.symbolic) << "mark input dims symbolic (or add placeholders) before int arguments";
   SymbolicSizes& s = mutable_symbolic(g);
   s.int_args.push_back(arg);
   try {

@@ -27,24 +27,6 @@ const RuleTable& table() {
   return rules;
 }
 
-// What SizeFacts can hold of an assumption: a symbol's divisibility by a constant, its bounds against a constant.
-void record_in_facts(const Assumption& a, sym::SizeFacts& facts) {
-  if (a.kind == Assumption::Kind::kDivisible && a.lhs.is_symbol() && a.rhs.is_constant() && a.rhs.constant_value() > 0) {
-    facts.add_divisor(a.lhs, a.rhs.constant_value());
-    return;
-  }
-  if (a.kind != Assumption::Kind::kLt && a.kind != Assumption::Kind::kLe) return;
-  int64_t strict = a.kind == Assumption::Kind::kLt ? 1 : 0;
-  if (a.lhs.is_symbol() && a.rhs.is_constant()) {  // s < c
-    sym::Range r = facts.range(a.lhs.symbol_id());
-    int64_t hi = a.rhs.constant_value() - strict;
-    if (hi < r.hi && hi >= r.lo) facts.set_range(a.lhs, {r.lo, hi});
-  } else if (a.rhs.is_symbol() && a.lhs.is_constant()) {  // c < s
-    sym::Range r = facts.range(a.rhs.symbol_id());
-    int64_t lo = a.lhs.constant_value() + strict;
-    if (lo > r.lo && lo <= r.hi) facts.set_range(a.rhs, {lo, r.hi});
-  }
-}
 }  // namespace
 
 RuleResult infer_shapes(const std::string& op, const std::vector<RuleArg>& args, sym::SizeFacts& facts) {
@@ -67,8 +49,26 @@ RuleResult infer_shapes(const std::string& op, const std::vector<RuleArg>& args,
   result.has_rule = true;
   result.outputs = std::move(call.outputs());
   result.assumptions = std::move(call.assumptions());
-  for (const Assumption& a : result.assumptions) record_in_facts(a, facts);
+  for (const Assumption& a : result.assumptions) record_assumption_in_facts(a, facts);
   return result;
+}
+
+void record_assumption_in_facts(const Assumption& a, sym::SizeFacts& facts) {
+  if (a.kind == Assumption::Kind::kDivisible && a.lhs.is_symbol() && a.rhs.is_constant() && a.rhs.constant_value() > 0) {
+    facts.add_divisor(a.lhs, a.rhs.constant_value());
+    return;
+  }
+  if (a.kind != Assumption::Kind::kLt && a.kind != Assumption::Kind::kLe) return;
+  int64_t strict = a.kind == Assumption::Kind::kLt ? 1 : 0;
+  if (a.lhs.is_symbol() && a.rhs.is_constant()) {  // s < c
+    sym::Range r = facts.range(a.lhs.symbol_id());
+    int64_t hi = a.rhs.constant_value() - strict;
+    if (hi < r.hi && hi >= r.lo) facts.set_range(a.lhs, {r.lo, hi});
+  } else if (a.rhs.is_symbol() && a.lhs.is_constant()) {  // c < s
+    sym::Range r = facts.range(a.rhs.symbol_id());
+    int64_t lo = a.lhs.constant_value() + strict;
+    if (lo > r.lo && lo <= r.hi) facts.set_range(a.rhs, {lo, r.hi});
+  }
 }
 
 bool has_shape_rule(const std::string& op) { return table().count(op) != 0; }

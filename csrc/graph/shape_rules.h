@@ -80,6 +80,9 @@ struct RuleResult {
 /// bounds against a constant) are also recorded into `facts`. Never throws for a malformed argument list: that is
 /// a "no rule" answer.
 RuleResult infer_shapes(const std::string& op, const std::vector<RuleArg>& args, sym::SizeFacts& facts);
+/// Records into `facts` what SizeFacts can hold of an assumption (a symbol's divisibility by a constant, its bounds
+/// against a constant); anything else it leaves. infer_shapes does this with each rule's assumptions.
+void record_assumption_in_facts(const Assumption& a, sym::SizeFacts& facts);
 /// Whether `op` has a rule (which may still refuse given arguments).
 bool has_shape_rule(const std::string& op);
 /// The ops with a rule, sorted.

@@ -45,7 +45,7 @@ void layer_norm_backward_rule(RuleCall& call) {
   }
 }
 
-// _softmax_backward_data(grad, output, dim, input_dtype).
+// _softmax_backward_data / _log_softmax_backward_data(grad, output, dim, input_dtype).
 void softmax_backward_rule(RuleCall& call) {
   const SymTensorMeta &grad = call.tensor(0), &out = call.tensor(1);
   auto input_dtype = call.optional_dtype(3);
@@ -139,6 +139,7 @@ void register_backward_rules(RuleTable& table) {
   auto add = [&](const std::string& name, Rule rule) { table["aten::" + name] = std::move(rule); };
   add("native_layer_norm_backward.default", layer_norm_backward_rule);
   add("_softmax_backward_data.default", softmax_backward_rule);
+  add("_log_softmax_backward_data.default", softmax_backward_rule);
   add("select_backward.default", select_backward_rule);
   add("convolution_backward.default", convolution_backward_rule);
   add("max_pool2d_with_indices_backward.default", pool_backward_rule);

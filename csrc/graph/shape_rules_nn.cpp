@@ -1,5 +1,6 @@
 // Shape rules of the network ops: reductions, softmax, layer and batch norm, matrix products, embedding,
-// convolution, 2-d pooling and the fused attention kernels scaled_dot_product_attention lowers to.
+// convolution, 2-d pooling, the negative log likelihood loss, and the fused attention kernels
+// scaled_dot_product_attention lowers to (forward and backward).
 //
 // Design note: these kernels allocate their outputs (contiguous, or in the input's suggested memory format), so
 // the rules compute sizes: reduced dims, matrix dims (inner sizes must agree: an assumption where unproven),
@@ -322,6 +323,46 @@ void batch_norm_rule(RuleCall& call, BatchNorm kind) {
   }
 }
 
+// nll_loss_forward / nll_loss2d_forward(self, target, weight, reduction, ignore_index): the loss (the batch's sizes
+// for reduction none, else 0-d) and total_weight (0-d), in self's dtype. self is (N, C) or (C) for nll_loss,
+// (N, C, H, W) for nll_loss2d; target the same without C.
+void nll_loss_rule(RuleCall& call, bool two_d) {
+  const SymTensorMeta &x = call.tensor(0), &target = call.tensor(1);
+  call.check(is_floating(x.dtype) && target.dtype == ScalarType::Long, "dtypes");
+  call.check(two_d ? x.dim() == 4 : x.dim() == 1 || x.dim() == 2, "rank");
+  call.check(target.dim() == x.dim() - 1, "the target's rank");
+  no_empty(call, x.sizes);
+  std::vector<Expr> batch = x.sizes;  // (N), (N, H, W) or () for an input of one row
+  const Expr classes = x.dim() == 1 ? x.sizes[0] : x.sizes[1];
+  batch.erase(batch.begin() + (x.dim() == 1 ? 0 : 1));
+  for (size_t d = 0; d < batch.size(); ++d) call.require_eq(target.sizes[d], batch[d], "the target's size");
+  if (const SymTensorMeta* weight = call.optional_tensor(2)) {
+    call.check(weight->dim() == 1 && weight->dtype == x.dtype, "weight");
+    call.require_eq(weight->sizes[0], classes, "weight's size");
+  }
+  const int64_t reduction = call.const_int(3);
+  call.check(reduction >= 0 && reduction <= 2, "reduction");
+  call.add_output(contiguous_meta(reduction == 0 ? batch : std::vector<Expr>{}, x.dtype, x.device));
+  call.add_output(contiguous_meta({}, x.dtype, x.device));
+}
+
+// nll_loss_backward / nll_loss2d_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
+// the gradient of self, contiguous.
+void nll_loss_backward_rule(RuleCall& call, bool two_d) {
+  const SymTensorMeta &grad = call.tensor(0), &x = call.tensor(1), &target = call.tensor(2);
+  call.check(is_floating(x.dtype) && grad.dtype == x.dtype && target.dtype == ScalarType::Long, "dtypes");
+  call.check(two_d ? x.dim() == 4 : x.dim() == 1 || x.dim() == 2, "rank");
+  call.check(target.dim() == x.dim() - 1, "the target's rank");
+  no_empty(call, x.sizes);
+  if (call.const_int(4) == 0) {
+    call.check(grad.dim() == target.dim(), "the gradient's rank");
+    for (int64_t d = 0; d < grad.dim(); ++d) call.require_eq(grad.sizes[d], target.sizes[d], "the gradient's size");
+  } else {
+    for (const Expr& s : grad.sizes) call.check(call.size_is(s, 1), "a reduced loss's gradient of more elements");
+  }
+  call.add_output(contiguous_meta(x.sizes, x.dtype, x.device));
+}
+
 // query, key, value: 4-d, one dtype, key and value of query's batch and heads, key of its head dim.
 void attention_operands(RuleCall& call, const SymTensorMeta& q, const SymTensorMeta& k, const SymTensorMeta& v) {
   for (const SymTensorMeta* t : {&q, &k, &v}) {
@@ -336,6 +377,20 @@ void attention_operands(RuleCall& call, const SymTensorMeta& q, const SymTensorM
   call.require_eq(k.sizes[3], q.sizes[3], "key's head dim");
 }
 
+// The fused kernels' layout: (batch, length, heads, dim) allocated contiguous, transposed to (batch, heads, length, dim).
+SymTensorMeta heads_transposed(const std::vector<Expr>& sizes, ScalarType dtype, const Device& device) {
+  const Expr &heads = sizes[1], &length = sizes[2], &dim = sizes[3];
+  return make_meta(sizes, {length * heads * dim, dim, heads * dim, 1}, dtype, device);
+}
+
+// A mask broadcasts to the scores (batch, heads, length, key length).
+void attention_mask(RuleCall& call, const SymTensorMeta& mask, const SymTensorMeta& q, const SymTensorMeta& k) {
+  std::vector<Expr> scores = {q.sizes[0], q.sizes[1], q.sizes[2], k.sizes[2]};
+  std::vector<Expr> b = broadcast_shape(call, {mask.sizes, scores});
+  call.check(b.size() == 4, "a mask of more dims");
+  for (int d = 0; d < 4; ++d) call.require_eq(b[d], scores[d], "the mask's size");
+}
+
 // _scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, attn_mask, scale): the output in
 // query's layout, logsumexp (batch, length, heads) transposed to (batch, heads, length).
 void flash_attention_cpu_rule(RuleCall& call) {
@@ -348,10 +403,7 @@ void flash_attention_cpu_rule(RuleCall& call) {
   call.check(is_non_overlapping_and_dense(call, q), "a non-dense query");
   if (const SymTensorMeta* mask = call.optional_tensor(5)) {
     call.check(!causal && mask->dtype == q.dtype, "a mask with is_causal or of another dtype");
-    std::vector<Expr> scores = {q.sizes[0], q.sizes[1], q.sizes[2], k.sizes[2]};
-    std::vector<Expr> b = broadcast_shape(call, {mask->sizes, scores});
-    call.check(b.size() == 4, "a mask of more dims");
-    for (int d = 0; d < 4; ++d) call.require_eq(b[d], scores[d], "the mask's size");
+    attention_mask(call, *mask, q, k);
   }
   call.check(call.is_none(6) || call.number(6).has_value(), "scale");
   ScalarType lse = q.dtype == ScalarType::Half || q.dtype == ScalarType::BFloat16 ? ScalarType::Float : q.dtype;
@@ -369,12 +421,7 @@ void attention_rule(RuleCall& call) {
   attention_operands(call, q, k, v);
   call.check(call.is_none(7) || !call.bool_arg(7), "enable_gqa");
   const SymTensorMeta* mask = call.optional_tensor(3);
-  if (mask) {
-    std::vector<Expr> scores = {q.sizes[0], q.sizes[1], q.sizes[2], k.sizes[2]};
-    std::vector<Expr> b = broadcast_shape(call, {mask->sizes, scores});
-    call.check(b.size() == 4, "a mask of more dims");
-    for (int d = 0; d < 4; ++d) call.require_eq(b[d], scores[d], "the mask's size");
-  }
+  if (mask) attention_mask(call, *mask, q, k);
   const Expr head_dim = call.simplify(q.sizes[3]);
   call.check(head_dim.is_constant(), "a symbolic head dim");
   bool fused = !(mask && mask->dtype == ScalarType::Bool) &&
@@ -382,11 +429,8 @@ void attention_rule(RuleCall& call) {
                head_dim.constant_value() % 8 == 0 && head_dim.constant_value() <= 256 &&
                call.eq(v.sizes[3], head_dim, "value's head dim");
   for (const SymTensorMeta* t : {&q, &k, &v}) fused = fused && call.eq(t->strides[3], 1, "the head dim's stride");
-  const Expr &batch = q.sizes[0], &heads = q.sizes[1], &length = q.sizes[2], &v_dim = v.sizes[3];
-  std::vector<Expr> sizes = {batch, heads, length, v_dim};
-  std::vector<Expr> strides = fused ? std::vector<Expr>{length * heads * v_dim, v_dim, heads * v_dim, 1}
-                                    : contiguous_strides(sizes);
-  call.add_output(make_meta(sizes, strides, q.dtype, q.device));
+  std::vector<Expr> sizes = {q.sizes[0], q.sizes[1], q.sizes[2], v.sizes[3]};
+  call.add_output(fused ? heads_transposed(sizes, q.dtype, q.device) : contiguous_meta(sizes, q.dtype, q.device));
 }
 
 // _scaled_dot_product_efficient_attention(q, k, v, attn_bias, compute_log_sumexp, dropout_p, is_causal, scale):
@@ -397,13 +441,46 @@ void efficient_attention_rule(RuleCall& call) {
   call.check(q.dtype != ScalarType::Double, "dtype");
   bool lse = call.bool_arg(4);
   call.check(call.is_none(7) || call.number(7).has_value(), "scale");
-  const Expr &batch = q.sizes[0], &heads = q.sizes[1], &length = q.sizes[2], &v_dim = v.sizes[3];
-  call.add_output(make_meta({batch, heads, length, v_dim}, {length * heads * v_dim, v_dim, heads * v_dim, 1}, q.dtype,
-                            q.device));
+  const Expr &batch = q.sizes[0], &heads = q.sizes[1], &length = q.sizes[2];
+  call.add_output(heads_transposed({batch, heads, length, v.sizes[3]}, q.dtype, q.device));
   Expr rows = lse ? sym::floordiv(length + 31, 32) * 32 : Expr(0);
   call.add_output(contiguous_meta({batch, heads, rows}, ScalarType::Float, q.device));
   call.add_output(contiguous_meta({}, ScalarType::Long, q.device));
   call.add_output(contiguous_meta({}, ScalarType::Long, q.device));
+}
+
+// The gradients of query, key and value of the fused kernels' backward ops, each in the fused layout; grad_out is
+// the output's (batch, heads, length, v_dim).
+void attention_gradients(RuleCall& call, const SymTensorMeta& grad, const SymTensorMeta& q, const SymTensorMeta& k,
+                         const SymTensorMeta& v) {
+  attention_operands(call, q, k, v);
+  call.check(grad.dim() == 4 && grad.dtype == q.dtype, "the gradient's rank or dtype");
+  for (int d = 0; d < 3; ++d) call.require_eq(grad.sizes[d], q.sizes[d], "the gradient's size");
+  call.require_eq(grad.sizes[3], v.sizes[3], "the gradient's size");
+  for (const SymTensorMeta* t : {&q, &k, &v}) call.add_output(heads_transposed(t->sizes, q.dtype, q.device));
+}
+
+// _scaled_dot_product_flash_attention_for_cpu_backward(grad_out, q, k, v, out, logsumexp, dropout_p, is_causal,
+// attn_mask, scale).
+void flash_attention_cpu_backward_rule(RuleCall& call) {
+  const SymTensorMeta &q = call.tensor(1), &k = call.tensor(2), &v = call.tensor(3);
+  auto dropout = call.number(6);
+  call.check(dropout && *dropout == 0, "dropout");
+  call.require_eq(v.sizes[3], q.sizes[3], "value's head dim");
+  if (const SymTensorMeta* mask = call.optional_tensor(8)) {
+    call.check(!call.bool_arg(7) && mask->dtype == q.dtype, "a mask with is_causal or of another dtype");
+    attention_mask(call, *mask, q, k);
+  }
+  attention_gradients(call, call.tensor(0), q, k, v);
+}
+
+// _scaled_dot_product_efficient_attention_backward(grad_out, q, k, v, attn_bias, out, logsumexp, philox_seed,
+// philox_offset, dropout_p, grad_input_mask, is_causal, scale): the three gradients and no bias gradient.
+void efficient_attention_backward_rule(RuleCall& call) {
+  std::vector<bool> mask = call.bool_list(10);
+  call.check(mask.size() == 4 && (call.is_none(4) || !mask[3]), "a bias gradient");
+  attention_gradients(call, call.tensor(0), call.tensor(1), call.tensor(2), call.tensor(3));
+  call.add_none_output();
 }
 
 }  // namespace
@@ -445,6 +522,12 @@ void register_nn_rules(RuleTable& table) {
   add("scaled_dot_product_attention.default", attention_rule);
   add("_scaled_dot_product_flash_attention_for_cpu.default", flash_attention_cpu_rule);
   add("_scaled_dot_product_efficient_attention.default", efficient_attention_rule);
+  add("_scaled_dot_product_flash_attention_for_cpu_backward.default", flash_attention_cpu_backward_rule);
+  add("_scaled_dot_product_efficient_attention_backward.default", efficient_attention_backward_rule);
+  add("nll_loss_forward.default", [](RuleCall& call) { nll_loss_rule(call, false); });
+  add("nll_loss2d_forward.default", [](RuleCall& call) { nll_loss_rule(call, true); });
+  add("nll_loss_backward.default", [](RuleCall& call) { nll_loss_backward_rule(call, false); });
+  add("nll_loss2d_backward.default", [](RuleCall& call) { nll_loss_backward_rule(call, true); });
 }
 
 }  // namespace kiln::graph::shape

@@ -8,6 +8,7 @@
 #include "graph/shape_rules_impl.h"
 
 #include <algorithm>
+#include <optional>
 
 namespace kiln::graph::shape {
 
@@ -21,14 +22,41 @@ SymTensorMeta view_of(const SymTensorMeta& x, std::vector<Expr> sizes, std::vect
   return make_meta(std::move(sizes), std::move(strides), x.dtype, x.device, std::move(offset));
 }
 
-// view / _unsafe_view / reshape of a contiguous input: contiguous strides over the new sizes, -1 inferred.
-void view_rule(RuleCall& call) {
+// c10's computeStride: the strides of `x` viewed with `sizes` (the same element count), where each output dim lies in
+// one run of input dims whose strides nest (a "chunk"); nullopt where eager's view raises and reshape copies.
+std::optional<std::vector<Expr>> view_strides(RuleCall& call, const SymTensorMeta& x, const std::vector<Expr>& sizes) {
+  if (x.dim() == 0) return std::vector<Expr>(sizes.size(), Expr(1));
+  std::vector<Expr> strides(sizes.size());
+  int64_t view_d = static_cast<int64_t>(sizes.size()) - 1;
+  Expr chunk_base = x.strides.back(), tensor_numel = 1, view_numel = 1;
+  for (int64_t d = x.dim() - 1; d >= 0; --d) {
+    tensor_numel = tensor_numel * x.sizes[d];
+    const bool chunk_ends = d == 0 || (!call.size_is(x.sizes[d - 1], 1) &&
+                                       !call.eq(x.strides[d - 1], tensor_numel * chunk_base, "a chunk's stride"));
+    if (!chunk_ends) continue;
+    while (view_d >= 0 && (call.lt(view_numel, tensor_numel, "a view dim against its chunk") ||
+                           call.size_is(sizes[view_d], 1))) {
+      strides[view_d] = view_numel * chunk_base;
+      view_numel = view_numel * sizes[view_d];
+      --view_d;
+    }
+    if (!call.eq(view_numel, tensor_numel, "a chunk's element count")) return std::nullopt;
+    if (d > 0) {
+      chunk_base = x.strides[d - 1];
+      tensor_numel = 1;
+      view_numel = 1;
+    }
+  }
+  if (view_d != -1) return std::nullopt;
+  return strides;
+}
+
+// view / _unsafe_view / reshape: -1 inferred, the element count required; a contiguous input gives contiguous strides,
+// any other c10's computeStride's, and where those do not exist view refuses (eager raises) and reshape copies.
+void view_rule(RuleCall& call, bool reshape) {
   const SymTensorMeta& x = call.tensor(0);
   std::vector<Expr> sizes = call.int_list(1);
   no_empty(call, x);
-  call.check(is_contiguous(call, x), "a non-contiguous input");
-  // c10's computeStride starts from the last dim's stride even when that dim has size 1.
-  call.check(x.dim() == 0 || call.eq(x.strides.back(), 1, "the last stride"), "a last dim of size 1 with stride != 1");
   Expr numel = product(x.sizes);
   int64_t infer = -1;
   Expr known = 1;
@@ -52,7 +80,17 @@ void view_rule(RuleCall& call) {
   } else {
     call.require_eq(known, numel, "view's element count");
   }
-  call.add_output(view_of(x, sizes, contiguous_strides(sizes), x.storage_offset));
+  // (c10's computeStride starts from the last dim's stride even when that dim has size 1.)
+  if (is_contiguous(call, x) && (x.dim() == 0 || call.eq(x.strides.back(), 1, "the last stride"))) {
+    call.add_output(view_of(x, sizes, contiguous_strides(sizes), x.storage_offset));
+    return;
+  }
+  if (std::optional<std::vector<Expr>> strides = view_strides(call, x, sizes)) {
+    call.add_output(view_of(x, sizes, *strides, x.storage_offset));
+    return;
+  }
+  call.check(reshape, "a view across non-contiguous dims");  // (eager raises)
+  call.add_output(contiguous_meta(sizes, x.dtype, x.device));
 }
 
 void permute_rule(RuleCall& call) {
@@ -337,9 +375,9 @@ void stack_rule(RuleCall& call) {
 
 void register_view_rules(RuleTable& table) {
   auto add = [&](const std::string& name, Rule rule) { table["aten::" + name] = std::move(rule); };
-  add("view.default", view_rule);
-  add("_unsafe_view.default", view_rule);
-  add("reshape.default", view_rule);
+  add("view.default", [](RuleCall& call) { view_rule(call, false); });
+  add("_unsafe_view.default", [](RuleCall& call) { view_rule(call, false); });
+  add("reshape.default", [](RuleCall& call) { view_rule(call, true); });
   add("permute.default", permute_rule);
   add("transpose.int", [](RuleCall& call) { transpose(call, call.tensor(0), call.const_int(1), call.const_int(2)); });
   add("t.default", [](RuleCall& call) {

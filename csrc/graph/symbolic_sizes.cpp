@@ -1,6 +1,7 @@
 // The symbolic size table of a Graph (graph/symbolic_sizes.h): access, evaluation, text, and its verifier.
 #include "graph/symbolic_sizes.h"
 
+#include <limits>
 #include <sstream>
 
 #include "common/error.h"
@@ -9,10 +10,43 @@ namespace kiln::graph {
 
 using sym::Expr;
 
+Expr input_size_symbol(int32_t k) {
+  KILN_CHECK(k >= 0 && k < kFirstPlaceholderId) << "input size symbol index " << k << " out of range";
+  std::string name = "s";  // (appended: GCC 12 warns about "s" + std::to_string)
+  name += std::to_string(k);
+  return Expr::symbol(k, std::move(name));
+}
+
+Expr size_placeholder_symbol(int32_t k) {
+  KILN_CHECK(k >= 0 && k < std::numeric_limits<sym::SymbolId>::max() - kFirstPlaceholderId)
+      << "size placeholder index " << k << " out of range";
+  std::string name = "p";
+  name += std::to_string(k);
+  return Expr::symbol(kFirstPlaceholderId + k, std::move(name));
+}
+
+bool is_size_placeholder(const Expr& e) { return e.is_symbol() && e.symbol_id() >= kFirstPlaceholderId; }
+
 sym::Bindings SymbolicSizes::hints() const {
   sym::Bindings bindings;
   for (const SymbolOrigin& o : symbols) bindings[o.symbol.symbol_id()] = o.hint;
   return bindings;
+}
+
+sym::Bindings SymbolicSizes::hints_with_placeholders(const Graph& g) const {
+  sym::Bindings bindings = hints();
+  for (const SizePlaceholder& p : placeholders) {
+    if (p.resolved || p.value < 0 || static_cast<size_t>(p.value) >= g.values.size()) continue;
+    const std::vector<int64_t>& sizes = g.values[p.value].meta.sizes;
+    if (p.dim >= 0 && static_cast<size_t>(p.dim) < sizes.size()) bindings[p.symbol.symbol_id()] = sizes[p.dim];
+  }
+  return bindings;
+}
+
+const SizePlaceholder* SymbolicSizes::placeholder(sym::SymbolId id) const {
+  for (const SizePlaceholder& p : placeholders)
+    if (p.symbol.symbol_id() == id) return &p;
+  return nullptr;
 }
 
 const SymbolOrigin* SymbolicSizes::origin(sym::SymbolId id) const {
@@ -90,6 +124,8 @@ void verify_symbolic_sizes(const Graph& g) {
       << "graph verifier: symbolic metas for " << s.metas.size() << " values, the graph has " << g.values.size();
   const sym::Bindings hints = s.hints();
   for (const SymbolOrigin& o : s.symbols) {
+    KILN_ASSERT(o.symbol.is_symbol() && !is_size_placeholder(o.symbol))
+        << "graph verifier: " << o.symbol.to_string() << " is listed as an input symbol";
     KILN_ASSERT(o.input_index >= 0 && static_cast<size_t>(o.input_index) < g.inputs.size())
         << "graph verifier: symbol " << o.symbol.to_string() << " comes from input " << o.input_index
         << ", the graph has " << g.inputs.size();
@@ -98,11 +134,31 @@ void verify_symbolic_sizes(const Graph& g) {
         << "graph verifier: symbol " << o.symbol.to_string() << " (hint " << o.hint << ") names dim " << o.dim
         << " of input " << o.input_index << " " << meta_to_string(in);
   }
-  auto bound = [&](const Expr& e, const std::string& where) {
+  for (const SizePlaceholder& p : s.placeholders) {
+    KILN_ASSERT(is_size_placeholder(p.symbol)) << "graph verifier: placeholder " << p.symbol.to_string()
+                                               << " is not of the placeholders' id range";
+    KILN_ASSERT(p.value >= 0 && static_cast<size_t>(p.value) < g.values.size() && p.dim >= 0 &&
+                static_cast<size_t>(p.dim) < g.values[p.value].meta.sizes.size())
+        << "graph verifier: placeholder " << p.symbol.to_string() << " names dim " << p.dim << " of value %"
+        << p.value;
+  }
+  // Placeholders may stand in int arguments and trace assumptions until propagation resolves them; nowhere else.
+  const sym::Bindings pending = s.hints_with_placeholders(g);
+  auto bound = [&](const Expr& e, const std::string& where, const sym::Bindings& allowed) {
     for (const Expr& symbol : e.free_symbols())
-      KILN_ASSERT(hints.count(symbol.symbol_id()))
-          << "graph verifier: " << where << " names " << symbol.to_string() << ", which no input dim defines";
+      KILN_ASSERT(allowed.count(symbol.symbol_id()))
+          << "graph verifier: " << where << " names " << symbol.to_string()
+          << (is_size_placeholder(symbol) ? ", a placeholder propagation has resolved or never knew"
+                                          : ", which no input dim defines");
   };
+  for (const SizePlaceholder& p : s.placeholders) {
+    if (!p.resolved) continue;
+    const std::string where = "placeholder " + p.symbol.to_string() + " = " + p.resolved->to_string();
+    bound(*p.resolved, where, hints);
+    KILN_ASSERT(p.resolved->evaluate(hints) == g.values[p.value].meta.sizes[p.dim])
+        << "graph verifier: " << where << " is not size " << p.dim << " of value %" << p.value << " "
+        << meta_to_string(g.values[p.value].meta) << " at the hints";
+  }
   for (ValueId id = 0; static_cast<size_t>(id) < s.metas.size(); ++id) {
     if (!s.metas[id]) continue;
     const shape::SymTensorMeta& m = *s.metas[id];
@@ -111,21 +167,24 @@ void verify_symbolic_sizes(const Graph& g) {
     KILN_ASSERT(m.sizes.size() == concrete.sizes.size() && m.strides.size() == concrete.strides.size() &&
                 m.dtype == concrete.dtype)
         << "graph verifier: " << where << " does not match its concrete meta " << meta_to_string(concrete);
-    for (const Expr& e : m.sizes) bound(e, where);
-    for (const Expr& e : m.strides) bound(e, where);
-    bound(m.storage_offset, where);
+    for (const Expr& e : m.sizes) bound(e, where, hints);
+    for (const Expr& e : m.strides) bound(e, where, hints);
+    bound(m.storage_offset, where, hints);
     const TensorMeta at_hints = evaluate_meta(g, id, hints);
     KILN_ASSERT(at_hints.sizes == concrete.sizes && at_hints.strides == concrete.strides &&
                 at_hints.storage_offset == concrete.storage_offset)
         << "graph verifier: " << where << " is " << meta_to_string(at_hints) << " at the hints, not "
         << meta_to_string(concrete);
   }
-  for (const shape::Assumption& a : s.assumptions) {
-    bound(a.lhs, "assumption " + a.to_string());
-    bound(a.rhs, "assumption " + a.to_string());
-    KILN_ASSERT(a.holds(hints)) << "graph verifier: assumption " << a.to_string() << " (" << a.reason
-                                << ") fails at the hints";
-  }
+  auto check_assumption = [&](const shape::Assumption& a, const sym::Bindings& allowed) {
+    bound(a.lhs, "assumption " + a.to_string(), allowed);
+    bound(a.rhs, "assumption " + a.to_string(), allowed);
+    KILN_ASSERT(a.holds(allowed)) << "graph verifier: assumption " << a.to_string() << " (" << a.reason
+                                  << ") fails at the hints";
+  };
+  for (const shape::Assumption& a : s.assumptions) check_assumption(a, hints);
+  for (const shape::Assumption& a : s.trace_assumptions) check_assumption(a, pending);
+  for (const Specialisation& sp : s.specialisations) bound(sp.symbol, "specialisation", hints);
   for (const SymbolicIntArg& a : s.int_args) {
     KILN_ASSERT(a.node >= 0 && static_cast<size_t>(a.node) < g.nodes.size() && a.arg >= 0 &&
                 static_cast<size_t>(a.arg) < g.nodes[a.node].args.size())
@@ -136,8 +195,8 @@ void verify_symbolic_sizes(const Graph& g) {
     if (auto* list = std::get_if<std::vector<int64_t>>(&arg); list && a.element >= 0 &&
                                                               static_cast<size_t>(a.element) < list->size())
       value = (*list)[a.element];
-    bound(a.value, "symbolic int argument " + a.value.to_string());
-    KILN_ASSERT(value && *value == a.value.evaluate(hints))
+    bound(a.value, "symbolic int argument " + a.value.to_string(), pending);
+    KILN_ASSERT(value && *value == a.value.evaluate(pending))
         << "graph verifier: node " << a.node << " (" << g.nodes[a.node].qualified_name() << ") argument " << a.arg
         << (a.element >= 0 ? "[" + std::to_string(a.element) + "]" : "") << " is not an int equal to "
         << a.value.to_string() << " at the hints";

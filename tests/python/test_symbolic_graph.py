@@ -82,16 +82,18 @@ def test_linear_of_a_batch_is_addmm_over_the_symbol():
     assert s["values"][-1] == ["s0", "16"] and failed == [[]]
 
 
-def test_matmul_of_3d_input_needs_its_view_sizes_marked():
+def test_linear_of_3d_input_infers_the_sizes_aten_computed():
     inputs, other = randn((4, 6, 8), (16, 8), (16,)), randn((5, 9, 8), (16, 8), (16,))
-    # The recorder writes view(x, [24, 8]) with concrete ints: the element count is a guard, other sizes recompile.
-    _, s, failed = symbolic(F.linear, inputs, {0: [0, 1]}, others=[other])
-    assert texts(s) == ["192 == s0*s1*8"] and failed == [["192 == s0*s1*8"]]
-    # A tracer that knows those ints came from sizes marks them: the graph then holds at every size.
-    graph, s, failed = symbolic(F.linear, inputs, {0: [0, 1]}, others=[other],
-                                int_args=[(0, 1, 0, "s0*s1"), (3, 1, 0, "s0"), (3, 1, 1, "s1")])
-    assert not s["assumptions"] and failed == [[]]
+    # The recorder writes view(x, [24, 8]) and view(out, [4, 6, 16]) with concrete ints: the graph infers s0*s1 and
+    # s0, s1 from the input's sizes, and records them as symbolic int arguments.
+    graph, s, failed = symbolic(F.linear, inputs, {0: [0, 1]}, others=[other])
+    assert not s["assumptions"] and not s["specialisations"] and failed == [[]]
     assert s["values"][-1] == ["s0", "s1", "16"] and "f32[s0*s1, 16]" in str(graph)
+    assert s["int_args"] == [(0, 1, 0, "s0*s1"), (3, 1, 0, "s0"), (3, 1, 1, "s1")]
+    # Ints a tracer marks are taken as they are (here the same expressions).
+    _, marked, failed = symbolic(F.linear, inputs, {0: [0, 1]}, others=[other],
+                                 int_args=[(0, 1, 0, "s0*s1"), (3, 1, 0, "s0"), (3, 1, 1, "s1")])
+    assert marked["values"] == s["values"] and not marked["assumptions"] and failed == [[]]
 
 
 def test_view_with_minus_one_over_the_sequence():
@@ -103,11 +105,14 @@ def test_view_with_minus_one_over_the_sequence():
 
 def test_view_of_batch_size_read_as_an_int():
     fn = lambda x: x.view(x.shape[0], -1, 2, 4)  # noqa: E731
-    # x.shape[0] reaches the graph as the int 4: only the guard on divisibility is known, so a size where it holds
-    # (8, 6) would give the captured graph's view, which the tracer must guard today by keeping that size concrete.
-    _, s, _ = symbolic(fn, randn((4, 6, 8)), {0: [0, 1]})
-    assert s["values"][-1] == ["4", "floordiv(s0*s1, 4)", "2", "4"]
-    assert texts(s) == ["s0*s1*8 % 32 == 0"]
+    # x.shape[0] reaches the graph as the int 4, unannotated: the view's first size is read as the batch it equals.
+    _, s, failed = symbolic(fn, randn((4, 6, 8)), {0: [0, 1]}, others=[randn((8, 6, 8)), randn((5, 9, 8))])
+    assert s["values"][-1] == ["s0", "s1", "2", "4"] and not s["assumptions"] and failed == [[], []]
+    # A tracer annotates the ints it passes: a literal 4 (annotated as a constant) stays 4, and -1 takes the rest.
+    _, s, failed = symbolic(lambda x: x.view(4, -1, 2, 4), randn((4, 6, 8)), {0: [0, 1]},
+                            others=[randn((8, 6, 8)), randn((5, 9, 8))], int_args=[(0, 1, 0, "4")])
+    assert s["values"][-1] == ["4", "floordiv(s0*s1, 4)", "2", "4"] and texts(s) == ["s0*s1*8 % 32 == 0"]
+    assert failed == [[], ["s0*s1*8 % 32 == 0"]]
     _, s, failed = symbolic(fn, randn((4, 6, 8)), {0: [0, 1]}, others=[randn((8, 6, 8)), randn((5, 9, 8))],
                             int_args=[(0, 1, 0, "s0")])
     assert s["values"][-1] == ["s0", "s1", "2", "4"] and failed == [[], []]
@@ -168,17 +173,265 @@ def test_attention_recorded_whole():
     assert texts(s) == ["s2 == s0", "s4 == s0", "s5 == s3"] and failed == [[]]
 
 
+# ---- sizes ATen's composites compute -------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["matmul", "batched_matmul", "matmul_4d", "bmm", "flatten", "flatten_batch",
+                                  "reshape", "expand_as", "linear_no_bias"])
+def test_composites_of_3d_inputs_keep_batch_and_sequence_symbolic(name):
+    b, t = {0: [0, 1]}, {0: [0, 2], 1: [0, 3]}
+    fn, inputs, others, dynamic = {
+        "matmul": (torch.matmul, randn((4, 6, 8), (8, 16)), randn((5, 9, 8), (8, 16)), b),
+        "batched_matmul": (torch.matmul, randn((4, 6, 8), (4, 8, 6)), randn((5, 9, 8), (5, 8, 9)),
+                           {0: [0, 1], 1: [0, 2]}),
+        "matmul_4d": (torch.matmul, randn((4, 2, 6, 8), (4, 2, 8, 6)), randn((5, 2, 9, 8), (5, 2, 8, 9)), t),
+        "bmm": (torch.bmm, randn((4, 6, 8), (4, 8, 6)), randn((5, 9, 8), (5, 8, 9)), {0: [0, 1], 1: [0, 2]}),
+        "flatten": (lambda x: x.flatten(1), randn((4, 6, 8)), randn((5, 9, 8)), b),
+        "flatten_batch": (lambda x: x.flatten(0, 1).relu(), randn((4, 6, 8)), randn((5, 9, 8)), b),
+        "reshape": (lambda x: x.reshape(-1, 8), randn((4, 6, 8)), randn((5, 9, 8)), b),
+        "expand_as": (lambda x, y: x.expand_as(y) + y, randn((4, 6, 1), (4, 6, 8)), randn((5, 9, 1), (5, 9, 8)),
+                      {0: [0, 1], 1: [0, 1]}),
+        "linear_no_bias": (F.linear, randn((4, 6, 8), (16, 8)), randn((5, 9, 8), (16, 8)), b),
+    }[name]
+    graph, s, failed = symbolic(fn, inputs, dynamic, others=[others])
+    assert not s["specialisations"] and failed == [[]], str(graph)
+    assert any("s" in size for size in s["values"][-1])
+    for a in texts(s):  # only ties between the inputs' symbols, never an element count against a constant
+        assert not any(side.isdigit() for side in a.split(" == ")), a
+
+
+def test_ambiguous_unfolding_guards_instead_of_guessing():
+    # Batch and sequence of equal hints: view(out, [6, 6, 16]) could split s0*s1 either way. The view keeps its
+    # concrete sizes and guards the element count; the graph recompiles at other sizes rather than guess.
+    graph, s, failed = symbolic(F.linear, randn((6, 6, 8), (16, 8), (16,)), {0: [0, 1]},
+                                others=[randn((5, 7, 8), (16, 8), (16,)), randn((6, 6, 8), (16, 8), (16,))])
+    assert texts(s) == ["576 == s0*s1*16"] and s["values"][-1] == ["6", "6", "16"]
+    assert failed == [["576 == s0*s1*16"], []]
+    assert s["int_args"] == [(0, 1, 0, "s0*s1")]  # (the first view folds s0*s1 unambiguously)
+
+
+def test_sizes_0_and_1_stay_concrete():
+    _, s, failed = symbolic(F.linear, randn((1, 6, 8), (16, 8), (16,)), {0: [0, 1]},
+                            others=[randn((1, 9, 8), (16, 8), (16,))])
+    assert [x["name"] for x in s["symbols"]] == ["s0"] and s["values"][-1] == ["1", "s0", "16"] and failed == [[]]
+    graph = capture(lambda x: x.view(2, -1, 1).sum(-1), randn((4, 6)))  # a size 1 in the view: never inferred
+    summary = graph.propagate_symbolic_sizes({0: [0, 1]})
+    assert summary["values"][1] == ["2", "floordiv(s0*s1, 2)", "1"]
+    # An empty batch: nothing is inferred from sizes 0, and the rules refuse empty views (specialised, as before).
+    _, s, _ = symbolic(F.linear, randn((0, 6, 8), (16, 8), (16,)), {0: [0, 1]})
+    assert s["values"][-1] == ["0", "6", "16"] and [p["symbol"] for p in s["specialisations"]] == ["s0"]
+
+
+def test_views_of_non_contiguous_inputs_against_eager():
+    # c10's computeStride over symbolic strides: views of permuted, sliced and expanded inputs that merge or split
+    # dims, against eager on random sizes and layouts; reshape where no view exists (a copy).
+    import random
+    from test_shape_rules import STATS, Case, Sym, _run
+    rng = random.Random(11)
+    aten = torch.ops.aten
+    answered_before = STATS["answered"]
+    for _ in range(150):
+        case = Case(rng)
+        shape = [rng.choice([1, 2, 3, 4, 6]) for _ in range(rng.randint(1, 4))]
+        x = case.tensor(shape)
+        sizes, i = [], 0
+        while i < len(shape):
+            if i + 1 < len(shape) and rng.random() < 0.4:
+                sizes.append(Sym(shape[i] * shape[i + 1], shape[i:i + 2]))
+                i += 2
+            elif shape[i] in (4, 6) and rng.random() < 0.4:
+                sizes += [2, shape[i] // 2]
+                i += 1
+            else:
+                sizes.append(Sym(shape[i], [shape[i]]) if shape[i] > 1 else 1)
+                i += 1
+        try:
+            x.view([s.value if isinstance(s, Sym) else s for s in sizes])
+        except RuntimeError:
+            _run(aten.reshape.default, case, [x, sizes])
+            continue
+        _run(aten.view.default, case, [x, sizes])
+    assert STATS["answered"] - answered_before > 300
+
+
+def test_loss_and_attention_backward_rules_against_eager():
+    import random
+    from test_shape_rules import Case, _run
+    rng = random.Random(12)
+    aten = torch.ops.aten
+    for _ in range(10):
+        case = Case(rng)
+        n, c = rng.choice([2, 5, 7]), rng.choice([3, 10])
+        x = case.tensor([n, c], kind="contiguous")
+        target = torch.randint(0, c, (n,))
+        case.recipes[id(target)] = ("strided", [n], [0], [1], [0], {})
+        for reduction in (0, 1, 2):
+            out, total = aten.nll_loss_forward(x, target, None, reduction, -100)
+            _run(aten.nll_loss_forward.default, case, [x, target, None, reduction, -100])
+            grad = case.tensor(list(out.shape), kind="contiguous")
+            case.recipes[id(total)] = ("strided", [], [], [], [], {})
+            _run(aten.nll_loss_backward.default, case, [grad, x, target, None, reduction, -100, total])
+        h, w = rng.choice([2, 3]), rng.choice([3, 4])
+        x4 = case.tensor([n, c, h, w], kind="contiguous")
+        t3 = torch.randint(0, c, (n, h, w))
+        case.recipes[id(t3)] = ("strided", [n, h, w], [0, 1, 2], [1] * 3, [0] * 3, {})
+        _run(aten.nll_loss2d_forward.default, case, [x4, t3, None, 0, -100])
+        y = torch.log_softmax(x, 1)
+        case.recipes[id(y)] = case.recipes[id(x)]
+        _run(aten._log_softmax_backward_data.default, case, [case.tensor([n, c], kind="contiguous"), y, 1,
+                                                              torch.float32])
+        b, heads, length, kv = rng.randint(1, 3), rng.randint(1, 3), rng.choice([3, 7]), rng.choice([5, 8])
+        q, k, v = (case.tensor(sh, kind=rng.choice(["contiguous", "permuted"]))
+                   for sh in ([b, heads, length, 8], [b, heads, kv, 8], [b, heads, kv, 8]))
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False)
+        case.recipes[id(out)] = ("strided", list(out.shape), [0, 1, 2, 3], [1] * 4, [0] * 4, {})
+        case.recipes[id(lse)] = ("strided", list(lse.shape), [0, 1, 2], [1] * 3, [0] * 3, {})
+        if out.stride() != tuple(torch.empty(out.shape).stride()):
+            continue  # (the recipe above describes contiguous outputs only)
+        grad = case.tensor(list(out.shape), kind="contiguous")
+        _run(aten._scaled_dot_product_flash_attention_for_cpu_backward.default, case,
+             [grad, q, k, v, out, lse, 0.0, False])
+        meta = [torch.empty_strided(t.shape, t.stride(), device="meta") for t in (grad, q, k, v, out)]
+        _run(aten._scaled_dot_product_efficient_attention_backward.default, case,
+             [grad, q, k, v, None, out, case.tensor([b, heads, 32], kind="contiguous"), case.tensor([]),
+              case.tensor([]), 0.0, [True, True, True, False]],
+             expected=aten._scaled_dot_product_efficient_attention_backward.default(
+                 *meta[:4], None, meta[4], torch.empty(b, heads, 32, device="meta"), torch.empty((), device="meta"),
+                 torch.empty((), device="meta"), 0.0, [True, True, True, False]))
+
+
+class Block(torch.nn.Module):
+    """A pre-norm transformer block: LayerNorm, multi-head attention (view, transpose, scaled_dot_product_attention),
+    LayerNorm, GELU MLP."""
+
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
+        self.qkv, self.proj = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+        self.fc1, self.fc2 = torch.nn.Linear(dim, 4 * dim), torch.nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).contiguous().view(b, t, c)
+        x = x + self.proj(y)
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_transformer_blocks_keep_batch_and_sequence_symbolic(requires_grad):
+    # With inputs requiring grad the recorder writes attention's math (expand, clone, _unsafe_view, bmm, softmax)
+    # rather than one node: every view and expand of concrete sizes there is inferred too.
+    torch.manual_seed(0)
+    blocks, head = torch.nn.Sequential(Block(), Block()), torch.nn.Linear(16, 10)
+
+    def loss(x, target):
+        return F.cross_entropy(head(blocks(x)).view(-1, 10), target.view(-1))
+
+    def inputs(b, t):
+        return [torch.randn(b, t, 16, requires_grad=requires_grad), torch.randint(0, 10, (b, t))]
+
+    graph, s, failed = symbolic(loss, inputs(4, 6), {0: [0, 1], 1: [0, 1]},
+                                others=[inputs(5, 7), inputs(3, 9), inputs(5, 6)])
+    assert not s["specialisations"] and failed == [[], [], []]
+    assert texts(s) == ["s2*s3 == s0*s1"]  # the target's element count (ties neither dim alone)
+    assert "aten::nll_loss_forward" in " ".join(graph.ops())
+    assert len(s["int_args"]) > 10 and all("s" in a[3] for a in s["int_args"])
+
+
+def test_backward_ops_of_a_transformer_block_keep_batch_and_sequence_symbolic():
+    # The ATen ops kiln's autodiff emits for the block's backward, called on fakes: views to the forward's sizes,
+    # mm, sum, gelu, layer norm, flash attention (CPU) and the loss backward.
+    aten = torch.ops.aten
+
+    def backward(x, target, w, g, weight, bias):
+        b, t, c = x.shape
+        out, mean, rstd = aten.native_layer_norm(x, [c], weight, bias, 1e-5)
+        q = out.view(b, t, 2, c // 2).transpose(1, 2)
+        attn, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, q, q, 0.0, False)
+        dq, dk, dv = aten._scaled_dot_product_flash_attention_for_cpu_backward(attn, q, q, q, attn, lse, 0.0, False)
+        h = (dq + dk + dv).transpose(1, 2).contiguous().view(b * t, c)
+        logits = aten._log_softmax(h @ w.t(), 1, False)
+        loss, total = aten.nll_loss_forward(logits, target.view(-1), None, 1, -100)
+        d_logits = aten.nll_loss_backward(g, logits, target.view(-1), None, 1, -100, total)
+        d_h = aten._log_softmax_backward_data(d_logits, logits, 1, torch.float32) @ w
+        d_w = (d_h.t() @ h).sum(0)
+        d_x = aten.gelu_backward(d_h.view(b, t, c), x)
+        d_ln = aten.native_layer_norm_backward(d_x, x, [c], mean, rstd, weight, bias, [True, True, True])
+        return d_ln[0], d_ln[1], d_w, loss
+
+    def inputs(b, t):
+        return [torch.randn(b, t, 16), torch.randint(0, 16, (b, t)), torch.randn(16, 16), torch.randn(()),
+                torch.randn(16), torch.randn(16)]
+
+    graph, s, failed = symbolic(backward, inputs(4, 6), {0: [0, 1], 1: [0, 1]}, others=[inputs(5, 7), inputs(3, 9)])
+    assert not s["specialisations"] and failed == [[], []], str(graph)
+    assert "f32[s0, s1, 16], %" in str(graph).split("aten::native_layer_norm_backward")[0].splitlines()[-1]
+
+
+# ---- the tracer's placeholders ------------------------------------------------------------------------------------
+def test_placeholders_resolve_to_the_sizes_they_name():
+    def fn(x, w):
+        h = x @ w
+        return h.view(h.shape[0] // 2, -1)  # the tracer reads h.shape[0] as placeholder p0 and passes p0 // 2
+
+    inputs = randn((8, 4), (4, 6))
+    graph = capture(fn, inputs)
+    s = graph.propagate_symbolic_sizes({0: [0]}, [(1, 1, 0, "p0 // 2")], [(2, 0), (2, 1)],
+                                       [("p0 > 4", "model.py:3"), ("p1 == 6", "model.py:4")])
+    assert s["placeholders"] == [{"name": "p0", "value": 2, "dim": 0, "resolved": "s0"},
+                                 {"name": "p1", "value": 2, "dim": 1, "resolved": "6"}]  # (a concrete dim)
+    assert s["int_args"] == [(1, 1, 0, "floordiv(s0, 2)")] and [x["name"] for x in s["symbols"]] == ["s0"]
+    assert texts(s)[0] == "4 < s0" and s["assumptions"][0]["reason"] == "model.py:3"  # ("6 == 6" is dropped)
+    assert "# s0: input 0 dim 0, hint 8, range [5, inf)" in str(graph)
+    assert "p0" not in str(graph) and "p1" not in graph.to_json()
+    for size, guards in ((12, []), (4, ["4 < s0"])):
+        got = graph.evaluate_sizes({"s0": size})
+        assert got["failed_assumptions"][:len(guards)] == guards
+        if not got["failed_assumptions"]:
+            assert got["metas"][-1][0] == list(fn(*randn((size, 4), (4, 6))).shape)
+
+
+def test_trace_assumptions_substitute_and_specialise():
+    fn = lambda x, y: (x @ y.t(), x.sum(0))  # noqa: E731
+    # `assert h.shape[0] == y.shape[0]`-style equality of a placeholder with another symbol substitutes it.
+    graph = capture(fn, randn((4, 8), (6, 8)))
+    s = graph.propagate_symbolic_sizes({0: [0], 1: [0]}, [], [(3, 1)], [("p0 == s0 + 2", "model.py:7")])
+    assert s["placeholders"][0]["resolved"] == "s0 + 2" and texts(s) == ["s1 == s0 + 2"]
+    assert s["values"][3] == ["s0", "s0 + 2"] and not s["specialisations"]
+    # An int that escaped to Python pins what it was computed from.
+    graph = capture(fn, randn((4, 8), (6, 8)))
+    s = graph.propagate_symbolic_sizes({0: [0], 1: [0]}, [], [(3, 0)], [("p0 == 4", "model.py:9: print(n)")])
+    assert [(p["symbol"], p["value"]) for p in s["specialisations"]] == [("s0", 4)]
+    assert s["specialisations"][0]["reason"] == "model.py:9: print(n) (s0 == 4)"
+
+
+def test_placeholder_errors_are_user_errors():
+    graph = capture(lambda x: x * 2, randn((4, 8)))
+    with pytest.raises(Exception, match="has no dim 2"):
+        graph.propagate_symbolic_sizes({0: [0]}, [], [(1, 2)])
+    with pytest.raises(Exception, match="does not hold at the hints"):
+        graph.propagate_symbolic_sizes({0: [0]}, [], [(1, 0)], [("p0 > 4", "model.py:1")])
+    with pytest.raises(Exception, match="unknown name|no symbol|p1"):
+        graph.propagate_symbolic_sizes({0: [0]}, [], [(1, 0)], [("p1 > 2", "model.py:1")])
+    s = graph.propagate_symbolic_sizes({0: [0]}, [], [(1, 0)])  # the failed calls marked nothing
+    assert s["placeholders"][0]["resolved"] == "s0"
+
+
 # ---- guarded or specialised -------------------------------------------------------------------------------------
 def test_causal_attention_is_recorded_in_ops_of_concrete_sizes():
-    # is_causal makes the recorder write attention's math: a mask made by ones([6, 6]) and expand/view/bmm with
-    # concrete sizes, so the rules' expands pin batch and sequence: the graph recompiles at other sizes.
+    # is_causal makes the recorder write attention's math: a mask made by ones([6, 6]) (sizes no tensor argument
+    # explains, so they stay concrete) and expand/view/bmm, whose sizes the graph infers. The batch stays symbolic;
+    # adding the mask pins both lengths; bmm's `s0*4 == s2*4` is solved: the key's and value's batch become s0.
     fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
     inputs = randn((2, 4, 6, 8), (2, 4, 6, 8), (2, 4, 6, 8))
-    _, s, failed = symbolic(fn, inputs, {0: [0, 2], 1: [0, 2], 2: [0, 2]},
-                            others=[randn((3, 4, 9, 8), (3, 4, 9, 8), (3, 4, 9, 8)), inputs])
+    graph, s, failed = symbolic(fn, inputs, {0: [0, 2], 1: [0, 2], 2: [0, 2]},
+                                others=[randn((3, 4, 9, 8), (3, 4, 9, 8), (3, 4, 9, 8)),
+                                        randn((3, 4, 6, 8), (3, 4, 6, 8), (3, 4, 6, 8))])
     assert failed[0] and failed[1] == []
-    assert {p["symbol"] for p in s["specialisations"]} == {"s0", "s1", "s2", "s3", "s4", "s5"}
-    assert all("aten::expand.default): expand of dim" in p["reason"] for p in s["specialisations"])
+    assert {p["symbol"] for p in s["specialisations"]} == {"s1", "s3", "s5"}
+    assert s["values"][-1] == ["s0", "4", "6", "8"] and texts(s)[0] == "s0*4 == s2*4"
+    assert "f32[s0*4, 6, 8] = aten::bmm.default" in str(graph)
 
 
 def test_node_without_rule_specialises_with_reason():

@@ -1,0 +1,169 @@
+// Symbolic forms of the sizes ATen's composites record as concrete ints (graph/infer_recorded_sizes.h).
+//
+// Design note: everything here decides on hints, then hands expressions to the shape rules, which prove or assume
+// the element count over them as they do for any size argument; a wrong grouping can only add a guard.
+#include "graph/infer_recorded_sizes.h"
+
+#include <functional>
+#include <map>
+
+namespace kiln::graph {
+
+using sym::Expr;
+
+namespace {
+
+// A product of factors: coefficient * atom_1**e_1 * ...; nullopt for a sum of several terms.
+struct Monomial {
+  int64_t coefficient = 1;
+  std::vector<Expr::Factor> factors;
+};
+
+Expr product_of(const Monomial& m) {
+  Expr e = m.coefficient;
+  for (const Expr::Factor& f : m.factors)
+    for (int64_t k = 0; k < f.exponent; ++k) e = e * f.atom;
+  return e;
+}
+
+std::optional<Monomial> as_monomial(const Expr& e) {
+  switch (e.kind()) {
+    case sym::ExprKind::kConstant: return Monomial{e.constant_value(), {}};
+    case sym::ExprKind::kSum:
+      if (e.terms().size() != 1 || e.sum_constant() != 0) return std::nullopt;
+      return Monomial{e.terms()[0].coefficient, e.terms()[0].factors};
+    default: return Monomial{1, {{e, 1}}};
+  }
+}
+
+// Input dims [in_begin, in_end) hold as many elements as output dims `outputs` at the hints.
+struct Group {
+  size_t in_begin = 0, in_end = 0;
+  std::vector<size_t> outputs;
+};
+
+// Groups the dims of size >= 2 by equal running products of their hints; nullopt when the products never meet.
+std::optional<std::vector<Group>> group_dims(const std::vector<int64_t>& in, const std::vector<int64_t>& out) {
+  std::vector<size_t> in_dims, out_dims;
+  for (size_t d = 0; d < in.size(); ++d)
+    if (in[d] != 1) in_dims.push_back(d);
+  for (size_t d = 0; d < out.size(); ++d)
+    if (out[d] != 1) out_dims.push_back(d);
+  std::vector<Group> groups;
+  size_t i = 0, o = 0;
+  while (i < in_dims.size()) {
+    Group g;
+    g.in_begin = in_dims[i];
+    int64_t in_product = in[in_dims[i++]], out_product = 1;
+    while (in_product != out_product) {
+      if (out_product < in_product) {
+        if (o == out_dims.size()) return std::nullopt;
+        g.outputs.push_back(out_dims[o]);
+        out_product *= out[out_dims[o++]];
+      } else {
+        if (i == in_dims.size()) return std::nullopt;
+        in_product *= in[in_dims[i++]];
+      }
+    }
+    g.in_end = in_dims[i - 1] + 1;
+    groups.push_back(std::move(g));
+  }
+  if (o != out_dims.size()) return std::nullopt;
+  return groups;
+}
+
+// Fills the inferable outputs of one group from the product of its input sizes.
+void infer_group(const Group& g, const RecordedSizes& r, std::vector<Expr>& sizes) {
+  auto hint = [&](const Expr& e) { return e.evaluate(*r.hints); };
+  Expr product = 1;
+  for (size_t d = g.in_begin; d < g.in_end; ++d) product = product * r.input->sizes[d];
+  auto is_minus_one = [&](size_t k) { return sizes[k].is_constant() && sizes[k].constant_value() == -1; };
+  if (g.outputs.size() == 1) {
+    if (r.inferable[g.outputs[0]] && !is_minus_one(g.outputs[0])) sizes[g.outputs[0]] = product;
+    return;
+  }
+  // Several output dims share the group's product: match each to the one factor of the product its hint names.
+  std::optional<Monomial> rest = as_monomial(product);
+  bool has_minus_one = false;
+  for (size_t k : g.outputs) has_minus_one = has_minus_one || is_minus_one(k);
+  for (size_t j = 0; rest && j < g.outputs.size(); ++j) {
+    const size_t k = g.outputs[j];
+    if (is_minus_one(k)) continue;  // (the rule gives it what the others leave)
+    Expr taken;
+    if (!r.inferable[k]) {
+      taken = sizes[k];
+    } else if (j + 1 == g.outputs.size() && !has_minus_one) {
+      taken = product_of(*rest);  // the last output is what the others leave (its hint agrees: the products are equal)
+    } else {
+      // A factor of the product whose hint is the size: a symbol's wins over a part of the constant coefficient
+      // (composites fold whole dims: batch times heads, not parts of the heads); two symbols of that hint are
+      // ambiguous, and the rest of the group stays concrete.
+      const int64_t value = r.output_hints[k];
+      std::vector<Expr> atoms;
+      for (const Expr::Factor& f : rest->factors)
+        if (hint(f.atom) == value) atoms.push_back(f.atom);
+      if (atoms.size() > 1 || (atoms.empty() && rest->coefficient % value != 0)) return;
+      taken = atoms.empty() ? Expr(value) : atoms[0];
+    }
+    std::optional<Expr> quotient = shape::exact_quotient(product_of(*rest), taken);
+    if (!quotient || hint(taken) != r.output_hints[k]) return;
+    sizes[k] = taken;
+    rest = as_monomial(*quotient);
+  }
+}
+
+std::vector<Expr> view_sizes(const RecordedSizes& r) {
+  std::vector<Expr> sizes = r.sizes;
+  for (int64_t h : r.input_hints)
+    if (h == 0) return sizes;  // (an empty tensor: every grouping fits)
+  for (size_t d = 0; d < r.input_hints.size(); ++d)
+    if (r.input_hints[d] == 1 && !r.input->sizes[d].is_constant()) return sizes;
+  std::optional<std::vector<Group>> groups = group_dims(r.input_hints, r.output_hints);
+  if (!groups) return sizes;
+  for (const Group& g : *groups) infer_group(g, r, sizes);
+  return sizes;
+}
+
+// expand: a concrete target equal to the (non-1) input size it lines up with is that size.
+std::vector<Expr> expand_sizes(const RecordedSizes& r) {
+  std::vector<Expr> sizes = r.sizes;
+  if (sizes.size() < r.input_hints.size()) return sizes;
+  const size_t lead = sizes.size() - r.input_hints.size();
+  for (size_t i = lead; i < sizes.size(); ++i) {
+    const size_t d = i - lead;
+    if (r.inferable[i] && r.input_hints[d] != 1 && r.output_hints[i] == r.input_hints[d]) sizes[i] = r.input->sizes[d];
+  }
+  return sizes;
+}
+
+using Inferrer = std::function<std::vector<Expr>(const RecordedSizes&)>;
+
+const std::map<std::string, std::pair<RecordedSizeArgs, Inferrer>>& table() {
+  static const std::map<std::string, std::pair<RecordedSizeArgs, Inferrer>> t = {
+      {"aten::view.default", {{0, 1}, view_sizes}},
+      {"aten::_unsafe_view.default", {{0, 1}, view_sizes}},
+      {"aten::reshape.default", {{0, 1}, view_sizes}},
+      {"aten::expand.default", {{0, 1}, expand_sizes}},
+  };
+  return t;
+}
+
+}  // namespace
+
+std::optional<RecordedSizeArgs> recorded_size_args(const std::string& op) {
+  auto it = table().find(op);
+  if (it == table().end()) return std::nullopt;
+  return it->second.first;
+}
+
+std::vector<Expr> infer_recorded_sizes(const std::string& op, const RecordedSizes& r) {
+  if (r.sizes.size() != r.output_hints.size() || r.inferable.size() != r.sizes.size() ||
+      r.input->sizes.size() != r.input_hints.size())
+    return r.sizes;
+  std::vector<Expr> sizes = table().at(op).second(r);
+  for (size_t k = 0; k < sizes.size(); ++k)  // (each form must be its entry at the hints; keep the entry otherwise)
+    if (sizes[k] != r.sizes[k] && sizes[k].evaluate(*r.hints) != r.output_hints[k]) sizes[k] = r.sizes[k];
+  return sizes;
+}
+
+}  // namespace kiln::graph
