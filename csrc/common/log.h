@@ -21,7 +21,8 @@ namespace kiln::log {
   _(trace)                     \
   _(fallbacks)                 \
   _(progress)                  \
-  _(cudagraphs)
+  _(cudagraphs)                \
+  _(dynamic)
 
 enum class Category : unsigned {
 #define KILN_LOG_ENUM(name) name,

@@ -187,6 +187,10 @@ std::shared_ptr<CompiledGraph> compile_graph(std::shared_ptr<const graph::Graph>
                                          "backend='kiln')");
 }
 
+std::shared_ptr<graph::Graph> graph_from_object(PyObject* graph) {
+  return py::cast<std::shared_ptr<graph::Graph>>(py::handle(graph));
+}
+
 std::shared_ptr<CompiledGraph> compile_graph_object(PyObject* graph, const std::string& backend, PyObject* example_inputs,
                                                     PyObject* user_backend, const CompileOptions& options) {
   auto g = py::cast<std::shared_ptr<graph::Graph>>(py::handle(graph));

@@ -29,6 +29,9 @@ std::shared_ptr<runtime::CompiledGraph> compile_graph_object(PyObject* graph, co
                                                              PyObject* example_inputs, PyObject* user_backend,
                                                              const CompileOptions& options);
 
+/// The graph a kiln._C.Graph Python object holds (shared with it).
+std::shared_ptr<graph::Graph> graph_from_object(PyObject* graph);
+
 /// Names of the registered backends, sorted.
 std::vector<std::string> backend_names();
 

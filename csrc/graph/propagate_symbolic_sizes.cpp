@@ -205,7 +205,7 @@ class Propagation {
       return;
     }
     infer_sizes(n, *args);
-    shape::RuleResult result = shape::infer_shapes(op, *args, s_.facts);
+    shape::RuleResult result = shape::infer_shapes(op, *args, s_.facts, &hints_);
     if (!result.has_rule) {
       specialise(read, node_name(g_, n) + ": " + result.reason);
       return;

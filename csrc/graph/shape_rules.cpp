@@ -29,14 +29,15 @@ const RuleTable& table() {
 
 }  // namespace
 
-RuleResult infer_shapes(const std::string& op, const std::vector<RuleArg>& args, sym::SizeFacts& facts) {
+RuleResult infer_shapes(const std::string& op, const std::vector<RuleArg>& args, sym::SizeFacts& facts,
+                        const sym::Bindings* hints) {
   RuleResult result;
   auto it = table().find(op);
   if (it == table().end()) {
     result.reason = "no rule for " + op;
     return result;
   }
-  RuleCall call(args, facts);
+  RuleCall call(args, facts, hints);
   try {
     it->second(call);
   } catch (const NoRule& no) {
@@ -266,9 +267,41 @@ Truth RuleCall::prove_le(const Expr& a, const Expr& b) const {
   return t != Truth::kUnknown ? t : by_ratio(facts_, x, y, Relation::kLe);
 }
 
-bool RuleCall::eq(const Expr& a, const Expr& b, const std::string& what) const { return decide(prove_eq(a, b), what); }
-bool RuleCall::lt(const Expr& a, const Expr& b, const std::string& what) const { return decide(prove_lt(a, b), what); }
-bool RuleCall::le(const Expr& a, const Expr& b, const std::string& what) const { return decide(prove_le(a, b), what); }
+bool RuleCall::eq(const Expr& a, const Expr& b, const std::string& what) const {
+  const Truth t = prove_eq(a, b);
+  return t == Truth::kUnknown ? at_hints(Assumption::Kind::kEq, a, b, what) : t == Truth::kTrue;
+}
+bool RuleCall::lt(const Expr& a, const Expr& b, const std::string& what) const {
+  const Truth t = prove_lt(a, b);
+  return t == Truth::kUnknown ? at_hints(Assumption::Kind::kLt, a, b, what) : t == Truth::kTrue;
+}
+bool RuleCall::le(const Expr& a, const Expr& b, const std::string& what) const {
+  const Truth t = prove_le(a, b);
+  return t == Truth::kUnknown ? at_hints(Assumption::Kind::kLe, a, b, what) : t == Truth::kTrue;
+}
+
+// What Dynamo's guard_bool does: the answer at the capture's sizes, with the relation it rests on (or its negation)
+// kept as an assumption, so the graph is only used where the answer is the same.
+bool RuleCall::at_hints(Assumption::Kind kind, const Expr& a, const Expr& b, const std::string& what) const {
+  if (!hints_) refuse("cannot decide " + what);
+  const Expr x = substituted(a), y = substituted(b);
+  int64_t xv = 0, yv = 0;
+  try {
+    xv = x.evaluate(*hints_);
+    yv = y.evaluate(*hints_);
+  } catch (const kiln::Error&) {
+    refuse("cannot decide " + what);
+  }
+  const bool holds = kind == Assumption::Kind::kEq ? xv == yv : kind == Assumption::Kind::kLt ? xv < yv : xv <= yv;
+  if (holds)
+    assumptions_.push_back(Assumption{kind, x, y, what});
+  else if (kind == Assumption::Kind::kEq)
+    assumptions_.push_back(Assumption{Assumption::Kind::kNe, x, y, "not " + what});
+  else  // not (x < y) is y <= x; not (x <= y) is y < x
+    assumptions_.push_back(Assumption{kind == Assumption::Kind::kLt ? Assumption::Kind::kLe : Assumption::Kind::kLt, y, x,
+                                      "not " + what});
+  return holds;
+}
 
 void RuleCall::assume(Assumption::Kind kind, const Expr& a, const Expr& b, const std::string& what) {
   assumptions_.push_back(Assumption{kind, substituted(a), substituted(b), what});

@@ -79,7 +79,11 @@ struct RuleResult {
 /// Proofs use `facts`; on success, the assumptions SizeFacts can hold (a symbol's divisibility by a constant, its
 /// bounds against a constant) are also recorded into `facts`. Never throws for a malformed argument list: that is
 /// a "no rule" answer.
-RuleResult infer_shapes(const std::string& op, const std::vector<RuleArg>& args, sym::SizeFacts& facts);
+/// With `hints` (every symbol's value at capture), a comparison the facts cannot decide (is a size 1, which stride is
+/// smaller) is decided at the hints and the relation relied on becomes an assumption (a guard), where without hints
+/// the rule refuses (and the caller specialises).
+RuleResult infer_shapes(const std::string& op, const std::vector<RuleArg>& args, sym::SizeFacts& facts,
+                        const sym::Bindings* hints = nullptr);
 /// Records into `facts` what SizeFacts can hold of an assumption (a symbol's divisibility by a constant, its bounds
 /// against a constant); anything else it leaves. infer_shapes does this with each rule's assumptions.
 void record_assumption_in_facts(const Assumption& a, sym::SizeFacts& facts);

@@ -20,7 +20,8 @@ struct NoRule {
 
 class RuleCall {
  public:
-  RuleCall(const std::vector<RuleArg>& args, sym::SizeFacts& facts) : args_(args), facts_(facts) {}
+  RuleCall(const std::vector<RuleArg>& args, sym::SizeFacts& facts, const sym::Bindings* hints = nullptr)
+      : args_(args), facts_(facts), hints_(hints) {}
 
   // ---- arguments: a wrong kind or a missing argument refuses ----
   size_t num_args() const { return args_.size(); }
@@ -48,6 +49,8 @@ class RuleCall {
   bool eq(const Expr& a, const Expr& b, const std::string& what) const;
   bool lt(const Expr& a, const Expr& b, const std::string& what) const;
   bool le(const Expr& a, const Expr& b, const std::string& what) const;
+  /// eq/lt/le where the facts cannot decide: the answer at the hints, the relation kept as an assumption (infer_shapes).
+  bool at_hints(Assumption::Kind kind, const Expr& a, const Expr& b, const std::string& what) const;
   Truth prove_eq(const Expr& a, const Expr& b) const;
   Truth prove_lt(const Expr& a, const Expr& b) const;
   Truth prove_le(const Expr& a, const Expr& b) const;
@@ -78,7 +81,8 @@ class RuleCall {
   const std::vector<RuleArg>& args_;
   sym::SizeFacts& facts_;
   std::vector<std::optional<SymTensorMeta>> outputs_;
-  std::vector<Assumption> assumptions_;
+  const sym::Bindings* hints_ = nullptr;
+  mutable std::vector<Assumption> assumptions_;  // (at_hints adds to it from const deciders)
   sym::Substitution equalities_;  // symbol -> what an assumed equality makes it
 };
 

@@ -352,6 +352,69 @@ void GuardTree::add_tensor(const SourcePtr& s, PyObject* tensor) {
   add(n, std::move(c));
 }
 
+void GuardTree::set_dynamic_dims(const SourcePtr& s, const std::vector<int64_t>& dims) {
+  Node* n = node_for(s);
+  for (Check& c : n->checks) {
+    if (c.kind != CheckKind::kTensor) continue;
+    TensorSpec& spec = c.tensor;
+    const size_t rank = spec.sizes.size();
+    if (spec.dynamic.empty()) spec.dynamic.assign(rank, false);
+    for (int64_t d : dims) spec.dynamic.at(d < 0 ? d + (int64_t)rank : d) = true;
+    // The dense order the symbolic strides assume (graph/propagate_symbolic_sizes.cpp: input_strides): innermost
+    // first, equal strides in row-major order; none when the traced strides are not dense.
+    std::vector<int> order(rank);
+    for (size_t d = 0; d < rank; ++d) order[d] = (int)d;
+    std::sort(order.begin(), order.end(), [&](int a, int b) {
+      return spec.strides[a] != spec.strides[b] ? spec.strides[a] < spec.strides[b] : a > b;
+    });
+    long long running = 1;
+    spec.dense_order = order;
+    for (int d : order) {
+      if (spec.strides[d] != running) {
+        spec.dense_order.clear();
+        break;
+      }
+      running *= std::max<long long>(spec.sizes[d], 1);
+    }
+    return;
+  }
+  KILN_ASSERT(false) << "set_dynamic_dims: " << s->describe() << " has no tensor check";
+}
+
+bool GuardTree::check_size_relations(const SourceRoots& roots, std::string* why) const {
+  if (size_guard_.relations.empty()) return true;
+  graph::sym::Bindings values;
+  for (const SizeGuard::Symbol& sym : size_guard_.symbols) {
+    PyObject* v = sym.source->resolve(roots);
+    if (!v) {
+      PyErr_Clear();
+      if (why) *why = sym.source->describe() + " is unbound";
+      return false;
+    }
+    values[sym.symbol.symbol_id()] = tensor_size(v, sym.dim);  // (its tensor check passed: the dim exists)
+    Py_DECREF(v);
+  }
+  for (const graph::shape::Assumption& a : size_guard_.relations) {
+    bool holds = false;
+    try {
+      holds = a.holds(values);
+    } catch (const std::exception&) {
+      holds = false;  // (a division by zero or an overflow at these sizes: not the sizes the graph was made for)
+    }
+    if (!holds) {
+      if (why) {
+        std::string at;
+        for (const SizeGuard::Symbol& sym : size_guard_.symbols)
+          at += (at.empty() ? "" : ", ") + sym.symbol.to_string() + " = " + sym.source->describe() + ".size(" +
+                std::to_string(sym.dim) + ") = " + std::to_string(values[sym.symbol.symbol_id()]);
+        *why = "size relation " + a.to_string() + " (" + a.reason + ") fails at " + at;
+      }
+      return false;
+    }
+  }
+  return true;
+}
+
 void GuardTree::add_length(const SourcePtr& s, long long length) {
   Check c{CheckKind::kLength};
   c.length = length;
@@ -447,7 +510,7 @@ bool GuardTree::evaluate(const SourceRoots& roots, std::string* why) const {
     Py_DECREF(v);
     if (!ok) return false;
   }
-  return check_same_objects(roots, why);
+  return check_same_objects(roots, why) && check_size_relations(roots, why);
 }
 
 // ---- snapshots (guard_tree.h, GuardTree::Snapshot) ----------------------------------------------------------
@@ -665,7 +728,7 @@ int GuardTree::check_snapshot(const SourceRoots& roots) const {
     Py_DECREF(v);
     if (!ok) return 0;
   }
-  if (!check_same_objects(roots, nullptr)) return 0;
+  if (!check_same_objects(roots, nullptr) || !check_size_relations(roots, nullptr)) return 0;
   stale_snapshots_ = 0;
   return 1;
 }
@@ -698,11 +761,16 @@ std::vector<std::string> GuardTree::describe() const {
   lines.push_back(state_.describe());
   for (const auto& entry : by_path_)
     for (const Check& c : entry.second->checks) lines.push_back(describe_check(entry.second->source->describe(), c));
+  for (const SizeGuard::Symbol& sym : size_guard_.symbols)
+    lines.push_back("size symbol " + sym.symbol.to_string() + " = " + sym.source->describe() + ".size(" +
+                    std::to_string(sym.dim) + ")");
+  for (const graph::shape::Assumption& a : size_guard_.relations)
+    lines.push_back("size relation " + a.to_string() + " (" + a.reason + ")");
   return lines;
 }
 
 size_t GuardTree::num_checks() const {
-  size_t n = 0;
+  size_t n = size_guard_.relations.size();
   for (const auto& entry : by_path_) n += entry.second->checks.size();
   return n;
 }

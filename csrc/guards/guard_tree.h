@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "common/source.h"
+#include "graph/shape_rules.h"
+#include "graph/sym_expr.h"
 
 namespace kiln::guards {
 
@@ -25,6 +27,25 @@ struct TensorSpec {
   int device_index = -1;
   std::vector<long long> sizes, strides;
   bool requires_grad = false;
+  /// Dims whose size may vary (dynamic shapes): empty, or one flag per dim. A dynamic dim matches any size of 2 or
+  /// more (0 and 1 change what broadcasting and empty tensors do: those stay specialised); `sizes` keeps the traced
+  /// one for messages. With a dynamic dim, strides are checked as a dense layout in `dense_order` (dims innermost
+  /// first, as the symbolic strides were made), or compared exactly when the traced strides were not dense.
+  std::vector<bool> dynamic;
+  std::vector<int> dense_order;
+};
+
+/// Relations between the sizes of guarded tensors (dynamic shapes): each size symbol is read from a dim of the
+/// tensor some source reaches, and every relation must hold of the values read. The graph compiled for the
+/// symbols relies on exactly these (graph/symbolic_sizes.h: its assumptions and specialisations).
+struct SizeGuard {
+  struct Symbol {
+    SourcePtr source;
+    int dim = 0;
+    graph::sym::Expr symbol;
+  };
+  std::vector<Symbol> symbols;
+  std::vector<graph::shape::Assumption> relations;
 };
 
 enum class CheckKind : unsigned char {
@@ -83,6 +104,11 @@ class GuardTree {
   void add_id(const SourcePtr& s, PyObject* object);
   void add_constant(const SourcePtr& s, PyObject* value);
   void add_tensor(const SourcePtr& s, PyObject* tensor);
+  /// Makes `dims` of the tensor check at `s` (add_tensor) dynamic: any size >= 2, strides dense as traced.
+  void set_dynamic_dims(const SourcePtr& s, const std::vector<int64_t>& dims);
+  /// The relations between sizes the graph relies on (checked after every other check).
+  void set_size_guard(SizeGuard guard) { size_guard_ = std::move(guard); }
+  const SizeGuard& size_guard() const { return size_guard_; }
   void add_length(const SourcePtr& s, long long length);
   void add_dict_keys(const SourcePtr& s, PyObject* keys_tuple);
   /// The value at `s` must still lack attribute `name` (hasattr() answered False at trace time).
@@ -134,6 +160,8 @@ class GuardTree {
   SourcePtr instance_source_;
   std::vector<std::pair<SourcePtr, SourcePtr>> same_objects_;
   bool check_same_objects(const SourceRoots& roots, std::string* why) const;
+  SizeGuard size_guard_;
+  bool check_size_relations(const SourceRoots& roots, std::string* why) const;
   bool evaluate(const SourceRoots& roots, std::string* why) const;
 
 
@@ -187,6 +215,8 @@ SnapshotStats& snapshot_stats();
 
 /// Checks one tensor against a spec; on mismatch writes the reason if `why` is set.
 bool tensor_matches(PyObject* value, const TensorSpec& spec, std::string* why);
+/// Size `dim` of a tensor (value must be a torch.Tensor; dim in range).
+int64_t tensor_size(PyObject* value, int dim);
 /// Reads a tensor's spec (value must be a torch.Tensor).
 TensorSpec tensor_spec_of(PyObject* value);
 std::string describe_tensor_spec(const TensorSpec& spec);

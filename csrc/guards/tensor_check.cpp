@@ -6,6 +6,7 @@
 #include <c10/core/InferenceMode.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "guards/guard_tree.h"
@@ -28,7 +29,48 @@ bool same_list(const std::vector<long long>& expected, A actual) {
     if (expected[i] != actual[i]) return false;
   return true;
 }
+
+// Sizes and strides of a tensor with dynamic dims (TensorSpec::dynamic).
+bool dynamic_tensor_matches(const at::TensorBase& t, const TensorSpec& spec, std::string* why) {
+  const auto sizes = t.sizes();
+  const auto strides = t.strides();
+  if (sizes.size() != spec.sizes.size()) {
+    if (why) *why = "rank: expected " + std::to_string(spec.sizes.size()) + " dims, got " + std::to_string(sizes.size());
+    return false;
+  }
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    const bool ok = spec.dynamic[d] ? sizes[d] >= 2 : sizes[d] == spec.sizes[d];
+    if (!ok) {
+      if (why)
+        *why = "size of dim " + std::to_string(d) + ": expected " +
+               (spec.dynamic[d] ? "2 or more (a dynamic dim; sizes 0 and 1 are specialised)"
+                                : std::to_string(spec.sizes[d])) +
+               ", got " + std::to_string(sizes[d]);
+      return false;
+    }
+  }
+  if (spec.dense_order.empty()) {
+    if (!same_list(spec.strides, strides)) {
+      if (why) *why = "stride: expected " + list_str(spec.strides) + " (a layout that is not dense), got " +
+                      list_str(std::vector<long long>(strides.begin(), strides.end()));
+      return false;
+    }
+    return true;
+  }
+  int64_t running = 1;
+  for (int d : spec.dense_order) {
+    if (strides[d] != running) {
+      if (why) *why = "stride: expected a dense layout as traced (" + list_str(spec.strides) + " at the traced sizes), got " +
+                      list_str(std::vector<long long>(strides.begin(), strides.end()));
+      return false;
+    }
+    running *= std::max<int64_t>(sizes[d], 1);
+  }
+  return true;
+}
 }  // namespace
+
+int64_t tensor_size(PyObject* value, int dim) { return THPVariable_Unpack(value).sizes()[dim]; }
 
 TensorSpec tensor_spec_of(PyObject* value) {
   const at::TensorBase& t = THPVariable_Unpack(value);
@@ -45,7 +87,15 @@ TensorSpec tensor_spec_of(PyObject* value) {
 
 std::string describe_tensor_spec(const TensorSpec& spec) {
   std::ostringstream os;
-  os << c10::toString(static_cast<c10::ScalarType>(spec.dtype)) << list_str(spec.sizes) << " strides "
+  std::string sizes = list_str(spec.sizes);
+  if (!spec.dynamic.empty()) {
+    sizes = "[";
+    for (size_t d = 0; d < spec.sizes.size(); ++d)
+      sizes += (d ? ", " : "") + (spec.dynamic[d] ? std::string("dynamic (traced ") + std::to_string(spec.sizes[d]) + ")"
+                                                 : std::to_string(spec.sizes[d]));
+    sizes += "]";
+  }
+  os << c10::toString(static_cast<c10::ScalarType>(spec.dtype)) << sizes << " strides "
      << list_str(spec.strides) << " on " << c10::Device(static_cast<c10::DeviceType>(spec.device_type),
                                                         static_cast<c10::DeviceIndex>(spec.device_index))
      << (spec.requires_grad ? " requires_grad" : "");
@@ -70,6 +120,10 @@ bool tensor_matches(PyObject* value, const TensorSpec& spec, std::string* why) {
     got << d;
     return fail("device", describe_tensor_spec(spec), got.str());
   }
+  if (!spec.dynamic.empty()) return dynamic_tensor_matches(t, spec, why) &&
+                                     (t.requires_grad() == spec.requires_grad ||
+                                      fail("requires_grad", spec.requires_grad ? "True" : "False",
+                                           t.requires_grad() ? "True" : "False"));
   if (!same_list(spec.sizes, t.sizes())) {
     std::vector<long long> got(t.sizes().begin(), t.sizes().end());
     return fail("size", list_str(spec.sizes), list_str(got));

@@ -480,7 +480,11 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
     if (const std::optional<double> after = progress_after_s()) progress_line.emplace(short_where(frame.code), *after);
   progress::stage("trace");
   try {
-    tracer = std::make_unique<Tracer>(input);
+    // Dynamic shapes: dynamic=False specialises every size; True makes every dim of the arguments symbolic from the
+    // first call; None (automatic) the dims whose size changed since an earlier trace of this code.
+    DynamicPolicy& memory = dynamic_[(PyObject*)frame.code];
+    memory.mode = options_.compile.dynamic;
+    tracer = std::make_unique<Tracer>(input, memory);
     std::optional<BreakPlan> plan;
     bytecode::CodeInstructions decoded;
     VarPtr returned;
@@ -493,7 +497,7 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
       // second trace, so nothing of the failed instruction leaks into the graph or the guards).
       break_reason = e.what();
       decoded = bytecode::decode(frame.code);
-      auto retrace = std::make_unique<Tracer>(input);
+      auto retrace = std::make_unique<Tracer>(input, memory);
       retrace->stop_before_step(tracer->failed_root_step());
       VarPtr none = retrace->trace_root();
       KILN_ASSERT(!none && retrace->break_state() && retrace->break_state()->pc == tracer->failed_root_pc())
@@ -505,6 +509,8 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
     TraceResult traced = plan ? tracer->finish(break_values(*plan, *tracer->break_state()), true)
                               : tracer->finish(returned);
     tree = std::shared_ptr<guards::GuardTree>(std::move(traced.guards));
+    memory.remember(traced.input_sources, traced.example_inputs);
+    const std::vector<std::string> dynamic_lines = tracer->dynamic_summary();
     if (!plan && traced.num_ops == 0 && !entry_code && !is_resume_code((PyObject*)frame.code)) {
       // A function called from code running eagerly that does no tensor work: nothing to compile, and its
       // guards would only cost (Dynamo skips such frames too). Its own calls are still intercepted.
@@ -580,8 +586,9 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
         PyErr_Clear();
         cudagraphs = Py_NewRef(Py_None);
       }
-      explain("graph", Py_BuildValue("{s:N,s:N,s:s,s:N}", "ops", ops, "guards", string_list(tree->describe()), "where",
-                                     entry->label.c_str(), "cudagraphs", cudagraphs));
+      explain("graph", Py_BuildValue("{s:N,s:N,s:s,s:N,s:N}", "ops", ops, "guards", string_list(tree->describe()),
+                                     "where", entry->label.c_str(), "cudagraphs", cudagraphs, "dynamic",
+                                     string_list(dynamic_lines)));
     }
     entry->guard = std::move(guard);
     result.action = frame::MissAction::kAddEntry;

@@ -5,6 +5,7 @@
 #include <Python.h>
 
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "compile/options.h"
 #include "frame/frame.h"
 #include "guards/guard_tree.h"
+#include "trace/symbolic_ints.h"
 
 namespace kiln::trace {
 
@@ -75,6 +77,9 @@ class KilnCompiler : public frame::Compiler {
   CompileOptions options_;
   unsigned long long serial_;
   std::unordered_set<PyObject*> warned_limit_;  ///< codes whose recompile-limit warning was given
+  /// Per code object (borrowed: only compared): what its traces saw of each input's sizes (automatic dynamic
+  /// shapes, trace/symbolic_ints.h).
+  std::unordered_map<PyObject*, DynamicPolicy> dynamic_;
 };
 
 }  // namespace kiln::trace

@@ -102,6 +102,9 @@ runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>&
       spec.index = (int)graph_outputs.size();
       graph_outputs.push_back(v->value);
       return spec;
+    case VarKind::kSymInt:
+      symbolic_->pin(v, break_output ? "alive across a graph break" : "returned");
+      [[fallthrough]];
     case VarKind::kConst:
     case VarKind::kModule:
       refuse_escaping_fake(v->value, helper("holds_meta_tensor"));
@@ -166,6 +169,7 @@ runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>&
 
 TraceResult Tracer::finish(const VarPtr& returned, bool break_output) {
   KILN_ASSERT(returned) << "finishing a trace without an output";
+  const SymbolicIntsScope symbolic_ints(symbolic_.get());
   TraceResult result;
   std::vector<PyObject*> outputs;
   // With stores to replay, values are rebuilt as at a break (a tensor or list both returned and stored
@@ -183,6 +187,7 @@ TraceResult Tracer::finish(const VarPtr& returned, bool break_output) {
   Py_DECREF(out_list);
   if (!graph) rethrow_python("finishing the graph");
   result.graph = graph;
+  if (symbolic_) symbolic_->finish(graph, *guards_, input_sources_);
   PyObject* n = PyObject_GetAttrString(graph, "num_nodes");
   if (n && PyCallable_Check(n)) Py_SETREF(n, PyObject_CallNoArgs(n));
   result.num_ops = n && PyLong_Check(n) ? (int)PyLong_AsLong(n) : 0;

@@ -49,7 +49,7 @@ void InstructionTranslator::op_binary_slice(const Instruction&) {
   VarPtr start = pop();
   VarPtr obj = pop();
   VarPtr slice = make_sequence(VarKind::kSlice, {start, stop, make_const(Py_None)});
-  if (is_constant(slice)) slice = make_const_steal(to_python(slice));
+  if (is_constant(slice) && !holds_symbolic_int(slice)) slice = make_const_steal(to_python(slice));
   push(tracer_.subscript(obj, slice));
 }
 
@@ -64,6 +64,8 @@ void InstructionTranslator::op_unary(const Instruction& ins) {
   PyObject* op = operator_fn(fn);
   if (v->is(VarKind::kTensor)) {
     push(tracer_.call_recorded(op, {v}, {}));
+  } else if (v->is(VarKind::kSymInt) && name == "UNARY_NEGATIVE") {
+    push(tracer_.symbolic()->negate(v));
   } else if (is_constant(v)) {
     PyObject* x = to_python(v);
     PyObject* r = x ? PyObject_CallOneArg(op, x) : nullptr;
@@ -211,7 +213,8 @@ void InstructionTranslator::op_build_slice(const Instruction& ins) {
   std::vector<VarPtr> parts = pop_n(ins.arg);
   if (parts.size() == 2) parts.push_back(make_const(Py_None));
   VarPtr slice = make_sequence(VarKind::kSlice, std::move(parts));
-  if (is_constant(slice)) slice = make_const_steal(to_python(slice));
+  // (A slice by sizes stays a kSlice: indexing a tensor with it records symbolic bounds.)
+  if (is_constant(slice) && !holds_symbolic_int(slice)) slice = make_const_steal(to_python(slice));
   push(slice);
 }
 

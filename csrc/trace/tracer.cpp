@@ -39,7 +39,9 @@ TraceResult::~TraceResult() {
   Py_XDECREF(example_inputs);
 }
 
-Tracer::Tracer(const FrameInput& frame) : root_(frame), guards_(std::make_unique<guards::GuardTree>()) {
+Tracer::Tracer(const FrameInput& frame, DynamicPolicy dynamic)
+    : root_(frame), guards_(std::make_unique<guards::GuardTree>()) {
+  if (dynamic.mode != compile::Dynamic::kStatic) symbolic_ = std::make_unique<SymbolicInts>(std::move(dynamic));
   helpers_ = check(PyImport_ImportModule("kiln._tracing"), "import kiln._tracing");
   PyObject* fake = check(PyImport_ImportModule("kiln._fake"), "import kiln._fake");
   recorder_ = PyObject_CallMethod(fake, "Recorder", nullptr);
@@ -93,6 +95,7 @@ VarPtr Tracer::wrap_tensor(PyObject* tensor, SourcePtr source) {
   KILN_CHECK(source) << "internal: a real tensor reached the tracer without a source";
   guards_->add_tensor(source, tensor);
   PyObject* fake = check(PyObject_CallMethod(recorder_, "add_input", "O", tensor), "recording a graph input");
+  if (symbolic_) symbolic_->add_input(tensor, fake, source, (int)input_sources_.size());
   VarPtr v = make_tensor(fake, Py_TYPE(tensor), source);
   Py_DECREF(fake);
   PyList_Append(example_inputs_, tensor);
@@ -419,6 +422,7 @@ VarPtr Tracer::trace_root() {
   // Grad-mode blocks switch the real mode while tracing (grad_mode.cpp); the frame then runs from the
   // mode it was called in, however the trace ended.
   TraceModeRestore restore_grad_mode(*this);
+  const SymbolicIntsScope symbolic_ints(symbolic_.get());
   PyCodeObject* code = root_.code;
   std::vector<VarPtr> locals(root_.nlocalsplus);
   PyObject* names = PyCode_GetVarnames(code);

@@ -18,6 +18,7 @@
 #include "common/source.h"
 #include "guards/guard_tree.h"
 #include "runtime/frame_program.h"
+#include "trace/symbolic_ints.h"
 #include "trace/variables.h"
 
 namespace kiln::trace {
@@ -63,7 +64,8 @@ struct BreakState {
 
 class Tracer {
  public:
-  explicit Tracer(const FrameInput& frame);
+  /// `dynamic`: which input dims are size symbols (none: every size is specialised, as without dynamic shapes).
+  explicit Tracer(const FrameInput& frame, DynamicPolicy dynamic = {compile::Dynamic::kStatic, {}});
   ~Tracer();
   /// Traces the frame to its return. Throws kiln::Error(Unsupported) with the reason and location.
   TraceResult run() { return finish(trace_root()); }
@@ -320,6 +322,15 @@ class Tracer {
   /// Dicts and lists read from the frame, by identity (each Var's built_from): one Var per container, so a change made
   /// through one path is seen through every other, and its items are written back once (PendingStore::contents).
   std::unordered_map<PyObject*, VarPtr> containers_from_frame_;  // finish(break_output): list/dict -> memo slot
+  /// Dynamic shapes (symbolic_ints.h); null when every size is specialised.
+  std::unique_ptr<SymbolicInts> symbolic_;
+  /// `x.shape`, `x.size(d)`, `x.numel()`, `len(x)` of a tensor under dynamic shapes: symbolic ints; nullptr for
+  /// other calls.
+  VarPtr symbolic_size_call(PyObject* fn, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+ public:
+  SymbolicInts* symbolic() const { return symbolic_ && symbolic_->active() ? symbolic_.get() : nullptr; }
+  /// The lines kiln.explain and KILN_LOGS=dynamic show for the graph's dynamic dims and size guards.
+  std::vector<std::string> dynamic_summary() const { return symbolic_ ? symbolic_->summary() : std::vector<std::string>{}; }
 };
 
 }  // namespace kiln::trace

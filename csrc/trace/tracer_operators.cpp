@@ -1,4 +1,6 @@
 // Tracer: operators, subscripts, truth and iteration of traced values (the rest of Tracer is in tracer.cpp).
+#include <algorithm>
+
 #include "common/error.h"
 #include "common/log.h"
 #include "trace/interpreter.h"
@@ -18,6 +20,20 @@ using detail::str_of;
 
 VarPtr Tracer::binary(PyObject* op, const VarPtr& a, const VarPtr& b) {
   if (a->is(VarKind::kTensor) || b->is(VarKind::kTensor)) return call_recorded(op, {a, b}, {});
+  if (SymbolicInts* symbolic = this->symbolic()) {
+    if (a->is(VarKind::kSymInt) || b->is(VarKind::kSymInt))
+      if (VarPtr r = symbolic->binary(op, a, b)) return r;
+    auto holds_symbolic = [](const VarPtr& t) {
+      return t->is(VarKind::kTuple) &&
+             std::any_of(t->items.begin(), t->items.end(), [](const VarPtr& i) { return i->is(VarKind::kSymInt); });
+    };
+    if (holds_symbolic(a) || holds_symbolic(b)) {
+      static PyObject* eq = PyObject_GetAttrString(PyImport_AddModule("operator"), "eq");
+      static PyObject* ne = PyObject_GetAttrString(PyImport_AddModule("operator"), "ne");
+      if (op == eq || op == ne)
+        if (VarPtr r = symbolic->compare_tuples(op == eq, a, b)) return r;
+    }
+  }
   if (is_constant(a) && is_constant(b)) {
     PyObject* x = to_python(a);
     PyObject* y = to_python(b);
@@ -54,6 +70,12 @@ VarPtr Tracer::subscript(const VarPtr& obj, const VarPtr& index) {
     VarPtr getitem = python_special_method(obj, "__getitem__");
     if (!getitem) KILN_UNSUPPORTED() << "subscript of a " << obj->describe() << " (its class has no Python __getitem__)";
     return call(getitem, {index}, {});
+  }
+  if (!obj->is(VarKind::kTensor) && index->is(VarKind::kSlice) && is_constant(index)) {
+    // A slice by sizes of a Python sequence: its items are taken at trace time (the bounds pinned).
+    PyObject* constant = to_python(index);
+    if (!constant) rethrow_python("slice");
+    return subscript(obj, make_const_steal(constant));
   }
   if (obj->is(VarKind::kTensor) || index->is(VarKind::kTensor)) {
     static PyObject* getitem = nullptr;
@@ -178,6 +200,7 @@ std::pair<bool, bool> bool_and_len_slots(PyTypeObject* t) {
 
 bool Tracer::truthy(const VarPtr& v) {
   switch (v->kind) {
+    case VarKind::kSymInt: return symbolic_->truthy(v);
     case VarKind::kConst: {
       // An object pinned by type only (a deque, a user object): its truth is its state. A __bool__ or __len__
       // written in Python is traced (its reads carry their guards), a C length is guarded, others run in Python.

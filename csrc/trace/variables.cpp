@@ -1,5 +1,7 @@
 #include "trace/variables.h"
 
+#include "trace/symbolic_ints.h"
+
 #include "common/error.h"
 #include "runtime/frame_program.h"
 
@@ -29,6 +31,7 @@ std::string Var::describe() const {
   switch (kind) {
     case VarKind::kNull: return "NULL";
     case VarKind::kConst: return std::string(Py_TYPE(value)->tp_name) + " " + short_repr(value);
+    case VarKind::kSymInt: return "int " + short_repr(value) + " (the size expression " + sym.to_string() + ")";
     case VarKind::kTensor: return "Tensor";
     case VarKind::kModule: return std::string("module ") + Py_TYPE(value)->tp_name;
     case VarKind::kTuple:
@@ -163,9 +166,18 @@ VarPtr make_super(VarPtr cls, VarPtr obj) {
 
 VarPtr make_cell(VarPtr contents) { return make_sequence(VarKind::kCell, {std::move(contents)}); }
 
+bool holds_symbolic_int(const VarPtr& v) {
+  if (v->is(VarKind::kSymInt)) return true;
+  if (v->is(VarKind::kTuple) || v->is(VarKind::kList) || v->is(VarKind::kDict) || v->is(VarKind::kSlice))
+    for (const VarPtr& item : v->items)
+      if (holds_symbolic_int(item)) return true;
+  return false;
+}
+
 bool is_constant(const VarPtr& v) {
   switch (v->kind) {
-    case VarKind::kConst: return true;
+    case VarKind::kConst:
+    case VarKind::kSymInt: return true;  // (its Python value pins it: to_python)
     case VarKind::kTuple:
     case VarKind::kList:
     case VarKind::kDict:
@@ -179,6 +191,10 @@ bool is_constant(const VarPtr& v) {
 
 PyObject* to_python(const VarPtr& v) {
   switch (v->kind) {
+    case VarKind::kSymInt:
+      if (SymbolicInts* s = active_symbolic_ints(); s && !pins_suppressed()) s->pin(v, "used as a Python value");
+      Py_INCREF(v->value);
+      return v->value;
     case VarKind::kConst:
     case VarKind::kTensor:
     case VarKind::kObject:

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/source.h"
+#include "graph/sym_expr.h"
 
 namespace kiln::trace {
 
@@ -58,6 +59,9 @@ enum class VarKind : unsigned char {
   /// where the class was read (its class attributes are read through it, guarded). It becomes a real object only where
   /// it leaves the trace (OutputSpec::kNewObject), once per Var whatever the number of paths.
   kUserObject,
+  /// An int computed from tensor sizes under dynamic shapes (trace/symbolic_ints.h): value = its value at trace time
+  /// (a Python int), sym = what it is over the size symbols. Handed to Python as a value it is pinned to that value.
+  kSymInt,
 };
 
 struct Var;
@@ -83,6 +87,7 @@ struct Var {
   bool read_only = false;
   std::shared_ptr<InstructionTranslator> frame;  ///< kGenerator only
   SourcePtr class_source;  ///< kUserObject only: where its class was read (nullptr when unknown)
+  graph::sym::Expr sym;    ///< kSymInt only
 
   ~Var();
   Var() = default;
@@ -119,6 +124,8 @@ bool is_super_factory(const VarPtr& v);
 VarPtr make_super(VarPtr cls, VarPtr obj);
 VarPtr make_cell(VarPtr contents);
 
+/// True when `v` is a kSymInt, or a container or slice holding one.
+bool holds_symbolic_int(const VarPtr& v);
 /// True when the whole Var (recursively) is known at trace time.
 bool is_constant(const VarPtr& v);
 /// The Python object a Var stands for at trace time: fakes for tensors, new tuples/lists/dicts for

@@ -195,13 +195,14 @@ def test_broken_assumption_raises_and_runs_nothing(backend):
     assert counters() == (2, 0)  # nothing compiled or run for the failing sizes
 
 
-def test_concrete_view_sizes_hold_only_at_the_captured_element_count():
-    # Without the int arguments marked, the view's [24, 8] guards s0*s1*8 == 192. (Where that holds, at (3, 8), the
-    # graph would still return [4, 6, 16]: a tracer that records such ints concrete must guard those sizes itself.)
+def test_view_sizes_computed_inside_linear_follow_the_symbols():
+    # F.linear on a 3-D input records view(x, [24, 8]) with ints ATen computed: propagation infers them as s0*s1, so
+    # the graph serves (5, 7) and (3, 8) (where 3*8 == 4*6: an element-count guard alone would pass wrongly).
     make = lambda n, t: [random_tensor(n, t, 8), random_tensor(16, 8), random_tensor(16)]  # noqa: E731
     _, compiled = compile_dynamic(F.linear, make(4, 6), {0: [0, 1]})
-    with pytest.raises(KilnError, match=r"the graph needs 192 == s0\*s1\*8"):
-        compiled(make(5, 7))
+    for n, t in [(5, 7), (3, 8)]:
+        inputs = make(n, t)
+        assert_same(compiled(inputs), F.linear(*inputs), "general")
 
 
 def test_specialised_symbol_must_keep_its_value():

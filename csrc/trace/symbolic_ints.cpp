@@ -1,0 +1,405 @@
+// Symbolic ints of a trace with dynamic dims (symbolic_ints.h).
+#include "trace/symbolic_ints.h"
+
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "compile/backends.h"
+#include "graph/propagate_symbolic_sizes.h"
+#include "graph/symbolic_sizes.h"
+
+namespace kiln::trace {
+
+using graph::shape::Assumption;
+using sym::Expr;
+
+namespace {
+
+thread_local SymbolicInts* g_active = nullptr;
+thread_local int g_no_pin = 0;
+
+PyObject* operator_fn(const char* name) {
+  static PyObject* module = PyImport_ImportModule("operator");
+  KILN_ASSERT(module) << "import operator";
+  PyObject* f = PyObject_GetAttrString(module, name);
+  KILN_ASSERT(f) << "operator." << name;
+  Py_DECREF(f);  // (the module keeps it alive)
+  return f;
+}
+
+enum class Op { kAdd, kSub, kMul, kFloorDiv, kMod, kLt, kLe, kGt, kGe, kEq, kNe, kOther };
+
+Op op_of(PyObject* op) {
+  static const std::vector<std::pair<PyObject*, Op>> table = {
+      {operator_fn("add"), Op::kAdd},           {operator_fn("iadd"), Op::kAdd},
+      {operator_fn("sub"), Op::kSub},           {operator_fn("isub"), Op::kSub},
+      {operator_fn("mul"), Op::kMul},           {operator_fn("imul"), Op::kMul},
+      {operator_fn("floordiv"), Op::kFloorDiv}, {operator_fn("ifloordiv"), Op::kFloorDiv},
+      {operator_fn("mod"), Op::kMod},           {operator_fn("imod"), Op::kMod},
+      {operator_fn("lt"), Op::kLt},             {operator_fn("le"), Op::kLe},
+      {operator_fn("gt"), Op::kGt},             {operator_fn("ge"), Op::kGe},
+      {operator_fn("eq"), Op::kEq},             {operator_fn("ne"), Op::kNe},
+  };
+  for (const auto& [f, o] : table)
+    if (f == op) return o;
+  return Op::kOther;
+}
+
+// A plain Python int (not a bool): its value.
+bool plain_int(const VarPtr& v, int64_t* out) {
+  if (!v->is(VarKind::kConst) || !PyLong_CheckExact(v->value)) return false;
+  int overflow = 0;
+  *out = PyLong_AsLongLongAndOverflow(v->value, &overflow);
+  return overflow == 0 && !PyErr_Occurred();
+}
+
+// A kSymInt or a plain int as (hint, expression).
+bool int_operand(const VarPtr& v, int64_t* hint, Expr* e) {
+  if (v->is(VarKind::kSymInt)) {
+    *hint = PyLong_AsLongLong(v->value);
+    *e = v->sym;
+    return true;
+  }
+  if (plain_int(v, hint)) {
+    *e = Expr(*hint);
+    return true;
+  }
+  return false;
+}
+
+std::string source_dim(const SourcePtr& s, int64_t dim) { return s->describe() + ".size(" + std::to_string(dim) + ")"; }
+
+}  // namespace
+
+SymbolicInts* active_symbolic_ints() { return g_active; }
+SymbolicIntsScope::SymbolicIntsScope(SymbolicInts* s) : saved_(g_active) { g_active = s; }
+SymbolicIntsScope::~SymbolicIntsScope() { g_active = saved_; }
+NoPinScope::NoPinScope() { ++g_no_pin; }
+NoPinScope::~NoPinScope() { --g_no_pin; }
+bool pins_suppressed() { return g_no_pin > 0; }
+
+void DynamicPolicy::remember(const std::vector<SourcePtr>& sources, PyObject* inputs) {
+  for (size_t i = 0; i < sources.size() && (Py_ssize_t)i < PyList_GET_SIZE(inputs); ++i) {
+    PyObject* shape = PyObject_GetAttrString(PyList_GET_ITEM(inputs, i), "shape");
+    if (!shape) {
+      PyErr_Clear();
+      continue;
+    }
+    std::vector<int64_t> sizes;
+    for (Py_ssize_t d = 0; d < PyTuple_Size(shape); ++d) sizes.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d)));
+    Py_DECREF(shape);
+    const std::string path = sources[i]->describe();
+    auto it = seen.find(path);
+    if (it != seen.end() && it->second.size() == sizes.size())
+      for (size_t d = 0; d < sizes.size(); ++d)
+        if (it->second[d] != sizes[d]) changed[path].insert((int64_t)d);
+    seen[path] = std::move(sizes);
+  }
+}
+
+// ---- input symbols -------------------------------------------------------------------------------------------
+
+std::vector<int64_t> SymbolicInts::dynamic_dims(PyObject* real, const SourcePtr& source) const {
+  PyObject* shape = PyObject_GetAttrString(real, "shape");
+  if (!shape) {
+    PyErr_Clear();
+    return {};
+  }
+  std::vector<int64_t> sizes;
+  for (Py_ssize_t i = 0; i < PyTuple_Size(shape); ++i) sizes.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i)));
+  Py_DECREF(shape);
+  std::set<int64_t> dims;
+  // Parameters, buffers and other tensors held by modules or globals are static unless marked (torch.compile's
+  // default): only what the frame was called with, and containers of it, varies.
+  bool argument = true;
+  for (const Source* s = source.get(); s; s = s->base().get())
+    if (s->kind() != SourceKind::kLocal && s->kind() != SourceKind::kIndex && s->kind() != SourceKind::kDictKey)
+      argument = false;
+  if (argument && policy_.mode == compile::Dynamic::kDynamic)
+    for (size_t d = 0; d < sizes.size(); ++d) dims.insert((int64_t)d);
+  if (argument && policy_.mode == compile::Dynamic::kAutomatic) {
+    const std::string path = source->describe();
+    auto it = policy_.changed.find(path);
+    if (it != policy_.changed.end()) dims.insert(it->second.begin(), it->second.end());
+    auto seen = policy_.seen.find(path);
+    if (seen != policy_.seen.end() && seen->second.size() == sizes.size())
+      for (size_t d = 0; d < sizes.size(); ++d)
+        if (seen->second[d] != sizes[d]) {
+          dims.insert((int64_t)d);
+          KILN_LOG(dynamic) << "dim " << d << " of " << path << " is dynamic: it was " << seen->second[d]
+                            << " and is now " << sizes[d];
+        }
+  }
+  if (policy_.mode != compile::Dynamic::kStatic) {
+    // kiln.mark_dynamic / mark_static (api.py stores them on the tensor).
+    if (PyObject* marked = PyObject_GetAttrString(real, "_kiln_dynamic_dims")) {
+      PyObject *key, *value;
+      Py_ssize_t pos = 0;
+      while (PyDict_Check(marked) && PyDict_Next(marked, &pos, &key, &value)) dims.insert(PyLong_AsLongLong(key));
+      Py_DECREF(marked);
+    } else {
+      PyErr_Clear();
+    }
+  }
+  if (PyObject* fixed = PyObject_GetAttrString(real, "_kiln_static_dims")) {
+    PyObject* it = PyObject_GetIter(fixed);
+    while (PyObject* item = it ? PyIter_Next(it) : nullptr) {
+      dims.erase(PyLong_AsLongLong(item));
+      Py_DECREF(item);
+    }
+    Py_XDECREF(it);
+    Py_DECREF(fixed);
+  }
+  PyErr_Clear();
+  std::vector<int64_t> out;
+  for (int64_t d : dims)
+    if (d >= 0 && d < (int64_t)sizes.size() && sizes[d] >= 2) out.push_back(d);
+  return out;
+}
+
+void SymbolicInts::add_input(PyObject* real, PyObject* fake, const SourcePtr& source, int input_index) {
+  std::vector<int64_t> dims = source ? dynamic_dims(real, source) : std::vector<int64_t>{};
+  PyObject* shape = PyObject_GetAttrString(real, "shape");
+  KILN_ASSERT(shape) << "an input tensor without a shape";
+  std::vector<Expr> per_dim;
+  InputDims in{input_index, source, {}, {}};
+  for (Py_ssize_t d = 0; d < PyTuple_Size(shape); ++d) {
+    const int64_t size = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
+    if (std::find(dims.begin(), dims.end(), (int64_t)d) == dims.end()) {
+      per_dim.push_back(Expr(size));
+      continue;
+    }
+    Expr s = graph::input_size_symbol((int32_t)symbols_.size());
+    symbols_.push_back(s);
+    hints_[s.symbol_id()] = size;
+    in.dims.push_back(d);
+    in.symbols.push_back(s);
+    per_dim.push_back(s);
+    KILN_LOG(dynamic) << s.to_string() << " = " << source_dim(source, d) << " (traced " << size << ")";
+  }
+  Py_DECREF(shape);
+  input_fakes_[fake] = std::move(per_dim);
+  if (!in.dims.empty()) inputs_.push_back(std::move(in));
+}
+
+// ---- sizes and arithmetic ------------------------------------------------------------------------------------
+
+VarPtr SymbolicInts::make(int64_t hint, Expr e) {
+  if (e.is_constant()) return make_const_steal(PyLong_FromLongLong(e.constant_value()));
+  VarPtr v = make_const_steal(PyLong_FromLongLong(hint));
+  v->kind = VarKind::kSymInt;
+  v->sym = std::move(e);
+  return v;
+}
+
+VarPtr SymbolicInts::size(PyObject* fake, int64_t value, int64_t dim, int64_t hint) {
+  auto in = input_fakes_.find(fake);
+  if (in != input_fakes_.end() && dim < (int64_t)in->second.size()) return make(hint, in->second[dim]);
+  if (value < 0) return make_const_steal(PyLong_FromLongLong(hint));  // not a recorded value: a constant tensor
+  auto [it, added] = placeholder_of_.try_emplace({value, dim});
+  if (added) {
+    it->second = graph::size_placeholder_symbol((int32_t)placeholders_.size());
+    placeholders_.push_back({it->second, value, dim, hint});
+    hints_[it->second.symbol_id()] = hint;
+  }
+  return make(hint, it->second);
+}
+
+VarPtr SymbolicInts::binary(PyObject* op, const VarPtr& a, const VarPtr& b) {
+  int64_t x, y;
+  Expr ex, ey;
+  if (!int_operand(a, &x, &ex) || !int_operand(b, &y, &ey)) return nullptr;
+  switch (op_of(op)) {
+    case Op::kAdd: return make(x + y, ex + ey);
+    case Op::kSub: return make(x - y, ex - ey);
+    case Op::kMul: return make(x * y, ex * ey);
+    case Op::kFloorDiv:
+      if (y == 0) return nullptr;  // (Python raises ZeroDivisionError: the folding path does)
+      return make(sym::int_floordiv(x, y), sym::floordiv(ex, ey));
+    case Op::kMod:
+      if (y == 0) return nullptr;
+      return make(sym::int_mod(x, y), sym::mod(ex, ey));
+    case Op::kLt:
+    case Op::kGt:
+    case Op::kLe:
+    case Op::kGe: {
+      const Op o = op_of(op);
+      // As lhs < rhs or lhs <= rhs.
+      const bool strict = o == Op::kLt || o == Op::kGt;
+      const bool swap = o == Op::kGt || o == Op::kGe;
+      const Expr& l = swap ? ey : ex;
+      const Expr& r = swap ? ex : ey;
+      const int64_t lv = swap ? y : x, rv = swap ? x : y;
+      const bool holds = strict ? lv < rv : lv <= rv;
+      // Not (l < r) is r <= l; not (l <= r) is r < l.
+      if (holds)
+        assume(strict ? Assumption::Kind::kLt : Assumption::Kind::kLe, l, r, "a comparison of sizes");
+      else
+        assume(strict ? Assumption::Kind::kLe : Assumption::Kind::kLt, r, l, "a comparison of sizes");
+      return make_const(holds ? Py_True : Py_False);
+    }
+    case Op::kEq:
+    case Op::kNe: {
+      const bool equal = x == y;
+      assume(equal ? Assumption::Kind::kEq : Assumption::Kind::kNe, ex, ey, "a comparison of sizes");
+      return make_const((equal == (op_of(op) == Op::kEq)) ? Py_True : Py_False);
+    }
+    case Op::kOther: return nullptr;
+  }
+  return nullptr;
+}
+
+VarPtr SymbolicInts::negate(const VarPtr& a) {
+  int64_t x;
+  Expr e;
+  if (!int_operand(a, &x, &e)) return nullptr;
+  return make(-x, -e);
+}
+
+VarPtr SymbolicInts::min_max(bool is_max, const std::vector<VarPtr>& args) {
+  if (args.size() < 2) return nullptr;
+  std::vector<Expr> exprs;
+  int64_t best = 0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    int64_t x;
+    Expr e;
+    if (!int_operand(args[i], &x, &e)) return nullptr;
+    best = i == 0 ? x : is_max ? std::max(best, x) : std::min(best, x);
+    exprs.push_back(e);
+  }
+  return make(best, is_max ? sym::max(exprs) : sym::min(exprs));
+}
+
+bool SymbolicInts::truthy(const VarPtr& v) {
+  const int64_t x = PyLong_AsLongLong(v->value);
+  assume(x != 0 ? Assumption::Kind::kNe : Assumption::Kind::kEq, v->sym, Expr(0), "the truth of a size");
+  return x != 0;
+}
+
+VarPtr SymbolicInts::compare_tuples(bool equal, const VarPtr& a, const VarPtr& b) {
+  auto ints = [](const VarPtr& t, std::vector<std::pair<int64_t, Expr>>& out) {
+    if (!t->is(VarKind::kTuple)) return false;
+    for (const VarPtr& item : t->items) {
+      int64_t x;
+      Expr e;
+      if (!int_operand(item, &x, &e)) return false;
+      out.emplace_back(x, e);
+    }
+    return true;
+  };
+  std::vector<std::pair<int64_t, Expr>> xs, ys;
+  if (!ints(a, xs) || !ints(b, ys)) return nullptr;
+  bool same = xs.size() == ys.size();
+  if (same) {
+    // Equal: every pair is relied on. Unequal: the first differing pair settles it.
+    size_t first_difference = xs.size();
+    for (size_t i = 0; i < xs.size() && first_difference == xs.size(); ++i)
+      if (xs[i].first != ys[i].first) first_difference = i;
+    if (first_difference == xs.size()) {
+      for (size_t i = 0; i < xs.size(); ++i)
+        assume(Assumption::Kind::kEq, xs[i].second, ys[i].second, "a comparison of shapes");
+    } else {
+      same = false;
+      assume(Assumption::Kind::kNe, xs[first_difference].second, ys[first_difference].second,
+             "a comparison of shapes");
+    }
+  }
+  return make_const(same == equal ? Py_True : Py_False);
+}
+
+void SymbolicInts::assume(Assumption::Kind kind, const Expr& lhs, const Expr& rhs, std::string why) {
+  Assumption a{kind, lhs, rhs, std::move(why)};
+  if (lhs.is_constant() && rhs.is_constant()) return;  // settled at trace time whatever the sizes
+  assumptions_.push_back(std::move(a));
+}
+
+void SymbolicInts::pin(const VarPtr& v, const std::string& why) {
+  if (!v->is(VarKind::kSymInt)) return;
+  const int64_t hint = PyLong_AsLongLong(v->value);
+  KILN_LOG(dynamic) << v->sym.to_string() << " is specialised to " << hint << ": " << why;
+  assume(Assumption::Kind::kEq, v->sym, Expr(hint), "specialised: " + why);
+}
+
+void SymbolicInts::note_call(int first_node, int end_node, std::vector<std::pair<int64_t, Expr>> ints,
+                             std::vector<int64_t> plain, std::string what) {
+  calls_.push_back({first_node, end_node, std::move(ints), std::move(plain), std::move(what)});
+}
+
+// ---- the graph -----------------------------------------------------------------------------------------------
+
+void SymbolicInts::finish(PyObject* graph_object, guards::GuardTree& guards, const std::vector<SourcePtr>& input_sources) {
+  if (!active()) return;
+  std::shared_ptr<graph::Graph> g = compile::graph_from_object(graph_object);
+  for (const InputDims& in : inputs_) graph::mark_symbolic_dims(*g, in.input_index, in.dims, in.symbols);
+  for (const Placeholder& p : placeholders_)
+    graph::add_size_placeholder(*g, graph::SizePlaceholder{p.symbol, (graph::ValueId)p.value, (int32_t)p.dim, {}});
+
+  // Each int handed to a call is found by value in the nodes the call recorded: a symbolic int becomes that argument's
+  // expression, a plain int a constant one (so that propagation never reads a literal as a size it happens to equal:
+  // graph/infer_recorded_sizes.h infers only the ints nobody passed, the ones ATen's composites computed). A value
+  // that two different expressions share, or that a plain int also has, is ambiguous: its symbolic ints are pinned
+  // rather than guessed. A symbolic int no node holds was used some other way inside the call, and is pinned too.
+  for (const Call& c : calls_) {
+    std::vector<bool> used(c.ints.size(), false), ambiguous(c.ints.size(), false);
+    auto mark = [&](graph::NodeIndex n, int32_t a, int32_t element, int64_t value) {
+      int found = -1;
+      bool clash = false;
+      for (size_t i = 0; i < c.ints.size(); ++i) {
+        if (c.ints[i].first != value) continue;
+        if (found >= 0 && c.ints[found].second != c.ints[i].second) clash = true;
+        if (found < 0) found = (int)i;
+      }
+      const bool plain = std::find(c.plain.begin(), c.plain.end(), value) != c.plain.end();
+      if (found >= 0 && (clash || plain)) {
+        for (size_t i = 0; i < c.ints.size(); ++i)
+          if (c.ints[i].first == value) ambiguous[i] = true;
+        found = -1;
+      }
+      if (found < 0 && !plain) return;
+      try {
+        graph::mark_symbolic_int_arg(*g, {n, a, element, found >= 0 ? c.ints[found].second : Expr(value)});
+        if (found >= 0) used[found] = true;
+      } catch (const Error&) {
+        if (found >= 0) ambiguous[found] = true;  // (an argument that cannot stand for a size: the int is pinned)
+      }
+    };
+    for (int n = c.first_node; n < c.end_node && n < (int)g->nodes.size(); ++n) {
+      const graph::Node& node = g->nodes[n];
+      for (size_t a = 0; a < node.args.size(); ++a) {
+        if (const auto* i = std::get_if<int64_t>(&node.args[a])) mark(n, (int32_t)a, -1, *i);
+        if (const auto* l = std::get_if<std::vector<int64_t>>(&node.args[a]))
+          for (size_t e = 0; e < l->size(); ++e) mark(n, (int32_t)a, (int32_t)e, (*l)[e]);
+      }
+    }
+    for (size_t i = 0; i < c.ints.size(); ++i)
+      if (ambiguous[i] || !used[i])
+        assume(Assumption::Kind::kEq, c.ints[i].second, Expr(c.ints[i].first),
+               std::string("specialised: ") + (ambiguous[i] ? "its value is ambiguous in " : "used inside ") + c.what);
+  }
+  for (const Assumption& a : assumptions_) graph::add_trace_assumption(*g, a);
+  graph::propagate_symbolic_sizes(*g);
+
+  // The guards: each symbol the graph kept reads its input dim; the relations are the graph's assumptions and
+  // specialisations (over input symbols only, now that placeholders are resolved).
+  const graph::SymbolicSizes& s = *g->symbolic;
+  guards::SizeGuard size_guard;
+  std::map<int32_t, std::vector<int64_t>> dynamic_by_input;
+  for (const graph::SymbolOrigin& o : s.symbols) {
+    const SourcePtr& source = input_sources.at(o.input_index);
+    size_guard.symbols.push_back({source, o.dim, o.symbol});
+    dynamic_by_input[o.input_index].push_back(o.dim);
+    summary_.push_back(o.symbol.to_string() + " = " + source_dim(source, o.dim));
+  }
+  for (const auto& [input, dims] : dynamic_by_input) guards.set_dynamic_dims(input_sources.at(input), dims);
+  for (const Assumption& a : s.assumptions) size_guard.relations.push_back(a);
+  for (const graph::Specialisation& sp : s.specialisations)
+    size_guard.relations.push_back({Assumption::Kind::kEq, sp.symbol, Expr(sp.value), "specialised: " + sp.reason});
+  for (const Assumption& a : size_guard.relations) summary_.push_back(a.to_string() + " (" + a.reason + ")");
+  guards.set_size_guard(std::move(size_guard));
+  for (const std::string& line : summary_) KILN_LOG(dynamic) << line;
+}
+
+}  // namespace kiln::trace
