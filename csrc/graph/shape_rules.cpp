@@ -280,6 +280,20 @@ bool RuleCall::le(const Expr& a, const Expr& b, const std::string& what) const {
   return t == Truth::kUnknown ? at_hints(Assumption::Kind::kLe, a, b, what) : t == Truth::kTrue;
 }
 
+Expr RuleCall::pinned(const Expr& e, const std::string& what) const {
+  const Expr x = simplify(e);
+  if (x.is_constant()) return x;
+  if (!hints_) refuse("a symbolic " + what);
+  int64_t value = 0;
+  try {
+    value = x.evaluate(*hints_);
+  } catch (const kiln::Error&) {
+    refuse("a symbolic " + what);
+  }
+  assumptions_.push_back(Assumption{Assumption::Kind::kEq, x, Expr(value), what});
+  return Expr(value);
+}
+
 // What Dynamo's guard_bool does: the answer at the capture's sizes, with the relation it rests on (or its negation)
 // kept as an assumption, so the graph is only used where the answer is the same.
 bool RuleCall::at_hints(Assumption::Kind kind, const Expr& a, const Expr& b, const std::string& what) const {

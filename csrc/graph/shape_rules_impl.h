@@ -49,6 +49,9 @@ class RuleCall {
   bool eq(const Expr& a, const Expr& b, const std::string& what) const;
   bool lt(const Expr& a, const Expr& b, const std::string& what) const;
   bool le(const Expr& a, const Expr& b, const std::string& what) const;
+  /// `e` as a constant: itself when constant, else its value at the hints with `e == value` kept as an assumption (the
+  /// symbols in it are specialised); refuses without hints.
+  Expr pinned(const Expr& e, const std::string& what) const;
   /// eq/lt/le where the facts cannot decide: the answer at the hints, the relation kept as an assumption (infer_shapes).
   bool at_hints(Assumption::Kind kind, const Expr& a, const Expr& b, const std::string& what) const;
   Truth prove_eq(const Expr& a, const Expr& b) const;

@@ -422,8 +422,8 @@ void attention_rule(RuleCall& call) {
   call.check(call.is_none(7) || !call.bool_arg(7), "enable_gqa");
   const SymTensorMeta* mask = call.optional_tensor(3);
   if (mask) attention_mask(call, *mask, q, k);
-  const Expr head_dim = call.simplify(q.sizes[3]);
-  call.check(head_dim.is_constant(), "a symbolic head dim");
+  // The fused kernels' choice depends on the head dim's value: it is pinned (a guard) rather than decided per size.
+  const Expr head_dim = call.pinned(q.sizes[3], "the head dim (it picks the attention kernel)");
   bool fused = !(mask && mask->dtype == ScalarType::Bool) &&
                (q.dtype == ScalarType::Float || q.dtype == ScalarType::Half || q.dtype == ScalarType::BFloat16) &&
                head_dim.constant_value() % 8 == 0 && head_dim.constant_value() <= 256 &&

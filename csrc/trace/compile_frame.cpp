@@ -358,6 +358,17 @@ void KilnCompiler::explain(const char* kind, PyObject* record) {
   Py_XDECREF(record);
 }
 
+static frame::MissResult raise_kiln_error(const std::string& text) {
+  PyObject* errors = PyImport_ImportModule("kiln.errors");
+  PyObject* type = errors ? PyObject_GetAttrString(errors, "KilnError") : nullptr;
+  Py_XDECREF(errors);
+  PyErr_SetString(type ? type : PyExc_RuntimeError, text.c_str());
+  Py_XDECREF(type);
+  frame::MissResult result;
+  result.action = frame::MissAction::kError;
+  return result;
+}
+
 frame::MissResult KilnCompiler::fall_back(const frame::FrameView& frame, const std::string& reason,
                                           std::shared_ptr<guards::GuardTree> partial_guards) {
   frame::MissResult result;
@@ -439,6 +450,12 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
     auto* g = dynamic_cast<const FrameGuard*>(e->guard.get());
     if (g && g->owns(this)) own.push_back(e);
   }
+  // A size outside the range kiln.mark_dynamic declared raises (torch.compile's constraint violation), rather than
+  // compiling a graph for sizes the user said never come.
+  for (const frame::CacheEntry* e : own) {
+    const std::string why = e->guard->describe_failure(frame);
+    if (why.find(kDeclaredRange) != std::string::npos) return raise_kiln_error(why);
+  }
   if (!own.empty()) {
     std::string reason = own.front()->guard->describe_failure(frame);
     EntryCount count = count_entries(frame, own, options_.recompile_limit);
@@ -509,6 +526,8 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
     TraceResult traced = plan ? tracer->finish(break_values(*plan, *tracer->break_state()), true)
                               : tracer->finish(returned);
     tree = std::shared_ptr<guards::GuardTree>(std::move(traced.guards));
+    if (SymbolicInts* symbolic = tracer->symbolic_ints(); symbolic && !symbolic->range_violation().empty())
+      return raise_kiln_error(symbolic->range_violation());
     memory.remember(traced.input_sources, traced.example_inputs);
     const std::vector<std::string> dynamic_lines = tracer->dynamic_summary();
     if (!plan && traced.num_ops == 0 && !entry_code && !is_resume_code((PyObject*)frame.code)) {

@@ -102,12 +102,14 @@ void DynamicPolicy::remember(const std::vector<SourcePtr>& sources, PyObject* in
 
 // ---- input symbols -------------------------------------------------------------------------------------------
 
-std::vector<int64_t> SymbolicInts::dynamic_dims(PyObject* real, const SourcePtr& source) const {
+std::vector<std::pair<int64_t, std::pair<int64_t, int64_t>>> SymbolicInts::dynamic_dims(PyObject* real,
+                                                                                       const SourcePtr& source) const {
   PyObject* shape = PyObject_GetAttrString(real, "shape");
   if (!shape) {
     PyErr_Clear();
     return {};
   }
+  std::map<int64_t, std::pair<int64_t, int64_t>> ranges;
   std::vector<int64_t> sizes;
   for (Py_ssize_t i = 0; i < PyTuple_Size(shape); ++i) sizes.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i)));
   Py_DECREF(shape);
@@ -138,7 +140,15 @@ std::vector<int64_t> SymbolicInts::dynamic_dims(PyObject* real, const SourcePtr&
     if (PyObject* marked = PyObject_GetAttrString(real, "_kiln_dynamic_dims")) {
       PyObject *key, *value;
       Py_ssize_t pos = 0;
-      while (PyDict_Check(marked) && PyDict_Next(marked, &pos, &key, &value)) dims.insert(PyLong_AsLongLong(key));
+      while (PyDict_Check(marked) && PyDict_Next(marked, &pos, &key, &value)) {
+        const int64_t d = PyLong_AsLongLong(key);
+        dims.insert(d);
+        auto bound = [&](Py_ssize_t i) -> int64_t {
+          PyObject* b = PyTuple_Check(value) && PyTuple_GET_SIZE(value) == 2 ? PyTuple_GET_ITEM(value, i) : Py_None;
+          return b == Py_None ? -1 : PyLong_AsLongLong(b);
+        };
+        ranges[d] = {bound(0), bound(1)};
+      }
       Py_DECREF(marked);
     } else {
       PyErr_Clear();
@@ -154,24 +164,41 @@ std::vector<int64_t> SymbolicInts::dynamic_dims(PyObject* real, const SourcePtr&
     Py_DECREF(fixed);
   }
   PyErr_Clear();
-  std::vector<int64_t> out;
-  for (int64_t d : dims)
-    if (d >= 0 && d < (int64_t)sizes.size() && sizes[d] >= 2) out.push_back(d);
+  std::vector<std::pair<int64_t, std::pair<int64_t, int64_t>>> out;
+  for (int64_t d : dims) {
+    if (d < 0 || d >= (int64_t)sizes.size()) continue;
+    auto r = ranges.find(d);
+    const std::pair<int64_t, int64_t> range = r == ranges.end() ? std::pair<int64_t, int64_t>{-1, -1} : r->second;
+    // (A declared range is checked even where the size is 0 or 1 and stays specialised.)
+    if (sizes[d] >= 2 || range.first >= 0 || range.second >= 0) out.push_back({d, range});
+  }
   return out;
 }
 
 void SymbolicInts::add_input(PyObject* real, PyObject* fake, const SourcePtr& source, int input_index) {
-  std::vector<int64_t> dims = source ? dynamic_dims(real, source) : std::vector<int64_t>{};
+  const auto dims = source ? dynamic_dims(real, source) : decltype(dynamic_dims(real, source)){};
   PyObject* shape = PyObject_GetAttrString(real, "shape");
   KILN_ASSERT(shape) << "an input tensor without a shape";
   std::vector<Expr> per_dim;
   InputDims in{input_index, source, {}, {}};
   for (Py_ssize_t d = 0; d < PyTuple_Size(shape); ++d) {
     const int64_t size = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
-    if (std::find(dims.begin(), dims.end(), (int64_t)d) == dims.end()) {
+    auto marked = std::find_if(dims.begin(), dims.end(), [&](const auto& m) { return m.first == (int64_t)d; });
+    if (marked != dims.end()) {
+      const auto [lo, hi] = marked->second;
+      if ((lo >= 0 && size < lo) || (hi >= 0 && size > hi) || size < 2) {
+        if ((lo >= 0 && size < lo) || (hi >= 0 && size > hi))
+          range_violation_ = source_dim(source, d) + " is " + std::to_string(size) + ", outside " + kDeclaredRange +
+                             " for it: [" + (lo >= 0 ? std::to_string(lo) : "2") + ", " +
+                             (hi >= 0 ? std::to_string(hi) : "inf") + "]";
+        marked = dims.end();  // (sizes 0 and 1 stay specialised)
+      }
+    }
+    if (marked == dims.end()) {
       per_dim.push_back(Expr(size));
       continue;
     }
+    in.ranges.push_back(marked->second);
     Expr s = graph::input_size_symbol((int32_t)symbols_.size());
     symbols_.push_back(s);
     hints_[s.symbol_id()] = size;
@@ -394,9 +421,21 @@ void SymbolicInts::finish(PyObject* graph_object, guards::GuardTree& guards, con
     summary_.push_back(o.symbol.to_string() + " = " + source_dim(source, o.dim));
   }
   for (const auto& [input, dims] : dynamic_by_input) guards.set_dynamic_dims(input_sources.at(input), dims);
+  for (const InputDims& in : inputs_)
+    for (size_t i = 0; i < in.dims.size(); ++i) {
+      const auto [lo, hi] = in.ranges[i];
+      const std::string range = std::string(kDeclaredRange) + " for " + source_dim(in.source, in.dims[i]);
+      if (lo >= 0) size_guard.relations.push_back({Assumption::Kind::kLe, Expr(lo), in.symbols[i], range});
+      if (hi >= 0) size_guard.relations.push_back({Assumption::Kind::kLe, in.symbols[i], Expr(hi), range});
+    }
   for (const Assumption& a : s.assumptions) size_guard.relations.push_back(a);
   for (const graph::Specialisation& sp : s.specialisations)
     size_guard.relations.push_back({Assumption::Kind::kEq, sp.symbol, Expr(sp.value), "specialised: " + sp.reason});
+  std::vector<Assumption> unique;
+  for (Assumption& a : size_guard.relations)
+    if (std::none_of(unique.begin(), unique.end(), [&](const Assumption& u) { return u.to_string() == a.to_string(); }))
+      unique.push_back(std::move(a));
+  size_guard.relations = std::move(unique);
   for (const Assumption& a : size_guard.relations) summary_.push_back(a.to_string() + " (" + a.reason + ")");
   guards.set_size_guard(std::move(size_guard));
   for (const std::string& line : summary_) KILN_LOG(dynamic) << line;

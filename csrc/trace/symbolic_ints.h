@@ -90,6 +90,9 @@ class SymbolicInts {
 
   /// For kiln.explain and KILN_LOGS=dynamic: one line per symbol and per relation, after finish().
   const std::vector<std::string>& summary() const { return summary_; }
+  /// A size outside the range kiln.mark_dynamic declared for its dim (the message of the KilnError the call raises),
+  /// or "".
+  const std::string& range_violation() const { return range_violation_; }
 
  private:
   struct InputDims {
@@ -97,6 +100,7 @@ class SymbolicInts {
     SourcePtr source;
     std::vector<int64_t> dims;   // the symbolic ones
     std::vector<sym::Expr> symbols;
+    std::vector<std::pair<int64_t, int64_t>> ranges;  // per symbolic dim: mark_dynamic's min and max, -1 when none
   };
   struct Placeholder {
     sym::Expr symbol;
@@ -111,7 +115,8 @@ class SymbolicInts {
     std::string what;
   };
   VarPtr make(int64_t hint, sym::Expr e);
-  std::vector<int64_t> dynamic_dims(PyObject* real, const SourcePtr& source) const;
+  /// The dims of `real` that are symbolic, with the range mark_dynamic declared for each (-1: none).
+  std::vector<std::pair<int64_t, std::pair<int64_t, int64_t>>> dynamic_dims(PyObject* real, const SourcePtr& source) const;
 
   DynamicPolicy policy_;
   std::vector<InputDims> inputs_;
@@ -124,7 +129,11 @@ class SymbolicInts {
   std::vector<Call> calls_;
   std::vector<graph::shape::Assumption> assumptions_;
   std::vector<std::string> summary_;
+  std::string range_violation_;
 };
+
+/// The marker of a size guard kiln.mark_dynamic's range made: a call that fails it raises instead of recompiling.
+constexpr const char* kDeclaredRange = "the range kiln.mark_dynamic declared";
 
 /// While a trace with symbolic ints runs: converting a kSymInt to a Python value (variables.cpp to_python) pins it,
 /// except inside a PinScope that hands the values to the recorder (whose nodes are matched instead).

@@ -329,6 +329,8 @@ class Tracer {
   VarPtr symbolic_size_call(PyObject* fn, const std::vector<VarPtr>& args, const KwArgs& kwargs);
  public:
   SymbolicInts* symbolic() const { return symbolic_ && symbolic_->active() ? symbolic_.get() : nullptr; }
+  /// The trace's symbolic ints whether or not a symbol was made (range_violation()); null under dynamic=False.
+  SymbolicInts* symbolic_ints() const { return symbolic_.get(); }
   /// The lines kiln.explain and KILN_LOGS=dynamic show for the graph's dynamic dims and size guards.
   std::vector<std::string> dynamic_summary() const { return symbolic_ ? symbolic_->summary() : std::vector<std::string>{}; }
 };

@@ -139,16 +139,14 @@ def compile(model=None, *, mode=None, dynamic=None, fullgraph=False, backend="ki
 
     The arguments are torch.compile's: `mode` (None, "default" or "reduce-overhead", which replays CUDA graphs; the
     max-autotune modes raise until kiln implements them),
-    `dynamic` (None, False or True: sizes are specialised under every policy for now, and True warns), `fullgraph`
+    `dynamic` (None: a dim whose size changes between calls becomes symbolic on the second distinct size; True: every
+    dim of the arguments is symbolic from the first call; False: every size is specialised), `fullgraph`
     (a graph break raises), `backend` (a registered name or a callable(graph, example_inputs)), `options` (a dict
     of the keys in kiln.api._OPTIONS) and `disable` (return `model` unchanged)."""
     if model is None:
         return lambda m: compile(m, mode=mode, dynamic=dynamic, fullgraph=fullgraph, backend=backend,
                                  options=options, disable=disable)
     _check_compile_arguments(mode, dynamic, options)
-    if dynamic:
-        warnings.warn("kiln: dynamic=True is accepted, but kiln does not compile symbolic sizes yet: each new size "
-                      "compiles its own graph (up to kiln.config.recompile_limit)", stacklevel=2)
     if not callable(model):
         raise KilnError(f"kiln.compile expects a function or an nn.Module, got {type(model).__name__}")
     if disable or config.disabled():  # KILN_DISABLE=1: compile is the identity
@@ -196,6 +194,8 @@ class ExplainOutput:
         self.graph_break_count = len(self.break_reasons)
         self.recompile_reasons = [r for kind, r in records if kind == "recompile"]
         self._cudagraph_status = [g.get("cudagraphs") for g in graphs]
+        # Per graph: its size symbols ("s0 = x.size(1)") and the size relations it relies on (its size guards).
+        self.dynamic = [list(g.get("dynamic", ())) for g in graphs]
 
     @property
     def cudagraphs(self):
@@ -257,9 +257,6 @@ class _Disabled:
         return False
 
 
-_warned_mark_dynamic = False
-
-
 def _marked_dims(tensor, index, what):
     """`index` (an int or a list of ints) as non-negative dims of `tensor`, or KilnError naming the bad one."""
     if not isinstance(tensor, torch.Tensor):
@@ -272,25 +269,16 @@ def _marked_dims(tensor, index, what):
     return [dim % rank for dim in dims]
 
 
-def _warn_no_effect_yet(what):
-    global _warned_mark_dynamic
-    if not _warned_mark_dynamic:
-        _warned_mark_dynamic = True
-        warnings.warn(f"kiln.{what} has no effect yet: kiln does not compile symbolic sizes, so each new size "
-                      "compiles its own graph", stacklevel=3)
-
-
 def mark_dynamic(tensor, index, *, min=None, max=None):  # noqa: A002 (torch's keyword names)
-    """torch.compile's mark_dynamic: records that dims `index` (an int or a list) of `tensor` vary, optionally within
-    [min, max]. kiln does not compile symbolic sizes yet, so the mark has no effect on compilation (each new size
-    compiles its own graph); the first call warns."""
+    """torch.compile's mark_dynamic: dims `index` (an int or a list) of `tensor` are symbolic from the first compile
+    of a function it is passed to (unless compiled with dynamic=False), optionally within [min, max]: a call with a
+    size outside the range raises KilnError naming the argument and the dim."""
     dims = _marked_dims(tensor, index, "mark_dynamic")
     for bound, name in ((min, "min"), (max, "max")):
         if bound is not None and (not isinstance(bound, int) or bound < 0):
             raise KilnError(f"mark_dynamic: {name} must be a non-negative int, got {bound!r}")
     if min is not None and max is not None and min > max:
         raise KilnError(f"mark_dynamic: min {min} is larger than max {max}")
-    _warn_no_effect_yet("mark_dynamic")
     marked = dict(getattr(tensor, "_kiln_dynamic_dims", {}))
     for dim in dims:
         marked[dim] = (min, max)
@@ -298,8 +286,8 @@ def mark_dynamic(tensor, index, *, min=None, max=None):  # noqa: A002 (torch's k
 
 
 def mark_static(tensor, index=None):
-    """torch.compile's mark_static: dims `index` (an int, a list, or None for every dim) of `tensor` keep their size.
-    Sizes are specialised already, so this only records the mark (and clears a mark_dynamic on those dims)."""
+    """torch.compile's mark_static: dims `index` (an int, a list, or None for every dim) of `tensor` keep their size
+    under every policy (and a mark_dynamic on those dims is cleared)."""
     dims = list(range(tensor.dim())) if index is None and isinstance(tensor, torch.Tensor) else \
         _marked_dims(tensor, index, "mark_static")
     marked = dict(getattr(tensor, "_kiln_dynamic_dims", {}))

@@ -1,6 +1,5 @@
 """kiln's user-facing API, checked against real behaviour: compile (function, decorator, module),
 stats/reset, explain, disable, logs, backends, errors, fallbacks, tracebacks, generators, leaks."""
-import contextlib
 import fcntl
 import gc
 import inspect
@@ -11,8 +10,10 @@ import subprocess
 import sys
 import termios
 import traceback
+import warnings
 
 import numpy as np
+
 import pytest
 import torch
 from torch import nn
@@ -110,11 +111,14 @@ def test_debug_dir_option_keeps_this_compiles_graph_and_source(fresh_kiln, tmp_p
     assert "kernel" in source
 
 
-def test_dynamic_true_warns_that_sizes_are_specialised_and_disable_returns_the_model(fresh_kiln):
-    with pytest.warns(UserWarning, match="does not compile symbolic sizes"):
+def test_dynamic_true_compiles_once_for_every_size_and_disable_returns_the_model(fresh_kiln):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (dynamic=True is implemented: no warning)
         compiled = kiln.compile(sin_plus, dynamic=True)
-    x, y = random_tensor(4), random_tensor(4)
-    torch.testing.assert_close(compiled(x, y), sin_plus(x, y))
+    for n in (4, 7, 13):
+        x, y = random_tensor(n), random_tensor(n)
+        torch.testing.assert_close(compiled(x, y), sin_plus(x, y))
+    assert kiln.stats()["frames_compiled"] == 1, kiln.stats()
     assert kiln.compile(sin_plus, disable=True) is sin_plus
 
 
@@ -598,9 +602,7 @@ def test_untraceable_frame_falls_back_to_eager(fresh_kiln):
 
 def test_mark_dynamic_and_mark_static_take_torch_compiles_arguments(fresh_kiln):
     x = random_tensor(4, 6, 8)
-    with pytest.warns(UserWarning, match="mark_dynamic has no effect yet") if not kiln.api._warned_mark_dynamic \
-            else contextlib.nullcontext():
-        kiln.mark_dynamic(x, [0, -1], min=2, max=64)
+    kiln.mark_dynamic(x, [0, -1], min=2, max=64)
     assert x._kiln_dynamic_dims == {0: (2, 64), 2: (2, 64)}
     kiln.mark_static(x, 2)
     assert x._kiln_dynamic_dims == {0: (2, 64)} and x._kiln_static_dims == {2}
@@ -610,5 +612,5 @@ def test_mark_dynamic_and_mark_static_take_torch_compiles_arguments(fresh_kiln):
                          (("x", 0), "expects a tensor")):
         with pytest.raises(kiln.errors.KilnError, match=message):
             kiln.mark_dynamic(*bad[:2], **dict(zip(("min", "max"), bad[2:])))
-    # Marks change nothing about the results (sizes are still specialised).
+    # Every dim marked static: one specialised graph, as without marks.
     torch.testing.assert_close(kiln.compile(sin_plus)(x, x), sin_plus(x, x))
