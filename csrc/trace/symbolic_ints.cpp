@@ -200,11 +200,20 @@ void SymbolicInts::add_input(PyObject* real, PyObject* fake, const SourcePtr& so
     }
     in.ranges.push_back(marked->second);
     Expr s = graph::input_size_symbol((int32_t)symbols_.size());
+    // Duck sizing, as torch.compile's: dynamic dims of equal size at the trace are taken as one size (their equality
+    // is guarded), so that `ids.shape[1]` and `mask.shape[1]` are the same expression and never ambiguous.
+    Expr canonical = s;
+    for (size_t k = 0; k < symbols_.size(); ++k)
+      if (hints_.at(symbols_[k].symbol_id()) == size) {
+        canonical = symbols_[k];
+        assume(Assumption::Kind::kEq, s, canonical, "duck sizing: equal sizes at the first call are one size");
+        break;
+      }
     symbols_.push_back(s);
     hints_[s.symbol_id()] = size;
     in.dims.push_back(d);
     in.symbols.push_back(s);
-    per_dim.push_back(s);
+    per_dim.push_back(canonical);
     KILN_LOG(dynamic) << s.to_string() << " = " << source_dim(source, d) << " (traced " << size << ")";
   }
   Py_DECREF(shape);

@@ -118,7 +118,7 @@ OPS = {
     "softmax": (lambda x, b: F.softmax(x, -1) + F.log_softmax(x.t(), -1).t(), lambda n: (random_tensor(3, n), random_tensor(1))),
     "layer_norm": (lambda x, w: F.layer_norm(x, (x.shape[-1],), w, None), lambda n: (random_tensor(2, n, 12), random_tensor(12))),
     "matmul": (lambda x, w: (x @ w, F.linear(x, w.t()).relu()), lambda n: (random_tensor(2, n, 12), random_tensor(12, 8))),
-    "conv2d": (lambda x, w: F.relu(F.conv2d(x, w, padding=1)), lambda n: (random_tensor(n, 3, n + 4, 9), random_tensor(4, 3, 3, 3))),
+    "conv2d": (lambda x, w: F.relu(F.conv2d(x, w, padding=1)), lambda n: (random_tensor(n, 3, n + 4, 10), random_tensor(4, 3, 3, 3))),
     "attention": (lambda q, k: F.scaled_dot_product_attention(q, k, k, is_causal=False),
                   lambda n: (random_tensor(2, 4, n, 16), random_tensor(2, 4, n + 3, 16))),
 }
@@ -219,25 +219,25 @@ class Block(nn.Module):
         return x + self.mlp(self.norm(x))
 
 
-def test_transformer_block_over_sequence_lengths(fresh):
+def test_transformer_block_over_sequence_lengths(fresh, device):
     torch.manual_seed(0)
-    model = Block().eval()
+    model = Block().eval().to(device)
     compiled = kiln.compile(model)
     with torch.no_grad():
         for n in (37, 53, 77, 101, 37):
-            x = random_tensor(4, n, 32)
+            x = random_tensor(4, n, 32, device=device)
             same(compiled(x), model(x))
     assert kiln.stats()["frames_compiled"] == 2  # automatic: the first length, then every other one
 
 
-def test_training_under_changing_lengths_matches_eager(fresh):
+def test_training_under_changing_lengths_matches_eager(fresh, device):
     torch.manual_seed(0)
-    model = Block()
-    twin = Block()
+    model = Block().to(device)
+    twin = Block().to(device)
     twin.load_state_dict(model.state_dict())
     compiled = kiln.compile(model, dynamic=True)
     for n in (9, 14, 23):
-        x = random_tensor(3, n, 32)
+        x = random_tensor(3, n, 32, device=device)
         loss = compiled(x).square().mean()
         loss.backward()
         expected = twin(x).square().mean()
@@ -248,3 +248,23 @@ def test_training_under_changing_lengths_matches_eager(fresh):
             torch.testing.assert_close(p.grad, q.grad, rtol=rtol * 10, atol=atol * 10, msg=name)
             p.grad = q.grad = None
     assert kiln.stats()["frames_compiled"] == 1
+
+
+def test_a_size_outside_mark_dynamics_range_raises(fresh):
+    def f(x):
+        return x * 2
+
+    compiled = kiln.compile(f)
+    for n in (4, 9, 16):
+        x = random_tensor(n, 3)
+        kiln.mark_dynamic(x, 0, min=2, max=16)
+        same(compiled(x), f(x))
+    assert kiln.stats()["frames_compiled"] == 1
+    x = random_tensor(17, 3)
+    kiln.mark_dynamic(x, 0, min=2, max=16)
+    with pytest.raises(kiln.errors.KilnError, match=r"s0 <= 16 \(the range kiln.mark_dynamic declared for x.size\(0\)\) fails at s0 = x.size\(0\) = 17"):
+        compiled(x)
+    fresh_x = random_tensor(40, 3)
+    kiln.mark_dynamic(fresh_x, 0, max=32)
+    with pytest.raises(kiln.errors.KilnError, match=r"x.size\(0\) is 40, outside the range kiln.mark_dynamic declared"):
+        kiln.compile(lambda x: x + 1)(fresh_x)
