@@ -485,6 +485,25 @@ void efficient_attention_backward_rule(RuleCall& call) {
 
 }  // namespace
 
+// _native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias,
+// mask, need_weights, average_attn_weights, mask_type): nn.MultiheadAttention's inference fast path (batch first).
+// The output has the query's sizes, contiguous; the weights are (batch, length, key length), per head without
+// averaging, or an empty tensor when not asked for.
+void native_multi_head_attention_rule(RuleCall& call) {
+  const SymTensorMeta &q = call.tensor(0), &k = call.tensor(1);
+  call.check(q.dim() == 3 && k.dim() == 3, "batch-first 3-d query and key");
+  call.add_output(contiguous_meta(q.sizes, q.dtype, q.device));
+  const bool need_weights = call.is_none(10) || call.bool_arg(10);
+  const bool average = call.is_none(11) || call.bool_arg(11);
+  if (!need_weights) {
+    call.add_output(contiguous_meta({Expr(0)}, q.dtype, q.device));
+  } else if (average) {
+    call.add_output(contiguous_meta({q.sizes[0], q.sizes[1], k.sizes[1]}, q.dtype, q.device));
+  } else {
+    call.add_output(contiguous_meta({q.sizes[0], Expr(call.const_int(4)), q.sizes[1], k.sizes[1]}, q.dtype, q.device));
+  }
+}
+
 void register_nn_rules(RuleTable& table) {
   auto add = [&](const std::string& name, Rule rule) { table["aten::" + name] = std::move(rule); };
   for (const char* op : {"sum.dim_IntList", "mean.dim", "amax.default", "amin.default"}) add(op, reduction_rule);
@@ -524,6 +543,7 @@ void register_nn_rules(RuleTable& table) {
   add("_scaled_dot_product_efficient_attention.default", efficient_attention_rule);
   add("_scaled_dot_product_flash_attention_for_cpu_backward.default", flash_attention_cpu_backward_rule);
   add("_scaled_dot_product_efficient_attention_backward.default", efficient_attention_backward_rule);
+  add("_native_multi_head_attention.default", native_multi_head_attention_rule);
   add("nll_loss_forward.default", [](RuleCall& call) { nll_loss_rule(call, false); });
   add("nll_loss2d_forward.default", [](RuleCall& call) { nll_loss_rule(call, true); });
   add("nll_loss_backward.default", [](RuleCall& call) { nll_loss_backward_rule(call, false); });

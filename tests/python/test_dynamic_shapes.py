@@ -268,3 +268,16 @@ def test_a_size_outside_mark_dynamics_range_raises(fresh):
     kiln.mark_dynamic(fresh_x, 0, max=32)
     with pytest.raises(kiln.errors.KilnError, match=r"x.size\(0\) is 40, outside the range kiln.mark_dynamic declared"):
         kiln.compile(lambda x: x + 1)(fresh_x)
+
+
+def test_multi_head_attention_fast_path_over_lengths(fresh):
+    # nn.MultiheadAttention under no_grad in eval takes eager's fused path (aten::_native_multi_head_attention).
+    torch.manual_seed(0)
+    attention = nn.MultiheadAttention(32, 4, batch_first=True).eval()
+
+    def attend(x):
+        return attention(x, x, x, need_weights=False)[0]
+
+    with torch.no_grad():
+        stats = run_sizes(attend, lambda n: (random_tensor(2, n + 3, 32),), True)
+    assert stats["frames_compiled"] == 1, stats
