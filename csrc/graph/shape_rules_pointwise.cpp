@@ -12,18 +12,15 @@ namespace {
 
 enum class Result { kSameDtype, kBool, kSameShape };
 
-bool is_integral(ScalarType t) {
-  return t == ScalarType::Long || t == ScalarType::Int || t == ScalarType::Short || t == ScalarType::Char ||
-         t == ScalarType::Byte;
-}
-
 bool is_complex(ScalarType t) {
   return t == ScalarType::ComplexHalf || t == ScalarType::ComplexFloat || t == ScalarType::ComplexDouble;
 }
 
 // The output of a pointwise op over every argument: tensors take part in the layout; numbers, None and gelu's
-// approximate strings are accepted; anything else refuses.
-SymTensorMeta pointwise(RuleCall& call, Result result) {
+// approximate strings are accepted; anything else refuses. Operands with dims share one floating dtype, or, where
+// `integer_ok`, one integer dtype with int numbers and integer zero-dim tensors (which never promote it); the
+// operands of a bool result may be of any real dtypes.
+SymTensorMeta pointwise(RuleCall& call, Result result, bool integer_ok = false) {
   std::vector<const SymTensorMeta*> tensors;
   for (size_t i = 0; i < call.num_args(); ++i) {
     const RuleArg& a = call.arg(i);
@@ -41,11 +38,17 @@ SymTensorMeta pointwise(RuleCall& call, Result result) {
       call.check(!is_complex(t->dtype), "a complex zero-dim operand");
       continue;
     }
+    call.check(!is_complex(t->dtype), "a complex operand");
     if (!first) first = t;
-    call.check(t->dtype == first->dtype, "operands of different dtypes");
+    call.check(result == Result::kBool || t->dtype == first->dtype, "operands of different dtypes");
   }
   call.check(first != nullptr, "no operand with dims");
-  call.check(is_floating(first->dtype), "operands are not floating");
+  if (result != Result::kBool && !is_floating(first->dtype)) {
+    call.check(integer_ok && is_integral(first->dtype), "operands are not floating");
+    for (const SymTensorMeta* t : tensors) call.check(!is_floating(t->dtype), "a floating zero-dim operand");
+    for (size_t i = 0; i < call.num_args(); ++i)
+      call.check(!std::holds_alternative<double>(call.arg(i)), "a float number with integer operands");
+  }
   if (result == Result::kSameShape) {
     for (const SymTensorMeta* t : tensors) {
       call.check(t->dim() == tensors[0]->dim(), "operands of different ranks");
@@ -60,7 +63,8 @@ SymTensorMeta pointwise(RuleCall& call, Result result) {
   return make_meta(shape, strides, result == Result::kBool ? ScalarType::Bool : first->dtype, first->device);
 }
 
-// where(condition, self, other): a bool condition, self and other as a binary op's operands.
+// where.self / .ScalarSelf / .ScalarOther(condition, self, other): a bool condition, self and other as a binary op's
+// operands.
 void where_rule(RuleCall& call) {
   const SymTensorMeta& condition = call.tensor(0);
   call.check(condition.dtype == ScalarType::Bool, "condition is not bool");
@@ -76,7 +80,10 @@ void where_rule(RuleCall& call) {
   }
   call.check(value != nullptr, "no tensor value");
   for (size_t i = 1; i < tensors.size(); ++i) call.check(tensors[i]->dtype == value->dtype, "values of two dtypes");
-  call.check(is_floating(value->dtype), "values are not floating");
+  if (!is_floating(value->dtype)) {  // (integer values stay integer with int numbers)
+    call.check(is_integral(value->dtype), "values are not floating or integer");
+    for (size_t i = 1; i < 3; ++i) call.check(!std::holds_alternative<double>(call.arg(i)), "a float number");
+  }
   std::vector<std::vector<Expr>> shapes;
   for (const SymTensorMeta* t : tensors) shapes.push_back(t->sizes);
   std::vector<Expr> shape = broadcast_shape(call, shapes);
@@ -129,22 +136,10 @@ void native_dropout_rule(RuleCall& call) {
 // index of the dtype argument (full_like has its fill value before it).
 void like_rule(RuleCall& call, size_t first) {
   const SymTensorMeta& x = call.tensor(0);
-  ScalarType dtype = call.optional_dtype(first).value_or(x.dtype);
-  call.check(is_floating(dtype) || is_integral(dtype) || dtype == ScalarType::Bool, "dtype");
-  if (!call.is_none(first + 1)) {
-    auto* layout = std::get_if<LayoutArg>(&call.arg(first + 1));
-    call.check(layout && layout->code == 0, "a layout other than strided");
-  }
-  Device device = x.device;
-  if (!call.is_none(first + 2)) {
-    auto* d = std::get_if<Device>(&call.arg(first + 2));
-    call.check(d != nullptr, "device");
-    device = *d;
-  }
-  call.check(call.is_none(first + 3) || !call.bool_arg(first + 3), "pin_memory");
+  TensorOptions options = tensor_options(call, first, x.dtype, x.device);
   for (const Expr& s : x.sizes) call.check(!call.size_is(s, 0), "an empty input");
   std::vector<Expr> strides = empty_like_strides(call, x, call.optional_memory_format(first + 4));
-  call.add_output(make_meta(x.sizes, strides, dtype, device));
+  call.add_output(make_meta(x.sizes, strides, options.dtype, options.device));
 }
 
 void clone_rule(RuleCall& call) {
@@ -184,19 +179,29 @@ void contiguous_rule(RuleCall& call) {
   call.add_output(make_meta(x.sizes, empty_like_strides(call, x, format), x.dtype, x.device));
 }
 
+// Ops whose result has their floating operands' dtype (integer operands would become floating, or raise).
 const char* const kSameDtypeOps[] = {
-    "add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor", "add.Scalar", "sub.Scalar", "mul.Scalar",
-    "div.Scalar", "rsub.Scalar", "rsub.Tensor", "maximum.default", "minimum.default", "pow.Tensor_Scalar",
-    "pow.Tensor_Tensor", "relu.default", "gelu.default", "silu.default", "sigmoid.default", "tanh.default",
-    "exp.default", "log.default", "sqrt.default", "rsqrt.default", "neg.default", "abs.default",
-    "reciprocal.default", "erf.default", "sin.default", "cos.default", "clamp.default", "clamp_min.default",
-    "clamp_max.default", "hardtanh.default", "leaky_relu.default", "elu.default", "softplus.default",
-    "hardswish.default", "hardsigmoid.default", "mish.default", "addcmul.default", "addcdiv.default",
-    "lerp.Scalar", "lerp.Tensor"};
+    "div.Tensor", "div.Scalar", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "gelu.default", "silu.default",
+    "sigmoid.default", "tanh.default", "exp.default", "log.default", "sqrt.default", "rsqrt.default",
+    "reciprocal.default", "erf.default", "sin.default", "cos.default", "hardtanh.default", "leaky_relu.default",
+    "elu.default", "softplus.default", "hardswish.default", "hardsigmoid.default", "mish.default", "addcmul.default",
+    "addcdiv.default", "lerp.Scalar", "lerp.Tensor", "exp2.default", "expm1.default", "log1p.default", "log2.default",
+    "log10.default", "erfc.default", "tan.default", "atan.default", "asin.default", "acos.default", "sinh.default",
+    "cosh.default", "asinh.default", "acosh.default", "atanh.default", "atan2.default", "hypot.default",
+    "xlogy.Tensor", "logit.default", "frac.default", "nan_to_num.default", "round.default", "round.decimals"};
+// Ops whose result has their operands' dtype, floating or integer (with int numbers).
+const char* const kSameDtypeOrIntegerOps[] = {
+    "add.Tensor", "sub.Tensor", "mul.Tensor", "add.Scalar", "sub.Scalar", "mul.Scalar", "rsub.Scalar",
+    "rsub.Tensor", "maximum.default", "minimum.default", "relu.default", "neg.default", "abs.default",
+    "sign.default", "sgn.default", "floor.default", "ceil.default", "trunc.default", "clamp.default",
+    "clamp.Tensor", "clamp_min.default", "clamp_max.default", "remainder.Tensor", "remainder.Scalar",
+    "fmod.Tensor", "fmod.Scalar", "floor_divide.default"};
 const char* const kSameShapeOps[] = {"gelu_backward.default", "threshold_backward.default",
                                      "sigmoid_backward.default", "tanh_backward.default", "silu_backward.default"};
 const char* const kBoolOps[] = {"eq.Tensor", "ne.Tensor", "lt.Tensor", "le.Tensor", "gt.Tensor", "ge.Tensor",
-                                "eq.Scalar", "ne.Scalar", "lt.Scalar", "le.Scalar", "gt.Scalar", "ge.Scalar"};
+                                "eq.Scalar", "ne.Scalar", "lt.Scalar", "le.Scalar", "gt.Scalar", "ge.Scalar",
+                                "isnan.default", "isinf.default", "logical_not.default", "logical_and.default",
+                                "logical_or.default", "logical_xor.default"};
 // In-place op -> whether integer receivers are accepted (for Python-int operands).
 const std::pair<const char*, bool> kInplaceOps[] = {
     {"relu_.default", false}, {"sigmoid_.default", false}, {"tanh_.default", false}, {"silu_.default", false},
@@ -212,6 +217,8 @@ void register_pointwise_rules(RuleTable& table) {
   auto add = [&](const std::string& name, Rule rule) { table["aten::" + name] = std::move(rule); };
   for (const char* op : kSameDtypeOps)
     add(op, [](RuleCall& call) { call.add_output(pointwise(call, Result::kSameDtype)); });
+  for (const char* op : kSameDtypeOrIntegerOps)
+    add(op, [](RuleCall& call) { call.add_output(pointwise(call, Result::kSameDtype, true)); });
   for (const char* op : kSameShapeOps)
     add(op, [](RuleCall& call) { call.add_output(pointwise(call, Result::kSameShape)); });
   for (const char* op : kBoolOps) add(op, [](RuleCall& call) { call.add_output(pointwise(call, Result::kBool)); });
@@ -219,13 +226,15 @@ void register_pointwise_rules(RuleTable& table) {
     bool ok = integer_ok;
     add(op, [ok](RuleCall& call) { inplace_rule(call, Result::kSameDtype, ok); });
   }
-  add("where.self", where_rule);
+  for (const char* op : {"where.self", "where.ScalarSelf", "where.ScalarOther"}) add(op, where_rule);
   add("bernoulli_.float", bernoulli_rule);
   add("native_dropout.default", native_dropout_rule);
   add("empty_like.default", [](RuleCall& call) { like_rule(call, 1); });
   add("zeros_like.default", [](RuleCall& call) { like_rule(call, 1); });
   add("ones_like.default", [](RuleCall& call) { like_rule(call, 1); });
   add("full_like.default", [](RuleCall& call) { like_rule(call, 2); });
+  add("rand_like.default", [](RuleCall& call) { like_rule(call, 1); });
+  add("randn_like.default", [](RuleCall& call) { like_rule(call, 1); });
   add("clone.default", clone_rule);
   add("_to_copy.default", to_copy_rule);
   add("contiguous.default", contiguous_rule);
