@@ -26,6 +26,8 @@ void triangle_rule(RuleCall& call) {
   call.check(x.dim() >= 2, "fewer than 2 dims");
   call.int_arg(1);
   no_empty(call, x.sizes);
+  // (the meta kernel orders size-1 dims by their strides, which are arbitrary: left to torch)
+  for (const Expr& s : x.sizes) call.check(!call.size_is(s, 1), "a dim of size 1");
   call.add_output(contiguous_meta(x.sizes, x.dtype, x.device));
 }
 
@@ -46,6 +48,7 @@ void flip_rule(RuleCall& call) {
   const SymTensorMeta& x = call.tensor(0);
   for (int64_t d : call.const_int_list(1)) wrap_dim(call, d, x.dim());
   no_empty(call, x.sizes);
+  for (const Expr& s : x.sizes) call.check(!call.size_is(s, 1), "a dim of size 1 (placed by its arbitrary stride)");
   call.add_output(make_meta(x.sizes, empty_like_strides(call, x, std::nullopt), x.dtype, x.device));
 }
 

@@ -60,9 +60,14 @@ void scalar_tensor_rule(RuleCall& call) {
 }
 
 // ceil(distance / step) for an int step, as a floordiv; ATen raises where the bounds run against the step, and an
-// empty range is assumed away (a size that may be 0 cannot be symbolic).
+// empty range is assumed away where the bounds are symbolic (a size that may be 0 cannot be symbolic).
 Expr int_range_length(RuleCall& call, const Expr& start, const Expr& end, int64_t step) {
   call.check(step != 0, "a step of 0");
+  Expr distance = call.simplify(step > 0 ? end - start : start - end);
+  if (distance.is_constant()) {
+    call.check(distance.constant_value() >= 0, "bounds against the step's sign");
+    return sym::floordiv(distance + (std::abs(step) - 1), std::abs(step));
+  }
   if (step > 0) {
     call.require_lt(start, end, "arange's bounds");
     return sym::floordiv(end - start + (step - 1), step);
@@ -107,7 +112,9 @@ void arange_rule(RuleCall& call, size_t count) {
       length = static_cast<int64_t>(std::ceil((end - start) / step));
     }
   }
-  call.add_output(contiguous_meta(allocated_sizes(call, {length}), options.dtype, options.device));
+  length = call.simplify(length);
+  call.check(!length.is_constant() || length.constant_value() >= 0, "a negative length");  // (else start < end holds)
+  call.add_output(contiguous_meta({length}, options.dtype, options.device));
 }
 
 }  // namespace

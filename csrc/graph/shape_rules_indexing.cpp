@@ -119,6 +119,8 @@ void index_add_rule(RuleCall& call) {
   const int64_t dim = wrap_dim(call, call.const_int(1), self.dim());
   for (int64_t d = 0; d < self.dim(); ++d)
     call.require_eq(source.sizes[d], d == dim ? product(index.sizes) : self.sizes[d], "index_add's source size");
+  // (the meta kernel orders size-1 dims by their strides, which are arbitrary: left to torch)
+  for (const Expr& s : self.sizes) call.check(!call.size_is(s, 1), "a dim of size 1");
   call.add_output(contiguous_meta(allocated_sizes(call, self.sizes), self.dtype, self.device));
 }
 
@@ -132,10 +134,11 @@ void index_put_rule(RuleCall& call) {
   call.check(values.dtype == self.dtype, "values of another dtype");
   call.bool_arg(3);
   no_empty(call, self.sizes);
+  for (const Expr& s : self.sizes) call.check(!call.size_is(s, 1), "a dim of size 1 (placed by its arbitrary stride)");
   call.add_output(make_meta(self.sizes, empty_like_strides(call, self, std::nullopt), self.dtype, self.device));
 }
 
-// masked_fill.Scalar / .Tensor(self, mask, value): self and mask broadcast, contiguous (a clone of the expanded self).
+// masked_fill.Scalar / .Tensor(self, mask, value): self and mask broadcast, contiguous.
 void masked_fill_rule(RuleCall& call) {
   const SymTensorMeta &self = call.tensor(0), &mask = call.tensor(1);
   call.check(mask.dtype == ScalarType::Bool, "a mask that is not bool");
@@ -146,6 +149,8 @@ void masked_fill_rule(RuleCall& call) {
   }
   std::vector<Expr> shape = broadcast_shape(call, {self.sizes, mask.sizes});
   no_empty(call, shape);
+  // (the meta kernel orders size-1 dims by their strides, which are arbitrary: left to torch)
+  for (const Expr& s : shape) call.check(!call.size_is(s, 1), "a dim of size 1");
   call.add_output(contiguous_meta(shape, self.dtype, self.device));
 }
 

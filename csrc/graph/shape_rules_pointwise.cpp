@@ -18,9 +18,14 @@ bool is_complex(ScalarType t) {
 
 // The output of a pointwise op over every argument: tensors take part in the layout; numbers, None and gelu's
 // approximate strings are accepted; anything else refuses. Operands with dims share one floating dtype, or, where
-// `integer_ok`, one integer dtype with int numbers and integer zero-dim tensors (which never promote it); the
-// operands of a bool result may be of any real dtypes.
-SymTensorMeta pointwise(RuleCall& call, Result result, bool integer_ok = false) {
+// `integer_ok`, one integer dtype with int numbers and integer zero-dim tensors (which never promote it); those of
+// a bool result one real dtype (torch's meta kernels of mixed dtypes lay size-1 dims out otherwise).
+//
+// The recorder takes the metas of the common floating cases from python/kiln/_meta_rules.py (TensorIterator's layout,
+// as here) and the others from torch's Python meta kernels, whose layouts differ where size-1 dims, broadcasts or
+// ties are involved; for those (`python_meta`: other ops, and integer or bool operands) only operands of the
+// result's shape that are contiguous (and not channels-last as well) are decided: a contiguous result.
+SymTensorMeta pointwise(RuleCall& call, Result result, bool integer_ok = false, bool python_meta = false) {
   std::vector<const SymTensorMeta*> tensors;
   for (size_t i = 0; i < call.num_args(); ++i) {
     const RuleArg& a = call.arg(i);
@@ -40,7 +45,7 @@ SymTensorMeta pointwise(RuleCall& call, Result result, bool integer_ok = false) 
     }
     call.check(!is_complex(t->dtype), "a complex operand");
     if (!first) first = t;
-    call.check(result == Result::kBool || t->dtype == first->dtype, "operands of different dtypes");
+    call.check(t->dtype == first->dtype, "operands of different dtypes");
   }
   call.check(first != nullptr, "no operand with dims");
   if (result != Result::kBool && !is_floating(first->dtype)) {
@@ -59,12 +64,20 @@ SymTensorMeta pointwise(RuleCall& call, Result result, bool integer_ok = false) 
   for (const SymTensorMeta* t : tensors) shapes.push_back(t->sizes);
   std::vector<Expr> shape = broadcast_shape(call, shapes);
   for (const Expr& s : shape) call.check(!call.size_is(s, 0), "an empty result");
-  std::vector<Expr> strides = pointwise_strides(call, shape, tensors);
-  return make_meta(shape, strides, result == Result::kBool ? ScalarType::Bool : first->dtype, first->device);
+  const ScalarType dtype = result == Result::kBool ? ScalarType::Bool : first->dtype;
+  if (python_meta || !is_floating(first->dtype)) {
+    for (const SymTensorMeta* t : tensors) {
+      call.check(t->dim() == static_cast<int64_t>(shape.size()), "an operand of another rank");
+      for (int64_t d = 0; d < t->dim(); ++d)
+        call.check(call.eq(t->sizes[d], shape[d], "an operand's size"), "a broadcast operand");
+      call.check(is_contiguous(call, *t) && !is_channels_last_contiguous(call, *t), "a non-contiguous operand");
+    }
+    return contiguous_meta(shape, dtype, first->device);
+  }
+  return make_meta(shape, pointwise_strides(call, shape, tensors), dtype, first->device);
 }
 
-// where.self / .ScalarSelf / .ScalarOther(condition, self, other): a bool condition, self and other as a binary op's
-// operands.
+// where(condition, self, other): a bool condition, self and other as a binary op's operands.
 void where_rule(RuleCall& call) {
   const SymTensorMeta& condition = call.tensor(0);
   call.check(condition.dtype == ScalarType::Bool, "condition is not bool");
@@ -80,10 +93,7 @@ void where_rule(RuleCall& call) {
   }
   call.check(value != nullptr, "no tensor value");
   for (size_t i = 1; i < tensors.size(); ++i) call.check(tensors[i]->dtype == value->dtype, "values of two dtypes");
-  if (!is_floating(value->dtype)) {  // (integer values stay integer with int numbers)
-    call.check(is_integral(value->dtype), "values are not floating or integer");
-    for (size_t i = 1; i < 3; ++i) call.check(!std::holds_alternative<double>(call.arg(i)), "a float number");
-  }
+  call.check(is_floating(value->dtype), "values are not floating");
   std::vector<std::vector<Expr>> shapes;
   for (const SymTensorMeta* t : tensors) shapes.push_back(t->sizes);
   std::vector<Expr> shape = broadcast_shape(call, shapes);
@@ -185,23 +195,26 @@ const char* const kSameDtypeOps[] = {
     "sigmoid.default", "tanh.default", "exp.default", "log.default", "sqrt.default", "rsqrt.default",
     "reciprocal.default", "erf.default", "sin.default", "cos.default", "hardtanh.default", "leaky_relu.default",
     "elu.default", "softplus.default", "hardswish.default", "hardsigmoid.default", "mish.default", "addcmul.default",
-    "addcdiv.default", "lerp.Scalar", "lerp.Tensor", "exp2.default", "expm1.default", "log1p.default", "log2.default",
+    "addcdiv.default", "lerp.Scalar", "lerp.Tensor"};
+// Ops torch's Python meta kernels lay out (see pointwise): contiguous operands of one shape only.
+const char* const kPythonMetaOps[] = {
+    "exp2.default", "expm1.default", "log1p.default", "log2.default",
     "log10.default", "erfc.default", "tan.default", "atan.default", "asin.default", "acos.default", "sinh.default",
     "cosh.default", "asinh.default", "acosh.default", "atanh.default", "atan2.default", "hypot.default",
-    "xlogy.Tensor", "logit.default", "frac.default", "nan_to_num.default", "round.default", "round.decimals"};
-// Ops whose result has their operands' dtype, floating or integer (with int numbers).
+    "logit.default", "frac.default", "nan_to_num.default", "round.default", "round.decimals", "sign.default",
+    "sgn.default", "floor.default", "ceil.default", "trunc.default", "remainder.Tensor", "remainder.Scalar",
+    "fmod.Tensor", "fmod.Scalar"};
+// Ops whose result has their operands' dtype, floating or integer (with int numbers; laid out as in pointwise).
 const char* const kSameDtypeOrIntegerOps[] = {
     "add.Tensor", "sub.Tensor", "mul.Tensor", "add.Scalar", "sub.Scalar", "mul.Scalar", "rsub.Scalar",
     "rsub.Tensor", "maximum.default", "minimum.default", "relu.default", "neg.default", "abs.default",
-    "sign.default", "sgn.default", "floor.default", "ceil.default", "trunc.default", "clamp.default",
-    "clamp.Tensor", "clamp_min.default", "clamp_max.default", "remainder.Tensor", "remainder.Scalar",
-    "fmod.Tensor", "fmod.Scalar", "floor_divide.default"};
+    "clamp.default", "clamp_min.default", "clamp_max.default"};
 const char* const kSameShapeOps[] = {"gelu_backward.default", "threshold_backward.default",
                                      "sigmoid_backward.default", "tanh_backward.default", "silu_backward.default"};
 const char* const kBoolOps[] = {"eq.Tensor", "ne.Tensor", "lt.Tensor", "le.Tensor", "gt.Tensor", "ge.Tensor",
-                                "eq.Scalar", "ne.Scalar", "lt.Scalar", "le.Scalar", "gt.Scalar", "ge.Scalar",
-                                "isnan.default", "isinf.default", "logical_not.default", "logical_and.default",
-                                "logical_or.default", "logical_xor.default"};
+                                "eq.Scalar", "ne.Scalar", "lt.Scalar", "le.Scalar", "gt.Scalar", "ge.Scalar"};
+const char* const kPythonMetaBoolOps[] = {"isnan.default", "isinf.default", "logical_not.default",
+                                          "logical_and.default", "logical_or.default", "logical_xor.default"};
 // In-place op -> whether integer receivers are accepted (for Python-int operands).
 const std::pair<const char*, bool> kInplaceOps[] = {
     {"relu_.default", false}, {"sigmoid_.default", false}, {"tanh_.default", false}, {"silu_.default", false},
@@ -217,6 +230,10 @@ void register_pointwise_rules(RuleTable& table) {
   auto add = [&](const std::string& name, Rule rule) { table["aten::" + name] = std::move(rule); };
   for (const char* op : kSameDtypeOps)
     add(op, [](RuleCall& call) { call.add_output(pointwise(call, Result::kSameDtype)); });
+  for (const char* op : kPythonMetaOps)
+    add(op, [](RuleCall& call) { call.add_output(pointwise(call, Result::kSameDtype, true, true)); });
+  for (const char* op : kPythonMetaBoolOps)
+    add(op, [](RuleCall& call) { call.add_output(pointwise(call, Result::kBool, false, true)); });
   for (const char* op : kSameDtypeOrIntegerOps)
     add(op, [](RuleCall& call) { call.add_output(pointwise(call, Result::kSameDtype, true)); });
   for (const char* op : kSameShapeOps)
@@ -226,7 +243,7 @@ void register_pointwise_rules(RuleTable& table) {
     bool ok = integer_ok;
     add(op, [ok](RuleCall& call) { inplace_rule(call, Result::kSameDtype, ok); });
   }
-  for (const char* op : {"where.self", "where.ScalarSelf", "where.ScalarOther"}) add(op, where_rule);
+  add("where.self", where_rule);
   add("bernoulli_.float", bernoulli_rule);
   add("native_dropout.default", native_dropout_rule);
   add("empty_like.default", [](RuleCall& call) { like_rule(call, 1); });
