@@ -461,3 +461,20 @@ def test_graph_without_symbols_prints_and_serialises_as_before():
     summary = graph.propagate_symbolic_sizes({0: [0]})  # a size 1 never becomes a symbol
     assert summary["symbols"] == [] and (str(graph), graph.to_json()) == before
     assert '"symbolic"' not in graph.to_json()
+
+
+def test_factories_indexing_and_reductions_keep_batch_and_sequence_symbolic():
+    # Sizes read from x reach the factories as ints the tracer marks (s0, s1); the rest follows from the inputs.
+    def fn(x):
+        positions = torch.arange(x.shape[1]).float()
+        return (x + positions, torch.zeros(x.shape[0], 3) + x.var(1, keepdim=True), x.max(1).values, x.cumsum(1),
+                F.pad(x, (1, 2)), x.topk(2, 1).values, x.masked_fill(x > 0, 0.0), x[:, torch.tensor([0, 1])],
+                x.logsumexp(1), x.argmax(-1))
+
+    graph = capture(fn, randn((4, 6)))
+    nodes = graph.ops()
+    marks = [(nodes.index("aten::arange.default"), 0, -1, "s1"), (nodes.index("aten::zeros.default"), 0, 0, "s0")]
+    graph, s, failed = symbolic(fn, randn((4, 6)), {0: [0, 1]}, others=[randn((5, 9)), randn((3, 2))], int_args=marks)
+    assert not s["specialisations"] and not s["assumptions"] and failed == [[], []], str(graph)  # (topk: 2 <= s1)
+    values = s["values"]
+    assert ["s0", "s1"] in values and ["s0", "3"] in values and ["s0", "s1 + 3"] in values and ["s0", "2"] in values
