@@ -7,6 +7,7 @@
 #include "graph/shape_rules_impl.h"
 
 #include <algorithm>
+#include <set>
 #include <sstream>
 
 #include "common/error.h"
@@ -22,6 +23,10 @@ const RuleTable& table() {
     register_view_rules(t);
     register_nn_rules(t);
     register_backward_rules(t);
+    register_factory_rules(t);
+    register_indexing_rules(t);
+    register_reduction_rules(t);
+    register_copy_rules(t);
     return t;
   }();
   return rules;
@@ -372,6 +377,41 @@ bool is_floating(ScalarType t) {
   return t == ScalarType::Float || t == ScalarType::Double || t == ScalarType::Half || t == ScalarType::BFloat16;
 }
 
+bool is_integral(ScalarType t) {
+  return t == ScalarType::Long || t == ScalarType::Int || t == ScalarType::Short || t == ScalarType::Char ||
+         t == ScalarType::Byte;
+}
+
+TensorOptions tensor_options(RuleCall& call, size_t first, ScalarType dtype, const Device& device) {
+  TensorOptions options{call.optional_dtype(first).value_or(dtype), device};
+  call.check(is_floating(options.dtype) || is_integral(options.dtype) || options.dtype == ScalarType::Bool, "dtype");
+  if (!call.is_none(first + 1)) {
+    auto* layout = std::get_if<LayoutArg>(&call.arg(first + 1));
+    call.check(layout && layout->code == 0, "a layout other than strided");
+  }
+  if (!call.is_none(first + 2)) {
+    auto* d = std::get_if<Device>(&call.arg(first + 2));
+    call.check(d != nullptr, "device");
+    options.device = *d;
+  }
+  call.check(call.is_none(first + 3) || !call.bool_arg(first + 3), "pin_memory");
+  return options;
+}
+
+std::vector<Expr> allocated_sizes(RuleCall& call, const std::vector<Expr>& sizes) {
+  std::vector<Expr> out;
+  for (const Expr& size : sizes) {
+    Expr s = call.simplify(size);
+    if (s.is_constant()) {
+      call.check(s.constant_value() >= 0, "a negative size");
+    } else {
+      call.require_le(1, s, "an allocated size");
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
 Expr product(const std::vector<Expr>& sizes) {
   Expr p = 1;
   for (const Expr& s : sizes) p = p * s;
@@ -477,6 +517,24 @@ SymTensorMeta make_meta(std::vector<Expr> sizes, std::vector<Expr> strides, Scal
 SymTensorMeta contiguous_meta(std::vector<Expr> sizes, ScalarType dtype, const Device& device) {
   std::vector<Expr> strides = contiguous_strides(sizes);
   return make_meta(std::move(sizes), std::move(strides), dtype, device);
+}
+
+std::vector<Expr> reduced_sizes(RuleCall& call, const SymTensorMeta& x, const std::vector<int64_t>& dims, bool keepdim) {
+  std::set<int64_t> reduced;
+  for (int64_t d : dims) reduced.insert(wrap_dim(call, d, x.dim()));
+  call.check(reduced.size() == dims.size(), "a repeated dim");
+  if (dims.empty())
+    for (int64_t d = 0; d < x.dim(); ++d) reduced.insert(d);
+  std::vector<Expr> sizes;
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    if (reduced.count(d) == 0) {
+      sizes.push_back(x.sizes[d]);
+      continue;
+    }
+    call.check(!call.size_is(x.sizes[d], 0), "a reduction over an empty dim");
+    if (keepdim) sizes.push_back(1);
+  }
+  return sizes;
 }
 
 std::vector<Expr> broadcast_shape(RuleCall& call, const std::vector<std::vector<Expr>>& shapes) {
@@ -592,6 +650,12 @@ std::vector<Expr> pointwise_strides(RuleCall& call, const std::vector<Expr>& sha
       if (!(call.size_is(t->sizes[i], 1) && !call.size_is(shape[offset + i], 1))) strides[offset + i] = t->strides[i];
     operand_strides.push_back(std::move(strides));
   }
+  return strides_in_operand_order(call, shape, operand_strides);
+}
+
+std::vector<Expr> strides_in_operand_order(RuleCall& call, const std::vector<Expr>& shape,
+                                           const std::vector<std::vector<Expr>>& operand_strides) {
+  const int64_t ndim = static_cast<int64_t>(shape.size());
   auto should_swap = [&](int64_t dim0, int64_t dim1) {
     for (const auto& strides : operand_strides) {
       const Expr &s0 = strides[dim0], &s1 = strides[dim1];

@@ -97,15 +97,35 @@ void register_pointwise_rules(RuleTable& table);
 void register_view_rules(RuleTable& table);
 void register_nn_rules(RuleTable& table);
 void register_backward_rules(RuleTable& table);
+void register_factory_rules(RuleTable& table);
+void register_indexing_rules(RuleTable& table);
+void register_reduction_rules(RuleTable& table);
+void register_copy_rules(RuleTable& table);
 
 // ---- shared helpers (shape_rules.cpp) ----
 bool is_floating(ScalarType t);  // f32, f64, f16, bf16
+bool is_integral(ScalarType t);  // i64, i32, i16, i8, u8 (not bool)
+/// The dtype of a tensor made without one: torch's default (kiln captures under float32; guards check it).
+constexpr ScalarType kDefaultDtype = ScalarType::Float;
+/// A factory's (dtype, layout, device, pin_memory) arguments from index `first`: the dtype (`dtype` when None), a
+/// strided layout, the device (`device` when None), no pinned memory; anything else refuses.
+struct TensorOptions {
+  ScalarType dtype;
+  Device device;
+};
+TensorOptions tensor_options(RuleCall& call, size_t first, ScalarType dtype, const Device& device);
+/// A list of sizes a factory or a copy allocates: each nonnegative, and a symbolic one at least 1 (dense strides
+/// skip sizes 0, so a size that could be 0 would make them wrong).
+std::vector<Expr> allocated_sizes(RuleCall& call, const std::vector<Expr>& sizes);
 Expr product(const std::vector<Expr>& sizes);
 /// A dim in [-ndim, ndim) wrapped to [0, ndim); anything else refuses. ndim 0 wraps as 1 (ATen's scalar rule).
 int64_t wrap_dim(RuleCall& call, int64_t dim, int64_t ndim);
 SymTensorMeta make_meta(std::vector<Expr> sizes, std::vector<Expr> strides, ScalarType dtype, const Device& device,
                         Expr storage_offset = 0);
 SymTensorMeta contiguous_meta(std::vector<Expr> sizes, ScalarType dtype, const Device& device);
+/// The sizes of a reduction of `x` over `dims` (every dim when empty; each wrapped, none repeated, none empty):
+/// reduced dims dropped, or kept as 1 with `keepdim`.
+std::vector<Expr> reduced_sizes(RuleCall& call, const SymTensorMeta& x, const std::vector<int64_t>& dims, bool keepdim);
 /// The broadcast shape of `shapes` (dims aligned right); unequal symbolic sizes are assumed equal.
 std::vector<Expr> broadcast_shape(RuleCall& call, const std::vector<std::vector<Expr>>& shapes);
 /// c10's is_contiguous / is_contiguous(channels_last) / is_non_overlapping_and_dense, decided.
@@ -117,6 +137,10 @@ bool strides_like_channels_last(RuleCall& call, const SymTensorMeta& t);
 /// The strides TensorIterator gives the output of a pointwise op over `operands` broadcast to `shape`.
 std::vector<Expr> pointwise_strides(RuleCall& call, const std::vector<Expr>& shape,
                                     const std::vector<const SymTensorMeta*>& operands);
+/// The general case of pointwise_strides (TensorIterator's reorder_dimensions): dense strides of `shape` in the
+/// order the operands' strides (over `shape`, 0 where broadcast) give its dims, the last dim fastest on ties.
+std::vector<Expr> strides_in_operand_order(RuleCall& call, const std::vector<Expr>& shape,
+                                           const std::vector<std::vector<Expr>>& operand_strides);
 /// empty_like(x, memory_format)'s strides (code: c10::MemoryFormat; nullopt = preserve).
 std::vector<Expr> empty_like_strides(RuleCall& call, const SymTensorMeta& x, std::optional<int8_t> memory_format);
 

@@ -7,8 +7,6 @@
 // convolution and pooling sizes as floordiv expressions (shape_rules.cpp). The dtype cases are _meta_rules.py's.
 #include "graph/shape_rules_impl.h"
 
-#include <set>
-
 namespace kiln::graph::shape {
 
 namespace {
@@ -22,24 +20,9 @@ void reduction_rule(RuleCall& call) {
   const SymTensorMeta& x = call.tensor(0);
   call.check(call.num_args() < 4 || call.is_none(3), "a dtype argument");
   call.check(is_floating(x.dtype) && x.dim() > 0, "a non-floating or 0-d input");
-  std::set<int64_t> dims;
   std::vector<int64_t> listed = call.is_none(1) ? std::vector<int64_t>{} : call.const_int_list(1);
-  for (int64_t d : listed) dims.insert(wrap_dim(call, d, x.dim()));
-  call.check(dims.size() == listed.size(), "a repeated dim");
-  if (listed.empty())
-    for (int64_t d = 0; d < x.dim(); ++d) dims.insert(d);
   bool keepdim = call.num_args() > 2 && call.bool_arg(2);
-  std::vector<Expr> sizes;
-  for (int64_t d = 0; d < x.dim(); ++d) {
-    bool reduced = dims.count(d) != 0;
-    if (reduced) call.check(!call.size_is(x.sizes[d], 0), "a reduction over an empty dim");
-    if (!reduced) {
-      sizes.push_back(x.sizes[d]);
-    } else if (keepdim) {
-      sizes.push_back(1);
-    }
-  }
-  call.add_output(contiguous_meta(sizes, x.dtype, x.device));
+  call.add_output(contiguous_meta(reduced_sizes(call, x, listed, keepdim), x.dtype, x.device));
 }
 
 // _softmax / _log_softmax (self, dim, half_to_float) and _safe_softmax (self, dim, dtype).

@@ -12,18 +12,20 @@ namespace {
 
 enum class Result { kSameDtype, kBool, kSameShape };
 
-bool is_integral(ScalarType t) {
-  return t == ScalarType::Long || t == ScalarType::Int || t == ScalarType::Short || t == ScalarType::Char ||
-         t == ScalarType::Byte;
-}
-
 bool is_complex(ScalarType t) {
   return t == ScalarType::ComplexHalf || t == ScalarType::ComplexFloat || t == ScalarType::ComplexDouble;
 }
 
 // The output of a pointwise op over every argument: tensors take part in the layout; numbers, None and gelu's
-// approximate strings are accepted; anything else refuses.
-SymTensorMeta pointwise(RuleCall& call, Result result) {
+// approximate strings are accepted; anything else refuses. Operands with dims share one floating dtype, or, where
+// `integer_ok`, one integer dtype with int numbers and integer zero-dim tensors (which never promote it); those of
+// a bool result one real dtype (torch's meta kernels of mixed dtypes lay size-1 dims out otherwise).
+//
+// The recorder takes the metas of the common floating cases from python/kiln/_meta_rules.py (TensorIterator's layout,
+// as here) and the others from torch's Python meta kernels, whose layouts differ where size-1 dims, broadcasts or
+// ties are involved; for those (`python_meta`: other ops, and integer or bool operands) only operands of the
+// result's shape that are contiguous (and not channels-last as well) are decided: a contiguous result.
+SymTensorMeta pointwise(RuleCall& call, Result result, bool integer_ok = false, bool python_meta = false) {
   std::vector<const SymTensorMeta*> tensors;
   for (size_t i = 0; i < call.num_args(); ++i) {
     const RuleArg& a = call.arg(i);
@@ -41,11 +43,17 @@ SymTensorMeta pointwise(RuleCall& call, Result result) {
       call.check(!is_complex(t->dtype), "a complex zero-dim operand");
       continue;
     }
+    call.check(!is_complex(t->dtype), "a complex operand");
     if (!first) first = t;
     call.check(t->dtype == first->dtype, "operands of different dtypes");
   }
   call.check(first != nullptr, "no operand with dims");
-  call.check(is_floating(first->dtype), "operands are not floating");
+  if (result != Result::kBool && !is_floating(first->dtype)) {
+    call.check(integer_ok && is_integral(first->dtype), "operands are not floating");
+    for (const SymTensorMeta* t : tensors) call.check(!is_floating(t->dtype), "a floating zero-dim operand");
+    for (size_t i = 0; i < call.num_args(); ++i)
+      call.check(!std::holds_alternative<double>(call.arg(i)), "a float number with integer operands");
+  }
   if (result == Result::kSameShape) {
     for (const SymTensorMeta* t : tensors) {
       call.check(t->dim() == tensors[0]->dim(), "operands of different ranks");
@@ -56,8 +64,17 @@ SymTensorMeta pointwise(RuleCall& call, Result result) {
   for (const SymTensorMeta* t : tensors) shapes.push_back(t->sizes);
   std::vector<Expr> shape = broadcast_shape(call, shapes);
   for (const Expr& s : shape) call.check(!call.size_is(s, 0), "an empty result");
-  std::vector<Expr> strides = pointwise_strides(call, shape, tensors);
-  return make_meta(shape, strides, result == Result::kBool ? ScalarType::Bool : first->dtype, first->device);
+  const ScalarType dtype = result == Result::kBool ? ScalarType::Bool : first->dtype;
+  if (python_meta || !is_floating(first->dtype)) {
+    for (const SymTensorMeta* t : tensors) {
+      call.check(t->dim() == static_cast<int64_t>(shape.size()), "an operand of another rank");
+      for (int64_t d = 0; d < t->dim(); ++d)
+        call.check(call.eq(t->sizes[d], shape[d], "an operand's size"), "a broadcast operand");
+      call.check(is_contiguous(call, *t) && !is_channels_last_contiguous(call, *t), "a non-contiguous operand");
+    }
+    return contiguous_meta(shape, dtype, first->device);
+  }
+  return make_meta(shape, pointwise_strides(call, shape, tensors), dtype, first->device);
 }
 
 // where(condition, self, other): a bool condition, self and other as a binary op's operands.
@@ -129,22 +146,10 @@ void native_dropout_rule(RuleCall& call) {
 // index of the dtype argument (full_like has its fill value before it).
 void like_rule(RuleCall& call, size_t first) {
   const SymTensorMeta& x = call.tensor(0);
-  ScalarType dtype = call.optional_dtype(first).value_or(x.dtype);
-  call.check(is_floating(dtype) || is_integral(dtype) || dtype == ScalarType::Bool, "dtype");
-  if (!call.is_none(first + 1)) {
-    auto* layout = std::get_if<LayoutArg>(&call.arg(first + 1));
-    call.check(layout && layout->code == 0, "a layout other than strided");
-  }
-  Device device = x.device;
-  if (!call.is_none(first + 2)) {
-    auto* d = std::get_if<Device>(&call.arg(first + 2));
-    call.check(d != nullptr, "device");
-    device = *d;
-  }
-  call.check(call.is_none(first + 3) || !call.bool_arg(first + 3), "pin_memory");
+  TensorOptions options = tensor_options(call, first, x.dtype, x.device);
   for (const Expr& s : x.sizes) call.check(!call.size_is(s, 0), "an empty input");
   std::vector<Expr> strides = empty_like_strides(call, x, call.optional_memory_format(first + 4));
-  call.add_output(make_meta(x.sizes, strides, dtype, device));
+  call.add_output(make_meta(x.sizes, strides, options.dtype, options.device));
 }
 
 void clone_rule(RuleCall& call) {
@@ -184,19 +189,32 @@ void contiguous_rule(RuleCall& call) {
   call.add_output(make_meta(x.sizes, empty_like_strides(call, x, format), x.dtype, x.device));
 }
 
+// Ops whose result has their floating operands' dtype (integer operands would become floating, or raise).
 const char* const kSameDtypeOps[] = {
-    "add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor", "add.Scalar", "sub.Scalar", "mul.Scalar",
-    "div.Scalar", "rsub.Scalar", "rsub.Tensor", "maximum.default", "minimum.default", "pow.Tensor_Scalar",
-    "pow.Tensor_Tensor", "relu.default", "gelu.default", "silu.default", "sigmoid.default", "tanh.default",
-    "exp.default", "log.default", "sqrt.default", "rsqrt.default", "neg.default", "abs.default",
-    "reciprocal.default", "erf.default", "sin.default", "cos.default", "clamp.default", "clamp_min.default",
-    "clamp_max.default", "hardtanh.default", "leaky_relu.default", "elu.default", "softplus.default",
-    "hardswish.default", "hardsigmoid.default", "mish.default", "addcmul.default", "addcdiv.default",
-    "lerp.Scalar", "lerp.Tensor"};
+    "div.Tensor", "div.Scalar", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "gelu.default", "silu.default",
+    "sigmoid.default", "tanh.default", "exp.default", "log.default", "sqrt.default", "rsqrt.default",
+    "reciprocal.default", "erf.default", "sin.default", "cos.default", "hardtanh.default", "leaky_relu.default",
+    "elu.default", "softplus.default", "hardswish.default", "hardsigmoid.default", "mish.default", "addcmul.default",
+    "addcdiv.default", "lerp.Scalar", "lerp.Tensor"};
+// Ops torch's Python meta kernels lay out (see pointwise): contiguous operands of one shape only.
+const char* const kPythonMetaOps[] = {
+    "exp2.default", "expm1.default", "log1p.default", "log2.default",
+    "log10.default", "erfc.default", "tan.default", "atan.default", "asin.default", "acos.default", "sinh.default",
+    "cosh.default", "asinh.default", "acosh.default", "atanh.default", "atan2.default", "hypot.default",
+    "logit.default", "frac.default", "nan_to_num.default", "round.default", "round.decimals", "sign.default",
+    "sgn.default", "floor.default", "ceil.default", "trunc.default", "remainder.Tensor", "remainder.Scalar",
+    "fmod.Tensor", "fmod.Scalar"};
+// Ops whose result has their operands' dtype, floating or integer (with int numbers; laid out as in pointwise).
+const char* const kSameDtypeOrIntegerOps[] = {
+    "add.Tensor", "sub.Tensor", "mul.Tensor", "add.Scalar", "sub.Scalar", "mul.Scalar", "rsub.Scalar",
+    "rsub.Tensor", "maximum.default", "minimum.default", "relu.default", "neg.default", "abs.default",
+    "clamp.default", "clamp_min.default", "clamp_max.default"};
 const char* const kSameShapeOps[] = {"gelu_backward.default", "threshold_backward.default",
                                      "sigmoid_backward.default", "tanh_backward.default", "silu_backward.default"};
 const char* const kBoolOps[] = {"eq.Tensor", "ne.Tensor", "lt.Tensor", "le.Tensor", "gt.Tensor", "ge.Tensor",
                                 "eq.Scalar", "ne.Scalar", "lt.Scalar", "le.Scalar", "gt.Scalar", "ge.Scalar"};
+const char* const kPythonMetaBoolOps[] = {"isnan.default", "isinf.default", "logical_not.default",
+                                          "logical_and.default", "logical_or.default", "logical_xor.default"};
 // In-place op -> whether integer receivers are accepted (for Python-int operands).
 const std::pair<const char*, bool> kInplaceOps[] = {
     {"relu_.default", false}, {"sigmoid_.default", false}, {"tanh_.default", false}, {"silu_.default", false},
@@ -212,6 +230,12 @@ void register_pointwise_rules(RuleTable& table) {
   auto add = [&](const std::string& name, Rule rule) { table["aten::" + name] = std::move(rule); };
   for (const char* op : kSameDtypeOps)
     add(op, [](RuleCall& call) { call.add_output(pointwise(call, Result::kSameDtype)); });
+  for (const char* op : kPythonMetaOps)
+    add(op, [](RuleCall& call) { call.add_output(pointwise(call, Result::kSameDtype, true, true)); });
+  for (const char* op : kPythonMetaBoolOps)
+    add(op, [](RuleCall& call) { call.add_output(pointwise(call, Result::kBool, false, true)); });
+  for (const char* op : kSameDtypeOrIntegerOps)
+    add(op, [](RuleCall& call) { call.add_output(pointwise(call, Result::kSameDtype, true)); });
   for (const char* op : kSameShapeOps)
     add(op, [](RuleCall& call) { call.add_output(pointwise(call, Result::kSameShape)); });
   for (const char* op : kBoolOps) add(op, [](RuleCall& call) { call.add_output(pointwise(call, Result::kBool)); });
@@ -226,6 +250,8 @@ void register_pointwise_rules(RuleTable& table) {
   add("zeros_like.default", [](RuleCall& call) { like_rule(call, 1); });
   add("ones_like.default", [](RuleCall& call) { like_rule(call, 1); });
   add("full_like.default", [](RuleCall& call) { like_rule(call, 2); });
+  add("rand_like.default", [](RuleCall& call) { like_rule(call, 1); });
+  add("randn_like.default", [](RuleCall& call) { like_rule(call, 1); });
   add("clone.default", clone_rule);
   add("_to_copy.default", to_copy_rule);
   add("contiguous.default", contiguous_rule);

@@ -245,6 +245,56 @@ void narrow_rule(RuleCall& call) {
   call.add_output(narrowed(x, dim, start, length, 1));
 }
 
+// unfold(self, dimension, size, step): dim's windows of `size` every `step`, the window as a new last dim.
+void unfold_rule(RuleCall& call) {
+  const SymTensorMeta& x = call.tensor(0);
+  call.check(x.dim() > 0, "unfold of a 0-d tensor");
+  int64_t dim = wrap_dim(call, call.const_int(1), x.dim());
+  Expr size = call.simplify(call.int_arg(2));
+  int64_t step = call.const_int(3);
+  call.check(step > 0, "a step below 1");
+  call.require_le(size, x.sizes[dim], "unfold's size against its dim");
+  std::vector<Expr> sizes = x.sizes, strides = x.strides;
+  sizes[dim] = sym::floordiv(x.sizes[dim] - size, step) + 1;
+  strides[dim] = x.strides[dim] * step;
+  sizes.push_back(size);
+  strides.push_back(x.strides[dim]);
+  call.add_output(view_of(x, sizes, strides, x.storage_offset));
+}
+
+// diagonal(self, offset, dim1, dim2): the two dims become one last dim of stride1 + stride2.
+void diagonal_rule(RuleCall& call) {
+  const SymTensorMeta& x = call.tensor(0);
+  call.check(x.dim() >= 2, "diagonal of fewer than 2 dims");
+  int64_t offset = call.const_int(1);
+  int64_t dim1 = wrap_dim(call, call.const_int(2), x.dim()), dim2 = wrap_dim(call, call.const_int(3), x.dim());
+  call.check(dim1 != dim2, "the same dim twice");
+  const Expr &size1 = x.sizes[dim1], &size2 = x.sizes[dim2];
+  Expr length = offset >= 0 ? sym::min(size1, size2 - offset) : sym::min(size1 + offset, size2);
+  call.require_le(1, length, "a diagonal of elements");  // (an empty one would make a size that may be 0)
+  Expr start = offset >= 0 ? x.strides[dim2] * offset : x.strides[dim1] * (-offset);
+  std::vector<Expr> sizes, strides;
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    if (d == dim1 || d == dim2) continue;
+    sizes.push_back(x.sizes[d]);
+    strides.push_back(x.strides[d]);
+  }
+  sizes.push_back(length);
+  strides.push_back(x.strides[dim1] + x.strides[dim2]);
+  call.add_output(view_of(x, sizes, strides, x.storage_offset + start));
+}
+
+// as_strided(self, size, stride, storage_offset) and _reshape_alias(self, size, stride): the given geometry over
+// self's storage (the offset self's where none is given).
+void as_strided_rule(RuleCall& call) {
+  const SymTensorMeta& x = call.tensor(0);
+  std::vector<Expr> sizes = call.int_list(1), strides = call.int_list(2);
+  call.check(sizes.size() == strides.size(), "sizes and strides of different lengths");
+  for (const Expr& s : sizes) call.require_le(0, s, "a size");
+  Expr offset = call.num_args() > 3 && !call.is_none(3) ? call.int_arg(3) : x.storage_offset;
+  call.add_output(view_of(x, sizes, strides, offset));
+}
+
 // The pieces of `dim` of the given lengths, in order.
 void pieces(RuleCall& call, const SymTensorMeta& x, int64_t dim, const std::vector<Expr>& lengths) {
   Expr start = 0;
@@ -395,6 +445,10 @@ void register_view_rules(RuleTable& table) {
   add("slice.Tensor", slice_rule);
   add("select.int", select_rule);
   add("narrow.default", narrow_rule);
+  add("unfold.default", unfold_rule);
+  add("diagonal.default", diagonal_rule);
+  add("as_strided.default", as_strided_rule);
+  add("_reshape_alias.default", as_strided_rule);
   add("split.Tensor", split_rule);
   add("split_with_sizes.default", split_with_sizes_rule);
   add("chunk.default", chunk_rule);

@@ -459,3 +459,212 @@ def test_rules_answer_symbolically_for_contiguous_inputs():
                                             {"sizes": ["b"], "strides": [1], "dtype": 6}, 1], {"a": 3, "b": 3})
     assert [a["text"] for a in got["assumptions"]] == ["a == b"]
     assert not C.shape_rule("aten::no_such_op.default", [], {})["has_rule"]
+
+
+# ---- rules whose reference is torch's meta kernel (what the recorder records) ----------------------------------
+def _metas(value):
+    if isinstance(value, torch.Tensor):
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+    if isinstance(value, (list, tuple)):
+        return type(value)(_metas(v) for v in value)
+    return value
+
+
+def _run_meta(func, case, args, kwargs=None, **options):
+    """_run with torch's meta kernel's answer as the expected one."""
+    kwargs = kwargs or {}
+    expected = func(*_metas(_to_torch(args)), **{k: _metas(_to_torch(v)) for k, v in kwargs.items()})
+    return _run(func, case, args, kwargs, expected=expected, **options)
+
+
+def _dims(rng, ndim, count):
+    return [d - ndim * rng.randint(0, 1) for d in rng.sample(range(ndim), min(count, ndim))]
+
+
+def _sym(value):
+    return Sym(value, [value]) if value >= 2 else value
+
+
+def test_factories():
+    rng = random.Random(20)
+    for _ in range(15):
+        case = Case(rng)
+        n, m = rng.choice([2, 3, 5, 7, 11]), rng.choice([1, 2, 4, 6])
+        sizes = [_sym(n), m]
+        for dtype in (None, torch.float32, torch.float64, torch.bfloat16, torch.long, torch.bool):
+            kw = {} if dtype is None else {"dtype": dtype}
+            for func in (aten.zeros.default, aten.ones.default, aten.empty.memory_format):
+                _run(func, case, [sizes], kw)
+            _run(aten.full.default, case, [sizes, rng.choice([2, 2.5, True])], kw)
+        _run(aten.full.default, case, [sizes, rng.choice([2, 2.5, True])])
+        for func in (aten.randn.default, aten.rand.default):
+            _run(func, case, [sizes], {"dtype": rng.choice([torch.float32, torch.float64])})
+        _run(aten.empty.memory_format, case, [[n, 3, m, 5]], {"memory_format": torch.channels_last})
+        x = case.tensor([n, m], rng.choice([torch.float32, torch.float64, torch.long]))
+        for func in (aten.new_zeros.default, aten.new_ones.default, aten.new_empty.default):
+            _run(func, case, [x, sizes], rng.choice([{}, {"dtype": torch.float64}]))
+        _run(aten.new_full.default, case, [x, sizes, 3])
+        _run(aten.scalar_tensor.default, case, [rng.choice([3, 2.5, True])])
+        _run(aten.scalar_tensor.default, case, [3], {"dtype": torch.long})
+        start, step = rng.randint(-3, n - 1), rng.choice([1, 2, 3, -1, -2])
+        _run(aten.arange.default, case, [_sym(n)])
+        _run(aten.arange.default, case, [_sym(n)], {"dtype": rng.choice([torch.float32, torch.int32])})
+        _run(aten.arange.start, case, [start, _sym(n)])
+        _run(aten.arange.start_step, case, [start, _sym(n), step] if step > 0 else [_sym(n), start, step])
+        _run(aten.arange.start_step, case, [0.5, n, 0.25])  # a float step: pinned (refused without hints)
+        _run(aten.arange.start_step, case, [0, _sym(n), 2.0], {"dtype": torch.float64})
+        _run(aten.arange.start, case, [n, n])  # (empty: concrete only)
+
+
+def test_arange_of_symbolic_bounds():
+    got = C.shape_rule("aten::arange.start_step", [{"expr": "a"}, {"expr": "b"}, 3, None, None, None, None],
+                       {"a": 2, "b": 9})
+    assert got["outputs"][0]["sizes_value"] == [3] and got["outputs"][0]["dtype"] == DTYPE[torch.long]
+    assert "floordiv" in got["outputs"][0]["sizes"][0]  # (ceil((b - a) / 3), simplified)
+    assert [a["text"] for a in got["assumptions"]] == ["a < b"]
+    assert not C.shape_rule("aten::arange.start_step", [0, {"expr": "b"}, 0.5, None, None, None, None],
+                            {"b": 9})["has_rule"]  # (a float step pins b: only with the capture's hints)
+
+
+def test_indexing():
+    rng = random.Random(21)
+    for _ in range(40):
+        case = Case(rng)
+        shape = _shape(rng, rng.randint(1, 4))
+        dtype = rng.choice([torch.float32, torch.float64, torch.bfloat16, torch.long])
+        x = case.tensor(shape, dtype)
+        ndim = len(shape)
+        positions = sorted(rng.sample(range(ndim), rng.randint(1, ndim)))
+        index_shape = _shape(rng, rng.randint(1, 2))
+        indices = [None] * (positions[-1] + 1)
+        for p in positions:
+            indices[p] = case.tensor(_broadcast_to(rng, index_shape) if rng.random() < 0.5 else index_shape,
+                                     rng.choice([torch.long, torch.int32]))
+        _run_meta(aten.index.Tensor, case, [x, indices])
+        dim = rng.randint(-ndim, ndim - 1)
+        r = rng.choice([1, 2, 3, 5])
+        _run_meta(aten.index_select.default, case, [x, dim, case.tensor([r], torch.long)])
+        index = case.tensor([rng.randint(1, s) for s in shape], torch.long)
+        _run_meta(aten.gather.default, case, [x, dim, index])
+        src = case.tensor(shape, dtype)
+        _run_meta(aten.scatter.src, case, [x, dim, index, src])
+        _run_meta(aten.scatter.value, case, [x, dim, index, 2])
+        _run_meta(aten.scatter_add.default, case, [x, dim, index, src])
+        source_shape = list(shape)
+        source_shape[dim] = r
+        _run_meta(aten.index_add.default, case, [x, dim, case.tensor([r], torch.long), case.tensor(source_shape, dtype)],
+                  must_answer=1 not in shape)
+        _run_meta(aten.index_put.default, case, [x, [case.tensor([r], torch.long)], case.tensor([], dtype), False],
+                  must_answer=1 not in shape)
+        mask = case.tensor(_broadcast_to(rng, shape), torch.bool)
+        _run_meta(aten.masked_fill.Scalar, case, [x, mask, 2], must_answer=1 not in shape)
+        _run_meta(aten.masked_fill.Tensor, case, [x, mask, case.tensor([], dtype)], must_answer=1 not in shape)
+        n, k = rng.choice([1, 2, 5]), rng.choice([2, 3, 7])
+        grad, ids = case.tensor([n, k, 6], rng.choice([torch.float32, torch.float64])), case.tensor([n, k], torch.long)
+        _run_meta(aten.embedding_dense_backward.default, case, [grad, ids, 11, -1, False])
+
+
+def test_statistics_and_reductions():
+    rng = random.Random(22)
+    floating = [torch.float32, torch.float64, torch.bfloat16]
+    for _ in range(30):
+        case = Case(rng)
+        shape = _shape(rng, rng.randint(1, 4), low=2)
+        ndim = len(shape)
+        x = case.tensor(shape, rng.choice(floating))
+        i = case.tensor(shape, rng.choice([torch.long, torch.int32, torch.uint8]))
+        b = case.tensor(shape, torch.bool)
+        dims, dim, keepdim = _dims(rng, ndim, rng.randint(1, 2)), rng.randint(-ndim, ndim - 1), rng.random() < 0.5
+        for func in (aten.var.correction, aten.std.correction, aten.var_mean.correction, aten.std_mean.correction):
+            _run_meta(func, case, [x, rng.choice([dims, None])], {"correction": rng.choice([0, 1]), "keepdim": keepdim})
+        for t in (x, i, b):
+            _run_meta(aten.prod.dim_int, case, [t, dim, keepdim])
+            _run_meta(aten.cumsum.default, case, [t, dim])
+            _run_meta(aten.any.dim, case, [t, dim, keepdim])
+            _run_meta(aten.all.dims, case, [t, dims, keepdim])
+            _run_meta(aten.any.default, case, [t])
+        _run_meta(aten.prod.default, case, [i])
+        _run_meta(aten.cumprod.default, case, [x, dim], {"dtype": torch.float64})
+        for t in (x, i):
+            _run_meta(aten.max.dim, case, [t, dim, keepdim])
+            _run_meta(aten.min.dim, case, [t, dim, keepdim])
+            _run_meta(aten.max.default, case, [t])
+            _run_meta(aten.argmax.default, case, [t, rng.choice([dim, None]), keepdim])
+            _run_meta(aten.argmin.default, case, [t, dim, keepdim])
+            _run_meta(aten.logsumexp.default, case, [t, dims, keepdim])
+            size = shape[dim]
+            k = rng.randint(1, size)
+            _run_meta(aten.topk.default, case, [t, _sym(k) if k == size else k, dim])
+        _run_meta(aten.linalg_vector_norm.default, case, [x, rng.choice([2, 1, 3.5]), rng.choice([dims, None]), keepdim])
+
+
+def test_copies_and_views():
+    rng = random.Random(23)
+    for _ in range(30):
+        case = Case(rng)
+        shape = _shape(rng, rng.randint(2, 4))
+        ndim = len(shape)
+        x = case.tensor(shape, rng.choice([torch.float32, torch.float64, torch.long]))
+        _run_meta(aten.tril.default, case, [x, rng.randint(-2, 2)], must_answer=1 not in shape)
+        _run_meta(aten.triu.default, case, [x], must_answer=1 not in shape)
+        _run_meta(aten.repeat.default, case, [x, [rng.choice([1, 2, 3]) for _ in range(ndim + rng.randint(0, 1))]])
+        _run_meta(aten.flip.default, case, [x, _dims(rng, ndim, 2)], must_answer=1 not in shape)
+        _run_meta(aten.roll.default, case, [x, [rng.randint(-3, 3)], [rng.randint(-ndim, ndim - 1)]])
+        pad = [rng.randint(0, 2) for _ in range(2 * rng.randint(1, ndim))]
+        _run_meta(aten.constant_pad_nd.default, case, [x, pad, 0])
+        dim = rng.randint(0, ndim - 1)
+        size = rng.randint(1, shape[dim])
+        _run(aten.unfold.default, case, [x, dim, _sym(size) if size == shape[dim] else size, rng.randint(1, 3)])
+        d1, d2 = rng.sample(range(ndim), 2)
+        offset = rng.randint(-1, 1)
+        if min(shape[d1] + min(offset, 0), shape[d2] - max(offset, 0)) >= 1:
+            _run(aten.diagonal.default, case, [x, offset, d1, d2])
+        _run(aten.as_strided.default, case, [x, [1, 1], [1, 1]], expected=x.as_strided([1, 1], [1, 1]))
+        x4 = case.tensor([rng.randint(1, 3), rng.choice([2, 3]), rng.randint(2, 6), rng.randint(2, 6)])
+        out = [rng.randint(1, 9), rng.randint(1, 9)]
+        _run_meta(aten.upsample_nearest2d.default, case, [x4, out])
+        _run_meta(aten.upsample_bilinear2d.default, case, [x4, out, rng.random() < 0.5])
+        _run_meta(aten.constant_pad_nd.default, case, [x4, [1, 1, 2, 0], 0.5])
+
+
+MORE_UNARY = [aten.exp2.default, aten.log1p.default, aten.expm1.default, aten.log2.default, aten.log10.default,
+              aten.floor.default, aten.ceil.default, aten.round.default, aten.trunc.default, aten.sign.default,
+              aten.atan.default, aten.asin.default, aten.acos.default, aten.sinh.default, aten.cosh.default,
+              aten.isnan.default, aten.isinf.default, aten.nan_to_num.default, aten.logical_not.default,
+              aten.frac.default, aten.erfc.default]
+MORE_BINARY = [aten.atan2.default, aten.remainder.Tensor, aten.fmod.Tensor,
+               aten.logical_and.default, aten.logical_or.default, aten.hypot.default]
+INTEGER_OK = [aten.add.Tensor, aten.mul.Tensor, aten.sub.Tensor, aten.maximum.default, aten.remainder.Tensor,
+              aten.lt.Tensor, aten.eq.Tensor, aten.logical_and.default]
+
+
+def test_more_pointwise_ops_and_integer_operands():
+    # Ops whose metas torch's Python meta kernels make (and integer or bool operands) answer for contiguous operands
+    # of the result's shape; other layouts may refuse but never answer wrongly.
+    rng = random.Random(24)
+    for _ in range(80):
+        case = Case(rng)
+        shape = _shape(rng, rng.randint(1, 4))
+        dtype = rng.choice([torch.float32, torch.float64, torch.bfloat16])
+        itype = rng.choice([torch.long, torch.int32])
+        for kind in ("contiguous", None):
+            must = kind is not None and len(shape) != 4  # (4-d may be channels-last as well: refused)
+            x, y = case.tensor(shape, dtype, kind), case.tensor(shape, dtype, kind)
+            i, j = case.tensor(shape, itype, kind), case.tensor(shape, itype, kind)
+            _run_meta(rng.choice(MORE_UNARY), case, [x], must_answer=must)
+            _run_meta(rng.choice(MORE_BINARY), case, [x, y], must_answer=must)
+            _run_meta(rng.choice([aten.remainder.Scalar, aten.fmod.Scalar]), case, [x, 3], must_answer=must)
+            _run_meta(rng.choice(INTEGER_OK), case, [i, j], must_answer=must)
+            _run_meta(rng.choice([aten.add.Tensor, aten.mul.Tensor, aten.lt.Scalar, aten.remainder.Scalar]), case,
+                      [i, 2], must_answer=must)
+            _run_meta(aten.eq.Tensor, case, [case.tensor(shape, torch.bool, kind), case.tensor(shape, torch.bool, kind)],
+                      must_answer=must)
+        y = case.tensor(_broadcast_to(rng, shape), dtype)
+        _run_meta(rng.choice(MORE_BINARY), case, [x, y] if rng.random() < 0.5 else [y, x], must_answer=False)
+    # Integer operands that promote are refused: a float number, a true division.
+    case = Case(rng)
+    i = case.tensor([3, 5], torch.long, kind="contiguous")
+    space = Space("concrete")
+    for func, args in ((aten.add.Tensor, [i, 2.5]), (aten.div.Tensor, [i, i]), (aten.sigmoid.default, [i])):
+        full = [_to_kiln(a, case, space) for a in _schema_args(func, args, {})]
+        assert not C.shape_rule(f"aten::{func._schema.name[6:]}.{func._overloadname}", full, {})["has_rule"]

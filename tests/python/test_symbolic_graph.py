@@ -435,16 +435,16 @@ def test_causal_attention_is_recorded_in_ops_of_concrete_sizes():
 
 
 def test_node_without_rule_specialises_with_reason():
-    fn = lambda x, y: (x + 1, torch.cumsum(y, 1) * 2)  # noqa: E731
+    fn = lambda x, y: (x + 1, torch.sort(y, 1).values * 2)  # noqa: E731
     graph, s, failed = symbolic(fn, randn((4, 6), (3, 5, 8)), {0: [0, 1], 1: [0, 1]},
                                 others=[randn((5, 9), (3, 5, 8)), randn((5, 9), (4, 7, 8))])
     assert [(p["symbol"], p["value"], p["reason"]) for p in s["specialisations"]] == [
-        ("s2", 3, "node 1 (aten::cumsum.default): no rule for aten::cumsum.default"),
-        ("s3", 5, "node 1 (aten::cumsum.default): no rule for aten::cumsum.default")]
+        ("s2", 3, "node 1 (aten::sort.default): no rule for aten::sort.default"),
+        ("s3", 5, "node 1 (aten::sort.default): no rule for aten::sort.default")]
     assert s["values"][2] == ["s0", "s1"]  # x's values keep their symbols
-    assert s["values"][3:] == [["3", "5", "8"], ["3", "5", "8"]]
+    assert s["values"][3:] == [["3", "5", "8"], ["3", "5", "8"], ["3", "5", "8"]]  # (sort's values and indices)
     assert failed == [[], ["s2 == 3", "s3 == 5"]]
-    assert "# specialised s2 = 3: node 1 (aten::cumsum.default)" in str(graph)
+    assert "# specialised s2 = 3: node 1 (aten::sort.default)" in str(graph)
 
 
 def test_marking_a_missing_dim_is_a_user_error():
@@ -461,3 +461,20 @@ def test_graph_without_symbols_prints_and_serialises_as_before():
     summary = graph.propagate_symbolic_sizes({0: [0]})  # a size 1 never becomes a symbol
     assert summary["symbols"] == [] and (str(graph), graph.to_json()) == before
     assert '"symbolic"' not in graph.to_json()
+
+
+def test_factories_indexing_and_reductions_keep_batch_and_sequence_symbolic():
+    # Sizes read from x reach the factories as ints the tracer marks (s0, s1); the rest follows from the inputs.
+    def fn(x):
+        positions = torch.arange(x.shape[1]).float()
+        return (x + positions, torch.zeros(x.shape[0], 3) + x.var(1, keepdim=True), x.max(1).values, x.cumsum(1),
+                F.pad(x, (1, 2)), x.topk(2, 1).values, x.masked_fill(x > 0, 0.0), x[:, torch.tensor([0, 1])],
+                x.logsumexp(1), x.argmax(-1))
+
+    graph = capture(fn, randn((4, 6)))
+    nodes = graph.ops()
+    marks = [(nodes.index("aten::arange.default"), 0, -1, "s1"), (nodes.index("aten::zeros.default"), 0, 0, "s0")]
+    graph, s, failed = symbolic(fn, randn((4, 6)), {0: [0, 1]}, others=[randn((5, 9)), randn((3, 2))], int_args=marks)
+    assert not s["specialisations"] and not s["assumptions"] and failed == [[], []], str(graph)  # (topk: 2 <= s1)
+    values = s["values"]
+    assert ["s0", "s1"] in values and ["s0", "3"] in values and ["s0", "s1 + 3"] in values and ["s0", "2"] in values
