@@ -17,7 +17,8 @@ import torch.nn.functional as F
 
 import kiln
 from kiln import _C
-from kiln.testing import random_tensor, tolerance
+from kiln.testing import random_tensor
+from test_dynamic_runtime import assert_same
 from test_symbolic_graph import capture
 
 pytestmark = pytest.mark.usefixtures("fresh_kiln")
@@ -29,15 +30,6 @@ def cpp_compiles():
     """C++ compiler runs and libraries read from KILN_CACHE_DIR: both mean a source not seen in this process."""
     s = _C.compiler_stats()
     return s["kernels_compiled"] + s["cache_hits"]
-
-
-def assert_same(actual, expected, kind):
-    expected = list(expected) if isinstance(expected, (tuple, list)) else [expected]
-    assert len(actual) == len(expected)
-    for a, e in zip(actual, expected):
-        assert a.dtype == e.dtype and a.shape == e.shape
-        rtol, atol = tolerance(e.dtype, kind)
-        torch.testing.assert_close(a, e, rtol=rtol, atol=atol)
 
 
 def run_bindings(fn, make_inputs, sizes, dynamic, kind="general", device="cpu"):
@@ -142,6 +134,15 @@ def test_views_fused_into_one_graph_compile_once(device):
 
     sizes = [(8,), (6,), (7,), (13,), (100,)]
     first, later = run_bindings(fn, lambda n: [t(n, 12), t(11, 8)], sizes, {0: [0]}, device=device)
+    assert first >= 1 and later == 0
+
+
+def test_padded_pooling_windows_compile_once(device):
+    # guarded loads: the bounds' extents are size slots too
+    t = on(device)
+    fn = lambda x: F.max_pool2d(x, 3, 2, 1) * 2  # noqa: E731
+    sizes = [(17, 16), (9, 10), (33, 20), (64, 64)]
+    first, later = run_bindings(fn, lambda h, w: [t(2, 3, h, w)], sizes, {0: [2, 3]}, device=device)
     assert first >= 1 and later == 0
 
 
