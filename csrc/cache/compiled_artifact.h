@@ -21,6 +21,9 @@ struct KernelEntry {
   unsigned block_y = 1;  ///< CUDA: rows per block (warp-per-row reductions)
   std::string strategy;  ///< CUDA: how it maps onto threads ("pointwise_vec4", "warp_per_row", ...: logs, tests)
   int part = 0;          ///< which of DeviceCode::parts defines it
+  /// DeviceCode::size_arguments: the values of the kernel's size slots (codegen/size_arguments.h), passed at each
+  /// launch; empty otherwise.
+  std::vector<int64_t> sizes;
 };
 
 /// The generated code of a graph for one device backend.
@@ -32,6 +35,10 @@ struct DeviceCode {
   /// members (indices into kernels, whose own entries then name device functions, not launchable kernels).
   KernelEntry group;
   std::vector<int32_t> group_members;
+  /// Emitted with size arguments (compile::CompileOptions::size_arguments): every kernel takes its KernelEntry::sizes
+  /// at run time (CPU: a second parameter, `const int64_t*`; CUDA: a struct of them by value after the buffers, where
+  /// it has any).
+  bool size_arguments = false;
 
   bool empty() const { return parts.empty(); }
   /// The parts one after the other (logs, debug dumps, summaries).

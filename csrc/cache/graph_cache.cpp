@@ -18,7 +18,7 @@ namespace {
 
 constexpr const char* kKind = "graphs";
 constexpr const char* kSuffix = ".kgraph";
-constexpr int64_t kRecordFormat = 3;
+constexpr int64_t kRecordFormat = 4;  // 4: size arguments
 constexpr int64_t kLimit = 1 << 30;
 
 void write_entry(graph::ByteWriter& w, const KernelEntry& entry) {
@@ -28,6 +28,7 @@ void write_entry(graph::ByteWriter& w, const KernelEntry& entry) {
   w.integer(entry.block_y);
   w.text(entry.strategy);
   w.integer(entry.part);
+  w.integers(entry.sizes);
 }
 
 KernelEntry read_entry(graph::ByteReader& r, int64_t num_parts) {
@@ -38,6 +39,7 @@ KernelEntry read_entry(graph::ByteReader& r, int64_t num_parts) {
   entry.block_y = static_cast<unsigned>(r.count(1024));
   entry.strategy = r.text();
   entry.part = static_cast<int>(r.count(std::max<int64_t>(num_parts - 1, 0)));
+  entry.sizes = r.integers();
   return entry;
 }
 
@@ -74,6 +76,7 @@ std::string encode(const CompiledArtifact& record) {
     w.integer(k.gathers);
   }
   w.text(record.code.backend);
+  w.integer(record.code.size_arguments);
   write_texts(w, record.code.parts);
   w.integer(static_cast<int64_t>(record.code.kernels.size()));
   for (const KernelEntry& entry : record.code.kernels) write_entry(w, entry);
@@ -110,6 +113,7 @@ CompiledArtifact decode(const std::string& bytes) {
     k.gathers = r.integer() != 0;
   }
   record.code.backend = r.text();
+  record.code.size_arguments = r.integer() != 0;
   record.code.parts = read_texts(r);
   const auto num_parts = static_cast<int64_t>(record.code.parts.size());
   record.code.kernels.resize(r.count(kLimit));

@@ -44,8 +44,10 @@ class DeviceBackend {
   /// The kernels of `schedule` as this device's code, one KernelEntry per schedule kernel. The backend may
   /// regroup the schedule first (CUDA runs pointwise kernels that read only graph inputs as one launch;
   /// `keep_peak`: not where that would raise the graph's peak memory). Throws kiln::Error for a construct it has
-  /// no code for (the graph then runs on the eager interpreter).
-  virtual cache::DeviceCode emit(fusion::Schedule& schedule, const graph::Graph& g, bool keep_peak) const = 0;
+  /// no code for (the graph then runs on the eager interpreter). `size_arguments`: kernels read their sizes at run time
+  /// (codegen/size_arguments.h; DeviceCode::size_arguments, KernelEntry::sizes).
+  virtual cache::DeviceCode emit(fusion::Schedule& schedule, const graph::Graph& g, bool keep_peak,
+                                 bool size_arguments) const = 0;
   /// `code` compiled (or found in the kernel cache) and loaded for device `index`; `context` names what the binary
   /// depends on beyond the source (torch's version). Call without the GIL: compilers run here.
   virtual std::shared_ptr<const LoadedCode> load(const cache::DeviceCode& code, int index,

@@ -120,15 +120,17 @@ std::shared_ptr<PyObject> hold_python(PyObject* obj) {
 // binding with the concrete graph and, as example inputs, the real tensors of the first call at that binding (for the
 // binding at the hints, compiled here, `example_inputs` as given, or [] when none). The specialisation at the hints is
 // compiled now, so compile errors surface here as they do for a graph without symbols.
-// Until generated kernels take their sizes as run-time arguments, each new binding lowers the graph again (the kernel
-// cache hits for kernels whose source does not depend on the sizes); that change replaces only the factory, once one
-// compiled artefact serves every binding.
+// Each new binding lowers the graph again (passes, fusion, code generation: the cheap C++ part), with
+// CompileOptions::size_arguments on: its kernels read their sizes at run time, so a binding whose schedule decisions
+// match an earlier one's generates the same sources and finds them compiled in the kernel caches.
 std::shared_ptr<CompiledGraph> compile_dynamic(std::shared_ptr<const graph::Graph> g, const std::string& backend,
                                                PyObject* example_inputs, PyObject* user_backend,
                                                const CompileOptions& options) {
   const bool grad_mode = at::GradMode::is_enabled();
   std::shared_ptr<PyObject> callable = hold_python(user_backend);
-  auto factory = [backend, callable, options, grad_mode](std::shared_ptr<const graph::Graph> concrete,
+  CompileOptions per_binding = options;
+  per_binding.size_arguments = true;  // every binding's kernels share one source (codegen/size_arguments.h)
+  auto factory = [backend, callable, options = std::move(per_binding), grad_mode](std::shared_ptr<const graph::Graph> concrete,
                                                          const std::vector<at::Tensor>& inputs) {
     py::gil_scoped_acquire gil;  // a miss inside run(), which callers make without the GIL
     at::AutoGradMode mode(grad_mode);

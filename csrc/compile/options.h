@@ -40,6 +40,11 @@ struct CompileOptions {
   /// in pieces (passes/split_at_parameter_buckets.h), so each bucket's all-reduce overlaps the rest of the backward.
   /// Not in cache_key(): each piece is keyed as the graph it is.
   std::shared_ptr<const passes::ParameterBuckets> parameter_buckets;
+  /// Set for the concrete graphs a DynamicGraph compiles per binding of its size symbols (compile/backends.cpp):
+  /// generated kernels read their sizes, strides and offsets from a per-kernel array of run-time values
+  /// (codegen/size_arguments.h) instead of literals, so every binding with the same schedule decisions has the same
+  /// sources and finds its kernels in the caches. Part of cache_key().
+  bool size_arguments = false;
 
   /// True when compiled CUDA graphs replay as CUDA graphs: mode="reduce-overhead" or options={"cudagraphs": True}.
   bool uses_cudagraphs() const { return cudagraphs || mode == Mode::kReduceOverhead; }

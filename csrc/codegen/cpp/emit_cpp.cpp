@@ -19,6 +19,7 @@
 #include <unordered_map>
 
 #include "codegen/prim_text.h"
+#include "codegen/size_arguments.h"
 #include "common/error.h"
 #include "device_lib/cpp_prelude.h"
 #include "fusion/loop_nest.h"
@@ -34,7 +35,8 @@ using graph::ScalarType;
 namespace {
 
 constexpr int64_t kParallelThreshold = 32768;  // elements below which threads cost more than they save
-constexpr int64_t kTile = 16;  // side of the tiles of a transposing kernel: 64 bytes of float32 per row
+constexpr int64_t kTile = 16;
+constexpr int64_t kMaxColumnBlock = 512;  // columns per block of a column reduction, at most  // side of the tiles of a transposing kernel: 64 bytes of float32 per row
 
 const char* storage_type(ScalarType t) {
   switch (t) {
@@ -74,29 +76,46 @@ std::string literal(double v, ScalarType t) {
 
 class KernelEmitter {
  public:
-  KernelEmitter(const Kernel& k, const graph::Graph& g)
-      : k_(k), g_(g), nest_(fusion::build_loop_nest(k)), depends_(fusion::depends_on_reduced_loops(k, nest_)) {
+  KernelEmitter(const Kernel& k, const graph::Graph& g, bool size_arguments)
+      : k_(k), g_(g), nest_(fusion::build_loop_nest(k)), depends_(fusion::depends_on_reduced_loops(k, nest_)),
+        sizes_(size_arguments) {
     names_.resize(k.exprs.size());
   }
 
-  std::string emit() {
+  /// The kernel's function; with size arguments, `sizes` gets the values of its slots.
+  std::string emit(std::vector<int64_t>& sizes) {
+    std::string text = emit_function();
+    if (sizes_.enabled()) {
+      text.insert(slots_at_, slot_declarations());
+      sizes = sizes_.values();
+    }
+    return text;
+  }
+
+ private:
+  std::string emit_function() {
     std::ostringstream out;
     out << "// " << k_.name << " covers graph nodes:";
     for (graph::NodeIndex n : k_.nodes) out << " " << n << ":" << g_.nodes[n].qualified_name();
-    out << "\nextern \"C\" void " << k_.name << "(void* const* buffers) {\n";
+    out << "\nextern \"C\" void " << k_.name << "(void* const* buffers" << (sizes_.enabled() ? ", const int64_t* sizes" : "")
+        << ") {\n";
     for (size_t b = 0; b < k_.buffers.size(); ++b) {
       const auto& buf = k_.buffers[b];
       const char* type = storage_type(buf.dtype);
       out << "  " << (buf.is_output ? "" : "const ") << type << "* __restrict__ buf" << b << " = static_cast<"
           << (buf.is_output ? "" : "const ") << type << "*>(buffers[" << b << "]);  // %" << buf.value << "\n";
     }
+    slots_at_ = static_cast<size_t>(out.tellp());
     int64_t numel = 1;
     for (int64_t s : k_.domain) numel *= s;
     if (nest_.outer_numel() == 0) {  // an empty reduction still stores its initial values (sum of nothing = 0)
-      out << "  (void)buffers;  // empty domain\n}\n";
+      out << "  (void)buffers;" << (sizes_.enabled() ? " (void)sizes;" : "") << "  // empty domain\n}\n";
       return out.str();
     }
-    const bool parallel = numel >= kParallelThreshold;
+    // With size arguments the threshold is tested at run time (OpenMP's if clause), so that the parallel and the
+    // serial bindings share one source.
+    const bool parallel = sizes_.enabled() || numel >= kParallelThreshold;
+    if (sizes_.enabled()) parallel_if_ = " if(parallel: " + sizes_(numel) + " >= " + std::to_string(kParallelThreshold) + ")";
     if (column_reduction_applies()) {
       emit_column_reduction(out, parallel);
       out << "}\n";
@@ -111,13 +130,13 @@ class KernelEmitter {
     std::string indent = "  ";
     for (int l = 0; l < outer; ++l) {
       if (l == 0 && parallel) {
-        if (!reduces && outer == 1) out << indent << "#pragma omp parallel for simd\n";
-        else if (!reduces) out << indent << "#pragma omp parallel for" << (outer > 2 ? " collapse(" + std::to_string(outer - 1) + ")" : "") << "\n";
-        else out << indent << "#pragma omp parallel for" << (outer > 1 ? " collapse(" + std::to_string(outer) + ")" : "") << "\n";
+        if (!reduces && outer == 1) out << indent << "#pragma omp parallel for simd" << parallel_if_ << "\n";
+        else if (!reduces) out << indent << "#pragma omp parallel for" << (outer > 2 ? " collapse(" + std::to_string(outer - 1) + ")" : "") << parallel_if_ << "\n";
+        else out << indent << "#pragma omp parallel for" << (outer > 1 ? " collapse(" + std::to_string(outer) + ")" : "") << parallel_if_ << "\n";
       } else if (!reduces && l == outer - 1 && !(l == 0 && parallel)) {
         out << indent << "#pragma omp simd\n";
       }
-      out << indent << "for (int64_t i" << l << " = 0; i" << l << " < " << nest_.loops[l].size << "; ++i" << l << ") {\n";
+      out << indent << "for (int64_t i" << l << " = 0; i" << l << " < " << loop_size(l) << "; ++i" << l << ") {\n";
       indent += "  ";
     }
     body_ = &out;
@@ -131,7 +150,21 @@ class KernelEmitter {
     return out.str();
   }
 
- private:
+  // `const int64_t sz0 = sizes[0], ...;`: the size slots, read once at the function's start.
+  std::string slot_declarations() const {
+    std::string text;
+    const std::vector<int64_t>& values = sizes_.values();
+    for (size_t k = 0; k < values.size(); ++k) {
+      const std::string slot = sizes_.prefix() + std::to_string(k);
+      text += (k % 8 == 0 ? "  const int64_t " : ", ") + slot + " = sizes[" + std::to_string(k) + "]";
+      if (k % 8 == 7 || k + 1 == values.size()) text += ";\n";
+    }
+    return text;
+  }
+
+  // A loop's trip count.
+  std::string loop_size(int l) const { return sizes_(nest_.loops[l].size); }
+
   bool strides_run_reduced(const std::vector<int64_t>& strides) const { return nest_.runs_reduced(strides); }
 
   // A pointwise kernel that transposes: the innermost loop (contiguous in the first output) reads some input
@@ -171,21 +204,21 @@ class KernelEmitter {
     std::vector<int> plain;
     for (int l = 0; l < inner; ++l)
       if (l != across) plain.push_back(l);
-    if (parallel) out << indent << "#pragma omp parallel for collapse(" << plain.size() + 2 << ")\n";
+    if (parallel) out << indent << "#pragma omp parallel for collapse(" << plain.size() + 2 << ")" << parallel_if_ << "\n";
     for (int l : plain) {
-      out << indent << "for (int64_t i" << l << " = 0; i" << l << " < " << nest_.loops[l].size << "; ++i" << l << ") {\n";
+      out << indent << "for (int64_t i" << l << " = 0; i" << l << " < " << loop_size(l) << "; ++i" << l << ") {\n";
       indent += "  ";
     }
     for (int l : {inner, across}) {
-      out << indent << "for (int64_t t" << l << " = 0; t" << l << " < " << nest_.loops[l].size << "; t" << l
+      out << indent << "for (int64_t t" << l << " = 0; t" << l << " < " << loop_size(l) << "; t" << l
           << " += " << kTile << ") {\n";
       indent += "  ";
     }
     const std::string a = std::to_string(across), i = std::to_string(inner);
     const bool register_transpose = stores_transpose_in_registers(across, inner);
     if (register_transpose) {
-      out << indent << "if (t" << a << " + " << kTile << " <= " << nest_.loops[across].size << " && t" << i << " + "
-          << kTile << " <= " << nest_.loops[inner].size << ") {\n";
+      out << indent << "if (t" << a << " + " << kTile << " <= " << loop_size(across) << " && t" << i << " + "
+          << kTile << " <= " << loop_size(inner) << ") {\n";
       const std::string body_indent = indent + "      ";
       for (size_t s = 0; s < k_.stores.size(); ++s)
         out << indent << "  alignas(64) float tile" << s << "[" << kTile * kTile << "];\n";
@@ -206,7 +239,9 @@ class KernelEmitter {
       for (size_t s = 0; s < k_.stores.size(); ++s) {
         const auto& st = k_.stores[s];
         out << indent << "  kiln_store_transposed16x16(tile" << s << ", &buf" << st.buffer << "["
-            << index(nest_.store_strides[s], st.index.offset) << "], INT64_C(" << nest_.store_strides[s][across] << "));\n";
+            << index(nest_.store_strides[s], st.index.offset) << "], "
+            << sizes_.stride(nest_.store_strides[s][across], "INT64_C(" + std::to_string(nest_.store_strides[s][across]) + ")")
+            << ");\n";
       }
       out << indent << "} else {\n";
       indent += "  ";
@@ -214,7 +249,7 @@ class KernelEmitter {
     for (int l : {across, inner}) {
       if (l == inner) out << indent << "#pragma omp simd\n";
       out << indent << "for (int64_t i" << l << " = t" << l << "; i" << l << " < std::min<int64_t>(t" << l << " + "
-          << kTile << ", " << nest_.loops[l].size << "); ++i" << l << ") {\n";
+          << kTile << ", " << loop_size(l) << "); ++i" << l << ") {\n";
       indent += "  ";
     }
     body_ = &out;
@@ -242,9 +277,10 @@ class KernelEmitter {
 
   std::string index(const std::vector<int64_t>& strides, int64_t offset) const {
     std::ostringstream out;
-    out << offset;
+    out << sizes_.stride(offset, std::to_string(offset));
     for (size_t l = 0; l < strides.size(); ++l)
-      if (strides[l] != 0) out << " + INT64_C(" << strides[l] << ") * i" << l;
+      if (strides[l] != 0)
+        out << " + " << sizes_.stride(strides[l], "INT64_C(" + std::to_string(strides[l]) + ")") << " * i" << l;
     return out.str();
   }
 
@@ -257,8 +293,8 @@ class KernelEmitter {
       case ExprKind::Load: {
         std::string address = index(nest_.load_strides[e], x.index.offset);
         if (x.operands[1] >= 0)  // gathered: the index value, checked (kiln_gather_index), times its stride
-          address += " + kiln_gather_index(" + name(1) + ", " + std::to_string(x.gather_extent) + "ll) * " +
-                     std::to_string(x.gather_stride);
+          address += " + kiln_gather_index(" + name(1) + ", " + sizes_(x.gather_extent, std::to_string(x.gather_extent) + "ll") +
+                     ") * " + sizes_.stride(x.gather_stride, std::to_string(x.gather_stride));
         const std::string load = "kiln_load(buf" + std::to_string(x.buffer) + "[" + address + "])";
         if (x.operands[0] < 0) return load;
         return "(" + name(0) + " ? " + load + " : " + literal(x.constant, x.dtype) + ")";
@@ -269,12 +305,14 @@ class KernelEmitter {
           std::string i = "(";  // appended, not `"(" + ...`: GCC 12 warns falsely (-Wrestrict) on that form
           i += index(nest_.bound_strides[e][b], x.bounds[b].index.offset);
           i += ")";
-          test += (b ? " && " : "") + i + " >= 0 && " + i + " < " + std::to_string(x.bounds[b].extent);
+          test += (b ? " && " : "") + i + " >= 0 && " + i + " < " + sizes_(x.bounds[b].extent);
         }
         return "(" + test + ")";
       }
-      case ExprKind::Constant:
-        return literal(x.constant, x.dtype);
+      case ExprKind::Constant: {
+        const std::string slot = sizes_.constant(k_, e, ct);
+        return slot.empty() ? literal(x.constant, x.dtype) : slot;
+      }
       case ExprKind::Cast: {
         const ScalarType from = k_.exprs[x.operands[0]].dtype;
         if (x.dtype == ScalarType::Bool) return "(" + name(0) + " != 0)";
@@ -331,7 +369,7 @@ class KernelEmitter {
     const int total = static_cast<int>(nest_.loops.size());
     for (int l = outer; l < total; ++l) {
       if (l == total - 1 && !simd_clause.empty()) *body_ << indent << "#pragma omp simd" << simd_clause << "\n";
-      *body_ << indent << "for (int64_t i" << l << " = 0; i" << l << " < " << nest_.loops[l].size << "; ++i" << l << ") {\n";
+      *body_ << indent << "for (int64_t i" << l << " = 0; i" << l << " < " << loop_size(l) << "; ++i" << l << ") {\n";
       indent += "  ";
     }
     scope_ids_.clear();
@@ -510,7 +548,7 @@ class KernelEmitter {
     const int total = static_cast<int>(nest_.loops.size());
     std::string inner = indent;
     for (int l = first_loop; l < total; ++l) {
-      out << inner << "for (int64_t i" << l << " = 0; i" << l << " < " << nest_.loops[l].size << "; ++i" << l << ") {\n";
+      out << inner << "for (int64_t i" << l << " = 0; i" << l << " < " << loop_size(l) << "; ++i" << l << ") {\n";
       inner += "  ";
     }
     out << inner << "#pragma omp simd\n" << inner << "for (int64_t j = 0; j < count; ++j) {\n";
@@ -533,20 +571,25 @@ class KernelEmitter {
     const int64_t columns = nest_.loops[column].size;
     // Enough blocks for every thread (8 per 2-core machine at least), a block at most 2 KiB of float sums.
     int64_t block = ((columns + 7) / 8 + 15) / 16 * 16;
-    block = std::max<int64_t>(16, std::min<int64_t>(512, block));
+    block = std::max<int64_t>(16, std::min<int64_t>(kMaxColumnBlock, block));
     const int64_t blocks = (columns + block - 1) / block;
-    out << "  // column reduction: per block of " << block << " columns, rows walked contiguously\n";
-    if (parallel) out << "  #pragma omp parallel for" << (outer > 1 ? " collapse(" + std::to_string(outer) + ")" : "") << "\n";
+    const std::string columns_text = sizes_(columns);
+    // With size arguments the block is a run-time value too, and the accumulators are sized for the largest one.
+    const std::string block_text = sizes_(block);
+    const int64_t extent = sizes_.enabled() ? kMaxColumnBlock : block;
+    out << "  // column reduction: per block of " << block_text << " columns, rows walked contiguously\n";
+    if (parallel)
+      out << "  #pragma omp parallel for" << (outer > 1 ? " collapse(" + std::to_string(outer) + ")" : "") << parallel_if_ << "\n";
     std::string indent = "  ";
     for (int l = 0; l < column; ++l) {
-      out << indent << "for (int64_t i" << l << " = 0; i" << l << " < " << nest_.loops[l].size << "; ++i" << l << ") {\n";
+      out << indent << "for (int64_t i" << l << " = 0; i" << l << " < " << loop_size(l) << "; ++i" << l << ") {\n";
       indent += "  ";
     }
-    out << indent << "for (int64_t block = 0; block < " << blocks << "; ++block) {\n";
+    out << indent << "for (int64_t block = 0; block < " << sizes_(blocks) << "; ++block) {\n";
     indent += "  ";
-    out << indent << "const int64_t first = block * " << block << ";\n";
-    out << indent << "const int64_t count = " << columns << " - first < " << block << " ? " << columns << " - first : "
-        << block << ";\n";
+    out << indent << "const int64_t first = block * " << block_text << ";\n";
+    out << indent << "const int64_t count = " << columns_text << " - first < " << block_text << " ? " << columns_text
+        << " - first : " << block_text << ";\n";
     // Stores along the reduced loops that use no reduction (a fused producer's result the sum reads too) are
     // made in the first reduction's walk over the rows.
     const std::vector<bool> after_reduction = fusion::uses_reductions(k_);
@@ -561,7 +604,7 @@ class KernelEmitter {
       const std::string acc = "acc" + std::to_string(r);
       const std::vector<size_t> with = first_reduction ? early : std::vector<size_t>{};
       first_reduction = false;
-      out << indent << compute_type(x.dtype) << " " << acc << "[" << block << "];\n";
+      out << indent << compute_type(x.dtype) << " " << acc << "[" << extent << "];\n";
       column_walk(out, indent, total, [&](const std::string& in) { out << in << acc << "[j] = " << reduction_identity(x) << ";\n"; });
       column_walk(out, indent, outer, [&](const std::string& in) {
         std::vector<std::string> scope;
@@ -620,6 +663,9 @@ class KernelEmitter {
   const graph::Graph& g_;
   fusion::LoopNest nest_;
   std::vector<bool> depends_;
+  mutable SizeArguments sizes_;  // literals, or the kernel's size slots (codegen/size_arguments.h)
+  size_t slots_at_ = 0;  // where the slots' declarations go: after the buffers'
+  std::string parallel_if_;  // with size arguments: the run-time test on OpenMP's parallel pragmas
   std::vector<std::string> names_;
   std::vector<int32_t> scope_ids_;  // names made inside the current reduced loop
   std::ostringstream* body_ = nullptr;
@@ -629,7 +675,12 @@ class KernelEmitter {
 
 }  // namespace
 
-std::string emit_cpp_kernel(const Kernel& kernel, const graph::Graph& g) { return KernelEmitter(kernel, g).emit(); }
+std::string emit_cpp_kernel(const Kernel& kernel, const graph::Graph& g, bool size_arguments, std::vector<int64_t>* sizes) {
+  std::vector<int64_t> values;
+  std::string text = KernelEmitter(kernel, g, size_arguments).emit(values);
+  if (sizes) *sizes = std::move(values);
+  return text;
+}
 
 namespace {
 
@@ -653,17 +704,18 @@ std::string without_value_comments(const std::string& text) {
 
 }  // namespace
 
-CppSource emit_cpp_source(const fusion::Schedule& schedule, const graph::Graph& g) {
+CppSource emit_cpp_source(const fusion::Schedule& schedule, const graph::Graph& g, bool size_arguments) {
   // The g++ time of a graph grows with its source: a 6-block transformer has 19 CPU kernels, 4 distinct.
   CppSource result;
   std::ostringstream out;
   out << device_lib::cpp_prelude() << "\n";
   std::unordered_map<std::string, std::string> function_of_body;  // code after the name -> the function
   result.functions.resize(schedule.kernels.size());
+  result.sizes.resize(schedule.kernels.size());
   for (const fusion::Step& step : schedule.steps) {
     if (step.kind != fusion::Step::Kind::Kernel) continue;
     const fusion::Kernel& kernel = schedule.kernels[step.index];
-    const std::string text = emit_cpp_kernel(kernel, g);
+    const std::string text = emit_cpp_kernel(kernel, g, size_arguments, &result.sizes[step.index]);
     const std::string signature = "extern \"C\" void " + kernel.name + "(";
     const size_t at = text.find(signature);
     KILN_ASSERT(at != std::string::npos);

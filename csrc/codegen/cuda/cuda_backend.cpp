@@ -20,7 +20,8 @@ constexpr size_t kMaxGroupBuffers = 256;
 
 class CudaKernel final : public LoadedKernel {
  public:
-  CudaKernel(int device, CudaFunction fn, const cache::KernelEntry& entry) : device_(device), fn_(fn), name_(entry.name) {
+  CudaKernel(int device, CudaFunction fn, const cache::KernelEntry& entry)
+      : device_(device), fn_(fn), name_(entry.name), sizes_(entry.sizes) {
     config_.grid.x = entry.grid;
     config_.block.x = entry.block_x;
     config_.block.y = entry.block_y;
@@ -28,14 +29,17 @@ class CudaKernel final : public LoadedKernel {
   bool run(void* const* buffers, size_t count, void* stream) const override {
     if (config_.grid.x == 0) return true;  // an empty domain: nothing to launch
     // cuLaunchKernel takes a pointer to each argument's value; on the stack for all but launch groups.
+    // After the buffers, the size slots (a struct of int64 values, by value) where the kernel has any.
+    const size_t total = count + (sizes_.empty() ? 0 : 1);
     void* on_stack[64];
     std::vector<void*> on_heap;
     void** arguments = on_stack;
-    if (count > 64) {
-      on_heap.resize(count);
+    if (total > 64) {
+      on_heap.resize(total);
       arguments = on_heap.data();
     }
     for (size_t b = 0; b < count; ++b) arguments[b] = const_cast<void**>(&buffers[b]);
+    if (!sizes_.empty()) arguments[count] = const_cast<int64_t*>(sizes_.data());
     launch_kernel(device_, fn_, name_, config_, static_cast<CudaStream>(stream), arguments);
     return true;
   }
@@ -44,6 +48,7 @@ class CudaKernel final : public LoadedKernel {
   int device_;
   CudaFunction fn_;
   std::string name_;
+  std::vector<int64_t> sizes_;  // the kernel's size arguments (cache::KernelEntry::sizes)
   LaunchConfig config_;
 };
 
@@ -65,11 +70,16 @@ class CudaBackend final : public DeviceBackend {
  public:
   const char* name() const override { return "cuda"; }
 
-  cache::DeviceCode emit(fusion::Schedule& schedule, const graph::Graph& g, bool keep_peak) const override {
-    const std::vector<int32_t> group = fusion::hoist_input_kernels(schedule, g, kMaxGroupBuffers, keep_peak);
-    CudaSource source = emit_cuda_source(schedule, g, group);
+  cache::DeviceCode emit(fusion::Schedule& schedule, const graph::Graph& g, bool keep_peak,
+                         bool size_arguments) const override {
+    // With size arguments, no launch group: its members' block ranges are per binding, and the group kernel would
+    // carry every member's sizes.
+    const std::vector<int32_t> group =
+        size_arguments ? std::vector<int32_t>{} : fusion::hoist_input_kernels(schedule, g, kMaxGroupBuffers, keep_peak);
+    CudaSource source = emit_cuda_source(schedule, g, group, size_arguments);
     cache::DeviceCode code;
     code.backend = name();
+    code.size_arguments = size_arguments;
     code.parts = std::move(source.parts);
     code.kernels = std::move(source.kernels);
     code.group = std::move(source.group);

@@ -72,19 +72,20 @@ std::string identity(ReduceOp op, ScalarType t) {
 }
 
 
-std::string index_text(const std::vector<int64_t>& strides, int64_t offset) {
+std::string index_text(const std::vector<int64_t>& strides, int64_t offset, SizeArguments& sizes) {
   std::ostringstream out;
-  out << offset;
+  out << sizes.stride(offset, std::to_string(offset));
   for (size_t l = 0; l < strides.size(); ++l)
-    if (strides[l] != 0) out << " + " << strides[l] << " * i" << l;
+    if (strides[l] != 0) out << " + " << sizes.stride(strides[l], std::to_string(strides[l])) << " * i" << l;
   return out.str();
 }
 
-std::string in_bounds_text(const fusion::Expr& x, const std::vector<std::vector<int64_t>>& strides) {
+std::string in_bounds_text(const fusion::Expr& x, const std::vector<std::vector<int64_t>>& strides,
+                           SizeArguments& sizes) {
   std::string test;
   for (size_t b = 0; b < x.bounds.size(); ++b) {
-    const std::string i = "(" + index_text(strides[b], x.bounds[b].index.offset) + ")";
-    test += (b ? " && " : "") + i + " >= 0 && " + i + " < " + std::to_string(x.bounds[b].extent);
+    const std::string i = "(" + index_text(strides[b], x.bounds[b].index.offset, sizes) + ")";
+    test += (b ? " && " : "") + i + " >= 0 && " + i + " < " + sizes(x.bounds[b].extent);
   }
   return "(" + test + ")";
 }

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "codegen/size_arguments.h"
 #include "decomp/prims.h"
 #include "fusion/loop_ir.h"
 
@@ -33,10 +34,12 @@ const char* prim_format(decomp::PrimOp op);
 const char* combiner(decomp::ReduceOp op);
 std::string identity(decomp::ReduceOp op, graph::ScalarType t);
 
-/// `offset + s0 * i0 + ...` over the loop variables i<l> (zero strides left out).
-std::string index_text(const std::vector<int64_t>& strides, int64_t offset);
+/// `offset + s0 * i0 + ...` over the loop variables i<l> (zero strides left out); the offset and strides through
+/// `sizes` (literals, or size slots).
+std::string index_text(const std::vector<int64_t>& strides, int64_t offset, SizeArguments& sizes);
 /// An InBounds expression: `(j >= 0 && j < extent && ...)`, with `strides` its bounds' merged strides.
-std::string in_bounds_text(const fusion::Expr& x, const std::vector<std::vector<int64_t>>& strides);
+std::string in_bounds_text(const fusion::Expr& x, const std::vector<std::vector<int64_t>>& strides,
+                           SizeArguments& sizes);
 /// A load guarded by `guard`: `(guard ? load : fill)`, reading nothing when the guard is false.
 std::string guarded_load_text(const std::string& guard, const std::string& load, double fill, graph::ScalarType t);
 

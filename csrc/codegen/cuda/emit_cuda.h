@@ -3,7 +3,8 @@
 ///
 /// Needs: verified kernels (fusion::verify_kernel). Guarantees: one `extern "C" __global__` function per
 /// kernel, named kernel.name, taking one pointer per kernel buffer in order (already offset to the tensor's
-/// first element); shapes and strides are compile-time constants; the launch configuration comes with it.
+/// first element); shapes and strides are compile-time constants (or size arguments); the launch configuration comes
+/// with it.
 /// Kernels are correct for any grid (grid-stride loops) and never synchronise with the host.
 #include <string>
 #include <vector>
@@ -28,8 +29,10 @@ struct CudaSource {
 };
 
 /// Throws kiln::Error for a construct it has no CUDA code for (the caller falls back). `group`: pointwise
-/// kernels to emit as one launch (fusion::hoist_input_kernels), or empty.
+/// kernels to emit as one launch (fusion::hoist_input_kernels), or empty. `size_arguments`: kernels read their sizes at
+/// run time (codegen/size_arguments.h: a `kiln_sizes<N>` parameter after the buffers, CudaKernelLaunch::sizes its
+/// values); no launch group then.
 CudaSource emit_cuda_source(const fusion::Schedule& schedule, const graph::Graph& g,
-                            const std::vector<int32_t>& group = {});
+                            const std::vector<int32_t>& group = {}, bool size_arguments = false);
 
 }  // namespace kiln::codegen::cuda

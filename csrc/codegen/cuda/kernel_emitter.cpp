@@ -28,10 +28,11 @@ std::string parameters(const Kernel& k, const std::string& prefix, size_t first)
 }
 
 KernelEmitter::KernelEmitter(const KernelAnalysis& analysis, const CudaKernelSchedule& schedule, const graph::Graph& g,
-                             bool device_function)
+                             bool device_function, bool size_arguments)
     : k_(analysis.kernel), g_(g), a_(analysis), nest_(analysis.nest), depends_(analysis.depends),
       uses_reductions_(analysis.uses_reductions), schedule_(schedule), device_function_(device_function),
-      cached_chunks_(schedule.cached_row_chunks) {
+      sizes_(size_arguments), cached_chunks_(schedule.cached_row_chunks) {
+  KILN_ASSERT(!(device_function && size_arguments)) << "kernel " << k_.name << ": a launch group member with size arguments";
   names_.resize(k_.exprs.size());
 }
 
@@ -51,16 +52,25 @@ std::string KernelEmitter::emit(CudaKernelLaunch& launch) {
     out << "__device__ __forceinline__ void ";
   else
     out << "extern \"C\" __global__ void __launch_bounds__(" << schedule_.threads_per_block() << ") ";
-  out << k_.name << "(" << parameters(k_);
-  if (device_function_) out << ", unsigned kiln_block, unsigned kiln_blocks";
-  out << ") {\n";
-  out << "  typedef " << (schedule_.index_64bit ? "long long" : "int") << " index_t;\n";
-  body_ = &out;
+  // The body first: with size arguments, the parameter list and the slots' declarations depend on it.
+  std::ostringstream body;
+  body_ = &body;
   if (outer > 0) {
     if (pointwise) emit_pointwise(outer);
     else emit_rows(outer);
   }
-  out << "}\n";
+  const std::vector<int64_t>& slots = sizes_.values();
+  out << k_.name << "(" << parameters(k_);
+  if (device_function_) out << ", unsigned kiln_block, unsigned kiln_blocks";
+  if (!slots.empty()) out << ", const kiln_sizes<" << slots.size() << "> sizes";
+  out << ") {\n";
+  out << "  typedef " << (schedule_.index_64bit ? "long long" : "int") << " index_t;\n";
+  // Each slot read once, at the index width the schedule chose for this binding (every size fits it).
+  for (size_t k = 0; k < slots.size(); ++k)
+    out << (k % 4 == 0 ? "  const index_t " : ", ") << sizes_.prefix() << k << " = static_cast<index_t>(sizes.v[" << k
+        << "])" << (k % 4 == 3 || k + 1 == slots.size() ? ";\n" : "");
+  out << body.str() << "}\n";
+  launch.sizes = slots;
   return out.str();
 }
 
@@ -72,9 +82,11 @@ void KernelEmitter::decompose(const std::string& flat, int first, int last, cons
   }
   const std::string rest = "rest" + std::to_string(first);
   *body_ << indent << "index_t " << rest << " = " << flat << ";\n";
-  for (int l = last - 1; l > first; --l)
-    *body_ << indent << "const index_t i" << l << " = " << rest << " % " << nest_.loops[l].size << "; " << rest << " /= "
-           << nest_.loops[l].size << ";\n";
+  for (int l = last - 1; l > first; --l) {
+    const std::string extent = size(nest_.loops[l].size);
+    *body_ << indent << "const index_t i" << l << " = " << rest << " % " << extent << "; " << rest << " /= " << extent
+           << ";\n";
+  }
   *body_ << indent << "const index_t i" << first << " = " << rest << ";\n";
 }
 
@@ -90,15 +102,18 @@ std::string KernelEmitter::expression(int32_t e) const {
         return "kiln::load(lv" + std::to_string(e) + ".v[" + std::to_string(lane_) + "])";
       std::string address = index(nest_.load_strides[e], x.index.offset);
       if (x.operands[1] >= 0)  // gathered: the index value, checked (a trap, as eager's device-side assert), times its stride
-        address += " + static_cast<index_t>(kiln::gather_index(" + name(1) + ", " + std::to_string(x.gather_extent) + "ll)) * " +
-                   std::to_string(x.gather_stride);
+        address += " + static_cast<index_t>(kiln::gather_index(" + name(1) + ", " +
+                   sizes_(x.gather_extent, std::to_string(x.gather_extent) + "ll") + ")) * " +
+                   sizes_.stride(x.gather_stride, std::to_string(x.gather_stride));
       const std::string load = "kiln::load(" + buffer + "[" + address + "])";
       return x.operands[0] < 0 ? load : guarded_load_text(name(0), load, x.constant, x.dtype);
     }
     case ExprKind::InBounds:
-      return in_bounds_text(x, nest_.bound_strides[e]);
-    case ExprKind::Constant:
-      return literal(x.constant, x.dtype);
+      return in_bounds_text(x, nest_.bound_strides[e], sizes_);
+    case ExprKind::Constant: {
+      const std::string slot = sizes_.constant(k_, e, ct);
+      return slot.empty() ? literal(x.constant, x.dtype) : slot;
+    }
     case ExprKind::Cast: {
       const ScalarType from = k_.exprs[x.operands[0]].dtype;
       // A 16-bit value computed in float is rounded where eager would have stored it, at an explicit
@@ -160,7 +175,7 @@ void KernelEmitter::emit_scalar_element(const std::string& indent) {
 
 void KernelEmitter::emit_pointwise(int64_t n) {
   std::ostream& out = *body_;
-  out << "  const index_t n = " << n << ";\n";
+  out << "  const index_t n = " << size(n) << ";\n";
   const char* block = device_function_ ? "kiln_block" : "blockIdx.x";
   const char* blocks = device_function_ ? "kiln_blocks" : "gridDim.x";
   out << "  const index_t first = static_cast<index_t>(" << block << ") * blockDim.x + threadIdx.x;\n";
@@ -220,8 +235,8 @@ std::string KernelEmitter::alignment_test(int width, int axis) const {
   const size_t along = axis < 0 ? nest_.loops.size() - 1 : static_cast<size_t>(axis);
   std::vector<std::string> checks;
   auto check = [&](int buffer, int64_t offset) {
-    checks.push_back("kiln::aligned_to(buf" + std::to_string(buffer) + " + " + std::to_string(offset) + ", sizeof(" +
-                     vec_type(buffer, width) + "))");
+    checks.push_back("kiln::aligned_to(buf" + std::to_string(buffer) + " + " + sizes_.stride(offset, std::to_string(offset)) +
+                     ", sizeof(" + vec_type(buffer, width) + "))");
   };
   for (size_t i = 0; i < k_.exprs.size(); ++i)
     if (k_.exprs[i].kind == ExprKind::Load && nest_.load_strides[i][along] == 1) check(k_.exprs[i].buffer, k_.exprs[i].index.offset);

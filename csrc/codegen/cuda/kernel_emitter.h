@@ -38,13 +38,20 @@ class KernelEmitter {
   // device_function: a pointwise kernel emitted as a __device__ function of a launch group, taking its block
   // index and block count within the group as its last two parameters (kiln_block, kiln_blocks).
   // `analysis` (its kernel too) must outlive the emitter.
+  // `size_arguments`: the kernel reads its sizes at run time (codegen/size_arguments.h), from a `kiln_sizes<N>`
+  // parameter after its buffers (where it has any slot); not for device functions.
   KernelEmitter(const KernelAnalysis& analysis, const CudaKernelSchedule& schedule, const graph::Graph& g,
-                bool device_function = false);
-  // The kernel's code; `launch` gets its name, strategy and launch configuration from the schedule.
+                bool device_function = false, bool size_arguments = false);
+  // The kernel's code; `launch` gets its name, strategy and launch configuration from the schedule, and with size
+  // arguments its slots' values.
   std::string emit(CudaKernelLaunch& launch);
  private:
   bool is(CudaKernelKind kind) const { return schedule_.kind == kind; }
-  std::string index(const std::vector<int64_t>& strides, int64_t offset) const { return index_text(strides, offset); }
+  std::string index(const std::vector<int64_t>& strides, int64_t offset) const {
+    return index_text(strides, offset, sizes_);
+  }
+  // An integer the kernel reads (a loop's size, a count derived from sizes): a literal, or a size slot.
+  std::string size(int64_t v) const { return sizes_(v); }
   // `const index_t i<first> .. i<last-1>` from the flat index `flat` (the last loop varies fastest).
   void decompose(const std::string& flat, int first, int last, const std::string& indent);
   // The C++ text of expression `e` (operands already named).
@@ -88,6 +95,7 @@ class KernelEmitter {
   const std::vector<bool>& uses_reductions_;
   const CudaKernelSchedule schedule_;
   const bool device_function_;
+  mutable SizeArguments sizes_;  // literals, or the kernel's size slots
   std::vector<std::string> names_;
   std::vector<int32_t> scope_;
   std::ostringstream* body_ = nullptr;

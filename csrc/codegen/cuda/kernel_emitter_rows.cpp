@@ -18,9 +18,9 @@ void KernelEmitter::emit_column_vector_loop(int64_t rows, const std::string& bas
   const int64_t groups = rows / v;
   const int width = schedule_.column_width;
   out << base_indent << "#pragma unroll 1\n" << base_indent << "for (index_t first_row = static_cast<index_t>(blockIdx.x) * "
-      << width << "; first_row < " << groups << "; first_row += static_cast<index_t>(gridDim.x) * " << width << ") {\n";
-  out << indent << "const bool active = first_row + threadIdx.x < " << groups << ";\n";
-  out << indent << "const index_t row = (active ? first_row + threadIdx.x : " << groups - 1 << ") * " << v << ";\n";
+      << width << "; first_row < " << size(groups) << "; first_row += static_cast<index_t>(gridDim.x) * " << width << ") {\n";
+  out << indent << "const bool active = first_row + threadIdx.x < " << size(groups) << ";\n";
+  out << indent << "const index_t row = (active ? first_row + threadIdx.x : " << size(groups - 1) << ") * " << v << ";\n";
   decompose("row", 0, nest_.outer_count, indent);
   std::vector<size_t> reductions, early, per_column;
   for (size_t r = 0; r < k_.exprs.size(); ++r)
@@ -33,7 +33,7 @@ void KernelEmitter::emit_column_vector_loop(int64_t rows, const std::string& bas
       out << indent << compute_type(k_.exprs[r].dtype) << " " << acc(r, l) << " = " << identity(k_.exprs[r].reduce_op, k_.exprs[r].dtype)
           << ";\n";
   out << indent << "#pragma unroll 4\n";
-  out << indent << "for (index_t red = lane; red < " << nest_.reduced_numel() << "; red += group) {\n";
+  out << indent << "for (index_t red = lane; red < " << size(nest_.reduced_numel()) << "; red += group) {\n";
   decompose("red", nest_.outer_count, static_cast<int>(nest_.loops.size()), walk);
   for (size_t i = 0; i < k_.exprs.size(); ++i) {
     const Expr& e = k_.exprs[i];
@@ -93,7 +93,7 @@ std::string KernelEmitter::open_cached_steps(const std::string& indent) {
   const std::string inner = indent + "  ";
   *body_ << indent << "#pragma unroll\n" << indent << "for (int chunk = 0; chunk < " << cached_chunks_ << "; ++chunk) {\n";
   *body_ << inner << "const index_t red = (lane + chunk * group) * " << row_width_ << ";\n";
-  *body_ << inner << "if (red < " << nest_.reduced_numel() << ") {\n";
+  *body_ << inner << "if (red < " << size(nest_.reduced_numel()) << ") {\n";
   return inner + "  ";
 }
 
@@ -105,7 +105,7 @@ void KernelEmitter::reduced_pass(const std::string& indent, Body body, const std
     // A column block's threads each walk a whole column with one scalar load per step: unrolled, eight loads are
     // in flight before the first add needs one (the adds keep their order: the same result, bit for bit).
     if (is(CudaKernelKind::Column)) *body_ << indent << "#pragma unroll 8\n";
-    *body_ << indent << "for (index_t red = lane; red < " << nest_.reduced_numel() << "; red += group) {\n";
+    *body_ << indent << "for (index_t red = lane; red < " << size(nest_.reduced_numel()) << "; red += group) {\n";
     decompose("red", nest_.outer_count, static_cast<int>(nest_.loops.size()), inner);
     body(inner);
     forget_scope();
@@ -116,7 +116,7 @@ void KernelEmitter::reduced_pass(const std::string& indent, Body body, const std
   if (cached_chunks_ > 0) {
     step = open_cached_steps(indent);  // unrolled, so that the registers holding the row are indexed by constants
   } else {
-    *body_ << indent << "for (index_t red = lane * " << w << "; red < " << nest_.reduced_numel() << "; red += group * " << w << ") {\n";
+    *body_ << indent << "for (index_t red = lane * " << w << "; red < " << size(nest_.reduced_numel()) << "; red += group * " << w << ") {\n";
   }
   decompose("red", nest_.outer_count, static_cast<int>(nest_.loops.size()), step);
   for (size_t i = 0; i < k_.exprs.size(); ++i) {
@@ -203,19 +203,19 @@ void KernelEmitter::emit_row_loop(int64_t rows, const std::string& base_indent) 
     // Every thread of the block runs every step (column_reduce has barriers): the threads past the last
     // output redo the last one and store nothing.
     out << base_indent << "#pragma unroll 1\n" << base_indent << "for (index_t first_row = static_cast<index_t>(blockIdx.x) * "
-        << schedule_.column_width << "; first_row < " << rows << "; first_row += static_cast<index_t>(gridDim.x) * "
+        << schedule_.column_width << "; first_row < " << size(rows) << "; first_row += static_cast<index_t>(gridDim.x) * "
         << schedule_.column_width << ") {\n";
-    out << indent << "const bool active = first_row + threadIdx.x < " << rows << ";\n";
-    out << indent << "const index_t row = active ? first_row + threadIdx.x : " << rows - 1 << ";\n";
+    out << indent << "const bool active = first_row + threadIdx.x < " << size(rows) << ";\n";
+    out << indent << "const index_t row = active ? first_row + threadIdx.x : " << size(rows - 1) << ";\n";
   } else if (is(CudaKernelKind::ThreadPerRow)) {
     out << base_indent << "#pragma unroll 1\n" << base_indent
-        << "for (index_t row = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x; row < " << rows
+        << "for (index_t row = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x; row < " << size(rows)
         << "; row += static_cast<index_t>(gridDim.x) * blockDim.x) {\n";
   } else {
     const unsigned rows_per_block = schedule_.rows_per_block;
     out << base_indent << "#pragma unroll 1\n" << base_indent << "for (index_t row = static_cast<index_t>(blockIdx.x) * "
         << rows_per_block
-        << " + threadIdx.y; row < " << rows << "; row += static_cast<index_t>(gridDim.x) * " << rows_per_block << ") {\n";
+        << " + threadIdx.y; row < " << size(rows) << "; row += static_cast<index_t>(gridDim.x) * " << rows_per_block << ") {\n";
   }
   decompose("row", 0, nest_.outer_count, indent);
   if (cached_chunks_ > 0) emit_row_cache(indent);
