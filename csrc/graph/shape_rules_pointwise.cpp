@@ -65,7 +65,9 @@ SymTensorMeta pointwise(RuleCall& call, Result result, bool integer_ok = false, 
   std::vector<Expr> shape = broadcast_shape(call, shapes);
   for (const Expr& s : shape) call.check(!call.size_is(s, 0), "an empty result");
   const ScalarType dtype = result == Result::kBool ? ScalarType::Bool : first->dtype;
-  if (python_meta || !is_floating(first->dtype)) {
+  // (Comparisons of one real dtype take TensorIterator's layout in the recorder too: _meta_rules.py's _pointwise.)
+  const bool iterator_layout = is_floating(first->dtype) || (result == Result::kBool && is_integral(first->dtype));
+  if (python_meta || !iterator_layout) {
     for (const SymTensorMeta* t : tensors) {
       call.check(t->dim() == static_cast<int64_t>(shape.size()), "an operand of another rank");
       for (int64_t d = 0; d < t->dim(); ++d)

@@ -376,20 +376,23 @@ void SymbolicInts::finish(PyObject* graph_object, guards::GuardTree& guards, con
   // Each int handed to a call is found by value in the nodes the call recorded: a symbolic int becomes that argument's
   // expression, a plain int a constant one (so that propagation never reads a literal as a size it happens to equal:
   // graph/infer_recorded_sizes.h infers only the ints nobody passed, the ones ATen's composites computed). A value
-  // that two different expressions share, or that a plain int also has, is ambiguous: its symbolic ints are pinned
-  // rather than guessed. A symbolic int no node holds was used some other way inside the call, and is pinned too.
+  // that a plain int also has is ambiguous: its symbolic ints are pinned rather than guessed. A symbolic int no node
+  // holds was used some other way inside the call, and is pinned too.
   for (const Call& c : calls_) {
     std::vector<bool> used(c.ints.size(), false), ambiguous(c.ints.size(), false);
     auto mark = [&](graph::NodeIndex n, int32_t a, int32_t element, int64_t value) {
       int found = -1;
-      bool clash = false;
       for (size_t i = 0; i < c.ints.size(); ++i) {
         if (c.ints[i].first != value) continue;
-        if (found >= 0 && c.ints[found].second != c.ints[i].second) clash = true;
+        // Two different expressions with this value (a length read from a sliced buffer and from the input): which
+        // one the argument stands for cannot be told, so their equality is guarded, and either is then right.
+        if (found >= 0 && c.ints[found].second != c.ints[i].second)
+          assume(Assumption::Kind::kEq, c.ints[i].second, c.ints[found].second,
+                 "two sizes of equal value handed to " + c.what);
         if (found < 0) found = (int)i;
       }
       const bool plain = std::find(c.plain.begin(), c.plain.end(), value) != c.plain.end();
-      if (found >= 0 && (clash || plain)) {
+      if (found >= 0 && plain) {
         for (size_t i = 0; i < c.ints.size(); ++i)
           if (c.ints[i].first == value) ambiguous[i] = true;
         found = -1;
@@ -397,7 +400,9 @@ void SymbolicInts::finish(PyObject* graph_object, guards::GuardTree& guards, con
       if (found < 0 && !plain) return;
       try {
         graph::mark_symbolic_int_arg(*g, {n, a, element, found >= 0 ? c.ints[found].second : Expr(value)});
-        if (found >= 0) used[found] = true;
+        if (found >= 0)
+          for (size_t i = 0; i < c.ints.size(); ++i)
+            if (c.ints[i].first == value) used[i] = true;  // (the others are tied to it by the guarded equality)
       } catch (const Error&) {
         if (found >= 0) ambiguous[found] = true;  // (an argument that cannot stand for a size: the int is pinned)
       }

@@ -161,8 +161,14 @@ def _pointwise(func, args, kwargs):
     if not dims:
         return None
     dtype = dims[0].dtype
-    if dtype not in _FLOATING or any(t.dtype != dtype for t in dims):
+    # Comparisons give bool whatever their operands' dtype, so any one real dtype takes TensorIterator's layout (an
+    # attention mask's int64 or bool compares); other ops only floating ones (promotion is not modelled here).
+    real = dtype not in (torch.complex64, torch.complex128) and dtype != torch.bool
+    if any(t.dtype != dtype for t in dims) or not (dtype in _FLOATING or (func in _BOOL_RESULT and real)):
         return None
+    if func in _BOOL_RESULT and dtype not in _FLOATING and any(
+            not (t.dtype == dtype or (t.dim() == 0 and not t.dtype.is_floating_point)) for t in tensors):
+        return None  # (a floating zero-dim operand would promote)
     # Zero-dim tensors and Python numbers take part in promotion only from a higher category: a float
     # tensor's dtype wins over any real number.
     if any(t.dtype.is_complex for t in tensors if t.dim() == 0):

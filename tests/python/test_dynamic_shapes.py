@@ -280,3 +280,19 @@ def test_multi_head_attention_fast_path_over_lengths(fresh):
     with torch.no_grad():
         stats = run_sizes(attend, lambda n: (random_tensor(2, n + 3, 32),), True)
     assert stats["frames_compiled"] == 1, stats
+
+
+def test_integer_mask_comparisons_over_lengths(fresh):
+    # An attention mask as transformers builds it: int64, expanded over a query dim (stride 0), compared.
+    def mask(m, scores):
+        b, s = m.shape
+        expanded = m[:, None, None, :].expand(b, 1, s, s)
+        return scores.masked_fill(expanded == 0, -1e4).softmax(-1), (expanded >= 1).float().sum(-1)
+
+    def make(n):
+        m = torch.ones(3, n, dtype=torch.long)
+        m[1, n // 2:] = 0
+        return m, random_tensor(3, 2, n, n)
+
+    stats = run_sizes(mask, make, True)
+    assert stats["frames_compiled"] == 1, stats
