@@ -25,7 +25,8 @@ bool is_complex(ScalarType t) {
 // as here) and the others from torch's Python meta kernels, whose layouts differ where size-1 dims, broadcasts or
 // ties are involved; for those (`python_meta`: other ops, and integer or bool operands) only operands of the
 // result's shape that are contiguous (and not channels-last as well) are decided: a contiguous result.
-SymTensorMeta pointwise(RuleCall& call, Result result, bool integer_ok = false, bool python_meta = false) {
+SymTensorMeta pointwise(RuleCall& call, Result result, bool integer_ok = false, bool python_meta = false,
+                        bool bitwise = false) {
   std::vector<const SymTensorMeta*> tensors;
   for (size_t i = 0; i < call.num_args(); ++i) {
     const RuleArg& a = call.arg(i);
@@ -49,7 +50,8 @@ SymTensorMeta pointwise(RuleCall& call, Result result, bool integer_ok = false, 
   }
   call.check(first != nullptr, "no operand with dims");
   if (result != Result::kBool && !is_floating(first->dtype)) {
-    call.check(integer_ok && is_integral(first->dtype), "operands are not floating");
+    call.check(integer_ok && (is_integral(first->dtype) || (bitwise && first->dtype == ScalarType::Bool)),
+               "operands are not floating");
     for (const SymTensorMeta* t : tensors) call.check(!is_floating(t->dtype), "a floating zero-dim operand");
     for (size_t i = 0; i < call.num_args(); ++i)
       call.check(!std::holds_alternative<double>(call.arg(i)), "a float number with integer operands");
@@ -66,7 +68,8 @@ SymTensorMeta pointwise(RuleCall& call, Result result, bool integer_ok = false, 
   for (const Expr& s : shape) call.check(!call.size_is(s, 0), "an empty result");
   const ScalarType dtype = result == Result::kBool ? ScalarType::Bool : first->dtype;
   // (Comparisons of one real dtype take TensorIterator's layout in the recorder too: _meta_rules.py's _pointwise.)
-  const bool iterator_layout = is_floating(first->dtype) || (result == Result::kBool && is_integral(first->dtype));
+  const bool iterator_layout = is_floating(first->dtype) || (result == Result::kBool && is_integral(first->dtype)) ||
+                               bitwise;
   if (python_meta || !iterator_layout) {
     for (const SymTensorMeta* t : tensors) {
       call.check(t->dim() == static_cast<int64_t>(shape.size()), "an operand of another rank");
@@ -236,6 +239,12 @@ void register_pointwise_rules(RuleTable& table) {
     add(op, [](RuleCall& call) { call.add_output(pointwise(call, Result::kSameDtype, true, true)); });
   for (const char* op : kPythonMetaBoolOps)
     add(op, [](RuleCall& call) { call.add_output(pointwise(call, Result::kBool, false, true)); });
+  // Bitwise ops of bool or integer operands of one dtype: as _meta_rules.py's _BITWISE records them.
+  for (const char* op : {"bitwise_and.Tensor", "bitwise_or.Tensor", "bitwise_xor.Tensor"})
+    add(op, [](RuleCall& call) {
+      for (size_t i = 0; i < call.num_args(); ++i) call.check(!call.is_number_arg(i), "a number operand");
+      call.add_output(pointwise(call, Result::kSameDtype, true, false, true));
+    });
   for (const char* op : kSameDtypeOrIntegerOps)
     add(op, [](RuleCall& call) { call.add_output(pointwise(call, Result::kSameDtype, true)); });
   for (const char* op : kSameShapeOps)

@@ -137,6 +137,8 @@ _SAME_SHAPE = {  # derivative ops: operands of one shape (broadcasting ones are 
     aten.gelu_backward.default, aten.threshold_backward.default, aten.sigmoid_backward.default,
     aten.tanh_backward.default, aten.silu_backward.default,
 }
+# Bitwise ops of bool or integer operands of one dtype (attention masks combined): that dtype, TensorIterator's layout.
+_BITWISE = {aten.bitwise_and.Tensor, aten.bitwise_or.Tensor, aten.bitwise_xor.Tensor}
 _BOOL_RESULT = {
     aten.eq.Tensor, aten.ne.Tensor, aten.lt.Tensor, aten.le.Tensor, aten.gt.Tensor, aten.ge.Tensor,
     aten.eq.Scalar, aten.ne.Scalar, aten.lt.Scalar, aten.le.Scalar, aten.gt.Scalar, aten.ge.Scalar,
@@ -161,6 +163,14 @@ def _pointwise(func, args, kwargs):
     if not dims:
         return None
     dtype = dims[0].dtype
+    if func in _BITWISE:
+        if dtype.is_floating_point or dtype.is_complex or any(t.dtype != dtype for t in tensors) or \
+                len(tensors) != len(list(args) + list(kwargs.values())):
+            return None
+        shape = _broadcast_shape([t.shape for t in tensors])
+        if shape is None or 0 in shape:
+            return None
+        return _empty(shape, pointwise_strides(shape, tensors), dtype)
     # Comparisons give bool whatever their operands' dtype, so any one real dtype takes TensorIterator's layout (an
     # attention mask's int64 or bool compares); other ops only floating ones (promotion is not modelled here).
     real = dtype not in (torch.complex64, torch.complex128) and dtype != torch.bool
@@ -254,7 +264,7 @@ def _layer_norm(func, args, kwargs):
     return _contiguous(shape, x.dtype), _contiguous(stat, x.dtype), _contiguous(stat, x.dtype)
 
 
-_RULES = {op: _pointwise for op in _SAME_DTYPE | _BOOL_RESULT}
+_RULES = {op: _pointwise for op in _SAME_DTYPE | _BOOL_RESULT | _BITWISE}
 _RULES.update({aten.addmm.default: _matmul, aten.mm.default: _matmul, aten.bmm.default: _matmul,
                aten.mean.dim: _reduction, aten.sum.dim_IntList: _reduction, aten.amax.default: _reduction,
                aten.amin.default: _reduction, aten._softmax.default: _softmax,

@@ -296,3 +296,20 @@ def test_integer_mask_comparisons_over_lengths(fresh):
 
     stats = run_sizes(mask, make, True)
     assert stats["frames_compiled"] == 1, stats
+
+
+def test_bool_masks_combined_over_lengths(fresh):
+    # A padding mask and a causal mask combined with & and |, as transformers' mask functions do.
+    def combine(m):
+        s = m.shape[1]
+        causal = torch.ones(s, s, dtype=torch.bool).tril()
+        padding = m[:, None, :].bool().expand(-1, s, -1)
+        return (causal & padding).float(), (causal | padding).float().sum(-1), (causal ^ padding).float().mean()
+
+    def make(n):
+        m = torch.ones(3, n, dtype=torch.long)
+        m[1, n // 2:] = 0
+        return (m,)
+
+    stats = run_sizes(combine, make, True)
+    assert stats["frames_compiled"] == 1, stats
