@@ -4,8 +4,11 @@
 // the element count over them as they do for any size argument; a wrong grouping can only add a guard.
 #include "graph/infer_recorded_sizes.h"
 
+#include "graph/symbolic_sizes.h"
+
 #include <functional>
 #include <map>
+#include <optional>
 
 namespace kiln::graph {
 
@@ -73,14 +76,14 @@ std::optional<std::vector<Group>> group_dims(const std::vector<int64_t>& in, con
 }
 
 // Fills the inferable outputs of one group from the product of its input sizes.
-void infer_group(const Group& g, const RecordedSizes& r, std::vector<Expr>& sizes) {
+bool infer_group_by_factors(const Group& g, const RecordedSizes& r, std::vector<Expr>& sizes) {
   auto hint = [&](const Expr& e) { return e.evaluate(*r.hints); };
   Expr product = 1;
   for (size_t d = g.in_begin; d < g.in_end; ++d) product = product * r.input->sizes[d];
   auto is_minus_one = [&](size_t k) { return sizes[k].is_constant() && sizes[k].constant_value() == -1; };
   if (g.outputs.size() == 1) {
     if (r.inferable[g.outputs[0]] && !is_minus_one(g.outputs[0])) sizes[g.outputs[0]] = product;
-    return;
+    return true;
   }
   // Several output dims share the group's product: match each to the one factor of the product its hint names.
   std::optional<Monomial> rest = as_monomial(product);
@@ -102,14 +105,49 @@ void infer_group(const Group& g, const RecordedSizes& r, std::vector<Expr>& size
       std::vector<Expr> atoms;
       for (const Expr::Factor& f : rest->factors)
         if (hint(f.atom) == value) atoms.push_back(f.atom);
-      if (atoms.size() > 1 || (atoms.empty() && rest->coefficient % value != 0)) return;
+      if (atoms.size() > 1 || (atoms.empty() && rest->coefficient % value != 0)) return false;
       taken = atoms.empty() ? Expr(value) : atoms[0];
     }
     std::optional<Expr> quotient = shape::exact_quotient(product_of(*rest), taken);
-    if (!quotient || hint(taken) != r.output_hints[k]) return;
+    if (!quotient || hint(taken) != r.output_hints[k]) return false;
     sizes[k] = taken;
     rest = as_monomial(*quotient);
   }
+  return rest.has_value();
+}
+
+// The group's other outputs keep their recorded sizes and one output takes the whole symbolic rest: the attention
+// output folded back, [s1, s0*8, 64] -> [296, 512], where 296 is s1*s0 (no single factor) and 512 = 8*64. Only when
+// exactly one output can (an exact quotient whose hint is its size): otherwise the group stays concrete.
+bool infer_group_by_one_rest(const Group& g, const RecordedSizes& r, std::vector<Expr>& sizes) {
+  Expr product = 1;
+  for (size_t d = g.in_begin; d < g.in_end; ++d) product = product * r.input->sizes[d];
+  if (product.is_constant()) return false;
+  std::optional<size_t> chosen;
+  Expr chosen_size;
+  for (size_t k : g.outputs) {
+    if (!r.inferable[k] || (sizes[k].is_constant() && sizes[k].constant_value() == -1)) continue;
+    Expr others = 1;
+    for (size_t j : g.outputs)
+      if (j != k) others = others * sizes[j];
+    std::optional<Expr> quotient = shape::exact_quotient(product, others);
+    if (!quotient || quotient->is_constant() || quotient->evaluate(*r.hints) != r.output_hints[k]) continue;
+    if (chosen) return false;  // (two could: ambiguous)
+    chosen = k;
+    chosen_size = *quotient;
+  }
+  if (!chosen) return false;
+  sizes[*chosen] = chosen_size;
+  return true;
+}
+
+void infer_group(const Group& g, const RecordedSizes& r, std::vector<Expr>& sizes) {
+  std::vector<Expr> by_factors = sizes;
+  if (infer_group_by_factors(g, r, by_factors)) {
+    sizes = std::move(by_factors);
+    return;
+  }
+  infer_group_by_one_rest(g, r, sizes);
 }
 
 std::vector<Expr> view_sizes(const RecordedSizes& r) {
@@ -124,14 +162,32 @@ std::vector<Expr> view_sizes(const RecordedSizes& r) {
   return sizes;
 }
 
-// expand: a concrete target equal to the (non-1) input size it lines up with is that size.
+// The one input size symbol whose hint is `value` (the lowest id where symbols tied by a guarded equality share it).
+std::optional<Expr> symbol_of_hint(const RecordedSizes& r, int64_t value) {
+  if (!r.hints || value < 2) return std::nullopt;
+  std::optional<sym::SymbolId> found;
+  for (const auto& [id, hint] : *r.hints)
+    if (hint == value && id < kFirstPlaceholderId && (!found || id < *found)) found = id;
+  if (!found) return std::nullopt;
+  return input_size_symbol(*found);
+}
+
+// expand: a concrete target equal to the (non-1) input size it lines up with is that size. A size-1 (or new leading)
+// dim broadcast to a concrete size inside a composite (matmul's batch broadcast of a 2-d weight) took that size from
+// another operand, so it is the input symbol of that hint where there is one: the op that consumes the expanded
+// tensor (bmm's batch) then proves or guards that it matches its other operand, so a wrong guess only adds a guard.
 std::vector<Expr> expand_sizes(const RecordedSizes& r) {
   std::vector<Expr> sizes = r.sizes;
   if (sizes.size() < r.input_hints.size()) return sizes;
   const size_t lead = sizes.size() - r.input_hints.size();
-  for (size_t i = lead; i < sizes.size(); ++i) {
-    const size_t d = i - lead;
-    if (r.inferable[i] && r.input_hints[d] != 1 && r.output_hints[i] == r.input_hints[d]) sizes[i] = r.input->sizes[d];
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (!r.inferable[i]) continue;
+    const bool broadcast = i < lead || r.input_hints[i - lead] == 1;
+    if (!broadcast && r.output_hints[i] == r.input_hints[i - lead]) {
+      sizes[i] = r.input->sizes[i - lead];
+    } else if (broadcast && sizes[i].is_constant()) {
+      if (std::optional<Expr> symbol = symbol_of_hint(r, r.output_hints[i])) sizes[i] = *symbol;
+    }
   }
   return sizes;
 }

@@ -198,7 +198,7 @@ class Propagation {
     const Node& node = g_.nodes[n];
     std::vector<Expr> read;
     std::optional<std::vector<shape::RuleArg>> args = rule_args(n, read);
-    if (read.empty()) return;  // no symbol reaches this node: its outputs stay concrete
+    if (read.empty() && !(args && broadcasts_to_a_symbol(n, *args))) return;  // no symbol reaches it: concrete
     const std::string op = node.qualified_name();
     if (!args) {
       specialise(read, node_name(g_, n) + ": a complex argument has no symbolic form");
@@ -224,9 +224,21 @@ class Propagation {
     }
   }
 
+  // Whether node n is an expand of a concrete tensor whose recorded sizes broadcast a dim to a symbol's size (matmul's
+  // batch broadcast of a weight inside a composite): then its output is symbolic although no symbol reaches it.
+  bool broadcasts_to_a_symbol(NodeIndex n, std::vector<shape::RuleArg> args) {
+    if (g_.nodes[n].qualified_name() != "aten::expand.default") return false;
+    const auto* before = args.size() > 1 ? std::get_if<std::vector<Expr>>(&args[1]) : nullptr;
+    if (!before) return false;
+    const std::vector<Expr> recorded = *before;
+    infer_sizes(n, args, /*remember=*/false);
+    const auto* after = std::get_if<std::vector<Expr>>(&args[1]);
+    return after && *after != recorded;
+  }
+
   // The forms of the sizes a composite computed into node n's size list (graph/infer_recorded_sizes.h), put in its
   // rule arguments and remembered as symbolic int arguments.
-  void infer_sizes(NodeIndex n, std::vector<shape::RuleArg>& args) {
+  void infer_sizes(NodeIndex n, std::vector<shape::RuleArg>& args, bool remember = true) {
     const Node& node = g_.nodes[n];
     std::optional<RecordedSizeArgs> which = recorded_size_args(node.qualified_name());
     if (!which || node.outputs.size() != 1 || static_cast<size_t>(which->sizes) >= args.size()) return;
@@ -235,7 +247,9 @@ class Propagation {
     const auto* recorded = std::get_if<std::vector<int64_t>>(&node.args[which->sizes]);
     const auto* tensor = std::get_if<TensorArg>(&node.args[which->tensor]);
     if (!input || !sizes || !recorded || !tensor) return;
-    if (std::all_of(input->sizes.begin(), input->sizes.end(), [](const Expr& e) { return e.is_constant(); })) return;
+    if (std::all_of(input->sizes.begin(), input->sizes.end(), [](const Expr& e) { return e.is_constant(); }) &&
+        node.qualified_name() != "aten::expand.default")
+      return;  // (an expand of a concrete tensor may still broadcast it to a symbolic size: expand_sizes)
     RecordedSizes r;
     r.input = input;
     r.input_hints = g_.value(tensor->id).meta.sizes;
@@ -245,7 +259,7 @@ class Propagation {
     r.output_hints = g_.value(node.outputs[0]).meta.sizes;
     r.hints = &hints_;
     std::vector<Expr> inferred = infer_recorded_sizes(node.qualified_name(), r);
-    for (size_t k = 0; k < inferred.size(); ++k)
+    for (size_t k = 0; k < inferred.size() && remember; ++k)
       if (inferred[k] != (*sizes)[k]) inferred_.push_back({n, which->sizes, static_cast<int32_t>(k), inferred[k]});
     *sizes = std::move(inferred);
   }

@@ -61,8 +61,9 @@ class SymbolBinder {
 using SpecialisationFactory = std::function<std::shared_ptr<CompiledGraph>(
     std::shared_ptr<const graph::Graph> concrete, const std::vector<at::Tensor>& inputs)>;
 
-/// The specialisations one DynamicGraph keeps, least recently used dropped first.
-constexpr size_t kMaxSpecialisations = 64;
+/// The specialisations one DynamicGraph keeps, least recently used dropped first: enough for every sequence length a
+/// serving workload brings (BERT over lengths 16..512 met 92 in 100 calls, and 64 made its steady pass compile again).
+constexpr size_t kMaxSpecialisations = 512;
 
 /// Runs a symbolic graph at any binding its checks allow, one compiled specialisation per binding.
 /// Thread-safe: a lock guards the cache, and compiles run outside it (two threads that miss on the same binding both

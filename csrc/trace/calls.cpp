@@ -64,16 +64,20 @@ bool depends_on_type_only(PyObject* f) {
 namespace {
 // The symbolic ints (and, for telling values apart, the plain ints) inside call arguments, containers included.
 void collect_ints(const VarPtr& v, std::vector<std::pair<int64_t, graph::sym::Expr>>& symbolic,
-                  std::vector<int64_t>& plain) {
+                  std::vector<int64_t>& plain, std::vector<std::pair<int64_t, bool>>& ordered) {
   if (v->is(VarKind::kSymInt)) {
     symbolic.emplace_back(PyLong_AsLongLong(v->value), v->sym);
+    ordered.emplace_back(symbolic.back().first, true);
   } else if (v->is(VarKind::kConst) && PyLong_CheckExact(v->value)) {
     int overflow = 0;
     const long long x = PyLong_AsLongLongAndOverflow(v->value, &overflow);
-    if (!overflow) plain.push_back(x);
+    if (!overflow) {
+      plain.push_back(x);
+      ordered.emplace_back(x, false);
+    }
     PyErr_Clear();
   } else if (v->is(VarKind::kTuple) || v->is(VarKind::kList) || v->is(VarKind::kSlice) || v->is(VarKind::kDict)) {
-    for (const VarPtr& item : v->items) collect_ints(item, symbolic, plain);
+    for (const VarPtr& item : v->items) collect_ints(item, symbolic, plain, ordered);
   }
 }
 }  // namespace
@@ -153,9 +157,10 @@ VarPtr Tracer::call_recorded(PyObject* fn, const std::vector<VarPtr>& args, cons
   // the call records (symbolic_ints.h).
   std::vector<std::pair<int64_t, graph::sym::Expr>> symbolic_args;
   std::vector<int64_t> plain_args;
+  std::vector<std::pair<int64_t, bool>> ordered_args;  // every int in argument order: (value, symbolic)
   if (symbolic) {
-    for (const VarPtr& a : args) collect_ints(a, symbolic_args, plain_args);
-    for (const auto& kw : kwargs) collect_ints(kw.second, symbolic_args, plain_args);
+    for (const VarPtr& a : args) collect_ints(a, symbolic_args, plain_args, ordered_args);
+    for (const auto& kw : kwargs) collect_ints(kw.second, symbolic_args, plain_args, ordered_args);
   }
   std::optional<NoPinScope> no_pin;
   int first_node = 0;
@@ -204,7 +209,8 @@ VarPtr Tracer::call_recorded(PyObject* fn, const std::vector<VarPtr>& args, cons
       symbolic->assume(graph::shape::Assumption::Kind::kEq, e, graph::sym::Expr(hint),
                        "specialised: " + name_of(fn) + " returned a Python value computed from it");
     if (end_node > first_node)
-      symbolic->note_call(first_node, end_node, std::move(symbolic_args), std::move(plain_args), name_of(fn));
+      symbolic->note_call(first_node, end_node, std::move(symbolic_args), std::move(plain_args),
+                          std::move(ordered_args), name_of(fn));
   }
   VarPtr out = wrap_result(result);
   Py_DECREF(result);

@@ -360,8 +360,9 @@ void SymbolicInts::pin(const VarPtr& v, const std::string& why) {
 }
 
 void SymbolicInts::note_call(int first_node, int end_node, std::vector<std::pair<int64_t, Expr>> ints,
-                             std::vector<int64_t> plain, std::string what) {
-  calls_.push_back({first_node, end_node, std::move(ints), std::move(plain), std::move(what)});
+                             std::vector<int64_t> plain, std::vector<std::pair<int64_t, bool>> ordered,
+                             std::string what) {
+  calls_.push_back({first_node, end_node, std::move(ints), std::move(plain), std::move(ordered), std::move(what)});
 }
 
 // ---- the graph -----------------------------------------------------------------------------------------------
@@ -397,7 +398,14 @@ void SymbolicInts::finish(PyObject* graph_object, guards::GuardTree& guards, con
           if (c.ints[i].first == value) ambiguous[i] = true;
         found = -1;
       }
-      if (found < 0 && !plain) return;
+      // A plain int is taken for an argument by value only where the call recorded one node (`x.view(4, -1)`): a
+      // composite recorded whole (multi_head_attention_forward given num_heads=8) computes sizes of its own that
+      // may equal it, and those are inferred (graph/infer_recorded_sizes.h) rather than read as the literal.
+      if (found < 0 && (!plain || c.end_node - c.first_node > 1)) return;
+      if (found < 0)
+        KILN_LOG(dynamic) << "node " << n << " (" << g->nodes[n].qualified_name() << ") argument " << a
+                          << (element >= 0 ? "[" + std::to_string(element) + "]" : "") << " = " << value
+                          << " is the constant " << c.what << " was passed";
       try {
         graph::mark_symbolic_int_arg(*g, {n, a, element, found >= 0 ? c.ints[found].second : Expr(value)});
         if (found >= 0)
@@ -407,12 +415,39 @@ void SymbolicInts::finish(PyObject* graph_object, guards::GuardTree& guards, con
         if (found >= 0) ambiguous[found] = true;  // (an argument that cannot stand for a size: the int is pinned)
       }
     };
+    // An int list equal, element by element, to a run of the ints passed in argument order (`x.view(s, b * h, 64)`
+    // recorded as view(x, [37, 64, 64])) is matched by position: no value is ambiguous there.
+    auto by_position = [&](graph::NodeIndex n, int32_t a, const std::vector<int64_t>& list) {
+      if (list.size() < 2 || list.size() > c.ordered.size()) return false;
+      for (size_t start = 0; start + list.size() <= c.ordered.size(); ++start) {
+        bool equal = true;
+        for (size_t e = 0; e < list.size() && equal; ++e) equal = c.ordered[start + e].first == list[e];
+        if (!equal) continue;
+        size_t symbolic_before = 0;  // the index into c.ints of the run's first symbolic int
+        for (size_t k = 0; k < start; ++k) symbolic_before += c.ordered[k].second ? 1 : 0;
+        for (size_t e = 0; e < list.size(); ++e) {
+          const bool is_symbolic = c.ordered[start + e].second;
+          const Expr value = is_symbolic ? c.ints[symbolic_before].second : Expr(list[e]);
+          try {
+            graph::mark_symbolic_int_arg(*g, {n, a, (int32_t)e, value});
+            if (is_symbolic) used[symbolic_before] = true;
+          } catch (const Error&) {
+            if (is_symbolic) ambiguous[symbolic_before] = true;
+          }
+          if (is_symbolic) ++symbolic_before;
+        }
+        return true;
+      }
+      return false;
+    };
     for (int n = c.first_node; n < c.end_node && n < (int)g->nodes.size(); ++n) {
       const graph::Node& node = g->nodes[n];
       for (size_t a = 0; a < node.args.size(); ++a) {
         if (const auto* i = std::get_if<int64_t>(&node.args[a])) mark(n, (int32_t)a, -1, *i);
-        if (const auto* l = std::get_if<std::vector<int64_t>>(&node.args[a]))
+        if (const auto* l = std::get_if<std::vector<int64_t>>(&node.args[a])) {
+          if (by_position(n, (int32_t)a, *l)) continue;
           for (size_t e = 0; e < l->size(); ++e) mark(n, (int32_t)a, (int32_t)e, (*l)[e]);
+        }
       }
     }
     for (size_t i = 0; i < c.ints.size(); ++i)
@@ -422,6 +457,7 @@ void SymbolicInts::finish(PyObject* graph_object, guards::GuardTree& guards, con
   }
   for (const Assumption& a : assumptions_) graph::add_trace_assumption(*g, a);
   graph::propagate_symbolic_sizes(*g);
+  if (log::enabled(log::Category::dynamic)) KILN_LOG(dynamic) << "the graph over its size symbols:\n" << g->to_string();
 
   // The guards: each symbol the graph kept reads its input dim; the relations are the graph's assumptions and
   // specialisations (over input symbols only, now that placeholders are resolved).

@@ -78,10 +78,10 @@ class SymbolicInts {
   /// Records that `lhs kind rhs` held at trace time and was relied on.
   void assume(graph::shape::Assumption::Kind kind, const sym::Expr& lhs, const sym::Expr& rhs, std::string why);
 
-  /// A recorder call whose arguments held symbolic ints: `ints` are their (hint, expression) pairs, `plain` the
-  /// plain ints also passed; the call recorded nodes [first_node, end_node).
+  /// A recorder call whose arguments held ints: `ints` are the symbolic ones' (hint, expression) pairs, `plain` the
+  /// plain ones, `ordered` all of them in argument order (value, symbolic); the call recorded [first_node, end_node).
   void note_call(int first_node, int end_node, std::vector<std::pair<int64_t, sym::Expr>> ints,
-                 std::vector<int64_t> plain, std::string what);
+                 std::vector<int64_t> plain, std::vector<std::pair<int64_t, bool>> ordered, std::string what);
 
   /// After the recorder built `graph` (a kiln._C.Graph): gives it its symbolic sizes (input symbols, placeholders,
   /// the nodes' symbolic int arguments matched by value, the relations relied on), propagates them, and sets the
@@ -112,6 +112,7 @@ class SymbolicInts {
     int first_node, end_node;
     std::vector<std::pair<int64_t, sym::Expr>> ints;
     std::vector<int64_t> plain;
+    std::vector<std::pair<int64_t, bool>> ordered;
     std::string what;
   };
   VarPtr make(int64_t hint, sym::Expr e);

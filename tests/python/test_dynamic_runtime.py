@@ -233,17 +233,17 @@ def test_user_backend_compiles_each_binding_with_its_concrete_graph():
     assert "%0 : f32[9, 6]" in seen[1][0] and "s0" not in seen[1][0]
 
 
-def test_cache_keeps_the_64_most_recently_used_bindings():
+def test_cache_keeps_the_512_most_recently_used_bindings():
     fn = lambda x: x + 1  # noqa: E731
     _, compiled = compile_dynamic(fn, [random_tensor(2, 3)], {0: [0]}, "eager")
-    for n in range(3, 67):  # 64 more bindings: the one at the hints (2) is dropped
+    for n in range(3, 515):  # 512 more bindings: the one at the hints (2) is dropped
         compiled([random_tensor(n, 3)])
-    assert counters() == (65, 0)
-    compiled([random_tensor(66, 3)])
+    assert counters() == (513, 0)
+    compiled([random_tensor(514, 3)])
     compiled([random_tensor(3, 3)])
-    assert counters() == (65, 2)
+    assert counters() == (513, 2)
     compiled([random_tensor(2, 3)])
-    assert counters() == (66, 2)
+    assert counters() == (514, 2)
 
 
 def test_threads_share_the_specialisations():

@@ -32,6 +32,16 @@ def cpp_compiles():
     return s["kernels_compiled"] + s["cache_hits"]
 
 
+def assert_reused(later, sizes, device):
+    """CPU: the later bindings compile nothing (one translation unit for every size). CUDA: a later binding compiles
+    a program only where the scheduler decides differently for its sizes (a vector width, a block shape), so fewer
+    than one per binding. (The first binding may find its sources compiled by an earlier test of the process.)"""
+    if device == "cpu":
+        assert later == 0
+    else:
+        assert later < len(set(sizes)) - 1, (later, sizes)
+
+
 def run_bindings(fn, make_inputs, sizes, dynamic, kind="general", device="cpu"):
     """Compiles fn with the dims in `dynamic` symbolic at sizes[0], runs it at every entry of `sizes` against eager.
     Returns (programs compiled by the first binding, by the later ones): C++ libraries on the CPU, CUDA programs."""
@@ -77,7 +87,7 @@ def test_pointwise_with_broadcasting_compiles_once(device):
     t = on(device)
     fn = lambda x, y: torch.relu(x * y + 1.5) - torch.sigmoid(y)  # noqa: E731
     first, later = run_bindings(fn, lambda n: [t(n, 50), t(50)], POINTWISE_SIZES, {0: [0]}, "pointwise", device)
-    assert later == 0  # (the first binding may find its sources compiled by an earlier test of the process)
+    assert_reused(later, POINTWISE_SIZES, device)
 
 
 def test_two_dynamic_dims_and_a_broadcast_input_compile_once(device):
@@ -85,7 +95,7 @@ def test_two_dynamic_dims_and_a_broadcast_input_compile_once(device):
     fn = lambda x, y: (x + y).exp() * 0.5  # noqa: E731
     sizes = [(6, 10), (2, 3), (3, 17), (11, 9), (67, 130), (257, 129)]
     first, later = run_bindings(fn, lambda a, b: [t(a, b), t(1, b)], sizes, {0: [0, 1], 1: [1]}, "pointwise", device)
-    assert later == 0  # (the first binding may find its sources compiled by an earlier test of the process)
+    assert_reused(later, sizes, device)
 
 
 @pytest.mark.parametrize("dim", [-1, 0])
@@ -94,7 +104,7 @@ def test_sum_over_a_dynamic_or_static_dim_compiles_once(device, dim):
     fn = lambda x: x.sum(dim) * 2  # noqa: E731
     sizes = [(9,), (2,), (3,), (17,), (30,), (301,)]
     first, later = run_bindings(fn, lambda n: [t(n, 24)], sizes, {0: [0]}, device=device)
-    assert later == 0  # (the first binding may find its sources compiled by an earlier test of the process)
+    assert_reused(later, sizes, device)
     first, later = run_bindings(fn, lambda n: [t(24, n)], sizes, {0: [1]}, device=device)
     assert later == 0
 
@@ -104,7 +114,7 @@ def test_softmax_over_a_dynamic_row_compiles_once(device):
     fn = lambda x: torch.softmax(x, -1)  # noqa: E731
     sizes = [(4, 10), (2, 3), (5, 7), (3, 97), (33, 1001)]
     first, later = run_bindings(fn, lambda r, c: [t(r, c)], sizes, {0: [0, 1]}, device=device)
-    assert later == 0  # (the first binding may find its sources compiled by an earlier test of the process)
+    assert_reused(later, sizes, device)
 
 
 def test_layer_norm_with_a_dynamic_batch_compiles_once(device):
@@ -112,7 +122,7 @@ def test_layer_norm_with_a_dynamic_batch_compiles_once(device):
     fn = lambda x, w, b: F.layer_norm(x, (64,), w, b)  # noqa: E731
     sizes = [(4, 6), (2, 3), (3, 7), (13, 11), (40, 50)]
     first, later = run_bindings(fn, lambda b, s: [t(b, s, 64), t(64), t(64)], sizes, {0: [0, 1]}, device=device)
-    assert later == 0  # (the first binding may find its sources compiled by an earlier test of the process)
+    assert_reused(later, sizes, device)
 
 
 def test_mean_over_a_dynamic_dim_compiles_once(device):
@@ -122,7 +132,7 @@ def test_mean_over_a_dynamic_dim_compiles_once(device):
     fn = lambda x: x.mean(0) * 2.5 + x.sum(0)  # noqa: E731
     sizes = [(6,), (2,), (3,), (7,), (41,), (300,)]
     first, later = run_bindings(fn, lambda n: [t(n, 20)], sizes, {0: [0]}, device=device)
-    assert later == 0  # (the first binding may find its sources compiled by an earlier test of the process)
+    assert_reused(later, sizes, device)
 
 
 def test_views_fused_into_one_graph_compile_once(device):
@@ -134,7 +144,7 @@ def test_views_fused_into_one_graph_compile_once(device):
 
     sizes = [(8,), (6,), (7,), (13,), (100,)]
     first, later = run_bindings(fn, lambda n: [t(n, 12), t(11, 8)], sizes, {0: [0]}, device=device)
-    assert later == 0  # (the first binding may find its sources compiled by an earlier test of the process)
+    assert_reused(later, sizes, device)
 
 
 def test_padded_pooling_windows_compile_once(device):
@@ -143,7 +153,7 @@ def test_padded_pooling_windows_compile_once(device):
     fn = lambda x: F.max_pool2d(x, 3, 2, 1) * 2  # noqa: E731
     sizes = [(17, 16), (9, 10), (33, 20), (64, 64)]
     first, later = run_bindings(fn, lambda h, w: [t(2, 3, h, w)], sizes, {0: [2, 3]}, device=device)
-    assert later == 0  # (the first binding may find its sources compiled by an earlier test of the process)
+    assert_reused(later, sizes, device)
 
 
 def test_gathered_rows_compile_once(device):
@@ -155,7 +165,7 @@ def test_gathered_rows_compile_once(device):
         return [t(40, 16), torch.randint(0, 40, (n,), device=device)]
 
     first, later = run_bindings(fn, make, sizes, {1: [0]}, device=device)
-    assert later == 0  # (the first binding may find its sources compiled by an earlier test of the process)
+    assert_reused(later, sizes, device)
 
 
 def decisions(source):
