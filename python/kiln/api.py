@@ -172,7 +172,8 @@ def reset():
 def stats():
     """Counters since the last reset: frames_compiled, cache_hits, recompiles, graph_breaks, fallbacks,
     guard_snapshot_hits (guard checks answered by a snapshot of the module tree's dicts), guard_snapshots_stale
-    (snapshots dropped because one of those dicts changed), and under CUDA graphs (mode="reduce-overhead"):
+    (snapshots dropped because one of those dicts changed), dynamic_specialisations and dynamic_hits (a graph with
+    size symbols lowered for a new set of sizes, or a call that reused one), and under CUDA graphs (mode="reduce-overhead"):
     cudagraph_recordings, cudagraph_replays, cudagraph_unrecorded_runs (calls of a recorded graph that ran unrecorded
     because memory it writes was still referenced), cudagraph_declined (graphs never recorded) and
     cudagraph_last_decline_reason."""
