@@ -500,7 +500,7 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
     // Dynamic shapes: dynamic=False specialises every size; True makes every dim of the arguments symbolic from the
     // first call; None (automatic) the dims whose size changed since an earlier trace of this code.
     DynamicPolicy& memory = dynamic_[(PyObject*)frame.code];
-    memory.mode = options_.compile.dynamic;
+    memory.mode = force_static_ ? compile::Dynamic::kStatic : options_.compile.dynamic;
     tracer = std::make_unique<Tracer>(input, memory);
     std::optional<BreakPlan> plan;
     bytecode::CodeInstructions decoded;
@@ -616,11 +616,33 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
   } catch (const Error& e) {
     PyErr_Clear();
     if (e.kind() == ErrorKind::Internal) KILN_LOG(fallbacks) << e.what();
+    // A trace or compile with size symbols that failed for a reason of its own (not a construct the trace cannot
+    // capture) is tried again with every size specialised, which is what this frame would have done without them.
+    if (e.kind() != ErrorKind::Unsupported && tracer && tracer->symbolic() && !force_static_)
+      return retry_specialised(frame, entries, e.what());
     return fall_back(frame, e.what(), guards_so_far());
   } catch (const std::exception& e) {
     PyErr_Clear();
+    if (tracer && tracer->symbolic() && !force_static_) return retry_specialised(frame, entries, e.what());
     return fall_back(frame, std::string("backend failed: ") + e.what(), guards_so_far());
   }
+}
+
+frame::MissResult KilnCompiler::retry_specialised(const frame::FrameView& frame,
+                                                  const std::vector<const frame::CacheEntry*>& entries,
+                                                  const std::string& why) {
+  KILN_LOG(dynamic) << where(frame.code) << ": compiling with size symbols failed (" << why
+                    << "); compiling it again with every size specialised";
+  force_static_ = true;
+  frame::MissResult result;
+  try {
+    result = on_miss(frame, entries);
+  } catch (...) {
+    force_static_ = false;
+    throw;
+  }
+  force_static_ = false;
+  return result;
 }
 
 }  // namespace kiln::trace

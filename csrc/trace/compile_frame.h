@@ -80,6 +80,10 @@ class KilnCompiler : public frame::Compiler {
   /// Per code object (borrowed: only compared): what its traces saw of each input's sizes (automatic dynamic
   /// shapes, trace/symbolic_ints.h).
   std::unordered_map<PyObject*, DynamicPolicy> dynamic_;
+  /// While a miss is compiled again with every size specialised (retry_specialised).
+  bool force_static_ = false;
+  frame::MissResult retry_specialised(const frame::FrameView& frame, const std::vector<const frame::CacheEntry*>& entries,
+                                      const std::string& why);
 };
 
 }  // namespace kiln::trace
