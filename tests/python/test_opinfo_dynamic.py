@@ -46,7 +46,7 @@ from torch.utils import _pytree as pytree
 # wrapper_set_seed replaced by a plain call). Importing it also installs its expecttest stand-in where needed.
 from test_opinfo_sweep import (  # noqa: F401  (the fixtures are used by pytest, not by name)
     BATCH_SIZE, SEEDED_RERUNS, UNINITIALISED, Case, compare, kiln_cache_dir, make_batch_function,
-    ops_without_seed_wrapper, same_result, seeded_by_op_db, tensors_only)
+    ops_without_seed_wrapper, same_result, seeded_by_op_db, sweep_ops, tensors_only)
 
 import kiln
 
@@ -155,15 +155,8 @@ def eager_expected(case):
 
 
 def collect_pairs(dtype, device, skipped, no_pair):
-    from torch.testing._internal.common_methods_invocations import op_db
     pairs = []
-    for op in op_db:
-        key = op.name + ("." + op.variant_test_name if op.variant_test_name else "")
-        if dtype not in op.supported_dtypes(device):
-            continue
-        if op.name.endswith("_") or "inplace" in op.variant_test_name or "in_place" in op.variant_test_name:
-            skipped[key] = "in-place variant"
-            continue
+    for key, op in sweep_ops(skipped, lambda op: dtype in op.supported_dtypes(device)):
         try:
             torch.manual_seed(0)
             samples = list(op.sample_inputs(device, dtype, requires_grad=False))

@@ -27,7 +27,7 @@ from torch.utils import _pytree as pytree
 
 import kiln
 from kiln.testing import tolerance
-from test_opinfo_sweep import UNINITIALISED, make_batch_function, seeded_by_op_db  # noqa: E402
+from test_opinfo_sweep import UNINITIALISED, make_batch_function, seeded_by_op_db, sweep_ops  # noqa: E402
 
 BATCH_SIZE = 40
 # The compiled share of the ops eager differentiates, as measured (float32, 2026-11-24: CPU 157 of 508, H200 157 of
@@ -93,15 +93,9 @@ def gradients(loss, tensors):
 
 
 def collect_cases(device, dtype, skipped):
-    from torch.testing._internal.common_methods_invocations import op_db
     cases = []
-    for op in op_db:
-        key = op.name + ("." + op.variant_test_name if op.variant_test_name else "")
-        if not op.supports_autograd or dtype not in op.supported_backward_dtypes(device):
-            continue
-        if op.name.endswith("_") or "inplace" in op.variant_test_name or "in_place" in op.variant_test_name:
-            skipped[key] = "in-place variant"
-            continue
+    supported = lambda op: op.supports_autograd and dtype in op.supported_backward_dtypes(device)  # noqa: E731
+    for key, op in sweep_ops(skipped, supported):
         try:
             torch.manual_seed(0)
             sample = None

@@ -157,17 +157,23 @@ def same_result(a, b):
         return False
 
 
-def collect_cases(dtype, skipped, device="cpu"):
-    """The cases of `dtype`: ops whose eager call on their sample succeeds and returns tensors."""
+def sweep_ops(skipped, supported):
+    """(key, op) of every op of op_db that `supported(op)` accepts, in-place variants recorded in `skipped`."""
     from torch.testing._internal.common_methods_invocations import op_db
-    cases = []
     for op in op_db:
         key = op.name + ("." + op.variant_test_name if op.variant_test_name else "")
-        if dtype not in op.supported_dtypes(device):
+        if not supported(op):
             continue
         if op.name.endswith("_") or "inplace" in op.variant_test_name or "in_place" in op.variant_test_name:
             skipped[key] = "in-place variant"
             continue
+        yield key, op
+
+
+def collect_cases(dtype, skipped, device="cpu"):
+    """The cases of `dtype`: ops whose eager call on their sample succeeds and returns tensors."""
+    cases = []
+    for key, op in sweep_ops(skipped, lambda op: dtype in op.supported_dtypes(device)):
         try:
             sample = first_sample(op, dtype, device)
             if sample is None:
