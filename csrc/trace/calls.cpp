@@ -1,7 +1,6 @@
 // Calls while tracing: which calls run on fakes through the recorder (torch's API, built-in torch.nn
 // modules), which are inlined (user functions, user modules' forward), which builtins are folded.
 #include <algorithm>
-#include <optional>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -11,7 +10,6 @@
 #include <optional>
 
 #include "trace/tracer.h"
-#include "trace/tracer_helpers.h"
 
 namespace kiln::trace {
 
@@ -61,116 +59,19 @@ bool depends_on_type_only(PyObject* f) {
   KILN_UNSUPPORTED() << message;
 }
 
-namespace {
-// The symbolic ints (and, for telling values apart, the plain ints) inside call arguments, containers included.
-void collect_ints(const VarPtr& v, std::vector<std::pair<int64_t, graph::sym::Expr>>& symbolic,
-                  std::vector<int64_t>& plain, std::vector<std::pair<int64_t, bool>>& ordered) {
-  if (v->is(VarKind::kSymInt)) {
-    symbolic.emplace_back(PyLong_AsLongLong(v->value), v->sym);
-    ordered.emplace_back(symbolic.back().first, true);
-  } else if (v->is(VarKind::kConst) && PyLong_CheckExact(v->value)) {
-    int overflow = 0;
-    const long long x = PyLong_AsLongLongAndOverflow(v->value, &overflow);
-    if (!overflow) {
-      plain.push_back(x);
-      ordered.emplace_back(x, false);
-    }
-    PyErr_Clear();
-  } else if (v->is(VarKind::kTuple) || v->is(VarKind::kList) || v->is(VarKind::kSlice) || v->is(VarKind::kDict)) {
-    for (const VarPtr& item : v->items) collect_ints(item, symbolic, plain, ordered);
-  }
-}
-}  // namespace
-
-using detail::check;
-using detail::str_of;
-
-VarPtr Tracer::symbolic_size_call(PyObject* fn, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
-  if (args.empty() || !args[0]->is(VarKind::kTensor)) return nullptr;
-  static PyObject* tensor_base = [] {
-    PyObject* c = PyImport_ImportModule("torch._C");
-    PyObject* t = c ? PyObject_GetAttrString(c, "TensorBase") : nullptr;
-    Py_XDECREF(c);
-    return t;
-  }();
-  static PyObject* size_method = tensor_base ? PyObject_GetAttrString(tensor_base, "size") : nullptr;
-  static PyObject* numel_method = tensor_base ? PyObject_GetAttrString(tensor_base, "numel") : nullptr;
-  static PyObject* nelement_method = tensor_base ? PyObject_GetAttrString(tensor_base, "nelement") : nullptr;
-  static PyObject* size_type = [] {
-    PyObject* torch = PyImport_ImportModule("torch");
-    PyObject* t = torch ? PyObject_GetAttrString(torch, "Size") : nullptr;
-    Py_XDECREF(torch);
-    return t;
-  }();
-  PyErr_Clear();
-  PyObject* fake = args[0]->value;
-  PyObject* shape = PyObject_GetAttrString(fake, "shape");
-  if (!shape) rethrow_python("tensor.shape");
-  std::vector<int64_t> sizes;
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape); ++i) sizes.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i)));
-  Py_DECREF(shape);
-  PyObject* vid = check(PyObject_CallMethod(recorder_, "value_id", "O", fake), "recorder.value_id");
-  const int64_t value = vid == Py_None ? -1 : PyLong_AsLongLong(vid);
-  Py_DECREF(vid);
-  auto dim_var = [&](int64_t d) { return symbolic_->size(fake, value, d, sizes[d]); };
-  auto whole_shape = [&] {
-    std::vector<VarPtr> items;
-    for (size_t d = 0; d < sizes.size(); ++d) items.push_back(dim_var((int64_t)d));
-    VarPtr out = make_sequence(VarKind::kTuple, std::move(items));
-    out->real_type = (PyTypeObject*)size_type;
-    return out;
-  };
-  const bool getattr_shape = fn == PyDict_GetItemString(PyEval_GetBuiltins(), "getattr") && args.size() == 2 &&
-                             args[1]->is(VarKind::kConst) && PyUnicode_Check(args[1]->value) &&
-                             str_of(args[1]->value) == "shape";
-  if (getattr_shape) return whole_shape();
-  if (fn == PyDict_GetItemString(PyEval_GetBuiltins(), "len")) {
-    if (sizes.empty()) return nullptr;  // (len() of a 0-d tensor raises: the recorder says so)
-    return dim_var(0);
-  }
-  if (fn == size_method) {
-    VarPtr dim = args.size() == 2 ? args[1] : nullptr;
-    for (const auto& [name, v] : kwargs)
-      if (str_of(name) == "dim") dim = v;
-    if (args.size() > 2 || kwargs.size() > (dim && args.size() < 2 ? 1u : 0u)) return nullptr;
-    if (!dim || (dim->is(VarKind::kConst) && dim->value == Py_None)) return whole_shape();
-    if (!dim->is(VarKind::kConst) || !PyLong_CheckExact(dim->value)) return nullptr;
-    int64_t d = PyLong_AsLongLong(dim->value);
-    if (d < 0) d += (int64_t)sizes.size();
-    if (d < 0 || d >= (int64_t)sizes.size()) return nullptr;  // (the recorder raises eager's IndexError)
-    return dim_var(d);
-  }
-  if ((fn == numel_method || fn == nelement_method) && args.size() == 1 && kwargs.empty()) {
-    VarPtr product = make_const_steal(PyLong_FromLong(1));
-    static PyObject* mul = PyObject_GetAttrString(PyImport_AddModule("operator"), "mul");
-    for (size_t d = 0; d < sizes.size(); ++d) product = symbolic_->binary(mul, product, dim_var((int64_t)d));
-    return product;
-  }
-  return nullptr;
-}
-
 VarPtr Tracer::call_recorded(PyObject* fn, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
   SymbolicInts* symbolic = this->symbolic();
   if (symbolic)
     if (VarPtr size = symbolic_size_call(fn, args, kwargs)) return size;
-  // Symbolic ints handed to the call: their values go to the recorder unpinned, and finish() finds them in the nodes
-  // the call records (symbolic_ints.h).
-  std::vector<std::pair<int64_t, graph::sym::Expr>> symbolic_args;
-  std::vector<int64_t> plain_args;
-  std::vector<std::pair<int64_t, bool>> ordered_args;  // every int in argument order: (value, symbolic)
+  // Ints handed to the call go to the recorder unpinned; finish() finds them in the nodes it records (symbolic_ints.h).
+  std::vector<PassedInt> passed;
   if (symbolic) {
-    for (const VarPtr& a : args) collect_ints(a, symbolic_args, plain_args, ordered_args);
-    for (const auto& kw : kwargs) collect_ints(kw.second, symbolic_args, plain_args, ordered_args);
+    for (const VarPtr& a : args) collect_passed_ints(a, passed);
+    for (const auto& kw : kwargs) collect_passed_ints(kw.second, passed);
   }
   std::optional<NoPinScope> no_pin;
-  int first_node = 0;
-  const bool note = !symbolic_args.empty() || !plain_args.empty();
-  if (note) {
-    no_pin.emplace();
-    PyObject* n = check(PyObject_GetAttrString(recorder_, "num_nodes"), "recorder.num_nodes");
-    first_node = (int)PyLong_AsLong(n);
-    Py_DECREF(n);
-  }
+  if (!passed.empty()) no_pin.emplace();
+  const int first_node = passed.empty() ? 0 : recorded_nodes();
   PyObject* py_args = PyTuple_New(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
     PyObject* a = to_python(args[i]);
@@ -195,22 +96,10 @@ VarPtr Tracer::call_recorded(PyObject* fn, const std::vector<VarPtr>& args, cons
   Py_DECREF(py_args);
   Py_DECREF(py_kwargs);
   if (!result) rethrow_python("calling " + name_of(fn) + " on fake tensors");
-  if (note) {
+  if (!passed.empty()) {
     no_pin.reset();
-    PyObject* n = PyObject_GetAttrString(recorder_, "num_nodes");
-    const int end_node = n ? (int)PyLong_AsLong(n) : first_node;
-    Py_XDECREF(n);
-    // A call that answers with Python numbers computed from the ints (not tensors) pins them: the answer is a
-    // trace-time constant.
-    const bool number_result = PyLong_Check(result) || PyFloat_Check(result);
-    std::vector<std::pair<int64_t, graph::sym::Expr>> pinned;
-    if (number_result) pinned.swap(symbolic_args);
-    for (const auto& [hint, e] : pinned)
-      symbolic->assume(graph::shape::Assumption::Kind::kEq, e, graph::sym::Expr(hint),
-                       "specialised: " + name_of(fn) + " returned a Python value computed from it");
-    if (end_node > first_node)
-      symbolic->note_call(first_node, end_node, std::move(symbolic_args), std::move(plain_args),
-                          std::move(ordered_args), name_of(fn));
+    symbolic->note_call(first_node, recorded_nodes(), std::move(passed), name_of(fn),
+                        PyLong_Check(result) || PyFloat_Check(result));
   }
   VarPtr out = wrap_result(result);
   Py_DECREF(result);

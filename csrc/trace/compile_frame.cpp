@@ -452,12 +452,13 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
   }
   // A size outside the range kiln.mark_dynamic declared raises (torch.compile's constraint violation), rather than
   // compiling a graph for sizes the user said never come.
+  std::vector<std::string> failures;
   for (const frame::CacheEntry* e : own) {
-    const std::string why = e->guard->describe_failure(frame);
-    if (why.find(kDeclaredRange) != std::string::npos) return raise_kiln_error(why);
+    failures.push_back(e->guard->describe_failure(frame));
+    if (failures.back().find(kDeclaredRange) != std::string::npos) return raise_kiln_error(failures.back());
   }
   if (!own.empty()) {
-    std::string reason = own.front()->guard->describe_failure(frame);
+    const std::string& reason = failures.front();
     EntryCount count = count_entries(frame, own, options_.recompile_limit);
     if (count.entries >= count.limit) {
       // A function kiln was not asked to compile, reached from code running eagerly, that fell back on every

@@ -204,13 +204,13 @@ void SymbolicInts::add_input(PyObject* real, PyObject* fake, const SourcePtr& so
     // is guarded), so that `ids.shape[1]` and `mask.shape[1]` are the same expression and never ambiguous.
     Expr canonical = s;
     for (size_t k = 0; k < symbols_.size(); ++k)
-      if (hints_.at(symbols_[k].symbol_id()) == size) {
+      if (symbol_hints_[k] == size) {
         canonical = symbols_[k];
         assume(Assumption::Kind::kEq, s, canonical, "duck sizing: equal sizes at the first call are one size");
         break;
       }
     symbols_.push_back(s);
-    hints_[s.symbol_id()] = size;
+    symbol_hints_.push_back(size);
     in.dims.push_back(d);
     in.symbols.push_back(s);
     per_dim.push_back(canonical);
@@ -238,8 +238,7 @@ VarPtr SymbolicInts::size(PyObject* fake, int64_t value, int64_t dim, int64_t hi
   auto [it, added] = placeholder_of_.try_emplace({value, dim});
   if (added) {
     it->second = graph::size_placeholder_symbol((int32_t)placeholders_.size());
-    placeholders_.push_back({it->second, value, dim, hint});
-    hints_[it->second.symbol_id()] = hint;
+    placeholders_.push_back({it->second, (graph::ValueId)value, (int32_t)dim, std::nullopt});
   }
   return make(hint, it->second);
 }
@@ -315,7 +314,9 @@ bool SymbolicInts::truthy(const VarPtr& v) {
   return x != 0;
 }
 
-VarPtr SymbolicInts::compare_tuples(bool equal, const VarPtr& a, const VarPtr& b) {
+VarPtr SymbolicInts::compare_tuples(PyObject* op, const VarPtr& a, const VarPtr& b) {
+  if (op_of(op) != Op::kEq && op_of(op) != Op::kNe) return nullptr;
+  const bool equal = op_of(op) == Op::kEq;
   auto ints = [](const VarPtr& t, std::vector<std::pair<int64_t, Expr>>& out) {
     if (!t->is(VarKind::kTuple)) return false;
     for (const VarPtr& item : t->items) {
@@ -359,10 +360,110 @@ void SymbolicInts::pin(const VarPtr& v, const std::string& why) {
   assume(Assumption::Kind::kEq, v->sym, Expr(hint), "specialised: " + why);
 }
 
-void SymbolicInts::note_call(int first_node, int end_node, std::vector<std::pair<int64_t, Expr>> ints,
-                             std::vector<int64_t> plain, std::vector<std::pair<int64_t, bool>> ordered,
-                             std::string what) {
-  calls_.push_back({first_node, end_node, std::move(ints), std::move(plain), std::move(ordered), std::move(what)});
+void SymbolicInts::note_call(int first_node, int end_node, std::vector<PassedInt> passed, std::string what,
+                             bool returned_number) {
+  // A call that answers with a Python number computed from the ints (not a tensor) pins them: the answer is a
+  // trace-time constant.
+  if (returned_number) {
+    for (const PassedInt& p : passed)
+      if (p.expr)
+        assume(Assumption::Kind::kEq, *p.expr, Expr(p.value), "specialised: " + what + " returned a Python value computed from it");
+    return;
+  }
+  if (end_node > first_node) calls_.push_back({first_node, end_node, std::move(passed), std::move(what)});
+}
+
+void collect_passed_ints(const VarPtr& v, std::vector<PassedInt>& out) {
+  if (v->is(VarKind::kSymInt)) {
+    out.push_back({PyLong_AsLongLong(v->value), v->sym});
+  } else if (v->is(VarKind::kConst) && PyLong_CheckExact(v->value)) {
+    int overflow = 0;
+    const long long x = PyLong_AsLongLongAndOverflow(v->value, &overflow);
+    if (!overflow) out.push_back({x, std::nullopt});
+    PyErr_Clear();
+  } else if (v->is(VarKind::kTuple) || v->is(VarKind::kList) || v->is(VarKind::kSlice) || v->is(VarKind::kDict)) {
+    for (const VarPtr& item : v->items) collect_passed_ints(item, out);
+  }
+}
+
+// Each int handed to a call is found in the nodes the call recorded: a symbolic int becomes that argument's
+// expression, a plain int a constant one (so that propagation never reads a literal as a size it happens to equal:
+// graph/infer_recorded_sizes.h infers only the ints nobody passed, the ones ATen's composites computed).
+// - An int list equal, element by element, to a run of the ints passed in argument order (`x.view(s, b * h, 64)`
+//   recorded as view(x, [37, 64, 64])) is matched by position: no value is ambiguous there.
+// - Otherwise by value. Two different expressions of one value (a length read from a sliced buffer and from the
+//   input) are tied by a guarded equality, and either is then right. A value a plain int also has is ambiguous: its
+//   symbolic ints are pinned rather than guessed. A plain int is read as a literal by value only where the call
+//   recorded one node (`x.view(4, -1)`): a composite recorded whole (multi_head_attention_forward given
+//   num_heads=8) computes sizes of its own that may equal it, and those are left to the inference.
+// - A symbolic int no node holds was used some other way inside the call, and is pinned.
+void SymbolicInts::match_call(graph::Graph& g, const Call& c) {
+  const std::vector<PassedInt>& passed = c.passed;
+  std::vector<bool> used(passed.size(), false), ambiguous(passed.size(), false);
+  auto mark_arg = [&](graph::NodeIndex n, int32_t a, int32_t element, size_t k) {  // passed[k] stands there
+    try {
+      graph::mark_symbolic_int_arg(g, {n, a, element, passed[k].expr ? *passed[k].expr : Expr(passed[k].value)});
+      return true;
+    } catch (const Error&) {
+      return false;  // (an argument that cannot stand for a size)
+    }
+  };
+  auto by_value = [&](graph::NodeIndex n, int32_t a, int32_t element, int64_t value) {
+    std::optional<size_t> symbolic, plain;
+    for (size_t k = 0; k < passed.size(); ++k) {
+      if (passed[k].value != value) continue;
+      if (!passed[k].expr) {
+        plain = plain ? plain : k;
+      } else if (!symbolic) {
+        symbolic = k;
+      } else if (*passed[*symbolic].expr != *passed[k].expr) {
+        assume(Assumption::Kind::kEq, *passed[k].expr, *passed[*symbolic].expr,
+               "two sizes of equal value handed to " + c.what);
+      }
+    }
+    if (symbolic && plain) {
+      for (size_t k = 0; k < passed.size(); ++k) ambiguous[k] = ambiguous[k] || (passed[k].expr && passed[k].value == value);
+      symbolic.reset();
+    }
+    if (symbolic) {
+      const bool marked = mark_arg(n, a, element, *symbolic);
+      for (size_t k = 0; k < passed.size(); ++k)  // (the others of this value are tied to it by the equality)
+        if (passed[k].expr && passed[k].value == value) (marked ? used : ambiguous)[k] = true;
+    } else if (plain && c.end_node - c.first_node == 1) {
+      KILN_LOG(dynamic) << "node " << n << " (" << g.nodes[n].qualified_name() << ") argument " << a
+                        << (element >= 0 ? "[" + std::to_string(element) + "]" : "") << " = " << value
+                        << " is the constant " << c.what << " was passed";
+      mark_arg(n, a, element, *plain);
+    }
+  };
+  auto by_position = [&](graph::NodeIndex n, int32_t a, const std::vector<int64_t>& list) {
+    if (list.size() < 2) return false;
+    for (size_t start = 0; start + list.size() <= passed.size(); ++start) {
+      bool equal = true;
+      for (size_t e = 0; e < list.size() && equal; ++e) equal = passed[start + e].value == list[e];
+      if (!equal) continue;
+      for (size_t e = 0; e < list.size(); ++e) {
+        const size_t k = start + e;
+        const bool marked = mark_arg(n, a, (int32_t)e, k);
+        if (passed[k].expr) (marked ? used : ambiguous)[k] = true;
+      }
+      return true;
+    }
+    return false;
+  };
+  for (int n = c.first_node; n < c.end_node && n < (int)g.nodes.size(); ++n) {
+    const graph::Node& node = g.nodes[n];
+    for (size_t a = 0; a < node.args.size(); ++a) {
+      if (const auto* i = std::get_if<int64_t>(&node.args[a])) by_value(n, (int32_t)a, -1, *i);
+      if (const auto* l = std::get_if<std::vector<int64_t>>(&node.args[a]))
+        if (!by_position(n, (int32_t)a, *l))
+          for (size_t e = 0; e < l->size(); ++e) by_value(n, (int32_t)a, (int32_t)e, (*l)[e]);
+    }
+  }
+  for (size_t k = 0; k < passed.size(); ++k)
+    if (passed[k].expr && (ambiguous[k] || !used[k]))
+      assume(Assumption::Kind::kEq, *passed[k].expr, Expr(passed[k].value),
+             std::string("specialised: ") + (ambiguous[k] ? "its value is ambiguous in " : "used inside ") + c.what);
 }
 
 // ---- the graph -----------------------------------------------------------------------------------------------
@@ -371,90 +472,9 @@ void SymbolicInts::finish(PyObject* graph_object, guards::GuardTree& guards, con
   if (!active()) return;
   std::shared_ptr<graph::Graph> g = compile::graph_from_object(graph_object);
   for (const InputDims& in : inputs_) graph::mark_symbolic_dims(*g, in.input_index, in.dims, in.symbols);
-  for (const Placeholder& p : placeholders_)
-    graph::add_size_placeholder(*g, graph::SizePlaceholder{p.symbol, (graph::ValueId)p.value, (int32_t)p.dim, {}});
+  for (const graph::SizePlaceholder& p : placeholders_) graph::add_size_placeholder(*g, p);
 
-  // Each int handed to a call is found by value in the nodes the call recorded: a symbolic int becomes that argument's
-  // expression, a plain int a constant one (so that propagation never reads a literal as a size it happens to equal:
-  // graph/infer_recorded_sizes.h infers only the ints nobody passed, the ones ATen's composites computed). A value
-  // that a plain int also has is ambiguous: its symbolic ints are pinned rather than guessed. A symbolic int no node
-  // holds was used some other way inside the call, and is pinned too.
-  for (const Call& c : calls_) {
-    std::vector<bool> used(c.ints.size(), false), ambiguous(c.ints.size(), false);
-    auto mark = [&](graph::NodeIndex n, int32_t a, int32_t element, int64_t value) {
-      int found = -1;
-      for (size_t i = 0; i < c.ints.size(); ++i) {
-        if (c.ints[i].first != value) continue;
-        // Two different expressions with this value (a length read from a sliced buffer and from the input): which
-        // one the argument stands for cannot be told, so their equality is guarded, and either is then right.
-        if (found >= 0 && c.ints[found].second != c.ints[i].second)
-          assume(Assumption::Kind::kEq, c.ints[i].second, c.ints[found].second,
-                 "two sizes of equal value handed to " + c.what);
-        if (found < 0) found = (int)i;
-      }
-      const bool plain = std::find(c.plain.begin(), c.plain.end(), value) != c.plain.end();
-      if (found >= 0 && plain) {
-        for (size_t i = 0; i < c.ints.size(); ++i)
-          if (c.ints[i].first == value) ambiguous[i] = true;
-        found = -1;
-      }
-      // A plain int is taken for an argument by value only where the call recorded one node (`x.view(4, -1)`): a
-      // composite recorded whole (multi_head_attention_forward given num_heads=8) computes sizes of its own that
-      // may equal it, and those are inferred (graph/infer_recorded_sizes.h) rather than read as the literal.
-      if (found < 0 && (!plain || c.end_node - c.first_node > 1)) return;
-      if (found < 0)
-        KILN_LOG(dynamic) << "node " << n << " (" << g->nodes[n].qualified_name() << ") argument " << a
-                          << (element >= 0 ? "[" + std::to_string(element) + "]" : "") << " = " << value
-                          << " is the constant " << c.what << " was passed";
-      try {
-        graph::mark_symbolic_int_arg(*g, {n, a, element, found >= 0 ? c.ints[found].second : Expr(value)});
-        if (found >= 0)
-          for (size_t i = 0; i < c.ints.size(); ++i)
-            if (c.ints[i].first == value) used[i] = true;  // (the others are tied to it by the guarded equality)
-      } catch (const Error&) {
-        if (found >= 0) ambiguous[found] = true;  // (an argument that cannot stand for a size: the int is pinned)
-      }
-    };
-    // An int list equal, element by element, to a run of the ints passed in argument order (`x.view(s, b * h, 64)`
-    // recorded as view(x, [37, 64, 64])) is matched by position: no value is ambiguous there.
-    auto by_position = [&](graph::NodeIndex n, int32_t a, const std::vector<int64_t>& list) {
-      if (list.size() < 2 || list.size() > c.ordered.size()) return false;
-      for (size_t start = 0; start + list.size() <= c.ordered.size(); ++start) {
-        bool equal = true;
-        for (size_t e = 0; e < list.size() && equal; ++e) equal = c.ordered[start + e].first == list[e];
-        if (!equal) continue;
-        size_t symbolic_before = 0;  // the index into c.ints of the run's first symbolic int
-        for (size_t k = 0; k < start; ++k) symbolic_before += c.ordered[k].second ? 1 : 0;
-        for (size_t e = 0; e < list.size(); ++e) {
-          const bool is_symbolic = c.ordered[start + e].second;
-          const Expr value = is_symbolic ? c.ints[symbolic_before].second : Expr(list[e]);
-          try {
-            graph::mark_symbolic_int_arg(*g, {n, a, (int32_t)e, value});
-            if (is_symbolic) used[symbolic_before] = true;
-          } catch (const Error&) {
-            if (is_symbolic) ambiguous[symbolic_before] = true;
-          }
-          if (is_symbolic) ++symbolic_before;
-        }
-        return true;
-      }
-      return false;
-    };
-    for (int n = c.first_node; n < c.end_node && n < (int)g->nodes.size(); ++n) {
-      const graph::Node& node = g->nodes[n];
-      for (size_t a = 0; a < node.args.size(); ++a) {
-        if (const auto* i = std::get_if<int64_t>(&node.args[a])) mark(n, (int32_t)a, -1, *i);
-        if (const auto* l = std::get_if<std::vector<int64_t>>(&node.args[a])) {
-          if (by_position(n, (int32_t)a, *l)) continue;
-          for (size_t e = 0; e < l->size(); ++e) mark(n, (int32_t)a, (int32_t)e, (*l)[e]);
-        }
-      }
-    }
-    for (size_t i = 0; i < c.ints.size(); ++i)
-      if (ambiguous[i] || !used[i])
-        assume(Assumption::Kind::kEq, c.ints[i].second, Expr(c.ints[i].first),
-               std::string("specialised: ") + (ambiguous[i] ? "its value is ambiguous in " : "used inside ") + c.what);
-  }
+  for (const Call& c : calls_) match_call(*g, c);
   for (const Assumption& a : assumptions_) graph::add_trace_assumption(*g, a);
   graph::propagate_symbolic_sizes(*g);
   if (log::enabled(log::Category::dynamic)) KILN_LOG(dynamic) << "the graph over its size symbols:\n" << g->to_string();

@@ -17,6 +17,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -26,12 +27,21 @@
 #include "compile/options.h"
 #include "graph/shape_rules.h"
 #include "graph/sym_expr.h"
+#include "graph/symbolic_sizes.h"
 #include "guards/guard_tree.h"
 #include "trace/variables.h"
 
 namespace kiln::trace {
 
 namespace sym = graph::sym;
+
+/// An int handed to a recorder call: its value, and its expression where it is a symbolic int.
+struct PassedInt {
+  int64_t value;
+  std::optional<sym::Expr> expr;
+};
+/// The ints inside `v` (containers and slices included), appended in order.
+void collect_passed_ints(const VarPtr& v, std::vector<PassedInt>& out);
 
 /// What decides the dynamic dims of a trace (compile_frame.cpp fills it per miss).
 struct DynamicPolicy {
@@ -69,19 +79,19 @@ class SymbolicInts {
   VarPtr min_max(bool is_max, const std::vector<VarPtr>& args);
   /// Python truth of a kSymInt (n != 0), with the relation recorded.
   bool truthy(const VarPtr& v);
-  /// `a == b` / `a != b` of two tuples holding kSymInts, element by element (torch.Size comparisons); nullptr when
-  /// they are not both tuples of ints.
-  VarPtr compare_tuples(bool equal, const VarPtr& a, const VarPtr& b);
+  /// `op(a, b)` for op == or != of two tuples holding kSymInts, element by element (torch.Size comparisons); nullptr
+  /// for other ops, or when they are not both tuples of ints.
+  VarPtr compare_tuples(PyObject* op, const VarPtr& a, const VarPtr& b);
 
   /// The int a kSymInt stands for leaves symbolic land: its expression must equal the hint from now on.
   void pin(const VarPtr& v, const std::string& why);
   /// Records that `lhs kind rhs` held at trace time and was relied on.
   void assume(graph::shape::Assumption::Kind kind, const sym::Expr& lhs, const sym::Expr& rhs, std::string why);
 
-  /// A recorder call whose arguments held ints: `ints` are the symbolic ones' (hint, expression) pairs, `plain` the
-  /// plain ones, `ordered` all of them in argument order (value, symbolic); the call recorded [first_node, end_node).
-  void note_call(int first_node, int end_node, std::vector<std::pair<int64_t, sym::Expr>> ints,
-                 std::vector<int64_t> plain, std::vector<std::pair<int64_t, bool>> ordered, std::string what);
+  /// A recorder call that was handed ints (`passed`, in argument order) recorded nodes [first_node, end_node);
+  /// finish() finds them there. `returned_number`: it answered with a Python number, computed from them at trace
+  /// time, so its symbolic ints are pinned instead.
+  void note_call(int first_node, int end_node, std::vector<PassedInt> passed, std::string what, bool returned_number);
 
   /// After the recorder built `graph` (a kiln._C.Graph): gives it its symbolic sizes (input symbols, placeholders,
   /// the nodes' symbolic int arguments matched by value, the relations relied on), propagates them, and sets the
@@ -102,19 +112,12 @@ class SymbolicInts {
     std::vector<sym::Expr> symbols;
     std::vector<std::pair<int64_t, int64_t>> ranges;  // per symbolic dim: mark_dynamic's min and max, -1 when none
   };
-  struct Placeholder {
-    sym::Expr symbol;
-    int64_t value;
-    int64_t dim;
-    int64_t hint;
-  };
   struct Call {
     int first_node, end_node;
-    std::vector<std::pair<int64_t, sym::Expr>> ints;
-    std::vector<int64_t> plain;
-    std::vector<std::pair<int64_t, bool>> ordered;
+    std::vector<PassedInt> passed;
     std::string what;
   };
+  void match_call(graph::Graph& g, const Call& c);
   VarPtr make(int64_t hint, sym::Expr e);
   /// The dims of `real` that are symbolic, with the range mark_dynamic declared for each (-1: none).
   std::vector<std::pair<int64_t, std::pair<int64_t, int64_t>>> dynamic_dims(PyObject* real, const SourcePtr& source) const;
@@ -125,8 +128,8 @@ class SymbolicInts {
                                                               // the tracer's input Vars hold the fakes)
   std::vector<sym::Expr> symbols_;
   std::map<std::pair<int64_t, int64_t>, sym::Expr> placeholder_of_;  // (value, dim) -> placeholder
-  std::vector<Placeholder> placeholders_;
-  std::map<sym::SymbolId, int64_t> hints_;  // every symbol and placeholder
+  std::vector<graph::SizePlaceholder> placeholders_;
+  std::vector<int64_t> symbol_hints_;  // each of symbols_' traced size
   std::vector<Call> calls_;
   std::vector<graph::shape::Assumption> assumptions_;
   std::vector<std::string> summary_;

@@ -327,6 +327,8 @@ class Tracer {
   /// `x.shape`, `x.size(d)`, `x.numel()`, `len(x)` of a tensor under dynamic shapes: symbolic ints; nullptr for
   /// other calls.
   VarPtr symbolic_size_call(PyObject* fn, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+  /// How many nodes the recorder holds (calls_symbolic.cpp).
+  int recorded_nodes();
  public:
   SymbolicInts* symbolic() const { return symbolic_ && symbolic_->active() ? symbolic_.get() : nullptr; }
   /// The trace's symbolic ints whether or not a symbol was made (range_violation()); null under dynamic=False.

@@ -1,5 +1,4 @@
 // Tracer: operators, subscripts, truth and iteration of traced values (the rest of Tracer is in tracer.cpp).
-#include <algorithm>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -23,16 +22,8 @@ VarPtr Tracer::binary(PyObject* op, const VarPtr& a, const VarPtr& b) {
   if (SymbolicInts* symbolic = this->symbolic()) {
     if (a->is(VarKind::kSymInt) || b->is(VarKind::kSymInt))
       if (VarPtr r = symbolic->binary(op, a, b)) return r;
-    auto holds_symbolic = [](const VarPtr& t) {
-      return t->is(VarKind::kTuple) &&
-             std::any_of(t->items.begin(), t->items.end(), [](const VarPtr& i) { return i->is(VarKind::kSymInt); });
-    };
-    if (holds_symbolic(a) || holds_symbolic(b)) {
-      static PyObject* eq = PyObject_GetAttrString(PyImport_AddModule("operator"), "eq");
-      static PyObject* ne = PyObject_GetAttrString(PyImport_AddModule("operator"), "ne");
-      if (op == eq || op == ne)
-        if (VarPtr r = symbolic->compare_tuples(op == eq, a, b)) return r;
-    }
+    if (holds_symbolic_int(a) || holds_symbolic_int(b))
+      if (VarPtr r = symbolic->compare_tuples(op, a, b)) return r;
   }
   if (is_constant(a) && is_constant(b)) {
     PyObject* x = to_python(a);
