@@ -10,6 +10,7 @@
 #include <c10/core/GradMode.h>
 #include <ATen/ops/empty_strided.h>
 
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <unordered_set>
@@ -268,17 +269,21 @@ void build_plan(KilnGraph& kg, const cache::CompiledArtifact& record) {
     }
 }
 
-// Writes the graph and its source into `dir` (KILN_DEBUG_DIR, or the compile's debug_dir option). A debug dump never
-// fails a compile.
+// Writes the graph and its source into `dir` (KILN_DEBUG_DIR, or the compile's debug_dir option), creating it when
+// missing. A debug dump never fails a compile: a directory that cannot be written is logged under `fallbacks`.
 void dump_debug(const std::string& dir, const std::string& name, const std::string& graph_text, const std::string& source,
                 const std::string& backend) {
   if (dir.empty()) return;
-  try {
-    std::string path = dir + "/" + name;
-    std::ofstream(path + ".graph.txt") << graph_text;
-    std::ofstream(path + (backend == "cuda" ? ".cu" : ".cpp")) << source;
-  } catch (...) {
-  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const std::string path = dir + "/" + name;
+  std::ofstream graph_file(path + ".graph.txt");
+  std::ofstream source_file(path + (backend == "cuda" ? ".cu" : ".cpp"));
+  graph_file << graph_text;
+  source_file << source;
+  if (!graph_file || !source_file)
+    KILN_LOG(fallbacks) << "debug dump: cannot write " << path << ".* (" << (ec ? ec.message() : "write failed")
+                        << "); the compile goes on without it";
 }
 
 // A graph whose in-place updates of inputs were made functional (make_buffer_updating_graph).

@@ -9,6 +9,7 @@ Collectives go through gloo on the CPU.
 """
 import contextlib
 import copy
+import faulthandler
 import json
 import os
 import sys
@@ -264,9 +265,17 @@ def run(name):
 
 def main():
     out_path, names = sys.argv[1], sys.argv[2:] or list(SCENARIOS)
+    # A rank that hangs prints every thread's stack and exits before the launcher gives up on it, so the launcher's
+    # failure shows where each rank was waiting.
+    hang_s = float(os.environ.get("WORKER_TIMEOUT_S", "0"))
+    if hang_s > 0:
+        faulthandler.dump_traceback_later(hang_s, exit=True)
+    print(f"rank {os.environ.get('RANK')}: joining the group", flush=True)
     dist.init_process_group("gloo")
+    print(f"rank {os.environ.get('RANK')}: joined", flush=True)
     results = {}
     for name in names:
+        print(f"rank {os.environ.get('RANK')}: {name}", flush=True)
         try:
             results[name] = run(name)
         except Exception:

@@ -45,7 +45,8 @@ def launch(tmp_dir, scenarios=(), logs=None):
     for rank in range(WORLD_SIZE):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                    WORLD_SIZE=str(WORLD_SIZE), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD_SIZE),
-                   OMP_NUM_THREADS="1", PYTHONPATH=python_path)
+                   OMP_NUM_THREADS="1", PYTHONPATH=python_path,
+                   WORKER_TIMEOUT_S=str(TIMEOUT_S - 20))
         # gloo picks its network interface from the host name, which a machine without outside network may not
         # resolve (the ranks then wait forever): the loopback interface serves ranks of one host.
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -60,7 +61,8 @@ def launch(tmp_dir, scenarios=(), logs=None):
     except subprocess.TimeoutExpired:
         for p in procs:
             p.kill()
-        pytest.fail(f"the {WORLD_SIZE} ranks did not finish in {TIMEOUT_S} s")
+        every = "\n".join(f"--- rank {r} ---\n{p.communicate()[0][-4000:]}" for r, p in enumerate(procs))
+        pytest.fail(f"the {WORLD_SIZE} ranks did not finish in {TIMEOUT_S} s:\n{every}")
     # Every rank's output on a failure: one rank's crash often shows only in what the other was doing.
     every = "\n".join(f"--- rank {r} (exit {p.returncode}) ---\n{logs[r][-3000:]}" for r, p in enumerate(procs))
     for rank, p in enumerate(procs):
