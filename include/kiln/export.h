@@ -68,7 +68,8 @@ class ExportedProgram {
   ///
   /// A dynamic program (exported with dynamic_shapes) runs at any sizes its specs allow: the file's compiled code at
   /// the export's sizes, and the graph specialised to each other binding of its size symbols on kiln's eager
-  /// interpreter (this loader has no compiler pipeline; KILN_LOGS=dynamic names each binding). Inference only: no gradients are recorded. A CUDA program's kernels run on torch's current stream of its
+  /// interpreter (this loader has no compiler pipeline; KILN_LOGS=dynamic names each binding).
+  /// Inference only: no gradients are recorded. A CUDA program's kernels run on torch's current stream of its
   /// device and, as torch's own ops, may still be running when run() returns.
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) const;
 

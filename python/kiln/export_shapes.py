@@ -212,7 +212,8 @@ def marked(tensors):
     try:
         for _, t, dims in tensors:
             if id(t) not in saved:
-                saved[id(t)] = (t, getattr(t, "_kiln_dynamic_dims", _MISSING), getattr(t, "_kiln_static_dims", _MISSING))
+                saved[id(t)] = (t, getattr(t, "_kiln_dynamic_dims", _MISSING),
+                                getattr(t, "_kiln_static_dims", _MISSING))
                 t._kiln_dynamic_dims = {}
             t._kiln_dynamic_dims = {**t._kiln_dynamic_dims, **{d: (s["min"], s["max"]) for d, s in dims.items()}}
             t._kiln_static_dims = set(range(t.dim())) - set(t._kiln_dynamic_dims)

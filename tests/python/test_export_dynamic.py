@@ -127,7 +127,8 @@ def test_shared_dim_across_inputs():
         program(random_tensor(5, 16), random_tensor(6, 8))
     with pytest.raises(KilnError, match="share Dim 'batch', so they must be equal, but the example's sizes are 4 "
                                         "and 5"):
-        kiln.export(model, (random_tensor(4, 16), random_tensor(5, 8)), dynamic_shapes={"x": {0: batch}, "y": {0: batch}})
+        kiln.export(model, (random_tensor(4, 16), random_tensor(5, 8)),
+                    dynamic_shapes={"x": {0: batch}, "y": {0: batch}})
 
 
 def test_independent_dims_of_equal_example_size_raise_with_a_hint():
@@ -258,7 +259,8 @@ def test_save_load_in_a_new_process_runs_new_sizes(tmp_path):
     file holds serves them (the kernels take sizes as arguments)."""
     model = TwoInputs().eval()
     batch = Dim("batch", max=128)
-    stats, log, path = _round_trip(model, (random_tensor(4, 16), random_tensor(4, 8)), {"x": {0: batch}, "y": {0: batch}},
+    stats, log, path = _round_trip(model, (random_tensor(4, 16), random_tensor(4, 8)),
+                                   {"x": {0: batch}, "y": {0: batch}},
                                    lambda b: (random_tensor(b, 16), random_tensor(b, 8)), [4, 13, 97], tmp_path)
     assert "compiling the saved graph" not in log, log
     assert "compiling the specialisation at s0 = 13" in log and "s0 = 97" in log, log
