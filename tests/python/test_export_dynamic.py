@@ -302,3 +302,28 @@ def test_version_1_files_still_load(tmp_path):
             archive.writestr(name, data)
     with pytest.raises(KilnError, match="format version 3; this kiln reads versions 1, 2"):
         kiln.load(path)
+
+
+class Nested(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 8)
+
+    def forward(self, pair, extra):
+        return self.fc(pair[0]) + pair[1] * extra["scale"]
+
+
+def test_nested_specs_follow_the_arguments():
+    torch.manual_seed(0)
+    model = Nested().eval()
+    batch = Dim("batch", max=32)
+
+    def make(b):
+        return ([random_tensor(b, 16), random_tensor(b, 8)], {"scale": random_tensor(8)})
+    program = kiln.export(model, make(4), dynamic_shapes={"pair": [{0: batch}, (batch, None)], "extra": {"scale": None}})
+    _check_sizes(model, program, make, [6, 19])
+    with pytest.raises(KilnError, match=r"\(pair\[1\]\) dim 0 \(Dim 'batch'\) is 7: dims that share Dim 'batch'"):
+        program([random_tensor(6, 16), random_tensor(7, 8)], {"scale": random_tensor(8)})
+    with pytest.raises(KilnError, match=r"pair is a list of 2; its dynamic_shapes entry must be None or a tuple/list "
+                                        "of 2 entries"):
+        kiln.export(model, make(4), dynamic_shapes={"pair": [{0: batch}]})
