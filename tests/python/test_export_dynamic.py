@@ -320,7 +320,8 @@ def test_nested_specs_follow_the_arguments():
 
     def make(b):
         return ([random_tensor(b, 16), random_tensor(b, 8)], {"scale": random_tensor(8)})
-    program = kiln.export(model, make(4), dynamic_shapes={"pair": [{0: batch}, (batch, None)], "extra": {"scale": None}})
+    program = kiln.export(model, make(4),
+                          dynamic_shapes={"pair": [{0: batch}, (batch, None)], "extra": {"scale": None}})
     _check_sizes(model, program, make, [6, 19])
     with pytest.raises(KilnError, match=r"\(pair\[1\]\) dim 0 \(Dim 'batch'\) is 7: dims that share Dim 'batch'"):
         program([random_tensor(6, 16), random_tensor(7, 8)], {"scale": random_tensor(8)})
