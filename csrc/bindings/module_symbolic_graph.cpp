@@ -166,6 +166,18 @@ std::shared_ptr<Graph> round_trip(const Graph& g, const std::string& format) {
   KILN_CHECK(r.at_end()) << "graph bytes: trailing bytes after the graph";
   return out;
 }
+// A copy of `g` (built from records, its constants holding tensors) with the symbolic table of `graph_json`, the JSON
+// of the same graph (Graph::to_json): kiln.load's way back to a dynamic program.
+std::shared_ptr<Graph> with_symbolic_sizes(const Graph& g, const std::string& graph_json) {
+  const Graph parsed = graph::graph_from_json(graph_json);
+  KILN_CHECK(parsed.values.size() == g.values.size() && parsed.inputs == g.inputs)
+      << "the graph JSON describes another graph (" << parsed.values.size() << " values, " << g.values.size()
+      << " expected)";
+  auto out = std::make_shared<Graph>(g);
+  out->symbolic = parsed.symbolic;
+  out->verify();
+  return out;
+}
 }  // namespace
 
 void register_symbolic_graph(py::module_& m) {
@@ -182,6 +194,8 @@ void register_symbolic_graph(py::module_& m) {
   cls.def("evaluate_sizes", &evaluate, py::arg("symbols"),
           "each value's (sizes, strides, storage offset) at the given symbol values ({'s0': 12}), and the "
           "assumptions and specialisations that fail there (the graph would recompile): {'metas', 'failed_assumptions'}");
+  m.def("_graph_with_symbolic_sizes", &with_symbolic_sizes, py::arg("graph"), py::arg("graph_json"),
+        "`graph` with the symbolic table of `graph_json` (Graph.to_json of the same graph), for kiln.load");
   m.def("_graph_round_trip", &round_trip, py::arg("graph"), py::arg("format"),
         "the graph written as 'bytes' (the graph cache's form) or 'json' and read back (constants without tensors)");
 }

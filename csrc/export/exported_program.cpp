@@ -12,6 +12,12 @@
 //             functions, to get the graph and constants it was keyed by;
 //   eager     runtime::make_eager_interpreter over the saved graph (ATen op by op), for everything else.
 //
+// A dynamic program (graph.json with a symbolic table) runs as a runtime::DynamicGraph, as kiln.compile runs a graph
+// with size symbols: each call's symbols are read from the inputs and checked (ranges, the relations the graph needs);
+// the binding the file was compiled at runs the file's compiled code (chosen as above, on the graph specialised to the
+// export's sizes), and every other binding runs its specialised graph on the eager interpreter (logged under
+// KILN_LOGS=dynamic): lowering a new binding needs the pipeline.
+//
 // Why not run the pipeline here: compile/ asks Python for meta rules (compile/meta_oracle.cpp), and this loader
 // links no Python.
 #include "kiln/export.h"
@@ -20,6 +26,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty_strided.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <regex>
@@ -38,10 +45,13 @@
 #include "export/safetensors.h"
 #include "graph/graph.h"
 #include "graph/graph_device.h"
+#include "graph/specialise_sizes.h"
+#include "graph/symbolic_sizes.h"
 #include "passes/fold_constants.h"
 #include "passes/functionalize.h"
 #include "runtime/compiled_graph.h"
 #include "runtime/drop_attention_masks.h"
+#include "runtime/dynamic_graph.h"
 #include "runtime/eager_interpreter.h"
 #include "runtime/evaluate_folding.h"
 #include "runtime/kernel_graph.h"
@@ -54,7 +64,8 @@ namespace {
 using json = nlohmann::json;
 
 constexpr const char* kFormatName = "kiln.export";
-constexpr int kFormatVersion = 1;
+constexpr int kFormatVersion = 2;  // 2: input tensors carry "dynamic" dims, graph.json a symbolic table
+constexpr int kOldestFormatVersion = 1;
 const char* const kEntries[] = {"graph.json", "program.json", "weights.safetensors"};
 
 c10::ScalarType dtype_named(const std::string& name) {
@@ -74,6 +85,61 @@ std::string shape_text(c10::IntArrayRef sizes) {
   for (size_t i = 0; i < sizes.size(); ++i) out << (i ? ", " : "") << sizes[i];
   out << (sizes.size() == 1 ? ",)" : ")");
   return out.str();
+}
+
+std::string range_text(const DynamicDim& d) {
+  return "[" + std::to_string(d.min) + ", " + (d.max < 0 ? std::string("inf") : std::to_string(d.max)) + "]";
+}
+
+// Why `sizes` do not fit `spec` ("" when they do): a static size that differs, a dynamic dim outside its range, a dim
+// whose Dim `named` saw at another size in this call (name -> (where, size)). python/kiln/export_shapes.py's
+// check_sizes says the same for Python calls.
+std::string size_problem(const std::string& where, c10::IntArrayRef sizes, const TensorSpec& spec,
+                         std::map<std::string, std::pair<std::string, int64_t>>& named) {
+  if (spec.dynamic.empty()) {
+    if (sizes == c10::IntArrayRef(spec.sizes)) return "";
+    return where + ": expected shape " + shape_text(spec.sizes) + ", got " + shape_text(sizes) +
+           ": kiln.export specialises sizes unless dynamic_shapes declares the dim dynamic";
+  }
+  if (sizes.size() != spec.sizes.size())
+    return where + ": expected a " + std::to_string(spec.sizes.size()) + "-d tensor, got shape " + shape_text(sizes);
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    auto dynamic = std::find_if(spec.dynamic.begin(), spec.dynamic.end(),
+                                [&](const DynamicDim& x) { return x.dim == static_cast<int64_t>(d); });
+    if (dynamic == spec.dynamic.end()) {
+      if (sizes[d] == spec.sizes[d]) continue;
+      return where + ": expected size " + std::to_string(spec.sizes[d]) + " in dim " + std::to_string(d) + ", got "
+             + shape_text(sizes) + ": dim " + std::to_string(d) +
+             " was exported static: declare it in dynamic_shapes to vary it";
+    }
+    const std::string label =
+        where + " dim " + std::to_string(d) + (dynamic->name.empty() ? "" : " (Dim '" + dynamic->name + "')");
+    if (sizes[d] < dynamic->min || (dynamic->max >= 0 && sizes[d] > dynamic->max))
+      return label + " is " + std::to_string(sizes[d]) + ", outside its range " + range_text(*dynamic) +
+             (sizes[d] < 2 ? " (sizes 0 and 1 are specialised)" : "");
+    if (dynamic->name.empty()) continue;
+    const auto& [first_label, first_size] = named.try_emplace(dynamic->name, label, sizes[d]).first->second;
+    if (first_size != sizes[d])
+      return first_label + " is " + std::to_string(first_size) + " and " + label + " is " + std::to_string(sizes[d]) +
+             ": dims that share Dim '" + dynamic->name + "' must be equal";
+  }
+  return "";
+}
+
+// The strides the graph takes for an input of `sizes`: the example's, or at other sizes of dynamic dims the
+// example's dim order laid out densely (python/kiln/export_shapes.py's dense_strides).
+std::vector<int64_t> expected_strides(c10::IntArrayRef sizes, const TensorSpec& spec) {
+  if (sizes == c10::IntArrayRef(spec.sizes)) return spec.strides;
+  std::vector<size_t> order(sizes.size());
+  for (size_t d = 0; d < order.size(); ++d) order[d] = d;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return spec.strides[a] > spec.strides[b]; });
+  std::vector<int64_t> strides(sizes.size());
+  int64_t step = 1;
+  for (auto d = order.rbegin(); d != order.rend(); ++d) {
+    strides[*d] = step;
+    step *= std::max<int64_t>(sizes[*d], 1);
+  }
+  return strides;
 }
 
 // A graph input: argument leaf `index`, or the state tensor `state`.
@@ -279,6 +345,62 @@ std::shared_ptr<runtime::CompiledGraph> load_compiled(const std::map<std::string
                                   "torch " + runtime::built_torch_version(), dump_dir ? dump_dir : "", {});
 }
 
+// How a loaded program runs: "kiln" (the file's compiled code) or "eager", and why not "kiln".
+struct Choice {
+  std::string path;
+  std::string backend = "eager";
+  std::string fallback_reason;
+};
+
+// The file's compiled code for `g` (a graph without size symbols) if it can run here, else the eager interpreter;
+// records which in `state`.
+std::shared_ptr<runtime::CompiledGraph> compiled_or_eager(Choice& state, const json& manifest,
+                                                          const std::map<std::string, std::string_view>& entries,
+                                                          std::shared_ptr<const graph::Graph> g,
+                                                          std::vector<at::Tensor> constants) {
+  std::vector<std::string> graphs;
+  for (const auto& [name, data] : entries)
+    if (name.rfind("kernels/graphs/", 0) == 0) graphs.push_back(name);
+  state.fallback_reason = compiled_code_unusable(manifest, *g, graphs);
+  if (state.fallback_reason.empty()) {
+    try {
+      std::shared_ptr<runtime::CompiledGraph> compiled = load_compiled(entries, graphs.front(), g, constants);
+      state.backend = "kiln";
+      return compiled;
+    } catch (const std::exception& e) {
+      state.fallback_reason = std::string("the compiled code does not load: ") + e.what();
+    }
+  }
+  KILN_LOG(fallbacks) << "kiln export: " << state.path << " runs on the eager interpreter: " << state.fallback_reason;
+  return runtime::make_eager_interpreter(std::move(g), std::move(constants));
+}
+
+// A graph with size symbols as a runtime::DynamicGraph: the binding of the export's sizes runs what compiled_or_eager
+// gives for the graph specialised there (the file's record was compiled from that graph); every other binding runs
+// its specialised graph on the eager interpreter.
+std::shared_ptr<runtime::CompiledGraph> dynamic_program(Choice& state, const json& manifest,
+                                                        const std::map<std::string, std::string_view>& entries,
+                                                        std::shared_ptr<const graph::Graph> g,
+                                                        std::vector<at::Tensor> constants) {
+  std::shared_ptr<const graph::Graph> at_hints = graph::specialise_sizes(*g, g->symbolic->hints());
+  std::vector<std::vector<int64_t>> hint_sizes;
+  for (graph::ValueId id : at_hints->inputs) hint_sizes.push_back(at_hints->value(id).meta.sizes);
+  std::shared_ptr<runtime::CompiledGraph> compiled = compiled_or_eager(state, manifest, entries, at_hints, constants);
+  auto factory = [compiled, hint_sizes, constants = std::move(constants), path = state.path](
+                     std::shared_ptr<const graph::Graph> concrete,
+                     const std::vector<at::Tensor>&) -> std::shared_ptr<runtime::CompiledGraph> {
+    std::vector<std::vector<int64_t>> sizes;
+    for (graph::ValueId id : concrete->inputs) sizes.push_back(concrete->value(id).meta.sizes);
+    if (sizes == hint_sizes) return compiled;
+    KILN_LOG(dynamic) << "kiln export: " << path << ": the file holds compiled code for the export's sizes only; "
+                      << "these sizes run on the eager interpreter";
+    return runtime::make_eager_interpreter(std::move(concrete), constants);
+  };
+  auto dynamic = std::make_shared<runtime::DynamicGraph>(std::move(g), std::move(factory), false);
+  dynamic->compile_at_hints({});
+  return dynamic;
+}
+
 }  // namespace
 
 std::unique_ptr<ExportedProgram::State> ExportedProgram::read(const std::string& path) {
@@ -289,9 +411,11 @@ std::unique_ptr<ExportedProgram::State> ExportedProgram::read(const std::string&
   const json manifest = parse_entry(zip.read("manifest.json"), path + ": manifest.json");
   KILN_CHECK(manifest.is_object() && manifest.value("format", "") == kFormatName)
       << path << " is not a kiln export (its manifest names no format " << kFormatName << ")";
-  KILN_CHECK(manifest.value("format_version", -1) == kFormatVersion)
-      << path << " has format version " << manifest.value("format_version", json()).dump() << "; this loader reads "
-      << "version " << kFormatVersion << ": export the model again with this kiln";
+  const json version = manifest.value("format_version", json());
+  KILN_CHECK(version.is_number_integer() && version.get<int>() >= kOldestFormatVersion &&
+             version.get<int>() <= kFormatVersion)
+      << path << " has format version " << version.dump() << "; this loader reads versions " << kOldestFormatVersion
+      << " to " << kFormatVersion << ": export the model again with this kiln";
   for (const char* key : {"kiln_version", "torch_version", "cuda_version", "gpu_arch"})
     state->manifest[key] = manifest.contains(key) && manifest[key].is_string() ? manifest[key].get<std::string>() : "";
   const std::map<std::string, std::string_view> entries = checked_entries(zip, manifest, path);
@@ -312,6 +436,16 @@ std::unique_ptr<ExportedProgram::State> ExportedProgram::read(const std::string&
       s.device = c10::Device(spec.at("device").get<std::string>());
       s.sizes = spec.at("sizes").get<std::vector<int64_t>>();
       s.strides = spec.at("strides").get<std::vector<int64_t>>();
+      for (const json& d : spec.value("dynamic", json::array())) {
+        DynamicDim dim;
+        dim.dim = d.at("dim").get<int64_t>();
+        dim.name = d.at("name").is_string() ? d["name"].get<std::string>() : "";
+        dim.min = std::max<int64_t>(2, d.at("min").is_number_integer() ? d["min"].get<int64_t>() : 2);
+        dim.max = d.at("max").is_number_integer() ? d["max"].get<int64_t>() : -1;
+        KILN_CHECK(dim.dim >= 0 && dim.dim < static_cast<int64_t>(s.sizes.size()))
+            << path << ": program.json declares dim " << dim.dim << " dynamic for a " << s.sizes.size() << "-d input";
+        s.dynamic.push_back(std::move(dim));
+      }
       cuda = cuda || s.device.is_cuda();
       state->specs.push_back(std::move(s));
     }
@@ -363,22 +497,12 @@ std::unique_ptr<ExportedProgram::State> ExportedProgram::read(const std::string&
       KILN_CHECK(!v.is_constant || (constants[v.id].defined() && constants[v.id].sizes().vec() == v.meta.sizes))
           << path << ": constant %" << v.id << " of the graph has no tensor of its shape in weights.safetensors";
 
-    std::vector<std::string> graphs;
-    for (const auto& [name, data] : entries)
-      if (name.rfind("kernels/graphs/", 0) == 0) graphs.push_back(name);
-    state->fallback_reason = compiled_code_unusable(manifest, *g, graphs);
-    if (state->fallback_reason.empty()) {
-      try {
-        state->compiled = load_compiled(entries, graphs.front(), g, constants);
-        state->backend = "kiln";
-      } catch (const std::exception& e) {
-        state->fallback_reason = std::string("the compiled code does not load: ") + e.what();
-      }
-    }
-    if (!state->compiled) {
-      KILN_LOG(fallbacks) << "kiln export: " << path << " runs on the eager interpreter: " << state->fallback_reason;
-      state->compiled = runtime::make_eager_interpreter(g, std::move(constants));
-    }
+    Choice choice{path};
+    state->compiled = graph::has_symbolic_sizes(*g)
+                          ? dynamic_program(choice, manifest, entries, g, std::move(constants))
+                          : compiled_or_eager(choice, manifest, entries, g, std::move(constants));
+    state->backend = choice.backend;
+    state->fallback_reason = choice.fallback_reason;
   } catch (const json::exception& e) {
     KILN_CHECK(false) << path << " holds a malformed program.json (" << e.what() << ")";
   }
@@ -406,6 +530,7 @@ std::vector<at::Tensor> ExportedProgram::run(const std::vector<at::Tensor>& inpu
     throw ExportError("kiln::ExportedProgram::run: " + s.path + " takes " + std::to_string(s.specs.size()) +
                       " input tensors, got " + std::to_string(inputs.size()));
   std::vector<at::Tensor> arguments(inputs.size());
+  std::map<std::string, std::pair<std::string, int64_t>> named;  // each Dim's size in this call
   for (size_t i = 0; i < inputs.size(); ++i) {
     const at::Tensor& t = inputs[i];
     const TensorSpec& spec = s.specs[i];
@@ -415,13 +540,12 @@ std::vector<at::Tensor> ExportedProgram::run(const std::vector<at::Tensor>& inpu
       throw ExportError(where + ": expected dtype " + dtype_name(spec.dtype) + ", got " + dtype_name(t.scalar_type()));
     if (t.device() != spec.device)
       throw ExportError(where + ": expected device " + spec.device.str() + ", got " + t.device().str());
-    if (t.sizes() != c10::IntArrayRef(spec.sizes))
-      throw ExportError(where + ": expected shape " + shape_text(spec.sizes) + ", got " + shape_text(t.sizes()) +
-                        ": kiln specialises sizes (dynamic shapes are not implemented yet); export again with this "
-                        "shape");
-    arguments[i] = t.strides() == c10::IntArrayRef(spec.strides) || t.numel() == 0
+    const std::string problem = size_problem(where, t.sizes(), spec, named);
+    if (!problem.empty()) throw ExportError(problem);
+    const std::vector<int64_t> strides = expected_strides(t.sizes(), spec);
+    arguments[i] = t.strides() == c10::IntArrayRef(strides) || t.numel() == 0
                        ? t
-                       : at::empty_strided(spec.sizes, spec.strides, t.options()).copy_(t);
+                       : at::empty_strided(t.sizes(), strides, t.options()).copy_(t);
   }
   std::vector<at::Tensor> graph_inputs;
   graph_inputs.reserve(s.graph_inputs.size());

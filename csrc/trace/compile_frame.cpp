@@ -606,9 +606,11 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
         PyErr_Clear();
         cudagraphs = Py_NewRef(Py_None);
       }
-      explain("graph", Py_BuildValue("{s:N,s:N,s:s,s:N,s:N}", "ops", ops, "guards", string_list(tree->describe()),
+      // "graph": the captured graph itself, with its symbolic sizes (a user backend sees each binding's concrete
+      // graph); kiln.export reads it.
+      explain("graph", Py_BuildValue("{s:N,s:N,s:s,s:N,s:N,s:O}", "ops", ops, "guards", string_list(tree->describe()),
                                      "where", entry->label.c_str(), "cudagraphs", cudagraphs, "dynamic",
-                                     string_list(dynamic_lines)));
+                                     string_list(dynamic_lines), "graph", traced.graph));
     }
     entry->guard = std::move(guard);
     result.action = frame::MissAction::kAddEntry;

@@ -35,12 +35,22 @@ class ExportError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// One tensor argument as the program was exported: run() takes exactly these.
+/// A dim kiln.export's dynamic_shapes declared dynamic: run() takes any size in [min, max] there.
+struct DynamicDim {
+  int64_t dim = 0;
+  std::string name;  // the torch.export.Dim's name; "" for Dim.DYNAMIC / Dim.AUTO. Dims of one name are equal.
+  int64_t min = 2;   // sizes 0 and 1 are always specialised
+  int64_t max = -1;  // -1: unbounded
+};
+
+/// One tensor argument as the program was exported: run() takes these dtypes and devices, and these sizes except in
+/// the dynamic dims (sizes and strides are the example's).
 struct TensorSpec {
   c10::ScalarType dtype = c10::ScalarType::Float;
   c10::Device device = c10::Device(c10::DeviceType::CPU);
   std::vector<int64_t> sizes;
   std::vector<int64_t> strides;
+  std::vector<DynamicDim> dynamic;
 };
 
 class ExportedProgram {
@@ -53,8 +63,13 @@ class ExportedProgram {
   /// arguments, then keyword arguments in their order, each tuple, list and dict depth first; None, numbers and
   /// strings were specialised at export and are not passed). Returns the tensors of the result flattened the same
   /// way. Throws ExportError naming the argument (`inputs[0]: expected shape (4, 16), got (5, 16)`) when a tensor has
-  /// another dtype, device or shape than input_specs() says; an input with other strides is copied to the exported
-  /// layout. Inference only: no gradients are recorded. A CUDA program's kernels run on torch's current stream of its
+  /// another dtype, device or shape than input_specs() says: a static size that differs, a dynamic dim outside its
+  /// range, dims sharing a Dim that differ. An input with other strides is copied to the exported layout.
+  ///
+  /// A dynamic program (exported with dynamic_shapes) runs at any sizes its specs allow: the file's compiled code at
+  /// the export's sizes, and the graph specialised to each other binding of its size symbols on kiln's eager
+  /// interpreter (this loader has no compiler pipeline; KILN_LOGS=dynamic names each binding).
+  /// Inference only: no gradients are recorded. A CUDA program's kernels run on torch's current stream of its
   /// device and, as torch's own ops, may still be running when run() returns.
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) const;
 

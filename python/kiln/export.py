@@ -6,8 +6,10 @@ in another process without the model's source.
     program = kiln.load("model.kiln")       # in a new process: no model code needed
     out = program(x)                        # or program.module()(x), an nn.Module
 
-Export traces in eval mode under torch.no_grad (inference): the program computes no gradients. Sizes, dtypes,
-devices and non-tensor arguments are specialised; a call that differs raises KilnError naming the argument.
+Export traces in eval mode under torch.no_grad (inference): the program computes no gradients. Dtypes, devices,
+non-tensor arguments and sizes are specialised, except the dims `dynamic_shapes` declares dynamic (torch.export's spec
+format, read by kiln/export_shapes.py): those are size symbols of the graph, checked against their ranges on each call.
+A call that differs raises KilnError naming the argument.
 
 The graph is kiln's own capture (the frame hook and tracer, as kiln.compile(fullgraph=True) runs them); running it
 goes through the same pipeline and runtime as kiln.compile (kiln._C.compile_graph with the "kiln" backend).
@@ -15,9 +17,11 @@ goes through the same pipeline and runtime as kiln.compile (kiln._C.compile_grap
 File format (a zip, every entry stored uncompressed so that a small reader can find entries by offset):
     manifest.json         format name and version, kiln, torch, CUDA and GPU architecture, and per entry its size
                           and SHA-256
-    graph.json            the graph (kiln._C.Graph.to_json: values with meta, nodes with named arguments)
-    program.json          how to call it: the input and output trees, the tensor specs, and what feeds each graph
-                          input (a call argument or a named state tensor)
+    graph.json            the graph (kiln._C.Graph.to_json: values with meta, nodes with named arguments, and for a
+                          dynamic program its symbolic table: size symbols, their origins, symbolic metas, relations)
+    program.json          how to call it: the input and output trees, the tensor specs (with the dims declared
+                          dynamic, format version 2), and what feeds each graph input (a call argument or a named
+                          state tensor)
     weights.safetensors   the state tensors ("state.<name>") and the graph's constants ("constant.<value id>"), in the
                           safetensors layout (8-byte header length, JSON header, raw little-endian data)
     kernels/<kind>/<key><suffix>
@@ -40,10 +44,14 @@ import torch
 import torch.nn as nn
 
 from kiln import _C
+from kiln import export_shapes
 from kiln.errors import GraphBreakError, KilnError
 
 FORMAT_NAME = "kiln.export"
-FORMAT_VERSION = 1
+# 2: program.json's input tensors carry "name" and "dynamic", graph.json may hold a symbolic table. Version 1 files
+# (every size static) still load.
+FORMAT_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 _ENTRIES = ("graph.json", "program.json", "weights.safetensors")
 # Bundled compiled code, by the disk cache's folder, key and suffix (the names become paths in the cache: no others).
 _KERNEL_ENTRY = re.compile(r"kernels/(graphs|cpp|cuda)/([0-9a-f]{64})(\.[a-z]{1,8})")
@@ -92,20 +100,21 @@ def _tensor_spec(t):
             "strides": list(t.stride())}
 
 
-def _check_tree(spec, value, where, tensor_specs, leaves):
-    """Appends `value`'s tensors to `leaves` in spec order, raising KilnError at the first difference from `spec`."""
+def _check_tree(spec, value, where, tensor_specs, leaves, named):
+    """Appends `value`'s tensors to `leaves` in spec order, raising KilnError at the first difference from `spec`
+    (`named`: the size of each Dim met so far in this call)."""
     kind = spec["kind"]
     if kind == "tensor":
         if not isinstance(value, torch.Tensor):
             raise KilnError(f"{where}: expected a tensor, got {type(value).__name__}")
         expected = tensor_specs[spec["index"]]
-        got = _tensor_spec(value)
-        for field, what in (("dtype", "dtype"), ("device", "device"), ("sizes", "shape")):
-            if got[field] != expected[field]:
-                shown = (lambda v: tuple(v)) if field == "sizes" else (lambda v: v)
-                hint = (": kiln specialises sizes (dynamic shapes are not implemented yet); export again with this "
-                        "shape" if field == "sizes" else "")
-                raise KilnError(f"{where}: expected {what} {shown(expected[field])}, got {shown(got[field])}{hint}")
+        for field in ("dtype", "device"):
+            got = str(value.dtype).removeprefix("torch.") if field == "dtype" else str(value.device)
+            if got != expected[field]:
+                raise KilnError(f"{where}: expected {field} {expected[field]}, got {got}")
+        problem = export_shapes.check_sizes(where, list(value.shape), expected, named)
+        if problem:
+            raise KilnError(problem)
         leaves.append(value)
     elif kind == "constant":
         if type(value) is not type(spec["value"]) or value != spec["value"]:
@@ -116,21 +125,22 @@ def _check_tree(spec, value, where, tensor_specs, leaves):
             got = f"a {type(value).__name__}" + (f" of {len(value)}" if isinstance(value, (tuple, list)) else "")
             raise KilnError(f"{where}: expected a {kind} of {len(spec['items'])}, got {got}")
         for i, (s, v) in enumerate(zip(spec["items"], value)):
-            _check_tree(s, v, f"{where}[{i}]", tensor_specs, leaves)
+            _check_tree(s, v, f"{where}[{i}]", tensor_specs, leaves, named)
     elif kind == "dict":
         if type(value) is not dict or list(value) != spec["keys"]:
             got = f"keys {list(value)}" if isinstance(value, dict) else f"a {type(value).__name__}"
             raise KilnError(f"{where}: expected a dict with keys {spec['keys']}, got {got}")
         for key, s in zip(spec["keys"], spec["items"]):
-            _check_tree(s, value[key], f"{where}[{key!r}]", tensor_specs, leaves)
+            _check_tree(s, value[key], f"{where}[{key!r}]", tensor_specs, leaves, named)
 
 
 def _with_strides(t, spec):
-    """`t`, or a copy laid out with the strides the graph was compiled for (kiln specialises strides too)."""
-    if list(t.stride()) == spec["strides"] or t.numel() == 0:
+    """`t`, or a copy laid out with the strides the graph was compiled for (kiln specialises strides too; at other
+    sizes of dynamic dims, the example's dim order laid out densely)."""
+    strides = export_shapes.dense_strides(t, spec)
+    if list(t.stride()) == strides or t.numel() == 0:
         return t
-    return torch.empty_strided(tuple(spec["sizes"]), tuple(spec["strides"]), dtype=t.dtype,
-                               device=t.device).copy_(t)
+    return torch.empty_strided(tuple(t.shape), tuple(strides), dtype=t.dtype, device=t.device).copy_(t)
 
 
 # ---- capture -----------------------------------------------------------------------------------------------------
@@ -165,7 +175,10 @@ def _capture(module, args, kwargs):
                         "and functions kiln does not trace run eagerly; export needs every tensor operation in one "
                         "graph")
     graph, example_inputs, outputs = graphs[0]
-    return graph, example_inputs, outputs, result
+    # The backend got the graph specialised to the example's sizes; the record holds the captured one, with the size
+    # symbols of the dims marked dynamic.
+    captured = [r["graph"] for kind, r in records if kind == "graph" and isinstance(r, dict) and "graph" in r]
+    return (captured[0] if len(captured) == 1 else graph), example_inputs, outputs, result
 
 
 def _state_names(module):
@@ -182,13 +195,12 @@ def export(model, args, kwargs=None, *, dynamic_shapes=None):
     """Captures `model(*args, **kwargs)` (an nn.Module) as one graph and returns an ExportedProgram.
 
     Traced in eval mode under torch.no_grad; the module's training flag is restored afterwards. A graph break raises
-    kiln.errors.GraphBreakError naming the construct and file:line. `dynamic_shapes` must be None: kiln specialises
-    sizes, so the program runs on inputs of the exported sizes only."""
+    kiln.errors.GraphBreakError naming the construct and file:line. `dynamic_shapes` (torch.export's format: a dict
+    by argument name or a tuple/list by position; per tensor {dim: torch.export.Dim(...)} or one entry per dim;
+    Dim.DYNAMIC/Dim.AUTO, None/Dim.STATIC) declares the dims whose size may vary: the program runs at any size in
+    their ranges, and export raises KilnError when the forward's code fixes such a dim. Other sizes are specialised."""
     from kiln.api import _original_module
 
-    if dynamic_shapes is not None:
-        raise KilnError("kiln.export: dynamic_shapes is not implemented yet: kiln specialises sizes, so an exported "
-                        "program runs on the exported sizes only; pass dynamic_shapes=None and export once per size")
     if not isinstance(model, nn.Module):
         raise KilnError(f"kiln.export expects an nn.Module, got {type(model).__name__}")
     if not isinstance(args, tuple):
@@ -197,6 +209,7 @@ def export(model, args, kwargs=None, *, dynamic_shapes=None):
     if type(kwargs) is not dict:
         raise KilnError(f"kiln.export: kwargs must be a dict, got {type(kwargs).__name__}")
     module = _original_module(model)
+    shapes = export_shapes.parse(module.forward, args, kwargs, dynamic_shapes)
     input_leaves = []
 
     def input_leaf(t):
@@ -207,7 +220,7 @@ def export(model, args, kwargs=None, *, dynamic_shapes=None):
     training = module.training
     module.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), export_shapes.marked(shapes):
             graph, example_inputs, graph_outputs, result = _capture(module, args, kwargs)
     finally:
         module.train(training)
@@ -237,8 +250,10 @@ def export(model, args, kwargs=None, *, dynamic_shapes=None):
                         "returned as is?); return a computed value instead")
 
     output_spec = _flatten(result, output_leaf, "the result")
-    return ExportedProgram(graph, state, state_kinds, graph.constants(), bindings, input_spec,
-                           [_tensor_spec(t) for t in input_leaves], output_spec)
+    export_shapes.check_capture(graph, bindings, shapes)
+    tensor_specs = [{**_tensor_spec(t), **extra} for t, extra in zip(input_leaves, export_shapes.stored(shapes))]
+    return ExportedProgram(graph, state, state_kinds, graph.constants(), bindings, input_spec, tensor_specs,
+                           output_spec)
 
 
 # ---- the program -------------------------------------------------------------------------------------------------
@@ -263,7 +278,10 @@ class ExportedProgram:
         lines = [f"ExportedProgram: {len(self._tensor_specs)} input tensors, {len(self.state_dict)} state tensors, "
                  f"{self.graph.num_nodes} nodes"]
         for i, spec in enumerate(self._tensor_specs):
-            lines.append(f"  input {i}: {spec['dtype']}{spec['sizes']} on {spec['device']}")
+            dynamic = {d["dim"]: d for d in spec.get("dynamic", [])}
+            sizes = [f"{dynamic[d]['name'] or '*'} in {export_shapes.range_text(dynamic[d]['min'], dynamic[d]['max'])}"
+                     if d in dynamic else str(s) for d, s in enumerate(spec["sizes"])]
+            lines.append(f"  input {i}: {spec['dtype']}[{', '.join(sizes)}] on {spec['device']}")
         return "\n".join(lines) + "\n" + str(self.graph)
 
     def module(self):
@@ -281,7 +299,7 @@ class ExportedProgram:
 
     def _run(self, args, kwargs, state):
         leaves = []
-        _check_tree(self._input_spec, (args, kwargs), "inputs", self._tensor_specs, leaves)
+        _check_tree(self._input_spec, (args, kwargs), "inputs", self._tensor_specs, leaves, {})
         inputs = []
         for binding, meta in zip(self._bindings, self._input_metas):
             t = leaves[binding["index"]] if binding["kind"] == "input" else state[binding["name"]]
@@ -462,9 +480,10 @@ def _read_entries(path):
             if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
                 raise KilnError(f"kiln.load: {path} is not a kiln export (manifest format "
                                 f"{manifest.get('format') if isinstance(manifest, dict) else None!r})")
-            if manifest.get("format_version") != FORMAT_VERSION:
+            if manifest.get("format_version") not in _READABLE_VERSIONS:
                 raise KilnError(f"kiln.load: {path} has format version {manifest.get('format_version')!r}; this kiln "
-                                f"reads version {FORMAT_VERSION}: export the model again with this kiln")
+                                f"reads versions {', '.join(map(str, _READABLE_VERSIONS))}: export the model again "
+                                "with this kiln")
             entries = {}
             kernels = manifest.get("kernels", [])
             if not isinstance(kernels, list) or not all(isinstance(k, str) and _KERNEL_ENTRY.fullmatch(k)
@@ -529,7 +548,10 @@ def _graph_from_json(doc, constants):
         positional = sum(1 for a in n["args"] if not a["kwarg_only"])
         nodes.append((n["op"], n["overload"], [arg(a) for a in n["args"]], [a["name"] for a in n["args"]],
                       positional, n["outputs"], n["returns_list"], n["mutates_args"], n["is_view"]))
-    return _C._graph_from_records(values, nodes, doc["outputs"])
+    graph = _C._graph_from_records(values, nodes, doc["outputs"])
+    if "symbolic" in doc:  # a dynamic program: the size symbols, their origins and the relations the graph needs
+        graph = _C._graph_with_symbolic_sizes(graph, json.dumps(doc))
+    return graph
 
 
 def load(path, *, recompile=True):

@@ -83,13 +83,13 @@ def example():
     return EXAMPLE
 
 
-def _run(example, program_path, inputs, tmp_path, cache_dir):
+def _run(example, program_path, inputs, tmp_path, cache_dir, logs="perf,fallbacks"):
     """(completed process, {name: tensor} outputs or None): the example run on `inputs` in a fresh process."""
     inputs_path, outputs_path = tmp_path / "inputs.safetensors", tmp_path / "outputs.safetensors"
     inputs_path.write_bytes(_safetensors_bytes({f"input.{i}": t for i, t in enumerate(inputs)}))
     if outputs_path.exists():
         outputs_path.unlink()
-    env = dict(os.environ, KILN_CACHE_DIR=str(cache_dir), KILN_LOGS="perf,fallbacks")
+    env = dict(os.environ, KILN_CACHE_DIR=str(cache_dir), KILN_LOGS=logs)
     done = subprocess.run([example, str(program_path), "--inputs", str(inputs_path), "--outputs", str(outputs_path),
                            "--iterations", "3"], capture_output=True, text=True, env=env, timeout=300)
     outputs = _tensors_from_safetensors(outputs_path.read_bytes()) if outputs_path.exists() else None
@@ -199,3 +199,46 @@ def test_files_without_compiled_code_run_on_the_interpreter(example, tmp_path, m
     monkeypatch.setattr(sys.modules["kiln.export"], "_compiled_code", lambda program: {})  # a save with no disk cache
     done = _check_against_eager(example, tmp_path, MLP().eval(), lambda: (random_tensor(4, 16),), backend="eager")
     assert "(the file holds no compiled code" in done.stdout, done.stdout
+
+
+class TwoInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 8)
+
+    def forward(self, x, y):
+        return torch.relu(self.fc(x)) + y
+
+
+def test_dynamic_program_runs_new_sizes(example, tmp_path, device):
+    """A program exported with dynamic_shapes runs at sizes the export never saw: the file's compiled code at the
+    export's sizes, the graph specialised to the others on the interpreter (logged); sizes outside the declared range
+    and dims sharing a Dim that differ are refused with the argument and dim named."""
+    from torch.export import Dim
+
+    torch.manual_seed(0)
+    model = TwoInputs().to(device).eval()
+    batch = Dim("batch", max=64)
+    path = tmp_path / "model.kiln"
+    kiln.export(model, (random_tensor(4, 16, device=device), random_tensor(4, 8, device=device)),
+                dynamic_shapes={"x": {0: batch}, "y": {0: batch}}).save(path)
+    for size in (4, 13, 37):
+        fresh = [random_tensor(size, 16, device=device), random_tensor(size, 8, device=device)]
+        with torch.no_grad():
+            expected = model(*fresh)
+        done, outputs = _run(example, path, fresh, tmp_path, tmp_path / "cache", logs="fallbacks,dynamic,recompiles")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "backend kiln" in done.stdout, done.stdout
+        rtol, atol = tolerance(expected.dtype)
+        torch.testing.assert_close(outputs["output.0"], expected.cpu(), rtol=rtol, atol=atol)
+        assert ("these sizes run on the eager interpreter" in done.stderr) == (size != 4), done.stderr
+        assert f"compiling the specialisation at s0 = {size}" in done.stderr, done.stderr
+    done, _ = _run(example, path, [random_tensor(65, 16), random_tensor(65, 8)], tmp_path, tmp_path / "cache")
+    assert done.returncode == 1
+    assert "inputs[0][0] dim 0 (Dim 'batch') is 65, outside its range [2, 64]" in done.stderr, done.stderr
+    done, _ = _run(example, path, [random_tensor(5, 16), random_tensor(6, 8)], tmp_path, tmp_path / "cache")
+    assert done.returncode == 1
+    assert "dims that share Dim 'batch' must be equal" in done.stderr, done.stderr
+    done, _ = _run(example, path, [random_tensor(5, 17), random_tensor(5, 8)], tmp_path, tmp_path / "cache")
+    assert done.returncode == 1
+    assert "dim 1 was exported static" in done.stderr, done.stderr
