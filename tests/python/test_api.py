@@ -111,6 +111,16 @@ def test_debug_dir_option_keeps_this_compiles_graph_and_source(fresh_kiln, tmp_p
     assert "kernel" in source
 
 
+def test_debug_dir_that_does_not_exist_yet_is_created(fresh_kiln, tmp_path, monkeypatch):
+    monkeypatch.delenv("KILN_DEBUG_DIR", raising=False)
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    target = tmp_path / "not" / "there"
+    compiled = kiln.compile(sin_plus, options={"debug_dir": str(target)})
+    x, y = random_tensor(5), random_tensor(5)
+    torch.testing.assert_close(compiled(x, y), sin_plus(x, y))
+    assert sorted(p.suffix for p in target.iterdir()) == [".cpp", ".txt"]
+
+
 def test_dynamic_true_compiles_once_for_every_size_and_disable_returns_the_model(fresh_kiln):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # (dynamic=True is implemented: no warning)
