@@ -22,9 +22,12 @@ using fusion::ExprKind;
 using fusion::Kernel;
 using graph::ScalarType;
 
-// A graph's kernels are split into up to kMaxParts NVRTC programs of about kKernelsPerPart distinct kernels,
-// compiled in parallel: NVRTC's time grows with the program, and resnet50's one program took ~3 s.
-constexpr int kKernelsPerPart = 4;
+// A graph's distinct kernels are split into up to kMaxParts NVRTC programs, compiled in parallel (up to 8 worker
+// processes, nvrtc_workers.cpp): NVRTC's time grows with the program (resnet50's one program took ~3 s), and a
+// graph's compile waits for its slowest part. One reduction kernel with cached rows takes NVRTC ~130 ms on its own,
+// a pointwise one ~40 ms, and a part ~25 ms more for the program itself, so a kernel a part (up to kMaxParts) keeps
+// the slowest part near the slowest kernel: a 2-block transformer's 3 parts of up to 4 kernels took up to 510 ms,
+// and its first compile 560 ms; in 8 parts the slowest took 250 ms and the compile 310 ms (H100).
 constexpr int kMaxParts = 8;
 
 // "// kernel_3_add covers graph nodes: 4:aten::add.Tensor ...": the same line as the C++ generator's, which
