@@ -395,8 +395,11 @@ def warm_process(system, dev, quick):
     probe_len = 45 if quick else 301
     row = {"workload": "warm_process", "system": system, "device": dev, "probe_length": probe_len}
     with tempfile.TemporaryDirectory(prefix="dynamic_shapes_warm_") as cache:
+        # One job (torch.compiler.config.job_id): both systems keep their automatic-dynamic profile across its
+        # processes only within a job, so the probe starts with the dims the fill process found dynamic.
         env = dict(os.environ, KILN_CACHE_DIR=os.path.join(cache, "kiln"),
-                   TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"), TRITON_CACHE_DIR=os.path.join(cache, "triton"))
+                   TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"), TRITON_CACHE_DIR=os.path.join(cache, "triton"),
+                   TORCH_COMPILE_JOB_ID="dynamic_shapes_warm_process")
         got = {}
         for phase in ("fill", "probe"):
             code = WARM_CHILD.format(here=HERE, dev=dev, quick=quick, probe_len=probe_len, system=system, phase=phase)

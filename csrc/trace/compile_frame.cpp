@@ -500,8 +500,10 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
   try {
     // Dynamic shapes: dynamic=False specialises every size; True makes every dim of the arguments symbolic from the
     // first call; None (automatic) the dims whose size changed since an earlier trace of this code.
-    DynamicPolicy& memory = dynamic_[(PyObject*)frame.code];
+    auto [slot, first_trace] = dynamic_.try_emplace((PyObject*)frame.code);
+    DynamicPolicy& memory = slot->second;
     memory.mode = force_static_ ? compile::Dynamic::kStatic : options_.compile.dynamic;
+    if (first_trace && memory.mode == compile::Dynamic::kAutomatic) memory.load_profile((PyObject*)frame.code);
     tracer = std::make_unique<Tracer>(input, memory);
     std::optional<BreakPlan> plan;
     bytecode::CodeInstructions decoded;
@@ -529,7 +531,8 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
     tree = std::shared_ptr<guards::GuardTree>(std::move(traced.guards));
     if (SymbolicInts* symbolic = tracer->symbolic_ints(); symbolic && !symbolic->range_violation().empty())
       return raise_kiln_error(symbolic->range_violation());
-    memory.remember(traced.input_sources, traced.example_inputs);
+    if (memory.remember(traced.input_sources, traced.example_inputs) && memory.mode == compile::Dynamic::kAutomatic)
+      memory.store_profile();
     const std::vector<std::string> dynamic_lines = tracer->dynamic_summary();
     if (!plan && traced.num_ops == 0 && !entry_code && !is_resume_code((PyObject*)frame.code)) {
       // A function called from code running eagerly that does no tensor work: nothing to compile, and its

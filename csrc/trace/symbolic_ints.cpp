@@ -81,7 +81,8 @@ NoPinScope::NoPinScope() { ++g_no_pin; }
 NoPinScope::~NoPinScope() { --g_no_pin; }
 bool pins_suppressed() { return g_no_pin > 0; }
 
-void DynamicPolicy::remember(const std::vector<SourcePtr>& sources, PyObject* inputs) {
+bool DynamicPolicy::remember(const std::vector<SourcePtr>& sources, PyObject* inputs) {
+  bool grew = false;
   for (size_t i = 0; i < sources.size() && (Py_ssize_t)i < PyList_GET_SIZE(inputs); ++i) {
     PyObject* shape = PyObject_GetAttrString(PyList_GET_ITEM(inputs, i), "shape");
     if (!shape) {
@@ -95,9 +96,10 @@ void DynamicPolicy::remember(const std::vector<SourcePtr>& sources, PyObject* in
     auto it = seen.find(path);
     if (it != seen.end() && it->second.size() == sizes.size())
       for (size_t d = 0; d < sizes.size(); ++d)
-        if (it->second[d] != sizes[d]) changed[path].insert((int64_t)d);
+        if (it->second[d] != sizes[d]) grew = changed[path].insert((int64_t)d).second || grew;
     seen[path] = std::move(sizes);
   }
+  return grew;
 }
 
 // ---- input symbols -------------------------------------------------------------------------------------------
@@ -125,7 +127,13 @@ std::vector<std::pair<int64_t, std::pair<int64_t, int64_t>>> SymbolicInts::dynam
   if (argument && policy_.mode == compile::Dynamic::kAutomatic) {
     const std::string path = source->describe();
     auto it = policy_.changed.find(path);
-    if (it != policy_.changed.end()) dims.insert(it->second.begin(), it->second.end());
+    if (it != policy_.changed.end()) {
+      dims.insert(it->second.begin(), it->second.end());
+      if (!policy_.seen.count(path))  // changed, yet never seen here: the disk cache's profile
+        for (int64_t d : it->second)
+          KILN_LOG(dynamic) << "dim " << d << " of " << path << " is dynamic from the first call: its size changed in "
+                            << "an earlier process (the disk cache's profile of " << policy_.profile_where << ")";
+    }
     auto seen = policy_.seen.find(path);
     if (seen != policy_.seen.end() && seen->second.size() == sizes.size())
       for (size_t d = 0; d < sizes.size(); ++d)

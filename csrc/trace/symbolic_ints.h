@@ -53,8 +53,19 @@ struct DynamicPolicy {
   std::map<std::string, std::set<int64_t>> changed;
 
   /// After a trace of the code: remembers each input's sizes (`inputs`: real tensors, in `sources` order), and which
-  /// dims changed.
-  void remember(const std::vector<SourcePtr>& sources, PyObject* inputs);
+  /// dims changed. True when `changed` grew.
+  bool remember(const std::vector<SourcePtr>& sources, PyObject* inputs);
+
+  /// The code's profile in the disk cache (kind "dynamic"; trace/dynamic_profile.cpp): `changed` as earlier processes
+  /// of the same job (torch.compiler.config.job_id) left it, so that a new process traces those dims symbolically from
+  /// its first call and finds the kernels they compiled with size arguments, instead of compiling a static graph for
+  /// the first size it meets and a symbolic one at the second (torch.compile's profile-guided automatic dynamic
+  /// shapes). Read once per code object in automatic mode; written when remember() grows `changed`. Nothing is read
+  /// or written without a job id, or while the disk cache is off.
+  void load_profile(PyObject* code);
+  void store_profile() const;
+  std::string profile_key;  // the code's identity (file, qualified name, first line, bytecode); "" until loaded
+  std::string profile_where;  // "fn at file:line", for logs
 };
 
 /// The symbolic ints of one trace. Made by the Tracer; active() once an input dim is a symbol.

@@ -313,3 +313,51 @@ def test_bool_masks_combined_over_lengths(fresh):
 
     stats = run_sizes(combine, make, True)
     assert stats["frames_compiled"] == 1, stats
+
+
+# A process of a job: compiles PROFILE_FN under the automatic policy, calls it at the sizes on its command line against
+# eager, and prints the frames it compiled.
+PROFILE_CHILD = r"""
+import sys, torch, kiln
+from kiln.testing import random_tensor, tolerance
+def scaled_rows(x):
+    return torch.softmax(x * 2, -1).sum(0)
+compiled = kiln.compile(scaled_rows)
+for n in map(int, sys.argv[1:]):
+    x = random_tensor(4, n)
+    rtol, atol = tolerance(torch.float32)
+    torch.testing.assert_close(compiled(x), scaled_rows(x), rtol=rtol, atol=atol)
+print(kiln.stats()["frames_compiled"])
+"""
+
+
+def _frames_of_a_process(cache, job, sizes):
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, KILN_CACHE_DIR=str(cache), PYTHONPATH=os.pathsep.join(
+        [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"), os.environ.get("PYTHONPATH", "")]))
+    env.pop("TORCH_COMPILE_JOB_ID", None)
+    env.pop("TORCH_COMPILE_STICKY_PGO_KEY", None)
+    if job:
+        env["TORCH_COMPILE_JOB_ID"] = job
+    out = subprocess.run([sys.executable, "-c", PROFILE_CHILD, *map(str, sizes)], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return int(out.stdout.split()[-1])
+
+
+def test_a_job_remembers_its_dynamic_dims_across_processes(tmp_path):
+    """With torch.compiler.config.job_id set, a dim that changed size in one process is symbolic from the first call of
+    the next process of that job (one compile, not two); without a job id, or under another job, nothing carries over;
+    a profile that cannot be read is ignored."""
+    assert _frames_of_a_process(tmp_path, "job-a", [5, 7, 9]) == 2
+    assert _frames_of_a_process(tmp_path, "job-a", [11, 13, 6]) == 1
+    assert _frames_of_a_process(tmp_path, "job-b", [11, 13]) == 2
+    assert _frames_of_a_process(tmp_path, None, [11, 13]) == 2
+    profiles = list((tmp_path / "dynamic").glob("*.txt"))
+    assert len(profiles) == 2, profiles  # job-a's and job-b's; none without a job
+    for p in profiles:
+        assert p.read_text().splitlines()[1:] == ["x\t1"], p.read_text()
+        p.write_text("not a profile\n")  # its checksum no longer matches either: the entry is dropped
+    assert _frames_of_a_process(tmp_path, "job-a", [11, 13]) == 2
