@@ -200,11 +200,15 @@ ddp = ddp_with()
 def fully_shard_each(kind):
     """FSDP2 as its users apply it: fully_shard on each module of class `kind`, then on the root."""
     def wrap(model):
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
+        # The ranks train on the CPU over gloo. Without a mesh, fully_shard makes one on CUDA's device type whenever
+        # CUDA is available: then a rank whose LOCAL_RANK names no GPU fails while the others wait in new_group.
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
         for module in model.modules():
             if isinstance(module, kind):
-                fully_shard(module)
-        fully_shard(model)
+                fully_shard(module, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         return model
     return wrap
 
