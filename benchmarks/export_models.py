@@ -74,7 +74,7 @@ def child(kind, path, inputs_path, device, iters, env):
                             capture_output=True, text=True, env=env, timeout=900)
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     if result.returncode != 0 or not lines:
-        return {"error": (result.stderr or result.stdout)[-2000:]}
+        return {"error": f"exit {result.returncode}: " + (result.stderr or result.stdout or "no output")[-2000:]}
     return json.loads(lines[-1])
 
 

@@ -273,6 +273,7 @@ class ExportedProgram:
         self._output_spec = output_spec
         self._input_metas = [v["meta"] for v in _graph_input_metas(graph)]
         self._compiled = None
+        self._ready_state = {}  # state name -> the tensor last found in the graph's layout (_run)
 
     def __repr__(self):
         lines = [f"ExportedProgram: {len(self._tensor_specs)} input tensors, {len(self.state_dict)} state tensors, "
@@ -301,9 +302,22 @@ class ExportedProgram:
         leaves = []
         _check_tree(self._input_spec, (args, kwargs), "inputs", self._tensor_specs, leaves, {})
         inputs = []
+        ready = self._ready_state
         for binding, meta in zip(self._bindings, self._input_metas):
-            t = leaves[binding["index"]] if binding["kind"] == "input" else state[binding["name"]]
-            inputs.append(_with_strides(t, meta))
+            if binding["kind"] == "input":
+                inputs.append(_with_strides(leaves[binding["index"]], meta))
+                continue
+            # State tensors already in the graph's layout are checked once per tensor object, not at every call
+            # (a model holds hundreds): a cached entry is the tensor itself, so updates in place show through.
+            name = binding["name"]
+            t = state[name]
+            if ready.get(name) is not t:
+                laid_out = _with_strides(t, meta)
+                if laid_out is t:
+                    ready[name] = t
+                inputs.append(laid_out)
+                continue
+            inputs.append(t)
         compiled = self._compiled_graph()
         with torch.no_grad():
             outputs = compiled(inputs)
