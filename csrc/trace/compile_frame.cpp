@@ -125,6 +125,26 @@ PyObject* cudagraph_status_callable(const std::shared_ptr<runtime::CompiledGraph
   return fn;
 }
 
+// Whether the calling thread is inside an import (a frame of importlib's bootstrap on its stack). A module's top level
+// and everything it calls while it imports run once, as the library wrote them: compiling them buys nothing, and a
+// lazy import of a large library reached from eager code between graphs (sympy, imported by torch on first use of
+// torch.utils.checkpoint) made thousands of frames compile, break and recompile. Walked on misses only.
+bool running_an_import() {
+  PyFrameObject* f = PyThreadState_GetFrame(PyThreadState_Get());
+  bool found = false;
+  for (int depth = 0; f && depth < 256 && !found; ++depth) {
+    PyCodeObject* code = PyFrame_GetCode(f);
+    found = PyUnicode_Check(code->co_filename) &&
+            PyUnicode_CompareWithASCIIString(code->co_filename, "<frozen importlib._bootstrap>") == 0;
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(f);
+    Py_DECREF(f);
+    f = back;
+  }
+  Py_XDECREF(f);
+  return found;
+}
+
 // kiln._tracing.skip_reason(filename): frames of torch, kiln and the standard library are not traced
 // (with trace_all, only kiln's own).
 bool skipped_file(PyCodeObject* code, bool trace_all) {
@@ -442,6 +462,11 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
   bool entry_code = options_.entry_codes.count((PyObject*)frame.code) > 0;
   if (!entry_code && skipped_file(frame.code, options_.trace_all)) {
     result.action = frame::MissAction::kSkipCode;
+    return result;
+  }
+  // This call only (the code may be called again after the import, from code worth compiling).
+  if (!entry_code && !is_resume_code((PyObject*)frame.code) && running_an_import()) {
+    result.action = frame::MissAction::kRunDefault;
     return result;
   }
   // Only this compiler's entries count: another kiln.compile of the same function keeps its own.

@@ -266,6 +266,13 @@ def _avoid_dynamo_import():
             if real is None:
                 real = dynamo.disable(fn, recursive, wrapping=False)
             return real(*args, **kwargs)
+        # Still torch.compiler.disable'd for kiln while torch._dynamo is not loaded: the tracer breaks at a call of it
+        # and the frame hook suspends kiln for what it calls (recursive) or for its own frame, as for DisableContext's
+        # wrapper. Without these marks a disabled function ran compiled, or was traced inline, only after this patch
+        # had run: torch.utils.checkpoint then compiled its function in the forward while the backward recomputed it
+        # eagerly, and the two saved different tensors (CheckpointError).
+        call._torchdynamo_disable = True
+        call._torchdynamo_disable_recursive = recursive
         return call
 
     for obj in gc.get_objects():

@@ -816,3 +816,75 @@ def test_custom_autograd_function_runs_eagerly_with_its_own_backward(fresh_kiln)
     compiled = kiln.compile(f)
     for _ in range(2):
         assert_same_as_eager(f, torch.randn(6, requires_grad=True), compiled=compiled)
+
+
+def test_code_an_import_runs_is_not_compiled(fresh_kiln, tmp_path, monkeypatch):
+    """A module imported from eager code inside a compiled call (between graphs, or by a library's lazy import: torch
+    imports sympy on the first torch.utils.checkpoint call) runs its top level and what it calls as written: before,
+    each of those frames was intercepted, and a function the import called with 30 different ints compiled until the
+    recompile limit warned about the library's own code."""
+    import importlib
+    import warnings
+    name = f"kiln_lazy_module_{abs(hash(str(tmp_path)))}"
+    (tmp_path / f"{name}.py").write_text(
+        "import torch\n"
+        "def helper(i):\n"
+        "    return torch.ones(2) * i + 1\n"
+        "VALUES = [helper(i) for i in range(30)]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def f(x):
+        return x + importlib.import_module(name).VALUES[3]
+
+    x = random_tensor(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the recompile-limit warning of the library's helper
+        out = kiln.compile(f)(x)
+    torch.testing.assert_close(out, x + 4)
+    assert kiln.stats()["frames_compiled"] <= 2, kiln.stats()  # f and the code after its break, not helper
+
+
+def test_activation_checkpointing_inside_a_compiled_model_matches_eager(fresh_kiln):
+    """torch.utils.checkpoint inside a compiled forward (both implementations): a break at each checkpoint call, the
+    checkpointed layer compiled as its own frame and recomputed in the backward; losses and gradients equal eager's."""
+    from torch.utils.checkpoint import checkpoint
+
+    from kiln.testing import tolerance
+    rtol, atol = tolerance(torch.float32)
+    assert_close = functools.partial(torch.testing.assert_close, rtol=rtol, atol=atol)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up, self.down = nn.Linear(16, 32), nn.Linear(32, 16)
+
+        def forward(self, x):
+            return x + self.down(torch.relu(self.up(x)))
+
+    class Model(nn.Module):
+        def __init__(self, reentrant):
+            super().__init__()
+            self.blocks, self.reentrant = nn.ModuleList(Block() for _ in range(3)), reentrant
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = checkpoint(block, x, use_reentrant=self.reentrant)
+            return x.square().mean()
+
+    for reentrant in (False, True):
+        torch.manual_seed(0)
+        model = Model(reentrant)
+        reference = Model(reentrant)
+        reference.load_state_dict(model.state_dict())
+        compiled = kiln.compile(model)
+        for _ in range(3):
+            x = random_tensor(4, 16)
+            got, want = compiled(x.clone().requires_grad_()), reference(x.clone().requires_grad_())
+            got.backward()
+            want.backward()
+            assert_close(got, want)
+        for p, q in zip(model.parameters(), reference.parameters()):
+            assert_close(p.grad, q.grad)
+    # per implementation: the forward, its resume after the break, and the block (recompiled for its second instance,
+    # then within kiln.config.module_instance_limit)
+    assert kiln.stats()["frames_compiled"] <= 8, kiln.stats()
