@@ -1,5 +1,6 @@
 // kiln._C.shape_rule: evaluates one of graph/shape_rules.h's symbolic rules on inputs described in Python, for
-// tests/python/test_shape_rules.py (graph/propagate_symbolic_sizes is their other caller).
+// tests/python/test_shape_rules.py (graph/propagate_symbolic_sizes is their other caller). kiln._C._meta_from_rules:
+// the same rules at concrete sizes for the recorder (python/kiln/_fake.py), what an op returns on its fakes.
 //
 // Sizes, strides, offsets and int arguments are given as ints or as expression text over the named symbols
 // ("s0*s1*2 + 3", "floordiv(s0, 2)", "min(s0, 4)"); the results come back both as text and evaluated at the
@@ -7,9 +8,16 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <unordered_map>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
 #include "bindings/module_register.h"
 #include "common/error.h"
+#include "compile/meta_oracle.h"
+#include "graph/py_records.h"
 #include "graph/shape_rules.h"
+#include "runtime/python_bridge.h"
 
 namespace py = pybind11;
 
@@ -145,6 +153,97 @@ py::dict shape_rule(const std::string& op, py::sequence args, py::dict symbols) 
   out["assumptions"] = assumptions;
   return out;
 }
+// How an op's results relate to its arguments, from its schema: the rules answer ops that return new tensors, and
+// in-place ops (their results are their receivers); views must alias their input's storage, so torch makes them.
+struct ReturnForm {
+  bool answerable = false;
+  bool returns_list = false;
+  std::vector<int> receiver;  // per return: the argument it returns, or -1 for a new tensor
+};
+
+const ReturnForm& return_form(const std::string& op) {
+  static std::unordered_map<std::string, ReturnForm> forms;  // (callers hold the GIL)
+  auto it = forms.find(op);
+  if (it != forms.end()) return it->second;
+  ReturnForm form;
+  const size_t dot = op.find('.', op.find("::") + 2);
+  const std::string overload = dot == std::string::npos ? "" : op.substr(dot + 1);
+  auto handle = c10::Dispatcher::singleton().findSchema(
+      {op.substr(0, dot), overload == "default" ? "" : overload});
+  if (handle) {
+    const c10::FunctionSchema& schema = handle->schema();
+    form.answerable = true;
+    for (const c10::Argument& r : schema.returns()) {
+      form.returns_list = form.returns_list || r.type()->kind() == c10::TypeKind::ListType;
+      int receiver = -1;
+      if (const c10::AliasInfo* alias = r.alias_info()) {
+        for (size_t i = 0; i < schema.arguments().size(); ++i) {
+          const c10::AliasInfo* a = schema.arguments()[i].alias_info();
+          if (a && a->isWrite() && a->beforeSets() == alias->beforeSets()) receiver = static_cast<int>(i);
+        }
+        form.answerable = form.answerable && alias->isWrite() && receiver >= 0;
+      }
+      form.receiver.push_back(receiver);
+    }
+  }
+  return forms.emplace(op, std::move(form)).first->second;
+}
+
+graph::TensorMeta meta_of_tensor(const at::Tensor& t) {
+  graph::TensorMeta meta;
+  meta.sizes = t.sizes().vec();
+  meta.strides = t.strides().vec();
+  meta.storage_offset = t.storage_offset();
+  meta.dtype = static_cast<graph::ScalarType>(t.scalar_type());
+  meta.device = {static_cast<graph::DeviceType>(t.device().type()), t.device().index()};
+  return meta;
+}
+
+py::object tensor_or_none(const at::Tensor& t) {
+  return t.defined() ? py::reinterpret_steal<py::object>(runtime::tensor_to_python(t)) : py::none();
+}
+
+// `records`: the node's argument records (graph/py_records.h); `run_values`: the values the op would run with, the
+// fakes for its tensor arguments. What the op returns on them (a tensor, a tuple, a list), or None where no rule
+// answers.
+py::object meta_from_rules(const std::string& op, py::handle records, py::sequence run_values) {
+  const ReturnForm& form = return_form(op);
+  if (!form.answerable || !graph::shape::has_shape_rule(op)) return py::none();
+  const std::vector<graph::ArgValue> args = graph::args_from_records(records.ptr(), op);
+  if (args.size() != run_values.size()) return py::none();
+  std::unordered_map<graph::ValueId, graph::TensorMeta> metas;
+  auto take = [&](graph::ValueId id, py::handle value) {
+    at::Tensor t;
+    if (!runtime::tensor_or_none_from_python(value.ptr(), t) || !t.defined()) return false;
+    metas[id] = meta_of_tensor(t);
+    return true;
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (auto* tensor = std::get_if<graph::TensorArg>(&args[i])) {
+      if (!take(tensor->id, run_values[i])) return py::none();
+    } else if (auto* list = std::get_if<graph::TensorListArg>(&args[i])) {
+      py::sequence items = run_values[i].cast<py::sequence>();
+      if (items.size() != list->ids.size()) return py::none();
+      for (size_t k = 0; k < list->ids.size(); ++k)
+        if (list->ids[k] && !take(*list->ids[k], items[k])) return py::none();
+    }
+  }
+  std::vector<at::Tensor> outputs;
+  auto meta_of = [&](graph::ValueId id) -> const graph::TensorMeta& { return metas.at(id); };
+  if (!compile::meta_outputs_from_rules(op, args, meta_of, outputs)) return py::none();
+  if (form.returns_list) {
+    py::list result;
+    for (const at::Tensor& t : outputs) result.append(tensor_or_none(t));
+    return result;
+  }
+  if (outputs.size() != form.receiver.size()) return py::none();
+  py::tuple result(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i)
+    result[i] = form.receiver[i] >= 0 ? py::object(run_values[form.receiver[i]]) : tensor_or_none(outputs[i]);
+  if (result.size() == 1) return result[0];
+  return result;
+}
+
 }  // namespace
 
 void register_shape_rules(py::module_& m) {
@@ -154,6 +253,9 @@ void register_shape_rules(py::module_& m) {
         "{'expr': text} for a symbolic int): {'has_rule', 'reason', 'outputs', 'assumptions'}, each output's "
         "sizes, strides and offset as text and evaluated at the symbols' values");
   m.def("shape_rule_ops", &graph::shape::shape_rule_ops, "the ops kiln has a symbolic shape rule for");
+  m.def("_meta_from_rules", &meta_from_rules, py::arg("op"), py::arg("records"), py::arg("run_values"),
+        "the recorder's (kiln/_fake.py) answer from kiln's shape rules at concrete sizes: what `op` returns on the fakes "
+        "`run_values` (its records' tensors), or None where no rule answers and torch's meta kernel must run");
 }
 
 }  // namespace kiln::bindings

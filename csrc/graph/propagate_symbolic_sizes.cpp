@@ -1,7 +1,7 @@
 // propagate_symbolic_sizes: symbolic metas for a recorded graph, from its marked input dims and kiln's shape rules.
 //
-// Design note: the recorder gives every value a concrete meta (torch's meta kernels or kiln's Python rules at the
-// captured sizes); this pass adds the symbolic one next to it and checks the two agree at the hints, node by node.
+// Design note: the recorder gives every value a concrete meta (these rules at the captured sizes, else torch's meta
+// kernels); this pass adds the symbolic one next to it and checks the two agree at the hints, node by node.
 // Where the rules cannot follow (no rule, a refusal), the symbols the node reads are pinned to their hints: the graph
 // is then specialised in them everywhere, never wrong. One substitution map carries what the graph learned about
 // symbols (s1 -> s0 from an assumed equality, s0 -> 8 from a pin); each node's arguments go through it before its
@@ -144,54 +144,14 @@ class Propagation {
 
   // Node n's arguments in the rules' form; nullopt for one the rules have no form for (a complex number).
   std::optional<std::vector<shape::RuleArg>> rule_args(NodeIndex n, std::vector<Expr>& read) const {
-    const Node& node = g_.nodes[n];
-    std::vector<shape::RuleArg> args;
-    for (size_t i = 0; i < node.args.size(); ++i) {
-      const ArgValue& a = node.args[i];
-      auto symbolic_int = [&](int32_t element, int64_t value) -> Expr {
-        std::optional<Expr> e = marked_int(n, i, element);
-        if (!e) return value;
-        for (const Expr& symbol : e->free_symbols()) read.push_back(symbol);
-        return *e;
-      };
-      if (std::holds_alternative<NoneArg>(a)) {
-        args.emplace_back(NoneArg{});
-      } else if (auto* t = std::get_if<TensorArg>(&a)) {
-        args.emplace_back(tensor(t->id, read));
-      } else if (auto* list = std::get_if<TensorListArg>(&a)) {
-        shape::SymTensorList items;
-        for (const auto& id : list->ids)
-          items.items.push_back(id ? std::optional<SymTensorMeta>(tensor(*id, read)) : std::nullopt);
-        args.emplace_back(std::move(items));
-      } else if (auto* b = std::get_if<bool>(&a)) {
-        args.emplace_back(*b);
-      } else if (auto* i = std::get_if<int64_t>(&a)) {
-        args.emplace_back(symbolic_int(-1, *i));
-      } else if (auto* d = std::get_if<double>(&a)) {
-        args.emplace_back(*d);
-      } else if (std::holds_alternative<std::complex<double>>(a)) {
-        return std::nullopt;
-      } else if (auto* s = std::get_if<std::string>(&a)) {
-        args.emplace_back(*s);
-      } else if (auto* ints = std::get_if<std::vector<int64_t>>(&a)) {
-        std::vector<Expr> exprs;
-        for (size_t k = 0; k < ints->size(); ++k) exprs.push_back(symbolic_int(static_cast<int32_t>(k), (*ints)[k]));
-        args.emplace_back(std::move(exprs));
-      } else if (auto* reals = std::get_if<std::vector<double>>(&a)) {
-        args.emplace_back(*reals);
-      } else if (auto* bools = std::get_if<std::vector<bool>>(&a)) {
-        args.emplace_back(*bools);
-      } else if (auto* dtype = std::get_if<ScalarTypeArg>(&a)) {
-        args.emplace_back(*dtype);
-      } else if (auto* layout = std::get_if<LayoutArg>(&a)) {
-        args.emplace_back(*layout);
-      } else if (auto* format = std::get_if<MemoryFormatArg>(&a)) {
-        args.emplace_back(*format);
-      } else {
-        args.emplace_back(std::get<Device>(a));
-      }
-    }
-    return args;
+    return shape::rule_args(
+        g_.nodes[n].args, [&](ValueId id) { return tensor(id, read); },
+        [&](size_t arg, int32_t element, int64_t value) -> Expr {
+          std::optional<Expr> e = marked_int(n, arg, element);
+          if (!e) return value;
+          for (const Expr& symbol : e->free_symbols()) read.push_back(symbol);
+          return *e;
+        });
   }
 
   void visit(NodeIndex n) {

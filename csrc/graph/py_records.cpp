@@ -180,14 +180,25 @@ ArgValue to_arg(PyObject* obj, const std::string& op) {
   return it->second(pair[1]);
 }
 
+}  // namespace
+
+std::vector<ArgValue> args_from_records(PyObject* records, const std::string& op) {
+  Seq args(records, "args");
+  std::vector<ArgValue> out;
+  out.reserve(args.size());
+  for (Py_ssize_t i = 0; i < args.size(); ++i) out.push_back(to_arg(args[i], op));
+  return out;
+}
+
+namespace {
+
 Node to_node(PyObject* obj) {
   Seq rec(obj, "node");
   KILN_ASSERT_EQ(rec.size(), 9) << "recorder output: node tuple";
   Node node;
   node.op = to_string(rec[0], "op");
   node.overload = to_string(rec[1], "overload");
-  Seq args(rec[2], "args");
-  for (Py_ssize_t i = 0; i < args.size(); ++i) node.args.push_back(to_arg(args[i], node.op));
+  node.args = args_from_records(rec[2], node.op);
   node.arg_names = to_vector<std::string>(rec[3], "arg names", to_string);
   node.num_positional = static_cast<int32_t>(to_int(rec[4], "num_positional"));
   for (int64_t id : to_ints(rec[5], "outputs")) node.outputs.push_back(static_cast<ValueId>(id));

@@ -2,6 +2,8 @@
 // Converts the recorder's output (python/kiln/_fake.py, plain Python tuples) into a Graph. The only
 // file of graph/ that uses the CPython API; call with the GIL held.
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "graph/graph.h"
 
@@ -18,5 +20,7 @@ namespace kiln::graph {
 ///   outputs: [ValueId]
 /// The result is verified; malformed records raise an internal error naming the record.
 std::shared_ptr<Graph> graph_from_records(PyObject* values, PyObject* nodes, PyObject* outputs);
+/// One node's `args` records ([(tag, payload)], as above) as its ArgValues; `op` names the node in errors.
+std::vector<ArgValue> args_from_records(PyObject* records, const std::string& op);
 
 }  // namespace kiln::graph

@@ -11,9 +11,13 @@
 // refuse (the order of two symbolic strides decides an output layout: no rule). Sizes 0 and 1 are concrete
 // (dynamic symbols range over [2, inf)), which keeps broadcasting decidable.
 //
-// Torch-free, like the rest of graph/: dtypes are graph.h's ScalarType codes, and the dtype logic is the concrete
-// one of python/kiln/_meta_rules.py (dtypes are never symbolic). tests/python/test_shape_rules.py checks every rule
-// against PyTorch on concrete sizes and random layouts, through kiln._C.shape_rule.
+// The same rules at concrete sizes (infer_concrete_metas) give the recorder and compile/'s MetaOracle their output
+// metas without torch's meta kernels, nearly all of which are Python (the first one imports sympy).
+//
+// Torch-free, like the rest of graph/: dtypes are graph.h's ScalarType codes (dtypes are never symbolic).
+// tests/python/test_shape_rules.py checks every rule against PyTorch on concrete sizes and random layouts, through
+// kiln._C.shape_rule; tests/python/test_meta_rules.py checks the concrete answers against eager.
+#include <functional>
 #include <optional>
 #include <string>
 #include <variant>
@@ -87,6 +91,18 @@ RuleResult infer_shapes(const std::string& op, const std::vector<RuleArg>& args,
 /// Records into `facts` what SizeFacts can hold of an assumption (a symbol's divisibility by a constant, its bounds
 /// against a constant); anything else it leaves. infer_shapes does this with each rule's assumptions.
 void record_assumption_in_facts(const Assumption& a, sym::SizeFacts& facts);
+/// A node's arguments (Node::args) in the rules' form: each tensor's meta from `tensor`, each int from `int_arg` (its
+/// argument index, its element in an int list or -1, its recorded value). nullopt for an argument the rules have no
+/// form for (a complex number).
+using TensorMetaOf = std::function<SymTensorMeta(ValueId)>;
+using IntArgOf = std::function<Expr(size_t arg, int32_t element, int64_t value)>;
+std::optional<std::vector<RuleArg>> rule_args(const std::vector<ArgValue>& args, const TensorMetaOf& tensor,
+                                              const IntArgOf& int_arg);
+/// The rule of `op` at concrete sizes: the outputs' metas (nullopt for an output the op returns as None), or nullopt
+/// where no rule answers or an assumption of the rule is false at these sizes (torch's meta kernel then decides, and
+/// raises eager's error). `meta_of` gives each tensor argument's meta.
+std::optional<std::vector<std::optional<TensorMeta>>> infer_concrete_metas(
+    const std::string& op, const std::vector<ArgValue>& args, const std::function<const TensorMeta&(ValueId)>& meta_of);
 /// Whether `op` has a rule (which may still refuse given arguments).
 bool has_shape_rule(const std::string& op);
 /// The ops with a rule, sorted.

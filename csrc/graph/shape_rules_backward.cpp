@@ -1,4 +1,4 @@
-// Shape rules of the derivative ops kiln's autodiff emits (_meta_rules_backward.py's cases): gradients of the
+// Shape rules of the derivative ops kiln's autodiff emits (compile/'s MetaOracle asks them first): gradients of the
 // forward inputs' sizes, contiguous; None where an output_mask leaves one out. Inputs that look channels-last,
 // whose gradient format torch versions choose differently, refuse.
 #include "graph/shape_rules_impl.h"

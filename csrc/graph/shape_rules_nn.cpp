@@ -4,7 +4,7 @@
 //
 // Design note: these kernels allocate their outputs (contiguous, or in the input's suggested memory format), so
 // the rules compute sizes: reduced dims, matrix dims (inner sizes must agree: an assumption where unproven),
-// convolution and pooling sizes as floordiv expressions (shape_rules.cpp). The dtype cases are _meta_rules.py's.
+// convolution and pooling sizes as floordiv expressions (shape_rules.cpp). The dtypes are concrete.
 #include "graph/shape_rules_impl.h"
 
 namespace kiln::graph::shape {
@@ -470,11 +470,29 @@ void efficient_attention_backward_rule(RuleCall& call) {
 
 // _native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias,
 // mask, need_weights, average_attn_weights, mask_type): nn.MultiheadAttention's inference fast path (batch first).
-// The output has the query's sizes, contiguous; the weights are (batch, length, key length), per head without
-// averaging, or an empty tensor when not asked for.
+// Query, key and value of one shape and floating dtype (ATen raises otherwise), the projections' parameters of the
+// embedding dim. The output has the query's sizes, contiguous; the weights are (batch, length, key length), per head
+// without averaging, or an empty tensor when not asked for (torch's meta kernel's; eager returns None).
 void native_multi_head_attention_rule(RuleCall& call) {
-  const SymTensorMeta &q = call.tensor(0), &k = call.tensor(1);
-  call.check(q.dim() == 3 && k.dim() == 3, "batch-first 3-d query and key");
+  const SymTensorMeta &q = call.tensor(0), &k = call.tensor(1), &v = call.tensor(2);
+  call.check(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "batch-first 3-d query, key and value");
+  call.check(is_floating(q.dtype) && k.dtype == q.dtype && v.dtype == q.dtype, "query, key and value dtypes");
+  for (int64_t d = 0; d < 3; ++d) {
+    call.require_eq(k.sizes[d], q.sizes[d], "key and query sizes");
+    call.require_eq(v.sizes[d], q.sizes[d], "value and query sizes");
+    call.check(!call.size_is(q.sizes[d], 0), "an empty query");
+  }
+  const Expr dim = q.sizes[2];
+  call.require_eq(call.int_arg(3), dim, "embed_dim");
+  const int64_t heads = call.const_int(4);
+  call.check(heads >= 1, "num_head");
+  call.require_divisible(dim, heads, "embed_dim by num_head");
+  const std::vector<std::vector<Expr>> param_sizes = {{dim * 3, dim}, {dim * 3}, {dim, dim}, {dim}};
+  for (size_t i = 0; i < param_sizes.size(); ++i) {
+    const SymTensorMeta& param = call.tensor(5 + i);
+    call.check(param.dtype == q.dtype && param.dim() == static_cast<int64_t>(param_sizes[i].size()), "a parameter");
+    for (size_t d = 0; d < param_sizes[i].size(); ++d) call.require_eq(param.sizes[d], param_sizes[i][d], "parameter size");
+  }
   call.add_output(contiguous_meta(q.sizes, q.dtype, q.device));
   const bool need_weights = call.is_none(10) || call.bool_arg(10);
   const bool average = call.is_none(11) || call.bool_arg(11);

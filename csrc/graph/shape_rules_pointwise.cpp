@@ -1,7 +1,7 @@
 // Shape rules of pointwise ops (unary, binary, ternary, comparisons, their in-place forms), dropout, and the ops
 // that allocate like their input (empty_like and friends, clone, contiguous, _to_copy).
 //
-// Design note: the dtype logic is _meta_rules.py's, concrete: floating operands of one dtype, zero-dim tensors and
+// Design note: the dtype logic is concrete: floating operands of one dtype, zero-dim tensors and
 // Python numbers never promoting past them. The output layout is TensorIterator's (shape_rules.cpp), decided over
 // the facts.
 #include "graph/shape_rules_impl.h"
@@ -21,10 +21,10 @@ bool is_complex(ScalarType t) {
 // `integer_ok`, one integer dtype with int numbers and integer zero-dim tensors (which never promote it); those of
 // a bool result one real dtype (torch's meta kernels of mixed dtypes lay size-1 dims out otherwise).
 //
-// The recorder takes the metas of the common floating cases from python/kiln/_meta_rules.py (TensorIterator's layout,
-// as here) and the others from torch's Python meta kernels, whose layouts differ where size-1 dims, broadcasts or
-// ties are involved; for those (`python_meta`: other ops, and integer or bool operands) only operands of the
-// result's shape that are contiguous (and not channels-last as well) are decided: a contiguous result.
+// The common floating cases take TensorIterator's layout, as eager's kernels do. For the others (`python_meta`: other
+// ops, and integer or bool operands) torch's Python meta kernels, which kiln used before these rules, lay size-1
+// dims, broadcasts and ties out differently from eager; only operands of the result's shape that are contiguous (and
+// not channels-last as well) are decided there, a contiguous result on which both agree.
 SymTensorMeta pointwise(RuleCall& call, Result result, bool integer_ok = false, bool python_meta = false,
                         bool bitwise = false) {
   std::vector<const SymTensorMeta*> tensors;
@@ -67,7 +67,7 @@ SymTensorMeta pointwise(RuleCall& call, Result result, bool integer_ok = false, 
   std::vector<Expr> shape = broadcast_shape(call, shapes);
   for (const Expr& s : shape) call.check(!call.size_is(s, 0), "an empty result");
   const ScalarType dtype = result == Result::kBool ? ScalarType::Bool : first->dtype;
-  // (Comparisons of one real dtype take TensorIterator's layout in the recorder too: _meta_rules.py's _pointwise.)
+  // (Comparisons of one real dtype take TensorIterator's layout, as eager gives it.)
   const bool iterator_layout = is_floating(first->dtype) || (result == Result::kBool && is_integral(first->dtype)) ||
                                bitwise;
   if (python_meta || !iterator_layout) {
@@ -239,7 +239,7 @@ void register_pointwise_rules(RuleTable& table) {
     add(op, [](RuleCall& call) { call.add_output(pointwise(call, Result::kSameDtype, true, true)); });
   for (const char* op : kPythonMetaBoolOps)
     add(op, [](RuleCall& call) { call.add_output(pointwise(call, Result::kBool, false, true)); });
-  // Bitwise ops of bool or integer operands of one dtype: as _meta_rules.py's _BITWISE records them.
+  // Bitwise ops of bool or integer operands of one dtype (attention masks combined): TensorIterator's layout.
   for (const char* op : {"bitwise_and.Tensor", "bitwise_or.Tensor", "bitwise_xor.Tensor"})
     add(op, [](RuleCall& call) {
       for (size_t i = 0; i < call.num_args(); ++i) call.check(!call.is_number_arg(i), "a number operand");

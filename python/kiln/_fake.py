@@ -26,7 +26,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
-from kiln import _meta_rules, errors
+from kiln import _C, errors
 
 _MISSING = object()
 
@@ -240,7 +240,7 @@ def _avoid_dynamo_import():
     never uses). Give each such wrapper a ready "disabled" version that calls the function directly while
     torch._dynamo is not loaded, and defers to torch._dynamo.disable once it is (torch.compile in the same
     process keeps its behaviour). Runs once (about 25 ms), before the first op kiln's own rules
-    (_meta_rules) leave to torch's meta kernels."""
+    (csrc/graph/shape_rules*.cpp) leave to torch's meta kernels."""
     global _dynamo_wrappers_patched
     if _dynamo_wrappers_patched:
         return
@@ -580,7 +580,8 @@ class Recorder:
         positional = run_values[:info.num_positional]
         keyword = {info.names[i]: run_values[i] for i in range(info.num_positional, len(run_values))}
         try:
-            result = _meta_rules.infer(func, positional, keyword)
+            # kiln's shape rules (C++); not for an op recorded whole, whose result must carry autograd's history
+            result = None if self._inside_whole_op else _C._meta_from_rules(info.qualified, records, run_values)
             if result is None:
                 if info.python_meta is None:
                     info.python_meta = _has_python_meta(info.qualified)

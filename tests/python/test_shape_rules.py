@@ -655,8 +655,8 @@ def test_more_pointwise_ops_and_integer_operands():
             _run_meta(rng.choice(MORE_BINARY), case, [x, y], must_answer=must)
             _run_meta(rng.choice([aten.remainder.Scalar, aten.fmod.Scalar]), case, [x, 3], must_answer=must)
             _run_meta(rng.choice(INTEGER_OK), case, [i, j], must_answer=must)
-            # (Comparisons of integer operands take TensorIterator's layout, as eager and the recorder's
-            # _meta_rules.py do, where torch's meta kernel differs on size-1 dims: test_dynamic_shapes checks them.)
+            # (Comparisons of integer operands take TensorIterator's layout, as eager does, where torch's meta kernel
+            # differs on size-1 dims: test_meta_rules and test_dynamic_shapes check them.)
             _run_meta(rng.choice([aten.add.Tensor, aten.mul.Tensor, aten.remainder.Scalar]), case, [i, 2],
                       must_answer=must)
             _run_meta(aten.eq.Tensor, case, [case.tensor(shape, torch.bool, kind), case.tensor(shape, torch.bool, kind)],
