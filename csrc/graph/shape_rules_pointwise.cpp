@@ -201,12 +201,16 @@ const char* const kSameDtypeOps[] = {
     "reciprocal.default", "erf.default", "sin.default", "cos.default", "hardtanh.default", "leaky_relu.default",
     "elu.default", "softplus.default", "hardswish.default", "hardsigmoid.default", "mish.default", "addcmul.default",
     "addcdiv.default", "lerp.Scalar", "lerp.Tensor"};
-// Ops torch's Python meta kernels lay out (see pointwise): contiguous operands of one shape only.
-const char* const kPythonMetaOps[] = {
+// Ops torch's Python meta kernels lay out (see pointwise): contiguous operands of one shape only. Floating operands
+// only: integer ones become floating (exp2 of an int32 tensor is float32) or raise, which torch's meta kernel decides.
+const char* const kPythonMetaFloatOps[] = {
     "exp2.default", "expm1.default", "log1p.default", "log2.default",
     "log10.default", "erfc.default", "tan.default", "atan.default", "asin.default", "acos.default", "sinh.default",
     "cosh.default", "asinh.default", "acosh.default", "atanh.default", "atan2.default", "hypot.default",
-    "logit.default", "frac.default", "nan_to_num.default", "round.default", "round.decimals", "sign.default",
+    "logit.default", "frac.default", "round.decimals"};
+// The same layout, and integer operands keep their dtype.
+const char* const kPythonMetaOps[] = {
+    "nan_to_num.default", "round.default", "sign.default",
     "sgn.default", "floor.default", "ceil.default", "trunc.default", "remainder.Tensor", "remainder.Scalar",
     "fmod.Tensor", "fmod.Scalar"};
 // Ops whose result has their operands' dtype, floating or integer (with int numbers; laid out as in pointwise).
@@ -235,6 +239,8 @@ void register_pointwise_rules(RuleTable& table) {
   auto add = [&](const std::string& name, Rule rule) { table["aten::" + name] = std::move(rule); };
   for (const char* op : kSameDtypeOps)
     add(op, [](RuleCall& call) { call.add_output(pointwise(call, Result::kSameDtype)); });
+  for (const char* op : kPythonMetaFloatOps)
+    add(op, [](RuleCall& call) { call.add_output(pointwise(call, Result::kSameDtype, false, true)); });
   for (const char* op : kPythonMetaOps)
     add(op, [](RuleCall& call) { call.add_output(pointwise(call, Result::kSameDtype, true, true)); });
   for (const char* op : kPythonMetaBoolOps)

@@ -663,3 +663,35 @@ def test_fused_attention_kernels_match_eager_and_torchs_meta_kernel():
                              [q, q[:, :2], q[:, :2], None, True, 0.0, False], {"scale": None})  # heads differ
     _none_or_torchs(aten._scaled_dot_product_flash_attention_for_cpu.default,
                              [q, q, q, 0.0, True], {"attn_mask": q[0, 0], "scale": None})  # mask and causal
+
+
+UNARY_OPS = ["exp2", "expm1", "log1p", "log2", "log10", "erfc", "tan", "atan", "asin", "acos", "sinh", "cosh", "asinh",
+             "acosh", "atanh", "logit", "frac", "nan_to_num", "round", "sign", "sgn", "floor", "ceil", "trunc", "exp",
+             "log", "sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "sin", "cos", "erf", "relu", "neg", "abs"]
+BINARY_OPS = ["atan2", "hypot", "remainder", "fmod", "div", "pow", "add", "sub", "mul", "maximum", "minimum"]
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8, torch.bool])
+def test_integer_and_bool_operands_get_eagers_dtype(dtype):
+    """Every pointwise rule on integer and bool operands, compiled and compared with eager: the result's dtype (exp2
+    of an int32 tensor is float32: a rule that kept int32 made a fused kernel read the float result as integers, and
+    frexp's gradient came out wrong) and values, or the same kind of error where eager raises."""
+    import kiln
+    from kiln.testing import random_tensor
+    make = (lambda: random_tensor(7, dtype=dtype).abs() + (0 if dtype == torch.bool else 1)) if dtype != torch.bool \
+        else (lambda: random_tensor(7, dtype=dtype))
+    cases = [(name, (lambda x, f=getattr(torch, name): f(x)), 1) for name in UNARY_OPS]
+    cases += [(name, (lambda x, y, f=getattr(torch, name): f(x, y)), 2) for name in BINARY_OPS]
+    for name, fn, arity in cases:
+        inputs = [make() for _ in range(arity)]
+        try:
+            want = fn(*inputs)
+        except (RuntimeError, TypeError) as e:
+            kiln.reset()
+            with pytest.raises(RuntimeError if isinstance(e, RuntimeError) else TypeError):
+                kiln.compile(fn)(*inputs)
+            continue
+        kiln.reset()
+        got = kiln.compile(fn)(*inputs)
+        assert got.dtype == want.dtype, (name, dtype, got.dtype, want.dtype)
+        torch.testing.assert_close(got, want, equal_nan=True, msg=lambda m, name=name: f"{name} on {dtype}: {m}")
