@@ -145,6 +145,27 @@ bool running_an_import() {
   return found;
 }
 
+// Whether `code` is FSDP1's FullyShardedDataParallel.forward (once torch.distributed.fsdp is imported). Its unit runs
+// with kiln suspended, the modules it wraps included: FSDP1 swaps its flat parameters' views into the wrapped modules
+// around each forward and hooks their gradients' accumulation, and a wrapped layer compiled by kiln left a flat
+// parameter with a gradient its post-backward hook never saw (FSDP's "should use _saved_grad_shard" assertion in the
+// first backward). FSDP2's fully_shard is compiled around (a graph break per sharded module).
+bool is_fsdp1_forward(PyCodeObject* code) {
+  static PyObject* forward_code = nullptr;  // kept for the process once found
+  if (!forward_code) {
+    PyObject* module = PyDict_GetItemString(PyImport_GetModuleDict(), "torch.distributed.fsdp.fully_sharded_data_parallel");
+    if (!module) return false;
+    PyObject* cls = PyObject_GetAttrString(module, "FullyShardedDataParallel");
+    PyObject* forward = cls ? PyObject_GetAttrString(cls, "forward") : nullptr;
+    forward_code = forward ? PyObject_GetAttrString(forward, "__code__") : nullptr;
+    Py_XDECREF(forward);
+    Py_XDECREF(cls);
+    PyErr_Clear();
+    if (!forward_code) return false;
+  }
+  return (PyObject*)code == forward_code;
+}
+
 // kiln._tracing.skip_reason(filename): frames of torch, kiln and the standard library are not traced
 // (with trace_all, only kiln's own).
 bool skipped_file(PyCodeObject* code, bool trace_all) {
@@ -458,6 +479,16 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
                                                                    : frame::MissAction::kRunSuspended;
       return result;
     }
+  }
+  if (is_fsdp1_forward(frame.code)) {
+    static bool said = false;
+    if (!said) {
+      said = true;
+      KILN_LOG(graph_breaks) << "FullyShardedDataParallel (FSDP1) units run eagerly, the modules they wrap included; "
+                             << "FSDP2's fully_shard is compiled around";
+    }
+    result.action = frame::MissAction::kRunSuspended;
+    return result;
   }
   bool entry_code = options_.entry_codes.count((PyObject*)frame.code) > 0;
   if (!entry_code && skipped_file(frame.code, options_.trace_all)) {
