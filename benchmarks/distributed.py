@@ -123,17 +123,6 @@ def wrap(workload, model, amp, device):
     return model
 
 
-def compile_with(system, model):
-    if system == "eager":
-        return model
-    if system == "inductor":
-        return torch.compile(model)
-    if system == "kiln":
-        import kiln
-        return kiln.compile(model)
-    raise SystemExit(f"unknown system {system!r}")
-
-
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -160,7 +149,7 @@ def run_one(workload, system, amp, args, device):
     import torch.distributed as dist
     model, make_batch, loss_of, opt_kind = build(workload, args.quick)
     model = wrap(workload, model.to(device), amp, device)
-    fn = compile_with(system, model)
+    fn = seed_models.compile_with(system, model, None)  # eager, inductor (torch.compile) or kiln
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=1e-3) if opt_kind == "sgd" else torch.optim.AdamW(params, lr=1e-4)
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) \
