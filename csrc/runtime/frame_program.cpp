@@ -262,6 +262,32 @@ struct RestoreGradModeOnError {
   }
 };
 
+// torch.`name` (a dotted path below torch), or nullptr (a torch without it).
+PyObject* torch_class(const char* module, const char* name) {
+  PyObject* m = PyImport_ImportModule(module);
+  PyObject* cls = m ? PyObject_GetAttrString(m, name) : nullptr;
+  Py_XDECREF(m);
+  if (!cls) PyErr_Clear();
+  return cls;
+}
+
+// An ATen error as the Python exception eager raises for it (torch/csrc/Exceptions.h's mapping), with eager's message
+// and without LibTorch's C++ backtrace: callers catch torch.OutOfMemoryError around a batch-size search,
+// NotImplementedError for a dtype a kernel lacks, torch.linalg.LinAlgError for a singular matrix.
+void set_python_error_as_torch_does(const c10::Error& e) {
+  PyObject* owned = nullptr;
+  PyObject* type = PyExc_RuntimeError;
+  if (dynamic_cast<const c10::IndexError*>(&e)) type = PyExc_IndexError;
+  else if (dynamic_cast<const c10::ValueError*>(&e)) type = PyExc_ValueError;
+  else if (dynamic_cast<const c10::TypeError*>(&e)) type = PyExc_TypeError;
+  else if (dynamic_cast<const c10::NotImplementedError*>(&e)) type = PyExc_NotImplementedError;
+  else if (dynamic_cast<const c10::LinAlgError*>(&e)) owned = torch_class("torch._C", "_LinAlgError");
+  else if (dynamic_cast<const c10::OutOfMemoryError*>(&e)) owned = torch_class("torch", "OutOfMemoryError");
+  else if (dynamic_cast<const c10::DistBackendError*>(&e)) owned = torch_class("torch._C", "_DistBackendError");
+  PyErr_SetString(owned ? owned : type, e.what_without_backtrace());
+  Py_XDECREF(owned);
+}
+
 PyObject* program_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   auto* p = reinterpret_cast<FrameProgramObject*>(self);
   const FrameProgramSpec& spec = *p->spec;
@@ -326,12 +352,7 @@ PyObject* program_call(PyObject* self, PyObject* const* args, size_t nargsf, PyO
     e.restore();
     return nullptr;
   } catch (const c10::Error& e) {
-    // Same message eager would show, without LibTorch's C++ backtrace.
-    PyObject* type = dynamic_cast<const c10::IndexError*>(&e)   ? PyExc_IndexError
-                     : dynamic_cast<const c10::ValueError*>(&e) ? PyExc_ValueError
-                     : dynamic_cast<const c10::TypeError*>(&e)  ? PyExc_TypeError
-                                                                : PyExc_RuntimeError;
-    PyErr_SetString(type, e.what_without_backtrace());
+    set_python_error_as_torch_does(e);
     return nullptr;
   } catch (const std::exception& e) {
     // ATen errors (c10::Error) and kiln errors surface as Python exceptions, never an abort.

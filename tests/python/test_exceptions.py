@@ -4,6 +4,7 @@
 Every test compares with eager on fresh random inputs and counts graphs, breaks and fallbacks.
 """
 import collections.abc
+import re
 import traceback
 
 import pytest
@@ -301,3 +302,18 @@ def test_a_break_inside_an_except_block_keeps_the_exception_current(capsys):
     assert kind is KeyError
     torch.testing.assert_close(out, torch.sin(x))
     assert capsys.readouterr().out.count("handling") == 3
+
+
+def test_aten_errors_keep_the_exception_types_eager_raises(fresh_kiln):
+    """An op that fails inside a compiled graph raises what eager raises for it, not a plain RuntimeError: a kernel
+    missing for a dtype is NotImplementedError, a singular matrix torch.linalg.LinAlgError (and CUDA's out-of-memory
+    torch.OutOfMemoryError, which a batch-size search catches)."""
+    ints = torch.ones(3, dtype=torch.int32)
+    with pytest.raises(NotImplementedError) as eager:
+        torch.frac(ints) + 1
+    with pytest.raises(NotImplementedError, match=re.escape(str(eager.value).splitlines()[0])):
+        kiln.compile(lambda t: torch.frac(t) + 1)(ints)
+    with pytest.raises(torch.linalg.LinAlgError):
+        torch.linalg.inv(torch.zeros(3, 3))
+    with pytest.raises(torch.linalg.LinAlgError):
+        kiln.compile(lambda a: torch.linalg.inv(a * 2) + 1)(torch.zeros(3, 3))
