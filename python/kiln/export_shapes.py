@@ -68,7 +68,9 @@ def _dim_spec(spec, where, size):
 
 
 def range_text(low, high):
-    return f"[{max(low or _MIN_SYMBOLIC, _MIN_SYMBOLIC)}, {'inf' if high is None else high}]"
+    """`[2, 64]`, or `[2, inf)` without a max: as the graph printer writes a symbol's range."""
+    low = max(low or _MIN_SYMBOLIC, _MIN_SYMBOLIC)
+    return f"[{low}, inf)" if high is None else f"[{low}, {high}]"
 
 
 def _tensor_dims(t, spec, where):

@@ -170,7 +170,7 @@ class PairsOfRows(MLP):
 
 
 @pytest.mark.parametrize("model, batch, why", [
-    (BranchOnSize, 4, r"x dim 0 \(Dim 'batch'\), range \[2, inf\]: the graph needs .*fails at size 9"),
+    (BranchOnSize, 4, r"x dim 0 \(Dim 'batch'\), range \[2, inf\): the graph needs .*fails at size 9"),
     (SizeAsFloat, 4, r"x dim 0 \(Dim 'batch'\)"),
     (PairsOfRows, 4, r"x dim 0 \(Dim 'batch'\)"),
 ], ids=["branch", "float", "multiple_of_2"])
