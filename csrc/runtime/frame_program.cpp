@@ -262,7 +262,7 @@ struct RestoreGradModeOnError {
   }
 };
 
-// torch.`name` (a dotted path below torch), or nullptr (a torch without it).
+// `module`.`name` (a class of torch), or nullptr (a torch without it).
 PyObject* torch_class(const char* module, const char* name) {
   PyObject* m = PyImport_ImportModule(module);
   PyObject* cls = m ? PyObject_GetAttrString(m, name) : nullptr;

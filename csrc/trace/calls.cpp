@@ -173,17 +173,16 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
     // and the wrapper (which switches torch's own frame evaluator) is never traced.
     if (dict && PyDict_GetItemString(dict, "_torchdynamo_disable"))
       KILN_UNSUPPORTED() << "call of " << name_of(f) << ", a function under torch.compiler.disable";
-    // torch.utils.checkpoint (wrapped by torch._disable_dynamo, which makes it torch.compiler.disable'd on its first
-    // call): the checkpointed function runs eagerly, kiln suspended. Its backward recomputes the function outside
-    // compiled code, eagerly, and must save the same tensors as its forward did; a forward compiled by kiln saves
-    // others (CheckpointError "a different number of tensors was saved"). torch.compile special-cases it too.
-    PyObject* code = PyFunction_GET_CODE(f);
-    PyObject* module = PyFunction_GET_MODULE(f);
-    if (PyUnicode_Check(((PyCodeObject*)code)->co_qualname) &&
-        PyUnicode_CompareWithASCIIString(((PyCodeObject*)code)->co_qualname, "_disable_dynamo.<locals>.inner") == 0 &&
-        module && PyUnicode_Check(module) && PyUnicode_CompareWithASCIIString(module, "torch.utils.checkpoint") == 0)
-      KILN_UNSUPPORTED() << "call of " << name_of(f) << ": activation checkpointing runs its function eagerly (the "
-                         << "backward recomputes it eagerly, and both must save the same tensors)";
+    // Functions torch wraps with torch._disable_dynamo (torch.utils.checkpoint, Optimizer.zero_grad, ...) are
+    // torch.compiler.disable'd from their first call: the call runs eagerly, kiln suspended for what it calls, and
+    // the wrapper is not traced. Before, the trace went into the wrapper and broke somewhere inside it, at whatever
+    // its first call found (the import of torch._dynamo, a DisableContext, or kiln's ready wrapper,
+    // _torch_meta.avoid_dynamo_import). For activation checkpointing this is what keeps results right: its backward
+    // recomputes the function eagerly and must save the same tensors as its forward did (CheckpointError otherwise).
+    PyObject* qualname = ((PyCodeObject*)PyFunction_GET_CODE(f))->co_qualname;
+    if (PyUnicode_Check(qualname) && PyUnicode_CompareWithASCIIString(qualname, "_disable_dynamo.<locals>.inner") == 0)
+      KILN_UNSUPPORTED() << "call of " << name_of(f) << ", a function torch disables for compilers "
+                         << "(torch._disable_dynamo): it runs eagerly";
   }
   bool handled = false;
   VarPtr r = call_grad_mode(f, nullptr, args, kwargs, &handled);

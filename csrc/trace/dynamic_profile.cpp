@@ -23,7 +23,7 @@ constexpr const char* kProfileKind = "dynamic";
 constexpr const char* kProfileHeader = "kiln automatic-dynamic profile 1";
 
 // str(getattr(object, name)), or "" (clearing the error).
-std::string code_text(PyObject* object, const char* name) {
+std::string attribute_text(PyObject* object, const char* name) {
   PyObject* value = PyObject_GetAttrString(object, name);
   PyObject* text = value ? PyObject_Str(value) : nullptr;
   std::string out;
@@ -40,7 +40,7 @@ std::string code_text(PyObject* object, const char* name) {
 // torch.compiler.config.job_id, or "" (unset, or a torch without it).
 std::string job_id() {
   PyObject* config = PyImport_ImportModule("torch.compiler.config");
-  std::string out = config ? code_text(config, "job_id") : "";
+  std::string out = config ? attribute_text(config, "job_id") : "";
   Py_XDECREF(config);
   PyErr_Clear();
   return out == "None" ? "" : out;
@@ -80,8 +80,8 @@ bool parse_profile(const std::string& text, std::map<std::string, std::set<int64
 }  // namespace
 
 void DynamicPolicy::load_profile(PyObject* code) {
-  const std::string file = code_text(code, "co_filename"), name = code_text(code, "co_qualname");
-  const std::string line = code_text(code, "co_firstlineno");
+  const std::string file = attribute_text(code, "co_filename"), name = attribute_text(code, "co_qualname");
+  const std::string line = attribute_text(code, "co_firstlineno");
   const std::string job = job_id();
   if (job.empty()) return;
   std::string identity = job;

@@ -26,7 +26,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
-from kiln import _C, errors
+from kiln import _C, _torch_meta, errors
 
 _MISSING = object()
 
@@ -141,7 +141,7 @@ class _OpInfo:
         return_types = [str(r.type) for r in schema.returns]
         self.returns_list = return_types == ["List[Tensor]"]
         self.num_returns = len(return_types)
-        self.python_meta = None   # whether its Meta kernel is Python (_has_python_meta), asked on first need
+        self.python_meta = None   # whether its Meta kernel is Python (_torch_meta.has_python_meta), on first need
         self.refusal = _DATA_DEPENDENT.get(self.op)
         self.data_dependent = any(tag in func.tags for tag in _DATA_DEPENDENT_TAGS)
         if self.refusal is None and not self.returns_list and any(t != "Tensor" for t in return_types):
@@ -204,7 +204,7 @@ class _RecordingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.recorder._inside_whole_op:  # the meta decomposition of an op recorded as one node
-            _avoid_dynamo_import()
+            _torch_meta.avoid_dynamo_import()
             return func(*args, **(kwargs or {}))
         if self.recorder._proxies is not None:
             return self.recorder._record_proxied(func, args, kwargs or {})
@@ -215,74 +215,6 @@ class _RecordingMode(TorchDispatchMode):
 _raw_dispatch = getattr(_RecordingMode.__torch_dispatch__, "__wrapped__", None)
 if _raw_dispatch is not None:
     _raw_dispatch.__dynamo_disable = _raw_dispatch
-
-
-_dynamo_wrappers_patched = False
-
-
-def _has_python_meta(qualified):
-    """Whether the dispatcher's Meta kernel of `qualified` ("aten::add.Tensor") was registered from Python (views
-    and composites reach none; most others reach torch._meta_registrations'). Unknown counts as Python."""
-    name = qualified[:-len(".default")] if qualified.endswith(".default") else qualified
-    try:
-        dump = torch._C._dispatch_dump(name)
-    except RuntimeError:
-        return True
-    for line in dump.splitlines():
-        if line.startswith("Meta:"):
-            return ".py:" in line or "python" in line.lower()
-    return False  # no Meta kernel of its own: a composite or a view that decomposes in C++
-
-
-def _avoid_dynamo_import():
-    """torch wraps hundreds of its Python meta kernels and decompositions with torch._disable_dynamo,
-    whose wrapper imports torch._dynamo on first call (over a second of cold start, for a compiler kiln
-    never uses). Give each such wrapper a ready "disabled" version that calls the function directly while
-    torch._dynamo is not loaded, and defers to torch._dynamo.disable once it is (torch.compile in the same
-    process keeps its behaviour). Runs once (about 25 ms), before the first op kiln's own rules
-    (csrc/graph/shape_rules*.cpp) leave to torch's meta kernels."""
-    global _dynamo_wrappers_patched
-    if _dynamo_wrappers_patched:
-        return
-    _dynamo_wrappers_patched = True
-    import gc
-    import sys
-    import torch._compile as compile_module
-
-    wrapper_code = None
-    probe = compile_module._disable_dynamo(lambda: None)
-    wrapper_code = getattr(probe, "__code__", None)
-    if wrapper_code is None or wrapper_code.co_freevars[:2] != ("fn", "recursive"):
-        return  # a torch whose wrapper looks different: leave it alone
-
-    def lazy_disable(fn, recursive):
-        real = None
-
-        def call(*args, **kwargs):
-            nonlocal real
-            dynamo = sys.modules.get("torch._dynamo")
-            if dynamo is None:
-                return fn(*args, **kwargs)
-            if real is None:
-                real = dynamo.disable(fn, recursive, wrapping=False)
-            return real(*args, **kwargs)
-        # Still torch.compiler.disable'd for kiln while torch._dynamo is not loaded: the tracer breaks at a call of it
-        # and the frame hook suspends kiln for what it calls (recursive) or for its own frame, as for DisableContext's
-        # wrapper. Without these marks a disabled function ran compiled, or was traced inline, only after this patch
-        # had run: torch.utils.checkpoint then compiled its function in the forward while the backward recomputed it
-        # eagerly, and the two saved different tensors (CheckpointError).
-        call._torchdynamo_disable = True
-        call._torchdynamo_disable_recursive = recursive
-        return call
-
-    for obj in gc.get_objects():
-        if type(obj) is type(probe) and obj.__code__ is wrapper_code and obj.__closure__:
-            fn, recursive = (cell.cell_contents for cell in obj.__closure__[:2])
-            if getattr(fn, "__dynamo_disable", None) is None:
-                try:
-                    fn.__dynamo_disable = lazy_disable(fn, recursive)
-                except (AttributeError, TypeError):
-                    pass
 
 
 class Recorder:
@@ -584,9 +516,9 @@ class Recorder:
             result = None if self._inside_whole_op else _C._meta_from_rules(info.qualified, records, run_values)
             if result is None:
                 if info.python_meta is None:
-                    info.python_meta = _has_python_meta(info.qualified)
+                    info.python_meta = _torch_meta.has_python_meta(info.qualified)
                 if info.python_meta:
-                    _avoid_dynamo_import()
+                    _torch_meta.avoid_dynamo_import()
                 result = func(*positional, **keyword)
         except NotImplementedError as e:
             raise errors.Unsupported(f"{info.qualified} has no meta kernel, so kiln cannot capture it: {e}") from e
@@ -609,7 +541,7 @@ class Recorder:
             # A graph that needs grad gets its backward's metadata from torch's meta kernels (MetaOracle in
             # compile/meta_oracle.cpp), not from kiln's rules: their dynamo-disable wrappers are patched first
             # (else threshold_backward's imports torch._dynamo).
-            _avoid_dynamo_import()
+            _torch_meta.avoid_dynamo_import()
         output_ids = []
         for out in outputs:
             if not isinstance(out, torch.Tensor) or out.device.type != "meta":

@@ -323,9 +323,9 @@ def test_unsafe_view_of_contiguous_inputs_matches_eager():
 
 
 def test_which_ops_reach_python_meta_kernels():
-    from kiln._fake import _has_python_meta
-    assert _has_python_meta("aten::add.Tensor") and _has_python_meta("aten::mm.default")
-    assert not _has_python_meta("aten::t.default") and not _has_python_meta("aten::transpose.int")
+    from kiln._torch_meta import has_python_meta
+    assert has_python_meta("aten::add.Tensor") and has_python_meta("aten::mm.default")
+    assert not has_python_meta("aten::t.default") and not has_python_meta("aten::transpose.int")
 
 
 def test_cases_outside_the_rules_return_none():
@@ -381,7 +381,7 @@ def test_seed_model_trace_does_not_import_sympy():
         "    assert torch.allclose(got, expected, rtol=1.3e-5, atol=1e-5), (got - expected).abs().max()\n"
         # (torch.testing.assert_close would import sympy itself, through torch.distributed)
         "assert kiln.stats()['frames_compiled'] >= 4, kiln.stats()\n"
-        "print('sympy' in sys.modules, 'torch._dynamo' in sys.modules, kiln._fake._dynamo_wrappers_patched)\n"
+        "print('sympy' in sys.modules, 'torch._dynamo' in sys.modules, kiln._torch_meta.wrappers_patched)\n"
         "model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2))\n"
         "kiln.compile(model)(torch.randn(4, 6)).sum().backward()\n"
         "block = seed_models.TransformerBlock(32, 4, 64)\n"
@@ -395,7 +395,7 @@ def test_seed_model_trace_does_not_import_sympy():
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    # (_dynamo_wrappers_patched: no op reached a Python meta kernel, not even one that leaves sympy alone)
+    # (wrappers_patched: no op reached a Python meta kernel, not even one that leaves sympy alone)
     # The training steps' backward metadata came from kiln's rules (MetaOracle asks them first): no sympy.
     assert out.stdout.split() == ["False", "False", "False", "False", "False"], out.stdout
 
