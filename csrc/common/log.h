@@ -22,7 +22,8 @@ namespace kiln::log {
   _(fallbacks)                 \
   _(progress)                  \
   _(cudagraphs)                \
-  _(dynamic)
+  _(dynamic)                   \
+  _(autotune)
 
 enum class Category : unsigned {
 #define KILN_LOG_ENUM(name) name,

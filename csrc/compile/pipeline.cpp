@@ -163,7 +163,7 @@ std::shared_ptr<runtime::CompiledGraph> compile_artifact(std::shared_ptr<const g
     const double read_ms = started.ms();
     const std::string counts = plan_counts(*cached);
     auto compiled = runtime::make_kiln_graph(std::move(*cached), device, constants_of, load_context, options.dump_dir(),
-                                             std::move(folded));
+                                             std::move(folded), options.tunes());
     cache::stats().graph_hits++;
     KILN_LOG(perf) << "kiln backend: found in the graph cache (" << counts << "); read "
                    << log::whole_ms(read_ms) << " ms, compiler or cache " << log::whole_ms(started.ms() - read_ms) << " ms";
@@ -175,7 +175,7 @@ std::shared_ptr<runtime::CompiledGraph> compile_artifact(std::shared_ptr<const g
   const std::string counts = plan_counts(artifact);
   const double lowered_ms = started.ms();
   auto compiled = runtime::make_kiln_graph(std::move(artifact), device, constants_of, load_context, options.dump_dir(),
-                                           std::move(folded));
+                                           std::move(folded), options.tunes());
   KILN_LOG(perf) << "kiln backend: " << counts << "; passes and fusion " << log::whole_ms(times.passes_ms)
                  << " ms, code generation " << log::whole_ms(times.emit_ms) << " ms, compiler or cache "
                  << log::whole_ms(started.ms() - lowered_ms) << " ms";

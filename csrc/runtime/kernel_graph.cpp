@@ -5,6 +5,8 @@
 #include "runtime/kernel_graph.h"
 
 #include <algorithm>
+#include <atomic>
+#include <sstream>
 #include <optional>
 
 #include <c10/core/GradMode.h>
@@ -20,6 +22,7 @@
 #include "common/log.h"
 #include "common/sha256.h"
 #include "runtime/autograd_graph.h"
+#include "runtime/autotune.h"
 #include "runtime/cuda_launch.h"
 #include "runtime/eager_interpreter.h"
 #include "runtime/host_buffers.h"
@@ -41,6 +44,17 @@ struct KernelCall {
   // Per buffer: the input buffer whose storage this output takes when nothing else holds it (in_place_outputs.h
   // and build_plan), or -1.
   std::vector<int32_t> in_place_from;
+  // Autotuning (autotune.h): the kernel's other schedules, loaded, until the first call outside a CUDA graph capture
+  // times them; then `kernel` is the fastest and these are dropped. labels[0] is `kernel`'s.
+  std::vector<std::unique_ptr<codegen::LoadedKernel>> variants;
+  std::vector<std::string> labels;
+  std::string tune_key;
+};
+
+// An extern call's tuning (autotune.h): which kind applies, and for BLAS ops the candidate chosen (-1: not yet).
+struct ExternTune {
+  ExternTuning kind = ExternTuning::kNone;
+  int choice = -1;
 };
 
 struct PlanStep {
@@ -109,6 +123,74 @@ class KilnGraph final : public CompiledGraph {
   }
 
   std::vector<at::Tensor> execute(std::vector<at::Tensor> inputs, bool release_inputs, const PackPlan* pack = nullptr) {
+    if (tuning_pending_.load(std::memory_order_acquire)) {
+      void* stream = cuda::torch_current_stream(device_.index);
+      // Timing synchronises with the device, which a CUDA graph capture forbids: a captured call runs the defaults,
+      // and the next call outside a capture tunes (reduce-overhead's warm-up call comes first).
+      if (!timer_backend_->capturing(stream)) {
+        std::lock_guard<std::mutex> lock(tune_mutex_);
+        if (tuning_pending_.load(std::memory_order_relaxed)) {
+          TuneProgress progress(pending_questions());
+          const TuneTimer timer(*timer_backend_, device_.index, stream);
+          std::vector<at::Tensor> outputs = execute_plan(std::move(inputs), release_inputs, pack, &timer, &progress);
+          tuning_pending_.store(false, std::memory_order_release);
+          return outputs;
+        }
+      }
+    }
+    return execute_plan(std::move(inputs), release_inputs, pack, nullptr, nullptr);
+  }
+
+  size_t pending_questions() const {
+    size_t n = 0;
+    for (const KernelCall& k : kernels_) n += k.variants.empty() ? 0 : 1;
+    for (const ExternTune& e : extern_tune_) n += e.kind == ExternTuning::kBlas && e.choice < 0 ? 1 : 0;
+    return n;
+  }
+
+  // Chooses the schedule of `k` (autotune.h), timing its candidates on scratch outputs: inputs are only read, so the
+  // graph's values are what they would have been, whatever in-place reuse the real call makes.
+  void tune_kernel(KernelCall& k, const std::vector<void*>& pointers, const graph::Graph& g, const TuneTimer& timer,
+                   void* stream, TuneProgress* progress) {
+    std::vector<void*> scratch_pointers = pointers;
+    std::vector<at::Tensor> scratch;
+    size_t out = 0;
+    for (size_t b = 0; b < k.buffers.size(); ++b) {
+      if (!k.is_output[b]) continue;
+      const graph::TensorMeta& meta = g.values[k.buffers[b]].meta;
+      scratch.push_back(at::empty_strided(meta.sizes, meta.strides, k.options[out++]));
+      scratch_pointers[b] = scratch.back().data_ptr();
+    }
+    const TuneQuestion question{k.tune_key, k.name, k.labels};
+    const size_t chosen = choose(question, timer, [&](size_t i) {
+      const codegen::LoadedKernel& candidate = i == 0 ? *k.kernel : *k.variants[i - 1];
+      candidate.run(scratch_pointers.data(), scratch_pointers.size(), stream);  // an index error: the real run says so
+    }, progress);
+    if (chosen > 0) k.kernel = std::move(k.variants[chosen - 1]);
+    k.variants.clear();
+  }
+
+  // Chooses the BLAS library of a matmul extern, timing the call itself (an out-of-place op: each run only makes a
+  // new result).
+  void tune_extern(size_t index, std::vector<at::Tensor>& env, const graph::Graph& g, const TuneTimer& timer,
+                   TuneProgress* progress) {
+    const PreparedNode& external = externs_[index];
+    std::ostringstream key;
+    key << external.name;
+    for (const c10::IValue& v : argument_stack(external, g, constants_, env)) {
+      if (v.isTensor()) key << " " << v.toTensor().scalar_type() << v.toTensor().sizes() << v.toTensor().strides();
+      else key << " " << v;
+    }
+    key << " preferred " << static_cast<int>(at::globalContext().blasPreferredBackend());
+    const TuneQuestion question{key.str(), external.name, blas_candidate_labels()};
+    extern_tune_[index].choice = static_cast<int>(choose(question, timer, [&](size_t i) {
+      ExternChoiceGuard choice(ExternTuning::kBlas, static_cast<int>(i));
+      call_node(external, g, constants_, env);
+    }, progress));
+  }
+
+  std::vector<at::Tensor> execute_plan(std::vector<at::Tensor> inputs, bool release_inputs, const PackPlan* pack,
+                                       const TuneTimer* timer, TuneProgress* progress) {
     const graph::Graph& g = *graph_;
     KILN_CHECK(inputs.size() == g.inputs.size())
         << "compiled graph expects " << g.inputs.size() << " input tensors, got " << inputs.size();
@@ -141,12 +223,14 @@ class KilnGraph final : public CompiledGraph {
           }
           pointers[b] = t.data_ptr();
         }
+        if (timer && !k.variants.empty()) tune_kernel(kernels_[step.kernel], pointers, g, *timer, stream, progress);
         const bool in_range = k.kernel->run(pointers.data(), pointers.size(), stream);
         // eager's error, type and message: "index out of range in self" (an IndexError in Python)
         TORCH_CHECK_INDEX(in_range, "index out of range in self (kiln kernel ", k.name,
                           ": an embedding, gather or index_select index outside its dim)");
       } else if (pack && pack->extern_into[step.external]) {
         const PreparedNode& external = externs_[step.external];
+        ExternChoiceGuard choice(extern_tune_[step.external].kind, extern_tune_[step.external].choice);
         std::vector<at::Tensor> outs;
         for (ValueId out : external.outputs) {
           const graph::TensorMeta& meta = g.values[out].meta;
@@ -159,6 +243,9 @@ class KilnGraph final : public CompiledGraph {
         }
         call_node_into(external, g, constants_, env, std::move(outs));
       } else {
+        ExternTune& tune = extern_tune_[step.external];
+        if (timer && tune.kind == ExternTuning::kBlas && tune.choice < 0) tune_extern(step.external, env, g, *timer, progress);
+        ExternChoiceGuard choice(tune.kind, tune.choice);
         call_node(externs_[step.external], g, constants_, env);
       }
       for (ValueId id : step.release_after) env[id].reset();
@@ -183,11 +270,23 @@ class KilnGraph final : public CompiledGraph {
   std::shared_ptr<const codegen::LoadedCode> code_;
   std::mutex pack_mutex_;
   std::shared_ptr<const PackPlan> pack_plan_;  // the last mask's (pack_plan)
+  // Autotuning (make_kiln_graph's `autotune`): per extern, its tuning; whether choices remain to be timed, by the
+  // device backend's timer, one call at a time.
+  std::vector<ExternTune> extern_tune_;
+  std::atomic<bool> tuning_pending_{false};
+  std::mutex tune_mutex_;
+  const codegen::DeviceBackend* timer_backend_ = nullptr;
 };
 
 // The run plan of `record`'s loaded code: per step a bound kernel or a prepared extern call, in-place outputs where
 // nothing else holds the input, and each value released after its last use.
-void build_plan(KilnGraph& kg, const cache::CompiledArtifact& record) {
+// A kernel candidate as autotuning's logs and disk entries name it: its strategy and launch.
+std::string tuning_label(const cache::KernelEntry& entry) {
+  return entry.strategy + " grid " + std::to_string(entry.grid) + " block " + std::to_string(entry.block_x) + "x" +
+         std::to_string(entry.block_y);
+}
+
+void build_plan(KilnGraph& kg, const cache::CompiledArtifact& record, bool autotune) {
   const cache::DeviceCode& code = record.code;
   const graph::Graph& g = *kg.graph_;
   std::vector<int32_t> last_use(g.values.size(), -1);
@@ -218,6 +317,15 @@ void build_plan(KilnGraph& kg, const cache::CompiledArtifact& record) {
         kg.summary.kernels.push_back(record.kernels[member].name);
       }
       if (!grouped) call.in_place_from = k.in_place_from;  // a group's members may run at once
+      if (!grouped && autotune && !code.kernels[step.index].variants.empty()) {
+        const cache::KernelEntry& entry = code.kernels[step.index];
+        call.tune_key = entry.tune_key;
+        call.labels.push_back(tuning_label(entry));
+        for (const cache::KernelEntry& variant : entry.variants) {
+          call.variants.push_back(kg.code_->kernel(variant, k.gathers));
+          call.labels.push_back(tuning_label(variant));
+        }
+      }
       kg.summary.plan.push_back(call.name);
       plan_step.kernel = static_cast<int32_t>(kg.kernels_.size());
       kg.kernels_.push_back(std::move(call));
@@ -240,6 +348,14 @@ void build_plan(KilnGraph& kg, const cache::CompiledArtifact& record) {
   for (PreparedNode& external : kg.externs_)
     for (size_t o = 0; o < external.outputs.size(); ++o)
       if (read_by_kernel[external.outputs[o]]) restore_recorded_layout(external, o);
+  if (autotune && kg.device_.type == graph::DeviceType::CUDA) {
+    kg.extern_tune_.resize(kg.externs_.size());
+    for (size_t e = 0; e < kg.externs_.size(); ++e) kg.extern_tune_[e].kind = extern_tuning(kg.externs_[e].name);
+    kg.timer_backend_ = &codegen::device_backend(graph::DeviceType::CUDA);
+    kg.tuning_pending_ = kg.pending_questions() > 0;
+  } else {
+    kg.extern_tune_.assign(kg.externs_.size(), ExternTune{});
+  }
   std::unordered_set<ValueId> kept(g.outputs.begin(), g.outputs.end());
   // In-place outputs: only into an intermediate laid out as the output, at its last use.
   for (size_t position = 0; position < kg.plan_.size(); ++position) {
@@ -336,7 +452,8 @@ void set_load_unlock(LoadUnlock unlock) { g_load_unlock = unlock; }
 
 std::shared_ptr<CompiledGraph> make_kiln_graph(cache::CompiledArtifact artifact, const graph::Device& device,
                                                const ConstantsOf& constants_of, const std::string& load_context,
-                                               const std::string& dump_dir, std::vector<std::string> folded) {
+                                               const std::string& dump_dir, std::vector<std::string> folded,
+                                               bool autotune) {
   auto kg = std::make_shared<KilnGraph>();
   auto optimised = std::make_shared<graph::Graph>(std::move(artifact.optimised));
   kg->graph_ = optimised;
@@ -363,7 +480,7 @@ std::shared_ptr<CompiledGraph> make_kiln_graph(cache::CompiledArtifact artifact,
     WithoutGil no_gil;
     kg->code_ = kg->backend_->load(code, device.index, load_context);
   }
-  build_plan(*kg, artifact);
+  build_plan(*kg, artifact, autotune);
   return kg;
 }
 

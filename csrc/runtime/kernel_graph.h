@@ -29,10 +29,13 @@ void set_load_unlock(LoadUnlock unlock);
 /// emitted it, with `load_context` (what the binary depends on beyond its source), and its run plan built. Call with
 /// the GIL held, if any (set_load_unlock's hook releases it while compilers run). `dump_dir`: where the source and
 /// graph are written, or "".
-/// `folded`: the constant-folding lines for the summary.
+/// `folded`: the constant-folding lines for the summary. `autotune` (CUDA): the first call outside a CUDA graph capture
+/// times the kernels' schedule variants (cache::KernelEntry::variants) and the matmuls' BLAS libraries and keeps the
+/// fastest, and convolutions run with cuDNN's search (runtime/autotune.h).
 std::shared_ptr<CompiledGraph> make_kiln_graph(cache::CompiledArtifact artifact, const graph::Device& device,
                                                const ConstantsOf& constants_of, const std::string& load_context,
-                                               const std::string& dump_dir, std::vector<std::string> folded);
+                                               const std::string& dump_dir, std::vector<std::string> folded,
+                                               bool autotune = false);
 
 /// The eager interpreter for a graph kiln does not compile, with `reason` and `folded` in its summary.
 std::shared_ptr<CompiledGraph> make_fallback_graph(std::shared_ptr<const graph::Graph> g, std::vector<at::Tensor> constants,

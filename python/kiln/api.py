@@ -10,20 +10,16 @@ from kiln import _C, _tracing, config
 from kiln.errors import KilnError
 
 _MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-# Modes torch.compile has and kiln does not implement yet: refused rather than accepted and ignored.
-_MODES_NOT_YET = {
-    "max-autotune": "autotuning",
-    "max-autotune-no-cudagraphs": "autotuning",
-}
 
 # options={...}: every key kiln knows, its type and what it does (README.md's option table).
 _OPTIONS = {
     "debug_dir": (str, "directory where this compile's graphs and generated sources are written, as KILN_DEBUG_DIR "
                        "does for every compile"),
     "cudagraphs": (bool, "replay compiled CUDA graphs as CUDA graphs, as mode='reduce-overhead' does"),
-    "autotune": (bool, "tune kernel and library choices (not implemented yet: only False is accepted)"),
+    "autotune": (bool, "time the candidate schedules of each generated CUDA kernel and the BLAS library of each matmul "
+                       "at the first call, keep the fastest (remembered in the disk cache), and let cuDNN search its "
+                       "convolution algorithms, as mode='max-autotune-no-cudagraphs' does"),
 }
-_OPTIONS_NOT_YET = ("autotune",)
 
 
 def _check_compile_arguments(mode, dynamic, options):
@@ -33,9 +29,6 @@ def _check_compile_arguments(mode, dynamic, options):
     mode = "default" if mode is None else mode
     if mode not in _MODES:
         raise KilnError(f"unknown mode {mode!r}; choose one of {', '.join(_MODES)}")
-    if mode in _MODES_NOT_YET:
-        raise KilnError(f"mode={mode!r} needs {_MODES_NOT_YET[mode]}, which kiln does not implement yet; "
-                        "use mode='default' or 'reduce-overhead' (the same results)")
     if dynamic not in (None, True, False):
         raise KilnError(f"dynamic must be None, True or False, got {dynamic!r}")
     if options is None:
@@ -49,8 +42,6 @@ def _check_compile_arguments(mode, dynamic, options):
         kind, _ = _OPTIONS[key]
         if not isinstance(value, kind):
             raise KilnError(f"option {key!r} takes a {kind.__name__}, got {type(value).__name__}")
-        if key in _OPTIONS_NOT_YET and value:
-            raise KilnError(f"option {key}=True is not implemented in kiln yet; leave it out or pass False")
 
 
 def _entry_codes(target):
@@ -137,8 +128,9 @@ def _new_plain(cls):
 def compile(model=None, *, mode=None, dynamic=None, fullgraph=False, backend="kiln", options=None, disable=False):
     """Compile a function or an nn.Module. Also usable as @kiln.compile or @kiln.compile(...).
 
-    The arguments are torch.compile's: `mode` (None, "default" or "reduce-overhead", which replays CUDA graphs; the
-    max-autotune modes raise until kiln implements them),
+    The arguments are torch.compile's: `mode` (None, "default", "reduce-overhead", which replays CUDA graphs,
+    "max-autotune", which also times kernel schedules and library choices at the first call, or
+    "max-autotune-no-cudagraphs"),
     `dynamic` (None: a dim whose size changes between calls becomes symbolic on the second distinct size; True: every
     dim of the arguments is symbolic from the first call; False: every size is specialised), `fullgraph`
     (a graph break raises), `backend` (a registered name or a callable(graph, example_inputs)), `options` (a dict

@@ -43,8 +43,6 @@ def test_cudagraph_options_are_validated():
         kiln.compile(model, options={"cudagraphs": "yes"})
     with pytest.raises(KilnError, match="either mode or options"):
         kiln.compile(model, mode="reduce-overhead", options={"cudagraphs": True})
-    with pytest.raises(KilnError, match="max-autotune.*autotuning"):
-        kiln.compile(model, mode="max-autotune")
     with pytest.raises(KilnError, match="unknown option 'cuda_graphs'.*cudagraphs"):
         kiln.compile(model, options={"cuda_graphs": True})
 
