@@ -24,6 +24,14 @@ struct KernelEntry {
   /// DeviceCode::size_arguments: the values of the kernel's size slots (codegen/size_arguments.h), passed at each
   /// launch; empty otherwise.
   std::vector<int64_t> sizes;
+  /// CUDA, mode="max-autotune" (codegen/cuda/kernel_schedule.h tuning_candidates): the kernel's alternative schedules,
+  /// after this default one, each a complete launchable entry (its own name, `<name>_t<i>`, grid, block, strategy
+  /// and sizes) in the same part; empty otherwise, and in the entries of variants themselves.
+  std::vector<KernelEntry> variants;
+  /// With variants: the hex SHA-256 of the default's and the variants' code (with the kernel's own name left out, so
+  /// that the same kernel in another graph has the same key) and launches (grid, block, sizes). The same key means
+  /// the same choice to time, so a tuning result may be remembered under it. Empty without variants.
+  std::string tune_key;
 };
 
 /// The generated code of a graph for one device backend.

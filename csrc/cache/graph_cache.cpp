@@ -18,7 +18,7 @@ namespace {
 
 constexpr const char* kKind = "graphs";
 constexpr const char* kSuffix = ".kgraph";
-constexpr int64_t kRecordFormat = 4;  // 4: size arguments
+constexpr int64_t kRecordFormat = 5;  // 4: size arguments; 5: tuning variants
 constexpr int64_t kLimit = 1 << 30;
 
 void write_entry(graph::ByteWriter& w, const KernelEntry& entry) {
@@ -29,9 +29,13 @@ void write_entry(graph::ByteWriter& w, const KernelEntry& entry) {
   w.text(entry.strategy);
   w.integer(entry.part);
   w.integers(entry.sizes);
+  w.integer(static_cast<int64_t>(entry.variants.size()));
+  for (const KernelEntry& variant : entry.variants) write_entry(w, variant);
+  w.text(entry.tune_key);
 }
 
-KernelEntry read_entry(graph::ByteReader& r, int64_t num_parts) {
+// `variant`: an entry of KernelEntry::variants, which has none of its own.
+KernelEntry read_entry(graph::ByteReader& r, int64_t num_parts, bool variant = false) {
   KernelEntry entry;
   entry.name = r.text();
   entry.grid = static_cast<unsigned>(r.count(0xffffffffLL));
@@ -40,6 +44,9 @@ KernelEntry read_entry(graph::ByteReader& r, int64_t num_parts) {
   entry.strategy = r.text();
   entry.part = static_cast<int>(r.count(std::max<int64_t>(num_parts - 1, 0)));
   entry.sizes = r.integers();
+  entry.variants.resize(r.count(variant ? 0 : kLimit));
+  for (KernelEntry& v : entry.variants) v = read_entry(r, num_parts, /*variant=*/true);
+  entry.tune_key = r.text();
   return entry;
 }
 

@@ -1,6 +1,7 @@
 // The device backend table (device_backend.h): one entry per device type kiln generates code for.
 #include "codegen/device_backend.h"
 
+#include <chrono>
 #include <utility>
 
 #include "codegen/cpp/cpp_backend.h"
@@ -22,6 +23,13 @@ constexpr Registered kBackends[] = {
 };
 
 }  // namespace
+
+double DeviceBackend::time_ms(const std::function<void()>& work, int, void*, int reps) const {
+  const auto start = std::chrono::steady_clock::now();
+  for (int r = 0; r < reps; ++r) work();
+  const std::chrono::duration<double, std::milli> elapsed = std::chrono::steady_clock::now() - start;
+  return reps > 0 ? elapsed.count() / reps : 0.0;
+}
 
 const DeviceBackend& device_backend(graph::DeviceType type) {
   for (const Registered& r : kBackends)

@@ -8,6 +8,7 @@
 // tests which device it serves. CPU: C++/OpenMP through the system compiler (codegen/cpp); CUDA: CUDA C through
 // NVRTC, launched with the driver API (codegen/cuda). Torch-free.
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -45,9 +46,11 @@ class DeviceBackend {
   /// regroup the schedule first (CUDA runs pointwise kernels that read only graph inputs as one launch;
   /// `keep_peak`: not where that would raise the graph's peak memory). Throws kiln::Error for a construct it has
   /// no code for (the graph then runs on the eager interpreter). `size_arguments`: kernels read their sizes at run time
-  /// (codegen/size_arguments.h; DeviceCode::size_arguments, KernelEntry::sizes).
-  virtual cache::DeviceCode emit(fusion::Schedule& schedule, const graph::Graph& g, bool keep_peak,
-                                 bool size_arguments) const = 0;
+  /// (codegen/size_arguments.h; DeviceCode::size_arguments, KernelEntry::sizes). `tune` (mode="max-autotune"): kernels
+  /// also come with alternatives to time (KernelEntry::variants, tune_key) where the backend has any (CUDA; the CPU
+  /// backend has none and ignores it).
+  virtual cache::DeviceCode emit(fusion::Schedule& schedule, const graph::Graph& g, bool keep_peak, bool size_arguments,
+                                 bool tune) const = 0;
   /// `code` compiled (or found in the kernel cache) and loaded for device `index`; `context` names what the binary
   /// depends on beyond the source (torch's version). Call without the GIL: compilers run here.
   virtual std::shared_ptr<const LoadedCode> load(const cache::DeviceCode& code, int index,
@@ -57,6 +60,13 @@ class DeviceBackend {
   /// The streaming multiprocessors of device `index` (CUDA), which decide how matmul epilogues are split
   /// (passes/split_addmm.h) and so are part of cache keys; 0 where the notion does not apply (CPU).
   virtual int multiprocessors(int index) const { return 0; }
+  /// Autotuning: runs `work` (launches on `stream` of device `index`) `reps` times and returns the mean milliseconds
+  /// per run, as the device measures it (CUDA: events recorded on `stream` around the runs; this waits for them).
+  /// The default, for devices whose work is done when `work` returns (CPU), is the wall clock.
+  virtual double time_ms(const std::function<void()>& work, int index, void* stream, int reps) const;
+  /// Whether `stream` is being captured (a CUDA graph): nothing may be timed, synchronised or launched for trial then.
+  /// CPU: never.
+  virtual bool capturing(void* stream) const { return false; }
 };
 
 /// The backend registered for `type`; throws kiln::Error (Unsupported) for a device kiln generates no code for.

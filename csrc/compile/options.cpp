@@ -35,11 +35,10 @@ Mode parse_mode(const std::string& name) {
 
 std::string CompileOptions::cache_key() const {
   // Dynamic is left out while every policy specialises sizes: the same graph compiles to the same code. Of the
-  // modes, only autotuning would change the code.
-  const bool tunes = autotune || mode == Mode::kMaxAutotune || mode == Mode::kMaxAutotuneNoCudagraphs;
+  // modes, only autotuning changes the code.
   // Kernels with size arguments take them in another signature: never the same entry as literal sizes. Left out when
   // off, so static graphs keep their keys.
-  return std::string("autotune=") + (tunes ? "1" : "0") + (size_arguments ? ", size_arguments=1" : "");
+  return std::string("autotune=") + (tunes() ? "1" : "0") + (size_arguments ? ", size_arguments=1" : "");
 }
 
 std::string CompileOptions::dump_dir() const {

@@ -48,6 +48,9 @@ struct CompileOptions {
 
   /// True when compiled CUDA graphs replay as CUDA graphs: mode="reduce-overhead" or options={"cudagraphs": True}.
   bool uses_cudagraphs() const { return cudagraphs || mode == Mode::kReduceOverhead; }
+  /// True when kernels come with alternatives to time at the first call (codegen/device_backend.h emit's `tune`):
+  /// options={"autotune": True}, mode="max-autotune" or "max-autotune-no-cudagraphs".
+  bool tunes() const { return autotune || mode == Mode::kMaxAutotune || mode == Mode::kMaxAutotuneNoCudagraphs; }
 
   /// The options that change what the pipeline generates, as text for cache keys: two compiles whose options
   /// differ here never share a cache entry. (debug_dir only adds files, and CUDA graphs only change how the same

@@ -91,16 +91,16 @@ std::string unsupported_reason(const graph::Graph& g) {
 }
 
 // The test suite's check that CUDA code generation works for every graph it compiles on CPU: the same schedule
-// emitted as CUDA C and compiled to PTX by NVRTC (no GPU needed). Failures are recorded, not thrown: the CPU graph
+// emitted as CUDA C (with max-autotune's variants where the options tune) and compiled to PTX by NVRTC (no GPU needed). Failures are recorded, not thrown: the CPU graph
 // itself is fine.
-void check_cuda_ptx(const fusion::Schedule& schedule, const graph::Graph& g, bool size_arguments) {
+void check_cuda_ptx(const fusion::Schedule& schedule, const graph::Graph& g, bool size_arguments, bool tune) {
   if (!g_cuda_ptx_check) return;
   CudaPtxCheck& state = ptx_check_state();
   std::string source;
   try {
     fusion::Schedule grouped = schedule;  // the launch group's code is checked too
     const codegen::DeviceBackend& cuda = codegen::device_backend(graph::DeviceType::CUDA);
-    const cache::DeviceCode code = cuda.emit(grouped, g, /*keep_peak=*/false, size_arguments);
+    const cache::DeviceCode code = cuda.emit(grouped, g, /*keep_peak=*/false, size_arguments, tune);
     source = code.source();
     KILN_LOG(output_code) << "kiln backend, PTX check of the same schedule as CUDA C:\n" << source;
     codegen::cuda::NvrtcOptions options;
@@ -293,8 +293,8 @@ cache::CompiledArtifact lower_graph(const graph::Graph& captured, const graph::D
   if (has_kernels) {
     progress::stage("codegen");
     // A training half's launch groups never raise the graph's peak of live bytes.
-    artifact.code = backend.emit(schedule, g, /*keep_peak=*/training_half, options.size_arguments);
-    if (device.type == graph::DeviceType::CPU) check_cuda_ptx(schedule, g, options.size_arguments);
+    artifact.code = backend.emit(schedule, g, /*keep_peak=*/training_half, options.size_arguments, options.tunes());
+    if (device.type == graph::DeviceType::CPU) check_cuda_ptx(schedule, g, options.size_arguments, options.tunes());
   }
   times.emit_ms = started.ms() - times.passes_ms;
   KILN_LOG(output_code) << "kiln backend: " << schedule.summary();

@@ -1,17 +1,23 @@
 // codegen/cuda's schedulers on hand-built loop-IR kernels (torch-free): the dispatcher's choice of kind for a
-// representative kernel of each, the parameters each kind's scheduler decides, and the strategy names.
+// representative kernel of each, the parameters each kind's scheduler decides, and the strategy names; max-autotune's
+// tuning candidates of each kind and their variants in the emitted source.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "codegen/cuda/emit_cuda.h"
 #include "codegen/cuda/kernel_schedule.h"
 
 using kiln::codegen::cuda::CudaKernelKind;
 using kiln::codegen::cuda::CudaKernelSchedule;
 using kiln::codegen::cuda::KernelAnalysis;
+using kiln::codegen::cuda::emit_cuda_source;
 using kiln::codegen::cuda::schedule_cuda_kernel;
 using kiln::codegen::cuda::strategy_name;
+using kiln::codegen::cuda::tuning_candidates;
 using kiln::decomp::PrimOp;
 using kiln::decomp::ReduceOp;
 using kiln::fusion::Expr;
@@ -82,6 +88,26 @@ Kernel row_sums(int64_t rows, int64_t length, bool along = false) {
 }
 
 CudaKernelSchedule schedule(const Kernel& k) { return schedule_cuda_kernel(KernelAnalysis(k)); }
+
+// A 9-element max pooling window per output, 1000 outputs.
+Kernel pooling() {
+  Kernel k = kernel({1000, 9}, {false, true});
+  k.window_reduction = true;
+  store(k, reduce(k, load(k, {9, 1}), ReduceOp::Max), {1, 0});
+  return k;
+}
+
+// Column sums of a rows x columns matrix (a bias gradient).
+Kernel column_sums(int64_t rows, int64_t columns) {
+  Kernel k = kernel({rows, columns}, {true, false});
+  store(k, reduce(k, load(k, {columns, 1})), {0, 1});
+  return k;
+}
+
+Kernel named(Kernel k, const std::string& name) {
+  k.name = name;
+  return k;
+}
 
 }  // namespace
 
@@ -180,4 +206,171 @@ TEST_CASE("small pooling windows take a thread per output", "[cuda_schedule]") {
   CHECK(strategy_name(s) == "thread_per_row");
   CHECK(s.block_x == 256);
   CHECK(s.grid == 4);
+}
+
+namespace {
+
+// The candidates of `k` with what every kind must keep: the chosen schedule first, no repeats, at most
+// kMaxTuningCandidates, the same kind, blocks the device helpers accept, and a grid covering the work.
+std::vector<CudaKernelSchedule> checked_candidates(const Kernel& k) {
+  const KernelAnalysis a(k);
+  const CudaKernelSchedule chosen = schedule_cuda_kernel(a);
+  const std::vector<CudaKernelSchedule> c = tuning_candidates(a, chosen);
+  REQUIRE(!c.empty());
+  CHECK(c[0] == chosen);
+  CHECK(c.size() <= kiln::codegen::cuda::kMaxTuningCandidates);
+  CHECK(tuning_candidates(a, chosen) == c);  // deterministic
+  const int64_t outer = a.nest.outer_numel(), reduced = a.nest.reduced_numel();
+  for (size_t i = 0; i < c.size(); ++i) {
+    const CudaKernelSchedule& s = c[i];
+    INFO("candidate " << i << ": " << strategy_name(s) << " block (" << s.block_x << ", " << s.block_y << ")");
+    for (size_t j = 0; j < i; ++j) CHECK_FALSE(c[j] == s);
+    CHECK(s.kind == chosen.kind);
+    CHECK(s.threads_per_block() <= 1024);
+    CHECK(s.threads_per_block() >= 1);
+    int64_t covered = 0;  // outputs the grid's first trip covers
+    switch (s.kind) {
+      case CudaKernelKind::Pointwise:
+      case CudaKernelKind::ThreadPerRow:
+        CHECK(s.block_y == 1);
+        covered = int64_t{s.grid} * s.block_x * s.vector_width;
+        break;
+      case CudaKernelKind::Column:
+        CHECK(s.block_x == static_cast<unsigned>(s.column_width));
+        CHECK((s.column_width == 8 || s.column_width == 16 || s.column_width == 32));
+        CHECK((s.block_y & (s.block_y - 1)) == 0);  // column_reduce's tree
+        covered = int64_t{s.grid} * s.column_width * s.column_vector_width;
+        break;
+      case CudaKernelKind::WarpPerRow:
+        CHECK(s.block_x == 32);
+        CHECK(s.block_y == s.rows_per_block);
+        covered = int64_t{s.grid} * s.rows_per_block;
+        break;
+      case CudaKernelKind::BlockPerRow:
+        CHECK(s.block_x % 32 == 0);  // block_reduce: whole warps
+        CHECK(s.block_y == 1);
+        covered = s.grid;
+        break;
+    }
+    CHECK((covered >= outer || s.grid == (1u << 20)));
+    if (s.cached_row_chunks > 0)  // the cached steps reach the end of the row
+      CHECK(int64_t{s.cached_row_chunks} * s.block_x * s.row_vector_width >= reduced);
+    if (s.row_vector_width == 1) CHECK(s.cached_row_chunks == 0);
+  }
+  return c;
+}
+
+bool has(const std::vector<CudaKernelSchedule>& c, auto&& pred) { return std::any_of(c.begin(), c.end(), pred); }
+
+}  // namespace
+
+TEST_CASE("tuning candidates of every kind start with the chosen schedule and stay renderable", "[cuda_schedule]") {
+  SECTION("pointwise: four block sizes, with and without vectors") {
+    const auto c = checked_candidates(pointwise(1 << 20));
+    CHECK(c.size() == 8);
+    CHECK(has(c, [](const CudaKernelSchedule& s) { return s.block_x == 1024 && s.vector_width == 1; }));
+    Kernel strided = kernel({1024}, {false});
+    store(strided, load(strided, {2}), {1});
+    CHECK(checked_candidates(strided).size() == 4);  // scalar already
+  }
+  SECTION("thread_per_row: three block sizes") {
+    const auto c = checked_candidates(pooling());
+    CHECK(c.size() == 3);
+    CHECK(c[0].block_x == 256);
+  }
+  SECTION("warp_per_row: rows per block, uncached and scalar rows") {
+    const auto c = checked_candidates(row_sums(8, 100, /*along=*/true));
+    CHECK(c[0].cached_row_chunks > 0);
+    CHECK(c.size() == 6);
+    CHECK(has(c, [](const CudaKernelSchedule& s) { return s.rows_per_block == 2; }));
+    CHECK(has(c, [](const CudaKernelSchedule& s) { return s.row_vector_width > 1 && s.cached_row_chunks == 0; }));
+    CHECK(has(c, [](const CudaKernelSchedule& s) { return s.row_vector_width == 1; }));
+    CHECK(checked_candidates(row_sums(100, 100)).size() == 5);  // one pass: never cached
+  }
+  SECTION("block_per_row: threads per row with the cache recomputed, scalar and uncached rows") {
+    const auto c = checked_candidates(row_sums(64, 1024, /*along=*/true));
+    CHECK(c[0].cached_row_chunks == 1);
+    CHECK(has(c, [](const CudaKernelSchedule& s) { return s.block_x == 128 && s.cached_row_chunks == 2; }));
+    CHECK(has(c, [](const CudaKernelSchedule& s) { return s.row_vector_width == 1 && s.block_x == 256; }));
+    CHECK(has(c, [](const CudaKernelSchedule& s) { return s.block_x == 256 && s.row_vector_width == 4 && s.cached_row_chunks == 0; }));
+    Kernel strided = kernel({4, 4096}, {false, true});
+    store(strided, reduce(strided, load(strided, {8192, 2})), {1, 0});
+    checked_candidates(strided);
+  }
+  SECTION("column: widths, depths and vectors, single changes first") {
+    // width 8 with 64 threads along the rows (4 rows each at most: never 128), the other widths at that depth (32
+    // for width 32: 1024 threads) and at half of it
+    const auto c = checked_candidates(column_sums(300, 40));
+    REQUIRE(c.size() == 5);
+    CHECK((c[1].column_width == 8 && c[1].block_y == 32));
+    CHECK((c[2].column_width == 16 && c[2].block_y == 64));
+    CHECK((c[3].column_width == 32 && c[3].block_y == 32));
+    CHECK((c[4].column_width == 16 && c[4].block_y == 32));
+    const auto v = checked_candidates(column_sums(16, 65536));
+    CHECK(v[0].column_vector_width == 4);
+    CHECK(has(v, [](const CudaKernelSchedule& s) { return s.column_vector_width == 1; }));
+  }
+  SECTION("an empty domain has nothing to time") {
+    CHECK(checked_candidates(pointwise(0)).size() == 1);
+    Kernel k = kernel({3, 0, 4}, {true, false, false});
+    store(k, reduce(k, load(k, {4, 4, 1})), {0, 4, 1});
+    CHECK(checked_candidates(k).size() == 1);
+  }
+}
+
+TEST_CASE("tuned sources carry every kernel's variants beside it, keyed by their code", "[cuda_schedule]") {
+  kiln::graph::Graph g;
+  kiln::fusion::Schedule schedule;
+  // kernel_2 is kernel_0's twin (the same code under another name)
+  schedule.kernels = {named(row_sums(64, 1024, true), "kernel_0_norm"), named(pointwise(4096), "kernel_1_mul"),
+                      named(row_sums(64, 1024, true), "kernel_2_norm"), named(column_sums(300, 40), "kernel_3_sum")};
+  const auto plain = emit_cuda_source(schedule, g);
+  const auto untuned = emit_cuda_source(schedule, g, {}, false, /*tune=*/false);
+  CHECK(untuned.parts == plain.parts);
+  for (const auto& launch : plain.kernels) {
+    CHECK(launch.variants.empty());
+    CHECK(launch.tune_key.empty());
+  }
+  CHECK(plain.source.find("_t1(") == std::string::npos);
+
+  const auto tuned = emit_cuda_source(schedule, g, {}, false, /*tune=*/true);
+  REQUIRE(tuned.kernels.size() == 4);
+  CHECK(tuned.parts.size() == plain.parts.size());  // variants join their default's part
+  for (size_t i : {0u, 1u, 3u}) {
+    const auto& launch = tuned.kernels[i];
+    INFO(launch.name);
+    CHECK(launch.name == plain.kernels[i].name);
+    CHECK(launch.grid == plain.kernels[i].grid);
+    CHECK(launch.part == plain.kernels[i].part);
+    REQUIRE(launch.variants.size() >= 2);
+    CHECK(launch.tune_key.size() == 64);
+    for (size_t v = 0; v < launch.variants.size(); ++v) {
+      const auto& variant = launch.variants[v];
+      CHECK(variant.name == launch.name + "_t" + std::to_string(v + 1));
+      CHECK(variant.part == launch.part);
+      CHECK(variant.variants.empty());
+      CHECK(variant.tune_key.empty());
+      CHECK(variant.grid > 0);
+      const std::string signature = "__launch_bounds__(" + std::to_string(variant.block_x * variant.block_y) + ") " + variant.name + "(";
+      CHECK(tuned.parts[launch.part].find(signature) != std::string::npos);
+    }
+  }
+  // The twin launches its original's code and variants, under their names.
+  const auto& twin = tuned.kernels[2];
+  CHECK(twin.name == "kernel_0_norm");
+  REQUIRE(twin.variants.size() == tuned.kernels[0].variants.size());
+  CHECK(twin.variants[0].name == "kernel_0_norm_t1");
+  CHECK(twin.tune_key == tuned.kernels[0].tune_key);
+  CHECK(tuned.source.find("kernel_2_norm_t1(") == std::string::npos);
+  // Keys: stable across emits, different for different kernels, the same for the same kernel in another graph.
+  const auto again = emit_cuda_source(schedule, g, {}, false, true);
+  CHECK(again.parts == tuned.parts);
+  for (size_t i = 0; i < 4; ++i) CHECK(again.kernels[i].tune_key == tuned.kernels[i].tune_key);
+  CHECK(tuned.kernels[0].tune_key != tuned.kernels[1].tune_key);
+  CHECK(tuned.kernels[1].tune_key != tuned.kernels[3].tune_key);
+  kiln::fusion::Schedule other;
+  other.kernels = {named(pointwise(4096), "kernel_7_scale")};
+  CHECK(emit_cuda_source(other, g, {}, false, true).kernels[0].tune_key == tuned.kernels[1].tune_key);
+  other.kernels = {named(pointwise(8192), "kernel_1_mul")};
+  CHECK(emit_cuda_source(other, g, {}, false, true).kernels[0].tune_key != tuned.kernels[1].tune_key);
 }

@@ -146,6 +146,10 @@ TEST_CASE("a compiled artefact is stored and read back whole; a damaged entry is
   record.code.kernels = {{"kernel_0_add", 4096, 256, 1, "pointwise_vec4", 0}, {"kernel_1_mul", 1, 32, 8, "column", 1}};
   record.code.group = {"group_0", 7, 128, 1, "group", 0};
   record.code.group_members = {0};
+  // max-autotune's variants of a kernel, in its part, each with its own launch and sizes
+  record.code.kernels[1].variants = {{"kernel_1_mul_t1", 2, 16, 16, "column", 1, {5, 6}},
+                                     {"kernel_1_mul_t2", 1, 32, 4, "column", 1}};
+  record.code.kernels[1].tune_key = std::string(64, 'a');
   const std::string key = cache::graph_key(record.optimised, "test").value();
   REQUIRE(!cache::build_identity().empty());
   CHECK(!cache::load_artifact(key, record.optimised));
@@ -168,6 +172,15 @@ TEST_CASE("a compiled artefact is stored and read back whole; a damaged entry is
   CHECK(back->code.kernels[0].strategy == "pointwise_vec4");
   CHECK(back->code.group.grid == 7);
   CHECK(back->code.group_members == std::vector<int32_t>{0});
+  CHECK(back->code.kernels[0].variants.empty());
+  CHECK(back->code.kernels[0].tune_key.empty());
+  REQUIRE(back->code.kernels[1].variants.size() == 2);
+  CHECK(back->code.kernels[1].tune_key == record.code.kernels[1].tune_key);
+  const cache::KernelEntry& variant = back->code.kernels[1].variants[0];
+  CHECK(variant.name == "kernel_1_mul_t1");
+  CHECK((variant.grid == 2 && variant.block_x == 16 && variant.block_y == 16 && variant.part == 1));
+  CHECK(variant.sizes == std::vector<int64_t>{5, 6});
+  CHECK(back->code.kernels[1].variants[1].strategy == "column");
 
   // Damage the entry: its checksum fails, so it reads as missing and is counted.
   const auto entry = dir / "graphs" / (key + ".kgraph");

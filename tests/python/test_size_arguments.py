@@ -213,3 +213,36 @@ def test_static_graphs_keep_literal_sizes(capfd):
     finally:
         kiln.config.set_logs("")
     assert "(void* const* buffers) {" in err and "const int64_t* sizes" not in err and "kiln_sizes<" not in err
+
+
+def test_max_autotune_variants_compile_with_nvrtc(capfd):
+    """mode="max-autotune" emits every CUDA kernel's tuning variants beside it (codegen/cuda/tune_candidates.cpp), as
+    functions `<kernel>_t<i>`: the PTX check compiles the whole tuned program through NVRTC (a failure fails the test
+    through conftest.py), for a kernel of every kind, with literal sizes and with size arguments."""
+    if not _C.cuda.nvrtc_available():
+        pytest.skip("needs NVRTC")
+    cases = [
+        (lambda x: (x * 2 + 1).relu(), [random_tensor(1000, 64)], None),  # pointwise
+        (lambda x: torch.softmax(x, -1), [random_tensor(33, 100)], None),  # warp_per_row
+        (lambda x: F.layer_norm(x, (1024,)), [random_tensor(8, 1024)], None),  # block_per_row, cached rows
+        (lambda x: x.sum(0), [random_tensor(300, 40)], None),  # column
+        (lambda x: F.max_pool2d(x, 3, 2), [random_tensor(2, 4, 9, 9)], None),  # thread_per_row
+        (lambda x: torch.softmax(x, -1), [random_tensor(13, 300)], {0: [0, 1]}),  # size arguments
+    ]
+    for fn, inputs, dynamic in cases:
+        kiln.reset()
+
+        def run():
+            graph = capture(fn, inputs)
+            if dynamic:
+                graph.propagate_symbolic_sizes(dynamic, [])
+            compiled = _C.compile_graph(graph, "kiln", inputs, mode="max-autotune")
+            assert_same(compiled(inputs), fn(*inputs), "general")
+
+        sources = cuda_sources(capfd, run)
+        assert len(sources) == 1
+        assert ("kiln_sizes<" in sources[0]) == bool(dynamic)
+        kernels = re.findall(r"__launch_bounds__\(\d+\) (\w+)\(", sources[0])
+        variants = [name for name in kernels if re.search(r"_t\d+$", name)]
+        assert variants and len(set(kernels)) == len(kernels), kernels
+        assert {re.sub(r"_t\d+$", "", name) for name in variants} <= set(kernels)

@@ -64,7 +64,9 @@ class CppBackend final : public DeviceBackend {
  public:
   const char* name() const override { return "cpp"; }
 
-  cache::DeviceCode emit(fusion::Schedule& schedule, const graph::Graph& g, bool, bool size_arguments) const override {
+  // `tune`: the C++ kernels have no alternatives to time.
+  cache::DeviceCode emit(fusion::Schedule& schedule, const graph::Graph& g, bool, bool size_arguments,
+                         bool /*tune*/) const override {
     CppSource source = emit_cpp_source(schedule, g, size_arguments);
     cache::DeviceCode code;
     code.backend = name();

@@ -1,5 +1,6 @@
 #include "codegen/cuda/cuda_backend.h"
 
+#include <functional>
 #include <vector>
 
 #include "codegen/cuda/cuda_device_lib.h"
@@ -17,6 +18,24 @@ namespace {
 
 // Parameters of one launch group: 8 bytes each, well inside the 4 KiB every CUDA architecture accepts.
 constexpr size_t kMaxGroupBuffers = 256;
+constexpr CudaResult kErrorStreamCaptureImplicit = 906;  // CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+
+// A pair of timing events (CU_EVENT_DEFAULT: they record times), destroyed with the pair. Made in the current context.
+struct TimingEvents {
+  CudaEvent start = nullptr, end = nullptr;
+  TimingEvents() {
+    check(driver().cuEventCreate(&start, 0), "cuEventCreate");
+    const CudaResult made = driver().cuEventCreate(&end, 0);
+    if (made != 0) driver().cuEventDestroy(start);  // a constructor that throws runs no destructor
+    check(made, "cuEventCreate");
+  }
+  ~TimingEvents() {
+    if (start) driver().cuEventDestroy(start);
+    if (end) driver().cuEventDestroy(end);
+  }
+  TimingEvents(const TimingEvents&) = delete;
+  TimingEvents& operator=(const TimingEvents&) = delete;
+};
 
 class CudaKernel final : public LoadedKernel {
  public:
@@ -70,13 +89,13 @@ class CudaBackend final : public DeviceBackend {
  public:
   const char* name() const override { return "cuda"; }
 
-  cache::DeviceCode emit(fusion::Schedule& schedule, const graph::Graph& g, bool keep_peak,
-                         bool size_arguments) const override {
+  cache::DeviceCode emit(fusion::Schedule& schedule, const graph::Graph& g, bool keep_peak, bool size_arguments,
+                         bool tune) const override {
     // With size arguments, no launch group: its members' block ranges are per binding, and the group kernel would
     // carry every member's sizes.
     const std::vector<int32_t> group =
         size_arguments ? std::vector<int32_t>{} : fusion::hoist_input_kernels(schedule, g, kMaxGroupBuffers, keep_peak);
-    CudaSource source = emit_cuda_source(schedule, g, group, size_arguments);
+    CudaSource source = emit_cuda_source(schedule, g, group, size_arguments, tune);
     cache::DeviceCode code;
     code.backend = name();
     code.size_arguments = size_arguments;
@@ -97,6 +116,28 @@ class CudaBackend final : public DeviceBackend {
   }
 
   int multiprocessors(int index) const override { return multiprocessor_count(index); }
+
+  double time_ms(const std::function<void()>& work, int index, void* stream, int reps) const override {
+    const DriverApi& a = driver();
+    DeviceContextGuard context(index);
+    TimingEvents events;
+    check(a.cuEventRecord(events.start, stream), "cuEventRecord");
+    for (int r = 0; r < reps; ++r) work();
+    check(a.cuEventRecord(events.end, stream), "cuEventRecord");
+    check(a.cuEventSynchronize(events.end), "cuEventSynchronize");
+    float ms = 0;
+    check(a.cuEventElapsedTime(&ms, events.start, events.end), "cuEventElapsedTime");
+    return reps > 0 ? ms / reps : 0.0;
+  }
+
+  bool capturing(void* stream) const override {
+    int status = 0;
+    const CudaResult result = driver().cuStreamIsCapturing(stream, &status);
+    // The legacy default stream cannot be asked while another stream captures in global mode: a capture all the same.
+    if (result == kErrorStreamCaptureImplicit) return true;
+    check(result, "cuStreamIsCapturing");
+    return status != 0;  // CU_STREAM_CAPTURE_STATUS_NONE is 0 (active or invalidated otherwise)
+  }
 };
 
 }  // namespace

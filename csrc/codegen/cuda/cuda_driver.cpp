@@ -43,6 +43,13 @@ std::string describe_with(const DriverApi& a, CudaResult result) {
   return out.str();
 }
 
+// `name`, else the older `fallback` with the same signature.
+template <typename Fn>
+void resolve_either(void* handle, const char* name, const char* fallback, Fn*& slot, std::string& missing) {
+  slot = reinterpret_cast<Fn*>(dlsym(handle, name));
+  if (!slot) resolve_symbol(handle, fallback, slot, missing);
+}
+
 LoadedDriver load_driver() {
   LoadedDriver loaded;
   OpenedLibrary opened = open_first_library({std::begin(kDriverCandidates), std::end(kDriverCandidates)});
@@ -69,6 +76,14 @@ LoadedDriver load_driver() {
   resolve_symbol(handle, "cuModuleGetFunction", a.cuModuleGetFunction, missing);
   resolve_symbol(handle, "cuFuncGetAttribute", a.cuFuncGetAttribute, missing);
   resolve_symbol(handle, "cuLaunchKernel", a.cuLaunchKernel, missing);
+  // cuda.h maps cuEventDestroy to its _v2 (CUDA 4.0) and cuEventElapsedTime to its _v2 (CUDA 12.8, drivers from 570);
+  // an older driver has only the first versions, whose calls are the same.
+  resolve_symbol(handle, "cuEventCreate", a.cuEventCreate, missing);
+  resolve_symbol(handle, "cuEventRecord", a.cuEventRecord, missing);
+  resolve_symbol(handle, "cuEventSynchronize", a.cuEventSynchronize, missing);
+  resolve_either(handle, "cuEventElapsedTime_v2", "cuEventElapsedTime", a.cuEventElapsedTime, missing);
+  resolve_either(handle, "cuEventDestroy_v2", "cuEventDestroy", a.cuEventDestroy, missing);
+  resolve_symbol(handle, "cuStreamIsCapturing", a.cuStreamIsCapturing, missing);
   resolve_symbol(handle, "cuGetErrorName", a.cuGetErrorName, missing);
   resolve_symbol(handle, "cuGetErrorString", a.cuGetErrorString, missing);
   if (!missing.empty()) {

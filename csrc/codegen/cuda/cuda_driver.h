@@ -18,6 +18,7 @@ using CudaContext = struct CudaContextOpaque*;
 using CudaModule = struct CudaModuleOpaque*;
 using CudaFunction = struct CudaFunctionOpaque*;
 using CudaStream = void*;  // CUstream == cudaStream_t; nullptr is the legacy default stream
+using CudaEvent = struct CudaEventOpaque*;  // CUevent
 
 /// The driver entry points kiln uses, resolved by name from libcuda.
 struct DriverApi {
@@ -37,6 +38,13 @@ struct DriverApi {
   CudaResult (*cuLaunchKernel)(CudaFunction function, unsigned grid_x, unsigned grid_y, unsigned grid_z,
                                unsigned block_x, unsigned block_y, unsigned block_z, unsigned shared_bytes,
                                CudaStream stream, void** kernel_params, void** extra);
+  // Autotuning's timings (DeviceBackend::time_ms) and its test for a stream being captured into a CUDA graph.
+  CudaResult (*cuEventCreate)(CudaEvent* event, unsigned flags);
+  CudaResult (*cuEventRecord)(CudaEvent event, CudaStream stream);
+  CudaResult (*cuEventSynchronize)(CudaEvent event);
+  CudaResult (*cuEventElapsedTime)(float* milliseconds, CudaEvent start, CudaEvent end);
+  CudaResult (*cuEventDestroy)(CudaEvent event);
+  CudaResult (*cuStreamIsCapturing)(CudaStream stream, int* status);  // CUstreamCaptureStatus; 0: not capturing
   CudaResult (*cuGetErrorName)(CudaResult error, const char** name);
   CudaResult (*cuGetErrorString)(CudaResult error, const char** text);
 };

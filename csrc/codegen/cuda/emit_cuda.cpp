@@ -8,8 +8,8 @@
 // the reduced loops (recomputing the pointwise prologue it needs), then the per-row values and stores (lane 0),
 // then one more pass for stores that run along the reduced loops (softmax's output, layer norm's y). Rows are
 // re-read from L1/L2 in each pass unless the schedule caches them in registers.
-// This file joins the kernels into NVRTC programs: twins emitted once, parts compiled side by side, and the launch
-// group of pointwise kernels that read only graph inputs.
+// This file joins the kernels into NVRTC programs: twins emitted once, parts compiled side by side, the launch
+// group of pointwise kernels that read only graph inputs, and for max-autotune each kernel's tuning variants beside it.
 #include "codegen/cuda/emit_cuda.h"
 
 #include <algorithm>
@@ -19,6 +19,7 @@
 #include "codegen/cuda/kernel_emitter.h"
 #include "codegen/prim_text.h"
 #include "common/error.h"
+#include "common/sha256.h"
 
 namespace kiln::codegen::cuda {
 
@@ -54,10 +55,48 @@ void emit_group(const fusion::Schedule& schedule, const std::vector<int32_t>& gr
       << ") {\n  unsigned block = blockIdx.x;\n" << body << "}\n";
 }
 
+// A kernel's code from its signature on (not its comments, which name graph nodes), with its own name `name` as
+// `kernel`: equal for kernels that differ only in their names (twins), and what tuning keys hash.
+std::string code_from_signature(const std::string& text, const std::string& name, bool device_function) {
+  const size_t signature = text.find(device_function ? "\n__device__" : "\nextern \"C\"");
+  return substitute(text.substr(signature), name + "(", "kernel(");
+}
+
+// max-autotune: the kernel's tuning candidates after its chosen schedule (kernel_schedule.h tuning_candidates),
+// each emitted as its own kernel `<name>_t<i>`, appended to `text` (their code goes where the default's goes) and to
+// launch.variants; launch.tune_key hashes `body` (the default's code_from_signature), the variants' code and every
+// launch. Returns the variants' code_from_signature, which a twin must share.
+std::string emit_variants(const KernelAnalysis& analysis, const CudaKernelSchedule& chosen, const graph::Graph& g,
+                          bool size_arguments, const std::string& body, CudaKernelLaunch& launch, std::string& text) {
+  const std::vector<CudaKernelSchedule> candidates = tuning_candidates(analysis, chosen);
+  if (candidates.size() < 2) return "";
+  auto launch_text = [](const CudaKernelLaunch& l) {
+    std::string t = "\n// launch " + std::to_string(l.grid) + " " + std::to_string(l.block_x) + " " + std::to_string(l.block_y);
+    for (int64_t v : l.sizes) t += " " + std::to_string(v);
+    return t + "\n";
+  };
+  std::string bodies, hashed = body + launch_text(launch);
+  for (size_t c = 1; c < candidates.size(); ++c) {
+    // A copy of the kernel under the variant's name: the emitter names the function and its covers comment after it.
+    fusion::Kernel renamed = analysis.kernel;
+    renamed.name = analysis.kernel.name + "_t" + std::to_string(c);
+    const KernelAnalysis variant_analysis(renamed);
+    CudaKernelLaunch& variant = launch.variants.emplace_back();
+    const std::string variant_text = KernelEmitter(variant_analysis, candidates[c], g, false, size_arguments).emit(variant);
+    text += "\n" + variant_text;
+    const std::string variant_body = code_from_signature(variant_text, renamed.name, false);
+    bodies += variant_body;
+    hashed += variant_body + launch_text(variant);
+  }
+  // Without libcrypto (common/sha256.h) no key: the variants are still timed, the result is not remembered.
+  launch.tune_key = sha256_hex(hashed).value_or("");
+  return bodies;
+}
+
 }  // namespace
 
 CudaSource emit_cuda_source(const fusion::Schedule& schedule, const graph::Graph& g, const std::vector<int32_t>& group,
-                            bool size_arguments) {
+                            bool size_arguments, bool tune) {
   KILN_ASSERT(group.empty() || !size_arguments) << "a launch group with size arguments";
   CudaSource result;
   result.kernels.resize(schedule.kernels.size());
@@ -65,7 +104,7 @@ CudaSource emit_cuda_source(const fusion::Schedule& schedule, const graph::Graph
   for (int32_t i : group) grouped[i] = true;
   // Kernels whose code is the same but for their name (each block of a layer stack makes the same ones) are
   // emitted once and launched under that one name: NVRTC's time grows with the source, and a 6-block
-  // transformer has 55 kernels but 9 distinct ones.
+  // transformer has 55 kernels but 9 distinct ones. With tuning variants, the same means the same variants too.
   std::unordered_map<std::string, size_t> first_of_body;
   std::vector<std::string> texts(schedule.kernels.size());
   std::vector<int> twin_of(schedule.kernels.size(), -1);
@@ -73,13 +112,16 @@ CudaSource emit_cuda_source(const fusion::Schedule& schedule, const graph::Graph
   for (size_t i = 0; i < schedule.kernels.size(); ++i) {
     CudaKernelLaunch& launch = result.kernels[i];
     const KernelAnalysis analysis(schedule.kernels[i]);
-    texts[i] = KernelEmitter(analysis, schedule_cuda_kernel(analysis), g, grouped[i], size_arguments).emit(launch);
-    const size_t signature = texts[i].find(grouped[i] ? "\n__device__" : "\nextern \"C\"");
-    const std::string body = substitute(texts[i].substr(signature), launch.name + "(", "kernel(");
+    const CudaKernelSchedule chosen = schedule_cuda_kernel(analysis);
+    texts[i] = KernelEmitter(analysis, chosen, g, grouped[i], size_arguments).emit(launch);
+    std::string body = code_from_signature(texts[i], launch.name, grouped[i]);
+    if (tune && !grouped[i]) body += emit_variants(analysis, chosen, g, size_arguments, body, launch, texts[i]);
     auto [it, fresh] = first_of_body.emplace(body, i);
     if (!fresh) {
       twin_of[i] = static_cast<int>(it->second);
-      launch.name = result.kernels[it->second].name;
+      const CudaKernelLaunch& original = result.kernels[it->second];
+      launch.name = original.name;
+      for (size_t v = 0; v < launch.variants.size(); ++v) launch.variants[v].name = original.variants[v].name;
     } else if (!grouped[i]) {
       ++distinct_launchable;
     }
@@ -109,6 +151,8 @@ CudaSource emit_cuda_source(const fusion::Schedule& schedule, const graph::Graph
     launch.part = grouped[i] ? 0 : next++ % parts;
     part_text[launch.part] << "\n" << texts[i];
   }
+  for (CudaKernelLaunch& launch : result.kernels)  // a twin's variants are its original's functions, in its part
+    for (CudaKernelLaunch& variant : launch.variants) variant.part = launch.part;
   if (!group.empty()) emit_group(schedule, group, result, part_text[0]);
   for (auto& text : part_text) result.parts.push_back(text.str());
   for (const std::string& text : result.parts) result.source += text;

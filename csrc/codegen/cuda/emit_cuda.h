@@ -31,8 +31,10 @@ struct CudaSource {
 /// Throws kiln::Error for a construct it has no CUDA code for (the caller falls back). `group`: pointwise
 /// kernels to emit as one launch (fusion::hoist_input_kernels), or empty. `size_arguments`: kernels read their sizes at
 /// run time (codegen/size_arguments.h: a `kiln_sizes<N>` parameter after the buffers, CudaKernelLaunch::sizes its
-/// values); no launch group then.
+/// values); no launch group then. `tune` (mode="max-autotune"): every launchable kernel also gets its tuning variants
+/// (kernel_schedule.h tuning_candidates), emitted beside it in its part as `<name>_t<i>`, described by its
+/// CudaKernelLaunch::variants and tune_key (a twin: its original's); without it the source is what it always was.
 CudaSource emit_cuda_source(const fusion::Schedule& schedule, const graph::Graph& g,
-                            const std::vector<int32_t>& group = {}, bool size_arguments = false);
+                            const std::vector<int32_t>& group = {}, bool size_arguments = false, bool tune = false);
 
 }  // namespace kiln::codegen::cuda

@@ -99,9 +99,33 @@ CudaKernelSchedule schedule_cuda_kernel(const KernelAnalysis& a) {
   CudaKernelSchedule s = entry->schedule(a);
   KILN_ASSERT(s.kind == entry->kind) << "kernel " << a.kernel.name << ": the "
                                      << kKindNames[static_cast<int>(entry->kind)] << " scheduler returned another kind";
-  if (a.nest.outer_numel() == 0) s.grid = 0;
-  s.index_64bit = needs_64bit_index(a, s);
+  finish_schedule(a, s);
   return s;
+}
+
+void finish_schedule(const KernelAnalysis& a, CudaKernelSchedule& s) {
+  s.grid = a.nest.outer_numel() == 0 ? 0 : launch_grid(a, s);
+  s.index_64bit = needs_64bit_index(a, s);
+}
+
+unsigned launch_grid(const KernelAnalysis& a, const CudaKernelSchedule& s) {
+  auto ceil_div = [](int64_t n, int64_t d) { return (n + d - 1) / d; };
+  const int64_t outer = a.nest.outer_numel();
+  int64_t blocks = 0;
+  switch (s.kind) {
+    case CudaKernelKind::Pointwise:
+    case CudaKernelKind::ThreadPerRow:  // a thread per element or vector (per output: vector_width is 1)
+      blocks = ceil_div(ceil_div(outer, s.vector_width), s.block_x);
+      break;
+    case CudaKernelKind::Column:  // column_width groups of column_vector_width neighbouring outputs per block
+      blocks = ceil_div(ceil_div(outer, s.column_vector_width), s.column_width);
+      break;
+    case CudaKernelKind::WarpPerRow:
+    case CudaKernelKind::BlockPerRow:
+      blocks = ceil_div(outer, s.rows_per_block);
+      break;
+  }
+  return static_cast<unsigned>(std::min<int64_t>(blocks, kMaxGrid));
 }
 
 std::string strategy_name(const CudaKernelSchedule& s) {

@@ -78,18 +78,35 @@ struct CudaKernelSchedule {
   bool index_64bit = false;
 
   unsigned threads_per_block() const { return block_x * block_y; }
+  bool operator==(const CudaKernelSchedule&) const = default;
 };
 
 /// The kernel's kind (the first row of the dispatcher table whose condition holds), that kind's scheduler, then
-/// what every kind shares: no blocks for an empty domain, and the index width.
+/// finish_schedule.
 CudaKernelSchedule schedule_cuda_kernel(const KernelAnalysis& a);
+
+/// What every kind shares, derived from the parameters its scheduler (or a tuning candidate) chose: the grid
+/// (launch_grid; no blocks for an empty domain) and the index width, which depends on the grid.
+void finish_schedule(const KernelAnalysis& a, CudaKernelSchedule& s);
+
+/// Blocks for the kind's unit of work (a pointwise vector or element, a row, a column group) at the schedule's block
+/// shape, at most kMaxGrid: the kernels' grid-stride loops cover the rest.
+unsigned launch_grid(const KernelAnalysis& a, const CudaKernelSchedule& s);
+
+/// max-autotune: `chosen` (schedule_cuda_kernel's) first, then up to kMaxTuningCandidates - 1 distinct alternatives
+/// of the same kind, each one the emitter renders correctly (block shapes the device helpers accept, grids and
+/// index widths recomputed), fewest changes from `chosen` first. The runtime times them and keeps the fastest
+/// (tune_candidates.cpp says which parameters vary and why). Only `chosen` for an empty domain.
+std::vector<CudaKernelSchedule> tuning_candidates(const KernelAnalysis& a, const CudaKernelSchedule& chosen);
+constexpr size_t kMaxTuningCandidates = 8;
 
 /// The launch's strategy ("pointwise_vec4", "warp_per_row_cached", ...: logs, tests, compiled_graph_summary): the
 /// kind's name from one table, with the pointwise vector width and `_cached` for cached rows.
 std::string strategy_name(const CudaKernelSchedule& s);
 
-// One scheduler per kind, each deciding only its own parameters and launch. schedule_cuda_kernel's table calls them
-// where their kind applies (kernel_schedule.cpp says when); they assume it does.
+// One scheduler per kind, each deciding only its own parameters and block shape (finish_schedule derives the grid).
+// schedule_cuda_kernel's table calls them where their kind applies (kernel_schedule.cpp says when); they assume it
+// does.
 CudaKernelSchedule schedule_pointwise(const KernelAnalysis& a);
 CudaKernelSchedule schedule_thread_per_row(const KernelAnalysis& a);
 CudaKernelSchedule schedule_column(const KernelAnalysis& a);
@@ -100,6 +117,16 @@ CudaKernelSchedule schedule_block_per_row(const KernelAnalysis& a);
 /// column kind. Its stores are one value per output, or values along the reduced loops that use no reduction (a
 /// fused producer's result), made in the first reduction's walk.
 bool column_shaped(const KernelAnalysis& a);
+
+// The schedulers' rules that tuning candidates follow too (tune_candidates.cpp).
+/// Cached rows: each thread's vectors per load for rows of `width`-element vectors over `threads_per_row` threads,
+/// or 0 where the row passes read memory (one pass, or the row does not fit in registers).
+int cached_row_chunks(const KernelAnalysis& a, int width, int64_t threads_per_row);
+/// block_per_row's threads per row for vectors of `width` elements (a multiple of 32, at most 1024).
+int64_t block_row_threads(const KernelAnalysis& a, int width);
+/// The column kind's most threads along the rows for blocks `column_width` wide: a power of two (column_reduce's
+/// tree), at most 1024 threads in all, and at least 4 rows each.
+int64_t column_rows_limit(const KernelAnalysis& a, int column_width);
 
 int64_t pow2_ceil(int64_t v);
 int64_t pow2_floor(int64_t v);

@@ -111,10 +111,12 @@ CudaKernelSchedule schedule_column(const KernelAnalysis& a) {
   const int64_t by_rows = pow2_floor(std::max<int64_t>(reduced / 16, 1));
   // (An empty domain has no groups; it launches nothing, schedule_cuda_kernel sees to that.)
   const int64_t by_threads = pow2_ceil((kColumnThreadsWanted + groups - 1) / std::max<int64_t>(groups, 1));
-  const int64_t most = std::min<int64_t>(1024 / s.column_width, pow2_floor(std::max<int64_t>(reduced / 4, 1)));
-  s.block_y = static_cast<unsigned>(std::clamp<int64_t>(std::max(by_rows, by_threads), 1, most));
-  s.grid = static_cast<unsigned>(std::min<int64_t>((groups + s.column_width - 1) / s.column_width, kMaxGrid));
+  s.block_y = static_cast<unsigned>(std::clamp<int64_t>(std::max(by_rows, by_threads), 1, column_rows_limit(a, s.column_width)));
   return s;
+}
+
+int64_t column_rows_limit(const KernelAnalysis& a, int column_width) {
+  return std::min<int64_t>(1024 / column_width, pow2_floor(std::max<int64_t>(a.nest.reduced_numel() / 4, 1)));
 }
 
 }  // namespace kiln::codegen::cuda

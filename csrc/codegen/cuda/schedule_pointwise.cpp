@@ -23,10 +23,6 @@ using fusion::ExprKind;
 
 namespace {
 
-unsigned blocks_for(int64_t work, int64_t per_block) {
-  return static_cast<unsigned>(std::min<int64_t>((work + per_block - 1) / per_block, kMaxGrid));
-}
-
 // Elements per thread for 16-byte accesses, or 1. Vectors run along the innermost loop: every load walks it with
 // stride 0 or 1 and every store with stride 1. With outer loops too (a bias or a per-channel scale broadcast along
 // rows), the innermost size and every outer stride of a contiguous access must be multiples of the width, so that
@@ -76,7 +72,6 @@ CudaKernelSchedule schedule_pointwise(const KernelAnalysis& a) {
   s.kind = CudaKernelKind::Pointwise;
   s.vector_width = pointwise_vector_width(a);
   s.block_x = kPointwiseBlock;
-  s.grid = blocks_for((a.nest.outer_numel() + s.vector_width - 1) / s.vector_width, kPointwiseBlock);
   return s;
 }
 
@@ -84,7 +79,6 @@ CudaKernelSchedule schedule_thread_per_row(const KernelAnalysis& a) {
   CudaKernelSchedule s;
   s.kind = CudaKernelKind::ThreadPerRow;
   s.block_x = kPointwiseBlock;
-  s.grid = blocks_for(a.nest.outer_numel(), kPointwiseBlock);
   return s;
 }
 

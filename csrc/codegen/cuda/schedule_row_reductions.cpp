@@ -73,6 +73,8 @@ int row_passes(const KernelAnalysis& a) {
   return passes + (first_walk ? 1 : 0) + (along ? 1 : 0);
 }
 
+}  // namespace
+
 // Cached rows: when a row takes several passes and its vector loads fit in registers (at most kCachedRowChunks
 // vectors per load and thread, kCachedRowWords registers in all), each thread reads its part of the row once,
 // before the first pass, and every pass takes the values from registers. Returns the vectors per thread and load
@@ -104,15 +106,12 @@ int64_t block_row_threads(const KernelAnalysis& a, int width) {
   return ((vectors + steps - 1) / steps + 31) / 32 * 32;
 }
 
-}  // namespace
-
 CudaKernelSchedule schedule_warp_per_row(const KernelAnalysis& a) {
   CudaKernelSchedule s;
   s.kind = CudaKernelKind::WarpPerRow;
   s.rows_per_block = kRowsPerBlock;
   s.block_x = 32;
   s.block_y = kRowsPerBlock;
-  s.grid = static_cast<unsigned>(std::min<int64_t>((a.nest.outer_numel() + kRowsPerBlock - 1) / kRowsPerBlock, kMaxGrid));
   s.row_vector_width = row_vector_width(a);
   s.cached_row_chunks = cached_row_chunks(a, s.row_vector_width, 32);
   return s;
@@ -125,7 +124,6 @@ CudaKernelSchedule schedule_block_per_row(const KernelAnalysis& a) {
   s.row_vector_width = row_vector_width(a);
   const unsigned threads = static_cast<unsigned>(block_row_threads(a, s.row_vector_width));
   s.block_x = threads;
-  s.grid = static_cast<unsigned>(std::min<int64_t>(a.nest.outer_numel(), kMaxGrid));
   s.cached_row_chunks = cached_row_chunks(a, s.row_vector_width, threads);
   return s;
 }
