@@ -11,7 +11,9 @@ turn from the same initial weights and per-rank data; rank 0 reports:
 - peak_mb (CUDA): torch.cuda.max_memory_allocated over the steps;
 - loss_max_dev: the largest difference of its losses from eager's, step by step (same amp);
 - with --profile (CUDA): over two steady steps, the NCCL kernels' time and how much of it ran while a compute kernel
-  of the same rank ran too (overlap_ms): gradient communication overlapping the backward.
+  of the same rank ran too (overlap_ms): gradient communication overlapping the backward; and gpu_busy_ms, the time
+  per step during which any kernel ran (a step much longer than it waits on the host); --profile-table N also prints
+  rank 0's N ops with the most self CUDA time and self CPU time.
 
 Workloads:
 - ddp_transformer6: the seed transformer6 (6 blocks, d 512, batch 32 x 128) under DistributedDataParallel, SGD;
@@ -145,6 +147,21 @@ def overlap_of(prof):
     return total / 1e3, overlapped / 1e3
 
 
+def busy_of(prof):
+    """Milliseconds during which at least one CUDA kernel ran (the union of their intervals)."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > 0)
+    total, end = 0.0, None
+    for s, t in spans:
+        if end is None or s > end:
+            total += t - s
+            end = t
+        elif t > end:
+            total += t - end
+            end = t
+    return total / 1e3
+
+
 def run_one(workload, system, amp, args, device):
     import torch.distributed as dist
     model, make_batch, loss_of, opt_kind = build(workload, args.quick)
@@ -183,11 +200,17 @@ def run_one(workload, system, amp, args, device):
         row["peak_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if args.profile_table else [])
+            with profile(activities=activities) as prof:
                 for inputs, targets in batches[-2:]:
                     step(inputs, targets)
                 sync(device)
             row["nccl_ms"], row["overlap_ms"] = (round(v, 3) for v in overlap_of(prof))
+            row["gpu_busy_ms"] = round(busy_of(prof) / 2, 3)  # per step: time some kernel ran
+            if args.profile_table and dist.get_rank() == 0:
+                for key in ("self_cuda_time_total", "self_cpu_time_total"):
+                    print(f"--- {workload} {amp} {system}: two steps by {key}\n"
+                          + prof.key_averages().table(sort_by=key, row_limit=args.profile_table), file=sys.stderr)
     return row
 
 
@@ -231,7 +254,8 @@ def launch(args):
             cmd = [sys.executable, os.path.abspath(__file__), "--rank-worker", rows_file.name,
                    "--device", args.device, "--workloads", args.workloads, "--systems", args.systems,
                    "--amp", args.amp, "--steps", str(args.steps)] + (["--quick"] if args.quick else []) + \
-                (["--profile"] if args.profile else [])
+                (["--profile"] if args.profile else []) + \
+                (["--profile-table", str(args.profile_table)] if args.profile_table else [])
             procs.append(subprocess.Popen(cmd, env=env))
         codes = [p.wait() for p in procs]
         if any(codes):
@@ -268,6 +292,8 @@ def main():
     ap.add_argument("--amp", default="fp32,bf16")
     ap.add_argument("--steps", type=int, default=None, help="training steps per system (default 20, --quick 4)")
     ap.add_argument("--profile", action="store_true", help="CUDA: NCCL kernels overlapping compute kernels")
+    ap.add_argument("--profile-table", type=int, default=0, metavar="N",
+                    help="with --profile, rank 0 prints the N ops with the most self CUDA time and self CPU time")
     ap.add_argument("--quick", action="store_true", help="tiny models, for a 2-core CPU")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--rank-worker", dest="rows", help=argparse.SUPPRESS)

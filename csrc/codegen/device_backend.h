@@ -60,6 +60,9 @@ class DeviceBackend {
   /// The streaming multiprocessors of device `index` (CUDA), which decide how matmul epilogues are split
   /// (passes/split_addmm.h) and so are part of cache keys; 0 where the notion does not apply (CPU).
   virtual int multiprocessors(int index) const { return 0; }
+  /// The product name of device `index` (autotuning's cache keys: timings belong to one kind of device); "" on the
+  /// CPU, whose kernels are not tuned.
+  virtual std::string device_name(int index) const { return ""; }
   /// Autotuning: runs `work` (launches on `stream` of device `index`) `reps` times and returns the mean milliseconds
   /// per run, as the device measures it (CUDA: events recorded on `stream` around the runs; this waits for them).
   /// The default, for devices whose work is done when `work` returns (CPU), is the wall clock.

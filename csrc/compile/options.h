@@ -14,19 +14,18 @@ class CudaGraphPool;  // runtime/cuda_graphs.h
 
 namespace kiln::compile {
 
-/// torch.compile's modes. kDefault and kReduceOverhead (CUDA graph replay) are implemented; api.py refuses the
-/// max-autotune modes until autotuning exists, so no mode is ever accepted and ignored.
+/// torch.compile's modes: kReduceOverhead replays CUDA graphs (runtime/cuda_graphs.h); the max-autotune modes time
+/// each kernel's schedule variants and each matmul's BLAS library (runtime/autotune.h), kMaxAutotune with CUDA graphs.
 enum class Mode { kDefault, kReduceOverhead, kMaxAutotune, kMaxAutotuneNoCudagraphs };
 
 /// torch.compile's `dynamic`: None (automatic), False (always specialise), True (symbolic from the first call).
-/// Sizes are specialised under every policy today; kiln.compile warns when True is asked.
 enum class Dynamic { kAutomatic, kStatic, kDynamic };
 
 struct CompileOptions {
   Mode mode = Mode::kDefault;
   Dynamic dynamic = Dynamic::kAutomatic;
-  /// options={"cudagraphs": True}: what mode="reduce-overhead" does. {"autotune": ...}: only false is accepted until
-  /// autotuning exists (api.py).
+  /// options={"cudagraphs": True}: what mode="reduce-overhead" does. {"autotune": True}: what
+  /// mode="max-autotune-no-cudagraphs" does.
   bool cudagraphs = false;
   bool autotune = false;
   /// options={"debug_dir": path}: graphs and generated sources of this compile are written there, as
@@ -46,8 +45,9 @@ struct CompileOptions {
   /// sources and finds its kernels in the caches. Part of cache_key().
   bool size_arguments = false;
 
-  /// True when compiled CUDA graphs replay as CUDA graphs: mode="reduce-overhead" or options={"cudagraphs": True}.
-  bool uses_cudagraphs() const { return cudagraphs || mode == Mode::kReduceOverhead; }
+  /// True when compiled CUDA graphs replay as CUDA graphs: mode="reduce-overhead", mode="max-autotune" (as torch.compile's,
+  /// which turns CUDA graphs on too) or options={"cudagraphs": True}.
+  bool uses_cudagraphs() const { return cudagraphs || mode == Mode::kReduceOverhead || mode == Mode::kMaxAutotune; }
   /// True when kernels come with alternatives to time at the first call (codegen/device_backend.h emit's `tune`):
   /// options={"autotune": True}, mode="max-autotune" or "max-autotune-no-cudagraphs".
   bool tunes() const { return autotune || mode == Mode::kMaxAutotune || mode == Mode::kMaxAutotuneNoCudagraphs; }

@@ -116,6 +116,7 @@ class CudaBackend final : public DeviceBackend {
   }
 
   int multiprocessors(int index) const override { return multiprocessor_count(index); }
+  std::string device_name(int index) const override { return cuda::device_name(index); }
 
   double time_ms(const std::function<void()>& work, int index, void* stream, int reps) const override {
     const DriverApi& a = driver();

@@ -67,6 +67,7 @@ LoadedDriver load_driver() {
   resolve_symbol(handle, "cuDeviceGetCount", a.cuDeviceGetCount, missing);
   resolve_symbol(handle, "cuDeviceGet", a.cuDeviceGet, missing);
   resolve_symbol(handle, "cuDeviceGetAttribute", a.cuDeviceGetAttribute, missing);
+  resolve_symbol(handle, "cuDeviceGetName", a.cuDeviceGetName, missing);
   resolve_symbol(handle, "cuDevicePrimaryCtxRetain", a.cuDevicePrimaryCtxRetain, missing);
   resolve_symbol(handle, "cuCtxGetCurrent", a.cuCtxGetCurrent, missing);
   resolve_symbol(handle, "cuCtxSetCurrent", a.cuCtxSetCurrent, missing);
@@ -140,6 +141,15 @@ ComputeCapability compute_capability(int ordinal) {
   check(a.cuDeviceGetAttribute(&cc.major, kDeviceAttributeComputeCapabilityMajor, device), "cuDeviceGetAttribute");
   check(a.cuDeviceGetAttribute(&cc.minor, kDeviceAttributeComputeCapabilityMinor, device), "cuDeviceGetAttribute");
   return cc;
+}
+
+std::string device_name(int ordinal) {
+  const DriverApi& a = driver();
+  CudaDevice device = 0;
+  check(a.cuDeviceGet(&device, ordinal), "cuDeviceGet");
+  char name[256] = {};
+  check(a.cuDeviceGetName(name, sizeof(name) - 1, device), "cuDeviceGetName");
+  return name;
 }
 
 int multiprocessor_count(int ordinal) {

@@ -27,6 +27,7 @@ struct DriverApi {
   CudaResult (*cuDeviceGetCount)(int* count);
   CudaResult (*cuDeviceGet)(CudaDevice* device, int ordinal);
   CudaResult (*cuDeviceGetAttribute)(int* value, int attribute, CudaDevice device);
+  CudaResult (*cuDeviceGetName)(char* name, int length, CudaDevice device);
   CudaResult (*cuDevicePrimaryCtxRetain)(CudaContext* context, CudaDevice device);
   CudaResult (*cuCtxGetCurrent)(CudaContext* context);
   CudaResult (*cuCtxSetCurrent)(CudaContext context);
@@ -77,6 +78,8 @@ struct ComputeCapability {
 ComputeCapability compute_capability(int ordinal);
 /// The number of streaming multiprocessors of device `ordinal`.
 int multiprocessor_count(int ordinal);
+/// The product name of device `ordinal` ("NVIDIA H100 80GB HBM3").
+std::string device_name(int ordinal);
 int device_count();
 
 /// Makes the primary context of device `ordinal` current on the calling thread for the guard's lifetime,
