@@ -174,6 +174,9 @@ std::shared_ptr<runtime::CompiledGraph> compile_artifact(std::shared_ptr<const g
                    << log::whole_ms(read_ms) << " ms, compiler or cache " << log::whole_ms(started.ms() - read_ms) << " ms";
     return with_cuda_graphs(std::move(compiled), *captured, device, options, escaping, training_half);
   }
+  if (options.tunes() && device.type != graph::DeviceType::CUDA)
+    KILN_LOG(autotune) << "a graph on the " << graph::device_type_name(device.type)
+                       << ": kiln has no tuning candidates there; it compiles as in mode='default'";
   LoweringTimes times;
   cache::CompiledArtifact artifact = lower_graph(*captured, device, options, training_half, times);
   if (key) cache::store_artifact(*key, artifact);

@@ -101,11 +101,14 @@ std::string tuning_device_key(const codegen::DeviceBackend& backend, int index) 
 size_t choose(const TuneQuestion& q, const TuneTimer& timer, const std::function<void(size_t)>& run,
               TuneProgress* progress) {
   if (q.labels.size() <= 1) return 0;
+  // Without a key (a kernel's tune_key needs libcrypto's SHA-256) the choice is timed and used, never remembered.
+  const bool keyed = !q.key.empty();
   const std::optional<std::string> disk_key =
-      cache::entry_key(q.key + "\n" + tuning_device_key(timer.backend(), timer.index()) + "\nschema " +
-                       std::to_string(cache::kSchemaVersion));
+      keyed ? cache::entry_key(q.key + "\n" + tuning_device_key(timer.backend(), timer.index()) + "\nschema " +
+                               std::to_string(cache::kSchemaVersion))
+            : std::nullopt;
   const std::string memory_key = disk_key.value_or(q.key + "\n" + tuning_device_key(timer.backend(), timer.index()));
-  {
+  if (keyed) {
     std::lock_guard<std::mutex> lock(g_memory_mutex);
     auto it = memory().find(memory_key);
     if (it != memory().end() && it->second < q.labels.size()) {
@@ -133,7 +136,7 @@ size_t choose(const TuneQuestion& q, const TuneTimer& timer, const std::function
     if (ms[i] < needed) winner = i;
   }
   if (ms[winner] < 0) winner = 0;  // nothing ran: the default, as mode="default" would
-  {
+  if (keyed) {
     std::lock_guard<std::mutex> lock(g_memory_mutex);
     memory()[memory_key] = winner;
   }

@@ -71,6 +71,18 @@ def test_autotune_modes_match_eager_on_the_cpu(fresh_kiln, mode):
         _close(compiled(x), model(x), "no_grad output")
 
 
+def test_cpu_graphs_say_nothing_is_tuned(fresh_kiln, capfd):
+    kiln.config.set_logs("autotune")
+    try:
+        compiled = kiln.compile(lambda x: torch.relu(x) * 2, mode="max-autotune")
+        x = random_tensor(8)
+        _close(compiled(x), torch.relu(x) * 2, "output")
+    finally:
+        kiln.config.set_logs("")
+    err = capfd.readouterr().err
+    assert "no tuning candidates there; it compiles as in mode='default'" in err, err
+
+
 def test_autotune_option_is_accepted_and_validated(fresh_kiln):
     model = Block()
     compiled = kiln.compile(model, options={"autotune": True})
