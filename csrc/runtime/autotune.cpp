@@ -147,9 +147,8 @@ size_t choose(const TuneQuestion& q, const TuneTimer& timer, const std::function
 
 void TuneProgress::measured(const TuneQuestion& q, size_t winner, const std::vector<double>& ms) {
   ++done_;
-  ++timed_;
   const double elapsed = now_ms() - started_ms_;
-  const double left = timed_ > 0 ? elapsed / static_cast<double>(done_) * static_cast<double>(total_ - done_) : 0.0;
+  const double left = elapsed / static_cast<double>(done_) * static_cast<double>(total_ > done_ ? total_ - done_ : 0);
   std::ostringstream text;
   text << done_ << "/" << total_ << " " << q.what << ": " << q.labels[winner] << " " << format_ms(ms[winner]);
   if (winner != 0) text << " (default " << q.labels[0] << " " << format_ms(ms[0]) << ")";

@@ -12,7 +12,6 @@
 // cuDNN switches.
 #include <cstddef>
 #include <functional>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,7 +65,6 @@ class TuneProgress {
  private:
   size_t total_;
   size_t done_ = 0;
-  size_t timed_ = 0;
   bool line_open_ = false;
   double started_ms_ = now_ms();
   static double now_ms();
@@ -85,7 +83,8 @@ enum class ExternTuning : unsigned char {
 /// The tuning that applies to the op named `qualified` ("aten::addmm.default").
 ExternTuning extern_tuning(const std::string& qualified);
 
-/// Sets ATen's preferred BLAS backend (candidate 0: as it is; 1: cuBLAS; 2: cuBLASLt) or cuDNN's benchmark mode for
+/// Sets ATen's preferred BLAS backend (blas_choice 1: the library the preference does not resolve to, candidate 1 of
+/// blas_candidate_labels; 0 or -1: as it is) or cuDNN's benchmark mode for
 /// the guard's lifetime, restoring the previous setting. These are process-wide switches of ATen's context: a thread
 /// running eager matmuls at the same moment sees them too.
 class ExternChoiceGuard {

@@ -189,6 +189,27 @@ class KilnGraph final : public CompiledGraph {
     }, progress));
   }
 
+  // Extern call `index`: into the output buckets a pack plan gives it, else as call_node makes its results.
+  void run_extern(int32_t index, std::vector<at::Tensor>& env, const PackPlan* pack, std::vector<at::Tensor>& buckets) {
+    const graph::Graph& g = *graph_;
+    const PreparedNode& external = externs_[index];
+    if (!pack || !pack->extern_into[index]) {
+      call_node(external, g, constants_, env);
+      return;
+    }
+    std::vector<at::Tensor> outs;
+    for (ValueId out : external.outputs) {
+      const graph::TensorMeta& meta = g.values[out].meta;
+      outs.push_back(pack->bucket[out] >= 0
+                         ? packed_slot(g, *pack, buckets, out)
+                         : at::empty_strided(meta.sizes, meta.strides,
+                                             at::TensorOptions()
+                                                 .dtype(static_cast<at::ScalarType>(meta.dtype))
+                                                 .device(to_c10(meta.device))));
+    }
+    call_node_into(external, g, constants_, env, std::move(outs));
+  }
+
   std::vector<at::Tensor> execute_plan(std::vector<at::Tensor> inputs, bool release_inputs, const PackPlan* pack,
                                        const TuneTimer* timer, TuneProgress* progress) {
     const graph::Graph& g = *graph_;
@@ -228,25 +249,13 @@ class KilnGraph final : public CompiledGraph {
         // eager's error, type and message: "index out of range in self" (an IndexError in Python)
         TORCH_CHECK_INDEX(in_range, "index out of range in self (kiln kernel ", k.name,
                           ": an embedding, gather or index_select index outside its dim)");
-      } else if (pack && pack->extern_into[step.external]) {
-        const PreparedNode& external = externs_[step.external];
-        ExternChoiceGuard choice(extern_tune_[step.external].kind, extern_tune_[step.external].choice);
-        std::vector<at::Tensor> outs;
-        for (ValueId out : external.outputs) {
-          const graph::TensorMeta& meta = g.values[out].meta;
-          outs.push_back(pack->bucket[out] >= 0
-                             ? packed_slot(g, *pack, buckets, out)
-                             : at::empty_strided(meta.sizes, meta.strides,
-                                                 at::TensorOptions()
-                                                     .dtype(static_cast<at::ScalarType>(meta.dtype))
-                                                     .device(to_c10(meta.device))));
-        }
-        call_node_into(external, g, constants_, env, std::move(outs));
       } else {
+        // Tuned before either way of calling it, and both calls run under the choice (a packed training graph's
+        // matmuls go through call_node_into).
         ExternTune& tune = extern_tune_[step.external];
         if (timer && tune.kind == ExternTuning::kBlas && tune.choice < 0) tune_extern(step.external, env, g, *timer, progress);
         ExternChoiceGuard choice(tune.kind, tune.choice);
-        call_node(externs_[step.external], g, constants_, env);
+        run_extern(step.external, env, pack, buckets);
       }
       for (ValueId id : step.release_after) env[id].reset();
       if (release_inputs)
@@ -278,14 +287,14 @@ class KilnGraph final : public CompiledGraph {
   const codegen::DeviceBackend* timer_backend_ = nullptr;
 };
 
-// The run plan of `record`'s loaded code: per step a bound kernel or a prepared extern call, in-place outputs where
-// nothing else holds the input, and each value released after its last use.
 // A kernel candidate as autotuning's logs and disk entries name it: its strategy and launch.
 std::string tuning_label(const cache::KernelEntry& entry) {
   return entry.strategy + " grid " + std::to_string(entry.grid) + " block " + std::to_string(entry.block_x) + "x" +
          std::to_string(entry.block_y);
 }
 
+// The run plan of `record`'s loaded code: per step a bound kernel or a prepared extern call, in-place outputs where
+// nothing else holds the input, and each value released after its last use.
 void build_plan(KilnGraph& kg, const cache::CompiledArtifact& record, bool autotune) {
   const cache::DeviceCode& code = record.code;
   const graph::Graph& g = *kg.graph_;
@@ -348,13 +357,11 @@ void build_plan(KilnGraph& kg, const cache::CompiledArtifact& record, bool autot
   for (PreparedNode& external : kg.externs_)
     for (size_t o = 0; o < external.outputs.size(); ++o)
       if (read_by_kernel[external.outputs[o]]) restore_recorded_layout(external, o);
+  kg.extern_tune_.assign(kg.externs_.size(), ExternTune{});
   if (autotune && kg.device_.type == graph::DeviceType::CUDA) {
-    kg.extern_tune_.resize(kg.externs_.size());
     for (size_t e = 0; e < kg.externs_.size(); ++e) kg.extern_tune_[e].kind = extern_tuning(kg.externs_[e].name);
     kg.timer_backend_ = &codegen::device_backend(graph::DeviceType::CUDA);
     kg.tuning_pending_ = kg.pending_questions() > 0;
-  } else {
-    kg.extern_tune_.assign(kg.externs_.size(), ExternTune{});
   }
   std::unordered_set<ValueId> kept(g.outputs.begin(), g.outputs.end());
   // In-place outputs: only into an intermediate laid out as the output, at its last use.
