@@ -1,6 +1,7 @@
 // kiln._C.shape_rule: evaluates one of graph/shape_rules.h's symbolic rules on inputs described in Python, for
 // tests/python/test_shape_rules.py (graph/propagate_symbolic_sizes is their other caller). kiln._C._meta_from_rules:
 // the same rules at concrete sizes for the recorder (python/kiln/_fake.py), what an op returns on its fakes.
+// kiln._C._give_fake_history: the recorder's other need from LibTorch, autograd history for a fake made below autograd.
 //
 // Sizes, strides, offsets and int arguments are given as ints or as expression text over the named symbols
 // ("s0*s1*2 + 3", "floordiv(s0, 2)", "min(s0, 4)"); the results come back both as text and evaluated at the
@@ -11,6 +12,8 @@
 #include <unordered_map>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
 
 #include "bindings/module_register.h"
 #include "common/error.h"
@@ -244,6 +247,32 @@ py::object meta_from_rules(const std::string& op, py::handle records, py::sequen
   return result;
 }
 
+// An autograd node that must never run, of whichever pointer type this torch's edges hold (std::shared_ptr before
+// torch 2.12, c10::intrusive_ptr after).
+using NodePtr = decltype(torch::autograd::Edge::function);
+template <typename P>
+struct ErrorNode;
+template <typename T>
+struct ErrorNode<std::shared_ptr<T>> {
+  static std::shared_ptr<T> make(std::string msg) { return std::make_shared<torch::autograd::Error>(std::move(msg)); }
+};
+template <typename T>
+struct ErrorNode<c10::intrusive_ptr<T>> {
+  static c10::intrusive_ptr<T> make(std::string msg) { return c10::make_intrusive<torch::autograd::Error>(std::move(msg)); }
+};
+
+// Makes `fake` (a meta tensor that does not require grad) the non-leaf result of an autograd node, as the value it
+// stands for is in eager: it then requires grad, and in-place ops on it pass autograd's leaf check. Under autocast
+// the recorder's ops run on device proxies, so autograd's history lands on the proxies and not on the fakes
+// (kiln/_fake.py). A fake is never differentiated; its node raises if it ever were.
+void give_fake_history(py::handle fake) {
+  at::Tensor t;
+  if (!runtime::tensor_or_none_from_python(fake.ptr(), t) || !t.defined())
+    throw py::type_error("_give_fake_history takes a tensor");
+  KILN_ASSERT(!t.requires_grad()) << "a fake that requires grad already";
+  torch::autograd::create_gradient_edge(t, ErrorNode<NodePtr>::make("kiln: a fake tensor's history was differentiated"));
+}
+
 }  // namespace
 
 void register_shape_rules(py::module_& m) {
@@ -256,6 +285,9 @@ void register_shape_rules(py::module_& m) {
   m.def("_meta_from_rules", &meta_from_rules, py::arg("op"), py::arg("records"), py::arg("run_values"),
         "the recorder's (kiln/_fake.py) answer from kiln's shape rules at concrete sizes: what `op` returns on the fakes "
         "`run_values` (its records' tensors), or None where no rule answers and torch's meta kernel must run");
+  m.def("_give_fake_history", &give_fake_history, py::arg("fake"),
+        "makes a fake that does not require grad the non-leaf result of an autograd node (one that raises if run), "
+        "for the recorder (kiln/_fake.py): the fake then requires grad and is not a leaf, as in eager");
 }
 
 }  // namespace kiln::bindings

@@ -7,7 +7,9 @@
 // schemas match argument for argument are converted (those with a functional twin in the op table,
 // graph/op_facts.h), and only when every other tensor operand has x's dtype or is bool (a mask; the op table
 // says which ops take operands of any dtype, such as indices), so the functional op's type promotion
-// gives x's dtype as the in-place op does. Random fills of a fresh tensor (uniform_, normal_, ...) become their
+// gives x's dtype as the in-place op does. A pointwise op whose floating operands promote past x's dtype
+// (`y += x` with y bfloat16 from autocast and x float32) computes in the promoted dtype and casts on store, as
+// TensorIterator does in place: it becomes the functional op in that dtype and a cast back. Random fills of a fresh tensor (uniform_, normal_, ...) become their
 // functional ops, which fill a new tensor from the same generator (the same numbers under the same seed).
 // In-place views (squeeze_, t_, transpose_) become views.
 #include "passes/functionalize.h"
@@ -66,23 +68,52 @@ bool made_here(const Graph& g, const std::vector<int32_t>& readers, ValueId id) 
   return produced_fresh(g, id);
 }
 
+bool is_floating(graph::ScalarType t) {
+  using graph::ScalarType;
+  return t == ScalarType::Half || t == ScalarType::BFloat16 || t == ScalarType::Float || t == ScalarType::Double;
+}
+
+// Type promotion between two floating dtypes: double over float over the 16-bit ones, and half with bfloat16 is float.
+graph::ScalarType promote_floating(graph::ScalarType a, graph::ScalarType b) {
+  using graph::ScalarType;
+  if (a == b) return a;
+  if (a == ScalarType::Double || b == ScalarType::Double) return ScalarType::Double;
+  return ScalarType::Float;
+}
+
+// The dtype in-place pointwise `node` computes in, when its tensor operands are floating: eager's common dtype, where
+// dimensioned operands outrank zero-dim ones of the same category. Null when some operand is neither of self's dtype,
+// bool nor floating.
+std::optional<graph::ScalarType> compute_dtype(const Graph& g, const Node& node) {
+  const graph::TensorMeta& self = g.values[std::get<TensorArg>(node.args[0]).id].meta;
+  graph::ScalarType dtype = self.dtype;
+  bool promotable = true;
+  for (size_t a = 1; a < node.args.size(); ++a)
+    graph::for_each_tensor(node.args[a], [&](ValueId id) {
+      const graph::TensorMeta& m = g.values[id].meta;
+      if (m.dtype == self.dtype || m.dtype == graph::ScalarType::Bool) return;
+      if (!is_floating(self.dtype) || !is_floating(m.dtype)) promotable = false;
+      else if (!m.sizes.empty() || self.sizes.empty()) dtype = promote_floating(dtype, m.dtype);
+    });
+  if (!promotable) return std::nullopt;
+  return dtype;
+}
+
 // Rewrites in-place `node` (its self already renamed) as its functional twin when the table and the operand dtypes
-// allow it; false (node untouched) otherwise.
-bool make_functional(const Graph& g, Node& node) {
+// allow it; false (node untouched) otherwise. `computes_in`: the dtype the twin's result has, self's unless a
+// pointwise op's floating operands promote past it (the caller then casts the result back); null: refuse that case.
+bool make_functional(const Graph& g, Node& node, graph::ScalarType* computes_in) {
   const graph::OpFacts& facts = graph::op_facts(node.qualified_name());
   if (facts.functional.empty() || node.args.empty() || node.outputs.size() != 1) return false;
   const auto* self = std::get_if<TensorArg>(&node.args[0]);
   if (!self) return false;
-  const graph::ScalarType dtype = g.values[self->id].meta.dtype;
+  const graph::ScalarType self_dtype = g.values[self->id].meta.dtype;
+  if (computes_in) *computes_in = self_dtype;
   if (!facts.any_operand_dtype) {
-    for (size_t a = 1; a < node.args.size(); ++a) {
-      bool same = true;
-      graph::for_each_tensor(node.args[a], [&](ValueId id) {
-        const auto t = g.values[id].meta.dtype;
-        same = same && (t == dtype || t == graph::ScalarType::Bool);
-      });
-      if (!same) return false;
-    }
+    const std::optional<graph::ScalarType> dtype = compute_dtype(g, node);
+    const bool pointwise = graph::op_facts(facts.functional).layout == graph::OpLayout::kFollowsOperands;
+    if (!dtype || (*dtype != self_dtype && (!pointwise || !computes_in))) return false;
+    if (computes_in) *computes_in = *dtype;
   }
   std::tie(node.op, node.overload) = graph::split_qualified_name(facts.functional);
   if (is_inplace_view(facts)) node.is_view = true;  // y = squeeze(x) aliases x like any view
@@ -92,16 +123,17 @@ bool make_functional(const Graph& g, Node& node) {
 
 class Functionalize {
  public:
-  explicit Functionalize(Graph& g) : g_(g), current_(g.values.size()), readers_(count_readers(g)) {
+  explicit Functionalize(Graph& g) : g_(g), rw_(g), current_(g.values.size()), readers_(count_readers(g)) {
     for (size_t v = 0; v < current_.size(); ++v) current_[v] = static_cast<ValueId>(v);
   }
 
   bool run() {
-    for (Node& node : g_.nodes) {
+    for (Node& node : rw_.take_nodes()) {
       rename_args(node);
       if (node.is_view)
         for (const ArgValue& arg : node.args) graph::for_each_tensor(arg, [&](ValueId id) { viewed_.insert(id); });
-      if (!node.mutates_args || !convert(node)) continue;
+      if (node.mutates_args) convert(node);
+      else rw_.append(std::move(node));
     }
     for (ValueId& out : g_.outputs) out = current_[out];
     return changed_;
@@ -114,17 +146,41 @@ class Functionalize {
 
   bool fresh(ValueId id) const { return !viewed_.count(id) && made_here(g_, readers_, id); }
 
-  bool convert(Node& node) {
+  // Appends `node`, made functional where it can be.
+  void convert(Node& node) {
     const auto* self = node.args.empty() ? nullptr : std::get_if<TensorArg>(&node.args[0]);
-    if (!self || !fresh(self->id)) return false;
+    graph::ScalarType computes_in{};
+    if (!self || !fresh(self->id) || !make_functional(g_, node, &computes_in)) {
+      rw_.append(std::move(node));
+      return;
+    }
     const ValueId mutated = self->id;
-    if (!make_functional(g_, node)) return false;
-    current_[mutated] = node.outputs[0];
+    const ValueId result = node.outputs[0];
+    if (computes_in != g_.values[result].meta.dtype) {
+      // The twin's result in the promoted dtype, laid out as self, then cast into the value the in-place op made.
+      graph::TensorMeta wide = g_.values[result].meta;
+      wide.dtype = computes_in;
+      graph::Value v;
+      v.id = static_cast<ValueId>(g_.values.size());
+      v.meta = wide;
+      g_.values.push_back(std::move(v));
+      node.outputs[0] = g_.values.back().id;
+      const ValueId computed = node.outputs[0];
+      rw_.append(std::move(node));
+      rw_.add("aten::_to_copy", "default",
+              {TensorArg{computed}, graph::ScalarTypeArg{g_.values[result].meta.dtype}, graph::NoneArg{},
+               graph::NoneArg{}, graph::NoneArg{}, false, graph::NoneArg{}},
+              {"self", "dtype", "layout", "device", "pin_memory", "non_blocking", "memory_format"}, 1,
+              g_.values[result].meta, false, result);
+    } else {
+      rw_.append(std::move(node));
+    }
+    current_[mutated] = result;
     changed_ = true;
-    return true;
   }
 
   Graph& g_;
+  GraphRewriter rw_;
   std::vector<ValueId> current_;
   std::unordered_set<ValueId> viewed_;
   std::vector<int32_t> readers_;  // nodes (and graph outputs) reading each value of the graph as given
@@ -220,7 +276,7 @@ class ViewWrites {
     auto t = tracked_.find(original_of(self->id));
     if (t == tracked_.end() || tainted_.count(t->second.root)) return false;
     const Tracked tracked = t->second;
-    if (!make_functional(g_, node)) return false;
+    if (!make_functional(g_, node, nullptr)) return false;
     const ValueId written = node.outputs[0];  // the functional result: the view's new values
     rw_.append(std::move(node));
     // The chain's levels from the current root, then the written values scattered back from the innermost.

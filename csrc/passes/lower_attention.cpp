@@ -53,8 +53,9 @@ void lower_attention_for_autodiff(graph::Graph& g, graph::OpOracle& oracle) {
       continue;
     const double dropout = number(a.at(4), 0.0);
     graph::Node lowered;
-    // CUDA in float32 only: in bfloat16 (under autocast) the compiled forward disagreed with eager.
-    if (q->device.type == graph::DeviceType::CUDA && q->dtype == ScalarType::Float) {
+    // CUDA: the memory-efficient kernel, whose backward takes every floating dtype (eager picks flash or cuDNN
+    // attention for 16-bit inputs where they apply, whose results hold the lengths as Python ints).
+    if (q->device.type == graph::DeviceType::CUDA) {
       // (query, key, value, attn_bias, compute_log_sumexp, dropout_p, is_causal, *, scale)
       lowered.op = "aten::_scaled_dot_product_efficient_attention";
       lowered.args = {a[0], a[1], a[2], graph::NoneArg{}, true, dropout, a.at(5), a.at(6)};

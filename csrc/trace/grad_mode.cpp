@@ -124,8 +124,8 @@ VarPtr Tracer::call_grad_mode(PyObject* fn, const VarPtr& self, const std::vecto
   return out;
 }
 
-// BEFORE_WITH: [manager] -> [manager.__exit__, manager.__enter__()]. Only grad-mode managers made inside
-// the traced code are entered; any other `with` is a graph break at this instruction (BEFORE_WITH runs in
+// BEFORE_WITH: [manager] -> [manager.__exit__, manager.__enter__()]. Only grad-mode, autocast and null managers
+// made inside the traced code are entered; any other `with` is a graph break at this instruction (BEFORE_WITH runs in
 // Python and the resume function starts inside the block: graph_break.h).
 void InstructionTranslator::op_before_with(const bytecode::Instruction&) {
   VarPtr manager = peek();
@@ -139,8 +139,8 @@ void InstructionTranslator::op_before_with(const bytecode::Instruction&) {
   if (!grad_mode) {
     const char* type = manager->value ? Py_TYPE(manager->value)->tp_name : "traced value";
     KILN_UNSUPPORTED() << "with statement on a " << type
-                       << " context manager (only torch.no_grad/enable_grad/set_grad_enabled and torch.autocast "
-                          "blocks are traced)";
+                       << " context manager (only torch.no_grad/enable_grad/set_grad_enabled, torch.autocast and "
+                          "contextlib.nullcontext blocks are traced)";
   }
   if (manager->source)
     KILN_UNSUPPORTED() << "with statement on a grad-mode or autocast context manager created outside the compiled code";

@@ -383,7 +383,11 @@ class Recorder:
             return tensor
         proxy = self._proxies.get(id(tensor))
         if proxy is None:
-            proxy = _DeviceProxy(tensor, self.device_of(tensor), tensor.requires_grad)
+            # A leaf stays a leaf and a result a result: in-place ops on a result (ReLU(inplace=True) after a
+            # batch norm) pass autograd's leaf check, as in eager.
+            proxy = _DeviceProxy(tensor, self.device_of(tensor), tensor.requires_grad and tensor.is_leaf)
+            if tensor.requires_grad and not tensor.is_leaf:
+                _C._give_fake_history(proxy)
             self._proxies[id(tensor)] = proxy
         return proxy
 
@@ -456,8 +460,11 @@ class Recorder:
         if not isinstance(tensor, _DeviceProxy):
             return tensor
         fake = tensor.fake
-        if tensor.requires_grad and not fake.requires_grad and fake.is_leaf:
-            fake.requires_grad_(True)
+        if tensor.requires_grad and not fake.requires_grad:
+            if tensor.is_leaf:
+                fake.requires_grad_(True)
+            else:  # a result, not a leaf, as in eager (in-place ops on it must pass autograd's leaf check)
+                _C._give_fake_history(fake)
         return fake
 
     def _record_proxied(self, func, args, kwargs):

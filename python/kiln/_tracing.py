@@ -5,6 +5,7 @@ machinery (argument binding, module hooks, what counts as a torch function). The
 frame is traced, never on a cache hit.
 """
 import abc as _abc
+import contextlib as _contextlib
 import inspect
 import operator
 import os
@@ -339,6 +340,12 @@ GRAD_MODE_METHODS |= AUTOCAST_METHODS
 GRAD_MODE_ENTER_METHODS |= {cls.__enter__ for cls in AUTOCAST_CLASSES}
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
+# contextlib.nullcontext (what code returns where it might have entered autocast or no_grad: transformers'
+# maybe_autocast) has no state and does nothing: made, entered and left for real at trace time, recorded as nothing.
+NULL_CONTEXT_CLASSES = (_contextlib.nullcontext,)
+GRAD_MODE_CALLABLES |= set(NULL_CONTEXT_CLASSES)
+GRAD_MODE_METHODS |= {getattr(cls, name) for cls in NULL_CONTEXT_CLASSES for name in ("__enter__", "__exit__")}
+
 
 def enter_autocast_like(ctx, outer_exit=None):
     """At a graph break inside a `with torch.autocast(...)` made in traced code: enters a new manager with the
@@ -359,8 +366,8 @@ def is_autocast_context(obj):
 
 
 def is_traced_context(obj):
-    """Context managers whose `with` blocks are traced: grad-mode ones and torch.autocast."""
-    return is_grad_mode_context(obj) or is_autocast_context(obj)
+    """Context managers whose `with` blocks are traced: grad-mode ones, torch.autocast and contextlib.nullcontext."""
+    return is_grad_mode_context(obj) or is_autocast_context(obj) or type(obj) in NULL_CONTEXT_CLASSES
 
 
 def _autocast_nesting():

@@ -473,3 +473,39 @@ def break_inside_user_context(x, ctx):
 
 def test_break_inside_a_user_context_manager_resumes_inside_its_block(fresh_kiln):
     check(break_inside_user_context, random_tensor(3), UserContext(), graphs=4, breaks=3)
+
+
+# --- contextlib.nullcontext: what code enters where it might have entered autocast or no_grad ------------
+
+def maybe_no_grad(enabled):
+    """transformers' maybe_autocast pattern: a real manager or a nullcontext, chosen by a flag."""
+    return torch.no_grad() if enabled else contextlib.nullcontext()
+
+
+def null_blocks(x, w):
+    with maybe_no_grad(False):
+        h = x * w
+    with contextlib.nullcontext(2.0) as scale:
+        h = h * scale
+    with maybe_no_grad(True):
+        statistic = h.abs().amax()
+    return h.sin() / (statistic + 1)
+
+
+def test_null_context_blocks_are_traced_as_nothing(fresh_kiln):
+    result = check(null_blocks, random_tensor(4), weights(4), graphs=1, breaks=0)
+    assert result.ops_per_graph[0].count("kiln::set_grad_enabled.default") == 2  # only the no_grad block
+
+
+def break_inside_a_null_block(x, w):
+    with contextlib.nullcontext():
+        y = x * w
+        record("inside", torch.is_grad_enabled())
+        z = y.exp()
+    return y + z
+
+
+def test_break_inside_a_null_context_resumes_inside_the_block(fresh_kiln):
+    PRINTED.clear()
+    check(break_inside_a_null_block, random_tensor(3), weights(), graphs=2, breaks=1)
+    assert PRINTED and all(p == ("inside", True) for p in PRINTED), PRINTED

@@ -2,6 +2,7 @@
 autograd node (csrc/autodiff, csrc/compile/split_for_autodiff.*, csrc/runtime/autograd_graph.*). Gradients are
 compared with eager's on fresh random inputs; kiln._C.compiler_stats() proves the compiled autograd path ran (no eager
 fallback)."""
+import contextlib
 import copy
 
 import pytest
@@ -1047,6 +1048,35 @@ def test_attention_dropout_on_cuda_gives_eager_results():
     assert_compiled_autograd()
     with torch.no_grad():  # dropout did drop: the result is not attention without it
         assert not torch.allclose(actual, F.scaled_dot_product_attention(q, k, v), atol=1e-2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("under_autocast", [False, True])
+def test_half_precision_attention_trains_on_compiled_autograd_on_cuda(dtype, under_autocast):
+    """16-bit attention on CUDA (ViT and BERT training under autocast) records the memory-efficient kernel and its
+    backward; before, its graph needed the math backward, which refuses reduced precision, and the whole graph ran
+    on the eager interpreter. Eager runs flash or cuDNN attention here: another kernel, within the dtype's
+    tolerance."""
+    def block(x, w):
+        q, k, v = (x @ w).unflatten(-1, (3, 4, 16)).permute(2, 0, 3, 1, 4).unbind(0)
+        return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2).tanh()
+
+    x = random_tensor(2, 24, 64, requires_grad=True, device="cuda")
+    w = random_tensor(64, 192, requires_grad=True, device="cuda") * 0.2
+    w = w.detach().requires_grad_()
+    if not under_autocast:
+        x, w = (t.detach().to(dtype).requires_grad_() for t in (x, w))
+    context = torch.autocast("cuda", dtype=dtype) if under_autocast else contextlib.nullcontext()
+    compiled = kiln.compile(block)
+    with context:
+        actual, expected = compiled(x, w), block(x, w)
+    rtol, atol = tolerance(dtype)
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
+    for got, want in zip(torch.autograd.grad(actual.float().sum(), (x, w)),
+                         torch.autograd.grad(expected.float().sum(), (x, w))):
+        torch.testing.assert_close(got, want, rtol=10 * rtol, atol=10 * atol)
+    assert_compiled_autograd()
 
 
 def backward_steps_matching_eager(fn, *args):
