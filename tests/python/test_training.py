@@ -930,6 +930,58 @@ def test_cuda_resnet_training_runs_channels_last_with_cudnn_batch_norm(compiled_
         assert summary["backend"] == "eager", summary
 
 
+@pytest.mark.cuda
+def test_cuda_resnet_training_under_bf16_autocast_is_one_channels_last_graph():
+    """Under bfloat16 autocast batch norm is ATen's native kernel (cuDNN's takes float32 and half inputs), run
+    channels-last after the relaid convolutions. Its backward gets the gradient in the input's layout: with a
+    gradient in the default layout ATen takes a slow mixed-layout path and returns a layout its meta kernel does not
+    say. In-place ReLUs after the batch norms keep the model one graph. Loss and gradients match eager in the same
+    layout within bfloat16's tolerance."""
+    torch.manual_seed(0)
+    model = ResNet(widths=(16, 32, 32, 64), num_classes=10).cuda().train()
+    reference, lay_out = channels_last_reference(model)
+    graphs = []
+    compiled = kiln.compile(model, backend=keep_summaries(graphs))
+    x = random_tensor(4, 3, 32, 32, device="cuda")
+    losses = []
+    for fn, inp in ((compiled, x), (reference, lay_out(x))):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = fn(inp).float().pow(2).mean()
+        loss.backward()
+        losses.append(loss)
+    rtol, atol = tolerance(torch.bfloat16)
+    torch.testing.assert_close(losses[0], losses[1], rtol=rtol, atol=atol)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=10 * rtol, atol=10 * atol, msg=name)
+    assert kiln.stats()["graph_breaks"] == 0, kiln.stats()
+    (summary,) = graphs
+    assert summary["backend"] == "kiln_autograd", summary.get("fallback_reason")
+    assert "backward:aten::native_batch_norm_backward.default" in summary["externs"], summary["externs"]
+
+
+def test_batch_norm_backward_gets_its_gradient_in_the_input_layout():
+    """A channels-last batch norm input whose gradient arrives in the default layout (here through .contiguous()):
+    the backward lays the gradient out as the input, a copy fused into the kernel that makes the gradient."""
+    bn = nn.BatchNorm2d(8).train()
+
+    def fn(x):
+        return bn(x).contiguous().sin()
+
+    x = random_tensor(2, 8, 5, 5).contiguous(memory_format=torch.channels_last).requires_grad_()
+    graphs = []
+    actual = kiln.compile(fn, backend=keep_summaries(graphs))(x)
+    reference = copy.deepcopy(bn)
+    x_ref = x.detach().clone().requires_grad_()
+    expected = reference(x_ref).contiguous().sin()
+    torch.testing.assert_close(actual, expected)
+    (grad,) = torch.autograd.grad(actual.sum(), x)
+    (grad_ref,) = torch.autograd.grad(expected.sum(), x_ref)
+    torch.testing.assert_close(grad, grad_ref)
+    (summary,) = graphs
+    assert summary["backend"] == "kiln_autograd", summary.get("fallback_reason")
+    assert any(k.startswith("backward:") and "clone" in k for k in summary["kernels"]), summary["kernels"]
+
+
 def test_a_view_of_an_updated_buffer_passed_alongside_sees_the_update():
     # The forward updates b in place; v views b. Eager's update shows through v; the compiled graph reads v as
     # its own buffer, so such a call runs on the eager interpreter (checked per call).
