@@ -74,22 +74,33 @@ void select_backward_rule(RuleCall& call) {
 }
 
 // convolution_backward(grad, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
-// groups, output_mask).
+// groups, output_mask). The input and weight gradients are contiguous, or on CUDA channels-last where cuDNN's suggested
+// memory format is (cudnn_conv_suggest_memory_format: a 4-d input or weight whose strides read channels-last, not
+// float64), which is what cuDNN returns; torch's meta kernel said contiguous there before torch 2.12. Channels-last
+// on the CPU, and grouped convolutions (CUDA's depthwise kernels), are left to torch's meta kernel.
 void convolution_backward_rule(RuleCall& call) {
   const SymTensorMeta &grad = call.tensor(0), &x = call.tensor(1), &w = call.tensor(2);
   std::vector<bool> mask = call.bool_list(10);
   call.check(mask.size() == 3, "output_mask");
   call.check(is_floating(x.dtype) && grad.dtype == x.dtype && w.dtype == x.dtype, "dtypes");
   call.check(x.dim() == w.dim() && x.dim() >= 3, "ranks");
-  call.check(not_channels_last(call, x) && not_channels_last(call, w), "a channels-last-looking input");
+  const bool channels_last = !not_channels_last(call, x) || !not_channels_last(call, w);
+  if (channels_last)
+    call.check(x.device.type == DeviceType::CUDA && x.dim() == 4 && x.dtype != ScalarType::Double &&
+                   !call.bool_arg(7) && call.const_int(9) == 1,
+               "a channels-last-looking input outside cuDNN's ungrouped 2-d convolutions");
   call.check(!mask[2] || !call.is_none(3), "a bias gradient without bias_sizes");
+  auto in_format = [&](const std::vector<Expr>& sizes) {
+    return channels_last ? make_meta(sizes, channels_last_strides(sizes), x.dtype, x.device)
+                         : contiguous_meta(sizes, x.dtype, x.device);
+  };
   if (mask[0]) {
-    call.add_output(contiguous_meta(x.sizes, x.dtype, x.device));
+    call.add_output(in_format(x.sizes));
   } else {
     call.add_none_output();
   }
   if (mask[1]) {
-    call.add_output(contiguous_meta(w.sizes, x.dtype, x.device));
+    call.add_output(in_format(w.sizes));
   } else {
     call.add_none_output();
   }

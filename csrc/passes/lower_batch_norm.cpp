@@ -4,7 +4,9 @@
 // [C, 1, ..., 1] so that ordinary broadcasting lines them up with dim 1. The new nodes are plain ATen ops
 // (view, sub, add, rsqrt, mul) that the decomposition table already knows, so fusion folds them into
 // one kernel with whatever follows (the ReLU, the residual add). The last node defines the batch norm's own
-// output value, so its consumers are untouched. Only float32 calls whose statistics outputs nobody reads.
+// output value, so its consumers are untouched. Only float32 calls whose statistics outputs nobody reads, and
+// 16-bit inputs with float32 statistics (autocast's batch norm): ATen computes those in float32 and rounds the
+// result once, which the lowering does too (float32 nodes, then one cast into the output value).
 #include "passes/lower_batch_norm.h"
 
 #include <optional>
@@ -60,7 +62,9 @@ std::optional<BatchNormArgs> inference_batch_norm(const Graph& g, const Node& n)
   a.input = *input, a.mean = *mean, a.var = *var, a.eps = *eps;
   a.weight = tensor_at(n, 1), a.bias = tensor_at(n, 2);
   const auto& x = g.values[a.input].meta;
-  if (x.sizes.size() < 2 || x.dtype != graph::ScalarType::Float) return std::nullopt;
+  using graph::ScalarType;
+  const bool half = x.dtype == ScalarType::Half || x.dtype == ScalarType::BFloat16;
+  if (x.sizes.size() < 2 || (x.dtype != ScalarType::Float && !half)) return std::nullopt;
   for (auto v : {std::optional<ValueId>(a.mean), std::optional<ValueId>(a.var), a.weight, a.bias}) {
     if (!v) continue;
     const auto& m = g.values[*v].meta;
@@ -111,6 +115,9 @@ class Lowering {
     graph::TensorMeta full = out;  // every new node has the output's index space (see per_channel)
     full.requires_grad = false;
     full.storage_offset = 0;
+    full.dtype = graph::ScalarType::Float;  // a 16-bit input is normalised in float32 and cast once, as ATen does
+    const bool cast = out.dtype != full.dtype;
+    const ValueId last = cast ? -1 : result;
     const ValueId mean = per_channel(a.mean);
     const ValueId var = per_channel(a.var);
     const ValueId centred = rewriter_.add("aten::sub", "Tensor", {TensorArg{a.input}, TensorArg{mean}, int64_t{1}},
@@ -120,13 +127,19 @@ class Lowering {
     const ValueId rstd = rewriter_.add("aten::rsqrt", "default", {TensorArg{shifted}}, {"self"}, 1, full);
     const bool last_is_scale = !a.weight && !a.bias;
     ValueId y = rewriter_.add("aten::mul", "Tensor", {TensorArg{centred}, TensorArg{rstd}}, {"self", "other"}, 2, full,
-                              false, last_is_scale ? result : -1);
+                              false, last_is_scale ? last : -1);
     if (a.weight)
       y = rewriter_.add("aten::mul", "Tensor", {TensorArg{y}, TensorArg{per_channel(*a.weight)}}, {"self", "other"}, 2,
-                        full, false, a.bias ? -1 : result);
+                        full, false, a.bias ? -1 : last);
     if (a.bias)
-      rewriter_.add("aten::add", "Tensor", {TensorArg{y}, TensorArg{per_channel(*a.bias)}, int64_t{1}},
-                    {"self", "other", "alpha"}, 2, full, false, result);
+      y = rewriter_.add("aten::add", "Tensor", {TensorArg{y}, TensorArg{per_channel(*a.bias)}, int64_t{1}},
+                        {"self", "other", "alpha"}, 2, full, false, last);
+    if (cast)
+      rewriter_.add("aten::_to_copy", "default",
+                    {TensorArg{y}, graph::ScalarTypeArg{out.dtype}, graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{},
+                     false, graph::NoneArg{}},
+                    {"self", "dtype", "layout", "device", "pin_memory", "non_blocking", "memory_format"}, 1, out, false,
+                    result);
   }
 
   GraphRewriter rewriter_;

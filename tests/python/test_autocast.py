@@ -418,3 +418,33 @@ def test_in_place_ops_on_autocast_results_are_one_compiled_training_graph(fresh_
         torch.testing.assert_close(got.grad, want.grad, rtol=10 * rtol, atol=10 * atol, msg=name)
     for got, want in zip(model.buffers(), reference.buffers()):
         torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_inference_batch_norm_under_autocast_fuses_with_its_neighbours(fresh_kiln, device, dtype):
+    """Inference batch norm of a 16-bit input (autocast's convolution output) with float32 statistics becomes
+    pointwise float32 math and one cast back, as ATen computes it, fused with the ReLU and residual around it
+    instead of running ATen's batch norm kernel."""
+    torch.manual_seed(0)
+    block = _ResidualBlock().to(device).eval()
+    for bn in (block.bn1, block.bn2):
+        bn.running_mean.normal_()
+        bn.running_var.uniform_(0.5, 2.0)
+        bn.weight.data.normal_()
+        bn.bias.data.normal_()
+    x = random_tensor(2, 8, 6, 6, device=device).to(dtype)  # a 16-bit residual: no promotion past the branch
+    graphs = []
+
+    def keep(graph, example_inputs):
+        compiled = kiln._C.compile_graph(graph, "kiln", example_inputs)
+        graphs.append(kiln._C.compiled_graph_summary(compiled))
+        return compiled
+
+    with torch.no_grad(), autocast_on(device, dtype):
+        actual, expected = kiln.compile(block, backend=keep)(x), block(x)
+    rtol, atol = tolerance(dtype)
+    assert actual.dtype == expected.dtype == dtype
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
+    (summary,) = graphs
+    assert summary["backend"] == "kiln", summary.get("fallback_reason")
+    assert not any("batch_norm" in e for e in summary["externs"]), summary["externs"]

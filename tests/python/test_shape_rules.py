@@ -670,3 +670,39 @@ def test_more_pointwise_ops_and_integer_operands():
     for func, args in ((aten.add.Tensor, [i, 2.5]), (aten.div.Tensor, [i, i]), (aten.sigmoid.default, [i])):
         full = [_to_kiln(a, case, space) for a in _schema_args(func, args, {})]
         assert not C.shape_rule(f"aten::{func._schema.name[6:]}.{func._overloadname}", full, {})["has_rule"]
+
+
+def _described(t):
+    """{'sizes', 'strides', 'offset', 'dtype', 'device'} of a real tensor, concretely."""
+    return {"sizes": list(t.shape), "strides": list(t.stride()), "offset": t.storage_offset(),
+            "dtype": DTYPE[t.dtype], "device": CODES["device_types"][t.device.type]}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_convolution_backward_rule_gives_cudnns_layouts_on_cuda(dtype):
+    """cuDNN returns a channels-last input's (or weight's) gradients channels-last, whatever the gradient's layout;
+    torch 2.11's meta kernel says contiguous, and a graph holding that meta copied every such result back."""
+    rng = random.Random(7)
+    for _ in range(12):
+        n, c, o, h, w = rng.randint(1, 4), rng.choice([3, 8, 16]), rng.choice([8, 16]), rng.randint(5, 14), rng.randint(5, 14)
+        k, stride = rng.choice([1, 3]), rng.choice([1, 2])
+        x = torch.randn(n, c, h, w, device="cuda", dtype=dtype)
+        weight = torch.randn(o, c, k, k, device="cuda", dtype=dtype)
+        if rng.random() < 0.7:
+            x = x.contiguous(memory_format=torch.channels_last)
+        if rng.random() < 0.5:
+            weight = weight.contiguous(memory_format=torch.channels_last)
+        out = torch.nn.functional.conv2d(x, weight, stride=stride, padding=k // 2)
+        grad = torch.randn_like(out, memory_format=rng.choice([torch.contiguous_format, torch.channels_last]))
+        for mask in ([True, True, False], [True, False, False], [False, True, True]):
+            args = [grad, x, weight, [o], [stride, stride], [k // 2, k // 2], [1, 1], False, [0, 0], 1, mask]
+            expected = aten.convolution_backward.default(*args)
+            got = C.shape_rule("aten::convolution_backward.default",
+                               [_described(a) if isinstance(a, torch.Tensor) else a for a in args], {})
+            assert got["has_rule"], got["reason"]
+            for e, g, wanted in zip(expected, got["outputs"], mask):
+                if not wanted:
+                    continue
+                assert g["sizes_value"] == list(e.shape) and g["strides_value"] == list(e.stride()), \
+                    (x.stride(), weight.stride(), grad.stride(), g["text"], e.stride())
