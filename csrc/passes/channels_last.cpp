@@ -81,6 +81,15 @@ bool qualifies(const Graph& g, const Node& node, bool stem, bool cpu) {
   return floating_cuda_4d(in) && (stem || in.sizes[1] >= kMinChannels) && w.sizes[0] >= kMinChannels;
 }
 
+// The op table's layout, and a dtype cast (`_to_copy` with neither a device nor a memory format: autocast's casts,
+// and the one lowered 16-bit batch norm ends with) keeps its operand's layout like any pointwise op.
+OpLayout layout_of(const Node& node) {
+  if (node.qualified_name() == "aten::_to_copy.default" && node.args.size() == 7 &&
+      std::holds_alternative<graph::NoneArg>(node.args[3]) && std::holds_alternative<graph::NoneArg>(node.args[6]))
+    return OpLayout::kFollowsOperands;
+  return graph::op_facts(node.qualified_name()).layout;
+}
+
 class Relayout {
  public:
   Relayout(Graph& g, bool stems, bool cpu)
@@ -96,7 +105,7 @@ class Relayout {
 
   void run() {
     for (Node& node : rewriter_.take_nodes()) {
-      const OpLayout layout = graph::op_facts(node.qualified_name()).layout;
+      const OpLayout layout = layout_of(node);
       if (qualifies(g_, node, stems_, cpu_)) {
         for (int a : {0, 1}) {
           ValueId& id = std::get<TensorArg>(node.args[a]).id;

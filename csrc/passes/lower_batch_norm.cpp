@@ -46,7 +46,9 @@ std::optional<double> number_at(const Node& n, size_t i) {
 std::optional<BatchNormArgs> inference_batch_norm(const Graph& g, const Node& n) {
   const std::string name = n.qualified_name();
   size_t eps_index;
-  if (name == "aten::native_batch_norm.default") {
+  // cudnn_batch_norm: what a half-precision CUDA input under autocast records (ATen picks cuDNN for it), with the
+  // same arguments; its fourth result is cuDNN's reserve.
+  if (name == "aten::native_batch_norm.default" || name == "aten::cudnn_batch_norm.default") {
     const bool* training = n.args.size() > 5 ? std::get_if<bool>(&n.args[5]) : nullptr;
     if (!training || *training) return std::nullopt;
     eps_index = 7;
@@ -58,7 +60,9 @@ std::optional<BatchNormArgs> inference_batch_norm(const Graph& g, const Node& n)
   BatchNormArgs a;
   auto input = tensor_at(n, 0), mean = tensor_at(n, 3), var = tensor_at(n, 4);
   auto eps = number_at(n, eps_index);
-  if (!input || !mean || !var || !eps || n.outputs.size() != 3) return std::nullopt;
+  if (!input || !mean || !var || !eps || n.outputs.size() < 3) return std::nullopt;
+  for (size_t r = 3; r < n.outputs.size(); ++r)
+    if (graph::is_read(g, n.outputs[r])) return std::nullopt;
   a.input = *input, a.mean = *mean, a.var = *var, a.eps = *eps;
   a.weight = tensor_at(n, 1), a.bias = tensor_at(n, 2);
   const auto& x = g.values[a.input].meta;

@@ -203,6 +203,48 @@ TEST_CASE("a ResNet stem (conv, batch norm, ReLU, max pool) stays channels-last 
   }
 }
 
+TEST_CASE("an autocast inference batch norm (cuDNN's, 16-bit input) lowers to float32 math and a cast that stay "
+          "channels-last between the convolutions") {
+  const ScalarType bf16 = ScalarType::BFloat16;
+  Graph g;
+  ValueId x = g.add_input(cuda({2, 32, 8, 8}, bf16));
+  ValueId w1 = g.add_input(cuda({32, 32, 3, 3}, bf16));
+  std::vector<ValueId> stats;
+  for (int i = 0; i < 4; ++i) stats.push_back(g.add_input(cuda({32})));  // float32, as autocast leaves them
+  ValueId y = g.add_node(conv(x, w1), {cuda({2, 32, 8, 8}, bf16)})[0];
+  std::vector<ValueId> bn = g.add_node(
+      op("aten::cudnn_batch_norm", "default",
+         {TensorArg{y}, TensorArg{stats[0]}, TensorArg{stats[1]}, TensorArg{stats[2]}, TensorArg{stats[3]}, false, 0.1,
+          1e-5},
+         {"input", "weight", "bias", "running_mean", "running_var", "training", "exponential_average_factor",
+          "epsilon"},
+         8),
+      {cuda({2, 32, 8, 8}, bf16), cuda({0}), cuda({0}), cuda({0}, ScalarType::Byte)});
+  ValueId r = g.add_node(op("aten::relu", "default", {TensorArg{bn[0]}}, {"self"}, 1), {cuda({2, 32, 8, 8}, bf16)})[0];
+  ValueId w2 = g.add_input(cuda({32, 32, 3, 3}, bf16));
+  g.set_outputs({g.add_node(conv(r, w2), {cuda({2, 32, 8, 8}, bf16)})[0]});
+  REQUIRE(kiln::passes::lower_inference_batch_norm(g));
+  REQUIRE(kiln::passes::relayout_convolutions_channels_last(g));
+  CHECK_NOTHROW(g.verify());
+  int clones = 0, casts = 0;
+  for (const Node& n : g.nodes) {
+    const std::string name = n.qualified_name();
+    CHECK(name.find("batch_norm") == std::string::npos);
+    clones += name == "aten::clone.default";
+    if (name == "aten::_to_copy.default") {
+      ++casts;
+      CHECK(g.values[std::get<TensorArg>(n.args[0]).id].meta.dtype == ScalarType::Float);
+      CHECK(g.values[n.outputs[0]].meta.dtype == bf16);
+    }
+    if (name == "aten::_to_copy.default" || name == "aten::relu.default" || name == "aten::convolution.default") {
+      INFO(name);
+      CHECK(g.values[n.outputs[0]].meta.strides[1] == 1);
+    }
+  }
+  CHECK(casts == 1);
+  CHECK(clones == 4);  // the input and both weights relaid, the result restored: nothing between the convolutions
+}
+
 TEST_CASE("a 1x1 convolution's weight is channels-last already and is not copied") {
   Graph g;
   ValueId x = g.add_input(cuda({2, 32, 8, 8}));
