@@ -131,8 +131,6 @@ def test_amp_loss_curve_follows_eager(fresh_kiln, kind, device, dtype):
         changes = list(zip([2.0**24] + scales, scales))
         assert any(b < a for a, b in changes) and any(b > a for a, b in changes), scales
     # The steps must run kiln's compiled forward and backward, whole, or the curves would compare eager with itself.
-    # BERT's attention in half precision on CUDA keeps the eager interpreter (README, "Not supported yet").
     assert stats["graph_breaks"] == 0 and stats["fallbacks"] == 0, stats
-    if not (device == "cuda" and kind == "bert"):
-        assert stats["graphs_fallback"] == 0, stats["last_fallback_reason"]
-        assert stats["graphs_autograd"] >= 1, stats
+    assert stats["graphs_fallback"] == 0, stats["last_fallback_reason"]
+    assert stats["graphs_autograd"] >= 1, stats
