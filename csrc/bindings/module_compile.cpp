@@ -13,6 +13,7 @@
 #include "compile/backends.h"
 #include "runtime/frame_program.h"
 #include "runtime/host_buffers.h"
+#include "runtime/kernel_graph.h"
 #include "trace/compile_frame.h"
 
 namespace py = pybind11;
@@ -106,6 +107,9 @@ void register_compile(py::module_& m) {
     d["cudagraph_last_decline_reason"] = g.last_decline_reason;
     d["dynamic_specialisations"] = runtime::dynamic_graph_stats().specialisations.load();
     d["dynamic_hits"] = runtime::dynamic_graph_stats().hits.load();
+    const runtime::KilnBackendStats& b = runtime::kiln_backend_stats();
+    d["graphs_on_eager_interpreter"] = b.fallbacks_since_reset;
+    d["last_eager_interpreter_reason"] = b.fallback_reason_since_reset;
     return d;
   });
   m.def("reset", [] {
@@ -114,6 +118,8 @@ void register_compile(py::module_& m) {
     guards::snapshot_stats() = guards::SnapshotStats();
     runtime::cuda_graph_stats() = runtime::CudaGraphStats();
     runtime::reset_dynamic_graph_stats();
+    runtime::kiln_backend_stats().fallbacks_since_reset = 0;
+    runtime::kiln_backend_stats().fallback_reason_since_reset.clear();
     runtime::release_host_buffers();
   });
   m.def("host_buffer_stats", [] {

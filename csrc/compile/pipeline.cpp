@@ -394,8 +394,10 @@ std::shared_ptr<runtime::CompiledGraph> compile_kiln_graph(std::shared_ptr<const
     }
   }
   KILN_LOG(fallbacks) << "kiln backend: running the graph on the eager interpreter: " << reason;
-  runtime::kiln_backend_stats().graphs_fallback++;
-  runtime::kiln_backend_stats().last_fallback_reason = reason;
+  runtime::KilnBackendStats& stats = runtime::kiln_backend_stats();
+  stats.graphs_fallback++;
+  stats.fallbacks_since_reset++;
+  stats.last_fallback_reason = stats.fallback_reason_since_reset = reason;
   if (needs_autograd(*g)) g = with_cudnn_batch_norm(std::move(g));
   std::vector<at::Tensor> constants = constants_of(*g);
   auto fallback = runtime::make_fallback_graph(std::move(g), std::move(constants), reason, std::move(folded));

@@ -80,6 +80,9 @@ struct KilnBackendStats {
   int64_t graphs_split = 0;  // training graphs cut at a data-parallel wrapper's gradient buckets (DDP)
   int64_t split_pieces = 0;  // summed over those graphs: the pieces each was cut into
   std::string last_fallback_reason;
+  // graphs_fallback and the last reason since kiln.reset() (kiln.stats()' graphs_on_eager_interpreter)
+  int64_t fallbacks_since_reset = 0;
+  std::string fallback_reason_since_reset;
 };
 KilnBackendStats& kiln_backend_stats();
 

@@ -168,7 +168,8 @@ def stats():
     size symbols lowered for a new set of sizes, or a call that reused one), and under CUDA graphs (mode="reduce-overhead"):
     cudagraph_recordings, cudagraph_replays, cudagraph_unrecorded_runs (calls of a recorded graph that ran unrecorded
     because memory it writes was still referenced), cudagraph_declined (graphs never recorded) and
-    cudagraph_last_decline_reason."""
+    cudagraph_last_decline_reason; graphs_on_eager_interpreter (captured graphs the compiler could not lower, run op
+    by op on kiln's eager interpreter at eager's speed) and last_eager_interpreter_reason."""
     return dict(_C.stats())
 
 

@@ -360,6 +360,27 @@ def test_stats_counters_and_reset(fresh_kiln):
     assert kiln.stats()["cache_hits"] == 0
 
 
+def test_stats_count_graphs_on_the_eager_interpreter(fresh_kiln):
+    """A captured graph the compiler cannot lower (here an in-place op on an intermediate a view reads) runs on
+    kiln's eager interpreter: no graph break and no frame fallback, so kiln.stats() says so with its own counter."""
+    def viewed_in_place(x):
+        y = x * 2
+        flat = y.view(-1)
+        y.relu_()  # flat sees it
+        return flat + 0
+
+    x = random_tensor(4, 4)
+    torch.testing.assert_close(kiln.compile(viewed_in_place)(x), viewed_in_place(x))
+    stats = kiln.stats()
+    assert stats["graph_breaks"] == 0 and stats["fallbacks"] == 0, stats
+    assert stats["graphs_on_eager_interpreter"] == 1, stats
+    assert "in-place" in stats["last_eager_interpreter_reason"], stats
+    kiln.reset()
+    assert kiln.stats()["graphs_on_eager_interpreter"] == 0 and kiln.stats()["last_eager_interpreter_reason"] == ""
+    torch.testing.assert_close(kiln.compile(sin_plus)(x, x), sin_plus(x, x))
+    assert kiln.stats()["graphs_on_eager_interpreter"] == 0
+
+
 def test_explain_single_graph(fresh_kiln):
     result = kiln.explain(sin_plus)(random_tensor(4, 4), random_tensor(4, 4))
     assert result.graph_count == 1
