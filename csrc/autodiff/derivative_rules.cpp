@@ -419,10 +419,6 @@ graph::ArgValue saved_statistic(RuleCall& c, size_t result, bool train) {
   return train || cuda ? tensor(c.result(result)) : graph::ArgValue{graph::NoneArg{}};
 }
 
-// ATen's batch norm backward has channels-last kernels for an input and a gradient both laid out so (the input of a
-// convolution chain passes/channels_last.h relaid); with a gradient in the default layout it takes a slow path of its
-// own and returns a layout its meta kernel does not say. So such a gradient is laid out as the input first: a copy
-// that fusion writes from the kernel making the gradient.
 bool dense_channels_last(const graph::TensorMeta& m) {
   const std::vector<int64_t>& s = m.sizes;
   if (s.size() != 4 || s[1] < 2 || m.storage_offset != 0) return false;
@@ -432,6 +428,10 @@ bool dense_channels_last(const graph::TensorMeta& m) {
   return true;
 }
 
+// ATen's batch norm backward has channels-last kernels for an input and a gradient both laid out so (the input of a
+// convolution chain passes/channels_last.h relaid); with a gradient in the default layout it takes a slow path of its
+// own and returns a layout its meta kernel does not say. So such a gradient is laid out as the input first: a copy
+// that fusion writes from the kernel making the gradient.
 ValueId gradient_in_input_layout(RuleCall& c) {
   ValueId grad = c.grad();
   if (dense_channels_last(c.input_meta(0)) && !dense_channels_last(c.b.meta(grad)))
@@ -442,9 +442,9 @@ ValueId gradient_in_input_layout(RuleCall& c) {
 void batch_norm_back(RuleCall& c, bool train, double eps) {
   const std::vector<bool> mask = {c.needs(0), c.needs(1), c.needs(2)};
   auto grads = c.b.emit_all("aten::native_batch_norm_backward", "default",
-                            {tensor(gradient_in_input_layout(c)), tensor(c.input(0)), optional_tensor(c, 1), optional_tensor(c, 3),
-                             optional_tensor(c, 4), saved_statistic(c, 1, train), saved_statistic(c, 2, train), train, eps,
-                             mask});
+                            {tensor(gradient_in_input_layout(c)), tensor(c.input(0)), optional_tensor(c, 1),
+                             optional_tensor(c, 3), optional_tensor(c, 4), saved_statistic(c, 1, train),
+                             saved_statistic(c, 2, train), train, eps, mask});
   set_masked(c, grads, {0, 1, 2}, mask);
 }
 // native_batch_norm / _native_batch_norm_legit(input, weight?, bias?, running_mean?, running_var?, training, momentum, eps)

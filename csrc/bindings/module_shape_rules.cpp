@@ -258,7 +258,9 @@ struct ErrorNode<std::shared_ptr<T>> {
 };
 template <typename T>
 struct ErrorNode<c10::intrusive_ptr<T>> {
-  static c10::intrusive_ptr<T> make(std::string msg) { return c10::make_intrusive<torch::autograd::Error>(std::move(msg)); }
+  static c10::intrusive_ptr<T> make(std::string msg) {
+    return c10::make_intrusive<torch::autograd::Error>(std::move(msg));
+  }
 };
 
 // Makes `fake` (a meta tensor that does not require grad) the non-leaf result of an autograd node, as the value it
@@ -270,7 +272,8 @@ void give_fake_history(py::handle fake) {
   if (!runtime::tensor_or_none_from_python(fake.ptr(), t) || !t.defined())
     throw py::type_error("_give_fake_history takes a tensor");
   KILN_ASSERT(!t.requires_grad()) << "a fake that requires grad already";
-  torch::autograd::create_gradient_edge(t, ErrorNode<NodePtr>::make("kiln: a fake tensor's history was differentiated"));
+  torch::autograd::create_gradient_edge(t,
+                                        ErrorNode<NodePtr>::make("kiln: a fake tensor's history was differentiated"));
 }
 
 }  // namespace

@@ -9,8 +9,8 @@
 // says which ops take operands of any dtype, such as indices), so the functional op's type promotion
 // gives x's dtype as the in-place op does. A pointwise op whose floating operands promote past x's dtype
 // (`y += x` with y bfloat16 from autocast and x float32) computes in the promoted dtype and casts on store, as
-// TensorIterator does in place: it becomes the functional op in that dtype and a cast back. Random fills of a fresh tensor (uniform_, normal_, ...) become their
-// functional ops, which fill a new tensor from the same generator (the same numbers under the same seed).
+// TensorIterator does in place: it becomes the functional op in that dtype and a cast back. Random fills of a
+// fresh tensor (uniform_, normal_, ...) become their functional ops, which fill a new tensor from the same generator (the same numbers under the same seed).
 // In-place views (squeeze_, t_, transpose_) become views.
 #include "passes/functionalize.h"
 
