@@ -12,7 +12,9 @@
 #include <c10/core/GradMode.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include "common/error.h"
 #include "passes/use_cudnn_batch_norm.h"
@@ -80,6 +82,47 @@ void write_back_updated_inputs(const AutogradSignature& signature, const std::ve
   }
 }
 
+using TensorHooks = std::vector<std::unique_ptr<torch::autograd::FunctionPreHook>>;
+
+// The leaf inputs with tensor hooks (`register_hook`), by gradient slot: what set_aside_unreached_hooks may need.
+void save_hooked_leaves(AutogradContext* ctx, const AutogradSignature& signature, const std::vector<at::Tensor>& inputs) {
+  c10::List<int64_t> slots;
+  c10::List<at::Tensor> leaves;
+  for (size_t i = 0; i < signature.grad_inputs.size(); ++i) {
+    const at::Tensor& input = inputs.at(signature.grad_inputs[i]);
+    if (input.defined() && input.requires_grad() && input.is_leaf() && !torch::autograd::impl::hooks(input).empty()) {
+      slots.push_back(static_cast<int64_t>(i));
+      leaves.push_back(input);
+    }
+  }
+  if (slots.empty()) return;
+  ctx->saved_data["hooked_slots"] = slots;
+  ctx->saved_data["hooked_leaves"] = leaves;
+}
+
+// A leaf no incoming gradient reached (an unused head's weight) is never reached by eager's engine, so its hooks never
+// run; this node has an edge to its AccumulateGrad all the same, which the engine takes with an undefined gradient,
+// calling the leaf's tensor hooks with None (a hook `lambda g: g * 2` raises). Such a leaf's hooks are set aside, and
+// put back when the backward pass ends.
+void set_aside_unreached_hooks(AutogradContext* ctx, const std::vector<bool>& reached) {
+  auto it = ctx->saved_data.find("hooked_slots");
+  if (it == ctx->saved_data.end()) return;
+  const std::vector<int64_t> slots = it->second.toIntVector();
+  const std::vector<at::Tensor> leaves = ctx->saved_data["hooked_leaves"].toTensorVector();
+  for (size_t k = 0; k < slots.size(); ++k) {
+    if (reached.at(static_cast<size_t>(slots[k]))) continue;
+    TensorHooks& hooks = torch::autograd::impl::hooks(leaves[k]);
+    if (hooks.empty()) continue;
+    auto held = std::make_shared<TensorHooks>(std::move(hooks));
+    hooks.clear();
+    torch::autograd::Engine::get_default_engine().queue_callback([leaf = leaves[k], held] {
+      TensorHooks& now = torch::autograd::impl::hooks(leaf);  // the set-aside hooks first, then any added since
+      for (auto& hook : now) held->push_back(std::move(hook));
+      now = std::move(*held);
+    });
+  }
+}
+
 struct KilnFunction : torch::autograd::Function<KilnFunction> {
   static variable_list forward(AutogradContext* ctx, at::TensorList input_list, c10::intrusive_ptr<JointProgram> program) {
     const std::vector<at::Tensor> inputs = input_list.vec();
@@ -122,6 +165,7 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
       leaf_gradients.push_back(kept);
     }
     ctx->saved_data["leaf_gradients"] = leaf_gradients;
+    save_hooked_leaves(ctx, signature, inputs);
     variable_list non_differentiable;
     for (size_t i = 0; i < outputs.size(); ++i)
       if (!signature.output_differentiable[i]) non_differentiable.push_back(outputs[i]);
@@ -171,6 +215,7 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
       }
       if (!depends) reached[i] = std::find(arrived.begin(), arrived.end(), true) != arrived.end();
     }
+    set_aside_unreached_hooks(ctx, reached);
     // Packed (placed side by side): the gradients of leaves that are handed on. One computed but dropped (BERT's
     // unused pooler) would hold its bytes of a bucket until the bucket's last gradient is freed.
     std::vector<bool> packed = reached;

@@ -427,6 +427,40 @@ def test_autograd_hooks_registered_in_compiled_code_act_as_in_eager(method):
     assert method in explained.break_reasons[0], explained.break_reasons
 
 
+class TwoLinearHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.a(x).tanh(), self.b(x).sin()
+
+
+def test_hooks_of_parameters_no_gradient_reaches_are_not_called():
+    """A parameter whose head got no gradient in a step: eager's engine never reaches it, so its tensor hooks are
+    not called. The compiled graph's one autograd node has an edge to it all the same, which the engine takes with an
+    undefined gradient: the hook was called with None (`lambda g: g * 2` raised a TypeError). The hooks are set aside
+    for that backward pass; a later pass that reaches the parameter calls them, and a reached one gets its gradient
+    through its hook as in eager."""
+    torch.manual_seed(0)
+    model = TwoLinearHeads()
+    reference = copy.deepcopy(model)
+    calls = {"kiln": [], "eager": []}
+    for name, m in (("kiln", model), ("eager", reference)):
+        for head in ("a", "b"):
+            getattr(m, head).weight.register_hook(lambda g, head=head, log=calls[name]: log.append(head) or g * 2)
+    compiled = kiln.compile(model)
+    x = random_tensor(3, 4)
+    for output in (0, 1, 0):  # one head per step, the other's parameters unreached
+        compiled(x)[output].sum().backward()
+        reference(x)[output].sum().backward()
+        assert calls["kiln"] == calls["eager"], calls
+        for (name, got), want in zip(model.named_parameters(), reference.parameters()):
+            torch.testing.assert_close(got.grad, want.grad, msg=name)
+    assert calls["eager"] == ["a", "b", "a"]
+    assert_compiled_autograd()
+
+
 def test_backward_twice_without_retain_graph_raises_like_eager():
     compiled = kiln.compile(lambda a: torch.tanh(a) * 2)
     out = compiled(r(3, 4)).sum()
