@@ -98,7 +98,7 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--no-dropout", action="store_true",
                     help="p=0 in every nn.Dropout (bert_train's are 0.1): kiln runs attention with dropout on its "
-                         "eager interpreter on the CPU and in half precision on CUDA")
+                         "eager interpreter on the CPU")
     args = ap.parse_args()
     seed_models.DEVICE[0] = args.device  # the autocast device of seed_models.step_fn
     systems = ["eager"] + [s for s in args.systems.split(",") if s != "eager"]

@@ -167,11 +167,7 @@ class Functionalize {
       node.outputs[0] = g_.values.back().id;
       const ValueId computed = node.outputs[0];
       rw_.append(std::move(node));
-      rw_.add("aten::_to_copy", "default",
-              {TensorArg{computed}, graph::ScalarTypeArg{g_.values[result].meta.dtype}, graph::NoneArg{},
-               graph::NoneArg{}, graph::NoneArg{}, false, graph::NoneArg{}},
-              {"self", "dtype", "layout", "device", "pin_memory", "non_blocking", "memory_format"}, 1,
-              g_.values[result].meta, false, result);
+      rw_.cast(computed, g_.values[result].meta.dtype, result);
     } else {
       rw_.append(std::move(node));
     }

@@ -43,6 +43,15 @@ ValueId GraphRewriter::add(const std::string& op, const std::string& overload, s
   return out;
 }
 
+ValueId GraphRewriter::cast(ValueId v, graph::ScalarType dtype, ValueId reuse) {
+  graph::TensorMeta m = g_.values[v].meta;
+  m.dtype = dtype;
+  return add("aten::_to_copy", "default",
+             {TensorArg{v}, graph::ScalarTypeArg{dtype}, graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{}, false,
+              graph::NoneArg{}},
+             {"self", "dtype", "layout", "device", "pin_memory", "non_blocking", "memory_format"}, 1, m, false, reuse);
+}
+
 ValueId GraphRewriter::expand(ValueId v, const std::vector<int64_t>& expanded_sizes) {
   graph::TensorMeta m = g_.values[v].meta;
   m.strides = graph::broadcast_strides(m, expanded_sizes);

@@ -24,6 +24,10 @@ class GraphRewriter {
                      std::vector<std::string> names, int32_t positional, const graph::TensorMeta& meta,
                      bool is_view = false, graph::ValueId reuse = -1);
 
+  /// `v` cast to `dtype` through one aten::_to_copy node (layout kept), its output `reuse` or, when reuse < 0, a new
+  /// value with v's meta in that dtype.
+  graph::ValueId cast(graph::ValueId v, graph::ScalarType dtype, graph::ValueId reuse = -1);
+
   /// `v` viewed with `expanded_sizes` (a broadcast: new leading dims and size-1 dims get stride 0) through one
   /// aten::expand node; `v` must broadcast to that shape.
   graph::ValueId expand(graph::ValueId v, const std::vector<int64_t>& expanded_sizes);

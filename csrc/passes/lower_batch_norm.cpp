@@ -138,12 +138,7 @@ class Lowering {
     if (a.bias)
       y = rewriter_.add("aten::add", "Tensor", {TensorArg{y}, TensorArg{per_channel(*a.bias)}, int64_t{1}},
                         {"self", "other", "alpha"}, 2, full, false, last);
-    if (cast)
-      rewriter_.add("aten::_to_copy", "default",
-                    {TensorArg{y}, graph::ScalarTypeArg{out.dtype}, graph::NoneArg{}, graph::NoneArg{}, graph::NoneArg{},
-                     false, graph::NoneArg{}},
-                    {"self", "dtype", "layout", "device", "pin_memory", "non_blocking", "memory_format"}, 1, out, false,
-                    result);
+    if (cast) rewriter_.cast(y, out.dtype, result);
   }
 
   GraphRewriter rewriter_;

@@ -95,13 +95,8 @@ def train(model, batches, loss_of, device, dtype, run=None):
         opt.zero_grad(set_to_none=True)
         with torch.autocast(device, dtype=dtype):
             loss = loss_of(run, *batches[step % len(batches)])
-        if scaler is None:
-            loss.backward()
-            opt.step()
-        else:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+        seed_models.backward_and_step(loss, opt, scaler)
+        if scaler is not None:
             scales.append(scaler.get_scale())
         losses.append(loss.item())
     return losses, scales
