@@ -1,7 +1,7 @@
 // Derivative rules, sixth part: attention. scaled_dot_product_attention's fused kernels (passes/lower_attention.h
-// makes them of it where they apply) have ATen backward kernels; anything else (an attention mask, as transformers'
-// models pass) is differentiated with the math eager's own math path uses, the probabilities recomputed in the
-// backward from the saved query, key, value and mask.
+// makes them of it where they apply, masked or not) have ATen backward kernels; anything else (a mask the kernels
+// refuse, grouped-query heads) is differentiated with the math eager's own math path uses, the probabilities
+// recomputed in the backward from the saved query, key, value and mask.
 #include <cmath>
 #include <limits>
 
@@ -14,7 +14,8 @@ namespace {
 
 // ---- attention (passes/lower_attention.h makes these of scaled_dot_product_attention) ----------------
 // _scaled_dot_product_efficient_attention(q, k, v, attn_bias, compute_log_sumexp, dropout_p, is_causal, *, scale)
-//   -> (output, log_sumexp, philox_seed, philox_offset): the backward replays dropout from the saved RNG state.
+//   -> (output, log_sumexp, philox_seed, philox_offset): the backward replays dropout from the saved RNG state and
+// reads the same bias (passes/lower_attention makes it of a mask; it never needs grad).
 // The kernel reads the output it is given with the strides of its own (batch, length, heads, dim) storage, the
 // layout the forward kernel writes; the graph holds the output in the layout it recorded. So the backward gets a
 // copy laid out as the kernel's own.
@@ -24,8 +25,8 @@ void rule_efficient_attention(RuleCall& c) {
   const ValueId packed = c.b.emit("aten::clone", "default", {tensor(by_length), graph::MemoryFormatArg{0}});
   const ValueId out = c.b.emit("aten::transpose", "int", {tensor(packed), int64_t{1}, int64_t{2}});
   auto grads = c.b.emit_all("aten::_scaled_dot_product_efficient_attention_backward", "default",
-                            {tensor(c.grad()), tensor(c.input(0)), tensor(c.input(1)), tensor(c.input(2)),
-                             graph::NoneArg{}, tensor(out), tensor(c.result(1)), tensor(c.result(2)),
+                            {tensor(c.grad()), tensor(c.input(0)), tensor(c.input(1)), tensor(c.input(2)), optional_tensor(c, 3),
+                             tensor(out), tensor(c.result(1)), tensor(c.result(2)),
                              tensor(c.result(3)), c.arg(5), mask, c.arg(6), c.arg(7)});
   set_masked(c, grads, {0, 1, 2}, mask);
 }
@@ -33,7 +34,7 @@ void rule_efficient_attention(RuleCall& c) {
 void rule_flash_attention_cpu(RuleCall& c) {
   auto grads = c.b.emit_all("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "default",
                             {tensor(c.grad()), tensor(c.input(0)), tensor(c.input(1)), tensor(c.input(2)),
-                             tensor(c.result(0)), tensor(c.result(1)), c.arg(3), c.arg(4), c.arg(5), c.arg(6)});
+                             tensor(c.result(0)), tensor(c.result(1)), c.arg(3), c.arg(4), optional_tensor(c, 5), c.arg(6)});
   set_masked(c, grads, {0, 1, 2}, {c.needs(0), c.needs(1), c.needs(2)});
 }
 

@@ -27,6 +27,7 @@
 #include "passes/channels_last.h"
 #include "passes/functionalize.h"
 #include "passes/functionalize_buffer_updates.h"
+#include "passes/graph_rewriter.h"
 #include "passes/lower_batch_norm.h"
 #include "passes/pipeline.h"
 #include "passes/sink_into_copies.h"
@@ -58,6 +59,17 @@ bool needs_autograd(const graph::Graph& g) {
   for (const graph::Value& v : g.values)
     if (v.meta.requires_grad) return true;
   return false;
+}
+
+// `g` without its kiln::set_grad_enabled nodes (itself when it has none).
+std::shared_ptr<const graph::Graph> without_grad_mode_switches(std::shared_ptr<const graph::Graph> g) {
+  auto is_switch = [](const graph::Node& node) { return node.op == "kiln::set_grad_enabled"; };
+  if (std::none_of(g->nodes.begin(), g->nodes.end(), is_switch)) return g;
+  auto stripped = std::make_shared<graph::Graph>(*g);
+  passes::GraphRewriter rewriter(*stripped);
+  for (graph::Node& node : rewriter.take_nodes())
+    if (!is_switch(node)) rewriter.append(std::move(node));
+  return stripped;
 }
 
 // True when the graph computes nothing: no node, or views of its inputs alone (a resume function that returns what the
@@ -355,10 +367,13 @@ std::shared_ptr<runtime::CompiledGraph> compile_kiln_graph(std::shared_ptr<const
   } else if (needs_autograd(*g) && !compiled_autograd()) {
     reason = "the graph needs grad (compiled autograd is off: kiln.config.set_compiled_autograd)";
   } else if (needs_autograd(*g)) {
+    // No_grad blocks (what needs_eager_for_grad_mode let through) are in the metas already; the halves run with grad
+    // off, so their switches go. The interpreter below, for aliased calls, replays the graph with them.
+    std::shared_ptr<const graph::Graph> differentiated = without_grad_mode_switches(g);
     // Inside a DDP forward, one piece per gradient bucket, each going through this pipeline again; a failure to cut
     // compiles the graph whole, which only gives up the overlap.
     try {
-      if (auto chained = compile_in_buckets(g, constants_of, options)) return chained;
+      if (auto chained = compile_in_buckets(differentiated, constants_of, options)) return chained;
     } catch (const std::exception& e) {
       KILN_LOG(fallbacks) << "kiln backend: not cut at DDP's buckets, compiled whole: " << e.what();
     }
@@ -366,7 +381,7 @@ std::shared_ptr<runtime::CompiledGraph> compile_kiln_graph(std::shared_ptr<const
     // again. Anything autodiff does not cover keeps the eager interpreter, which records eager's autograd history
     // op by op.
     try {
-      auto joint = split_for_autodiff(g, [&](std::shared_ptr<const graph::Graph> part, size_t part_escaping) {
+      auto joint = split_for_autodiff(differentiated, [&](std::shared_ptr<const graph::Graph> part, size_t part_escaping) {
         at::AutoGradMode no_grad(false);  // the halves run with grad off: compile them as such
         return compile_kiln_graph(std::move(part), constants_of, options, /*training_half=*/true, part_escaping);
       });

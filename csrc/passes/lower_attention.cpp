@@ -1,9 +1,12 @@
 // scaled_dot_product_attention as a differentiable kernel (passes/lower_attention.h).
 #include "passes/lower_attention.h"
 
+#include <limits>
+#include <optional>
 #include <variant>
 
 #include "common/error.h"
+#include "passes/graph_rewriter.h"
 
 namespace kiln::passes {
 
@@ -11,7 +14,13 @@ namespace {
 
 using graph::ArgValue;
 using graph::ScalarType;
+using graph::TensorArg;
+using graph::ValueId;
 using graph::tensor_meta;
+
+// The memory-efficient kernels read the bias through its strides, each a multiple of this many elements (the
+// CUTLASS kernels' alignment for any dtype: 16 bytes of float32 is 4, of 16-bit is 8; ATen pads to 16).
+constexpr int64_t kBiasAlignment = 16;
 
 double number(const ArgValue& arg, double fallback) {
   if (const auto* d = std::get_if<double>(&arg)) return *d;
@@ -37,51 +46,145 @@ bool kernel_accepts(const graph::TensorMeta& q, const graph::TensorMeta& k, cons
          head_dim <= 256;
 }
 
+// A mask the kernels take as an additive bias: boolean (True keeps) or of the query's dtype, not needing grad,
+// broadcasting to the scores' (batch, heads, length, key length).
+bool mask_accepted(const graph::TensorMeta& mask, const graph::TensorMeta& q, const graph::TensorMeta& k) {
+  if (mask.requires_grad || !(mask.device == q.device) || mask.sizes.size() > 4) return false;
+  if (mask.dtype != ScalarType::Bool && mask.dtype != q.dtype) return false;
+  const std::vector<int64_t> scores = {q.sizes[0], q.sizes[1], q.sizes[2], k.sizes[2]};
+  const size_t lead = 4 - mask.sizes.size();
+  for (size_t d = 0; d < mask.sizes.size(); ++d)
+    if (mask.sizes[d] != 1 && mask.sizes[d] != scores[lead + d]) return false;
+  return true;
+}
+
+// Strides the memory-efficient kernels accept for a (batch, heads, length, key length) bias: unit stride in the key
+// dim, the others (0 where broadcast) multiples of kBiasAlignment, and an aligned start.
+bool bias_aligned(const graph::TensorMeta& bias) {
+  if (bias.storage_offset % kBiasAlignment != 0 || bias.strides[3] != 1) return false;
+  for (size_t d = 0; d < 3; ++d)
+    if (bias.sizes[d] > 1 && bias.strides[d] % kBiasAlignment != 0) return false;
+  return true;
+}
+
+// Appends op(args) through the oracle (which completes the schema and computes the one result's meta).
+ValueId emit(GraphRewriter& rewriter, graph::OpOracle& oracle, const std::string& op, const std::string& overload,
+             std::vector<ArgValue> args) {
+  graph::Graph& g = rewriter.graph();
+  graph::Node node;
+  node.op = op;
+  node.overload = overload;
+  node.args = std::move(args);
+  std::vector<graph::TensorMeta> metas = oracle.complete_node(g, node);
+  KILN_ASSERT(metas.size() == 1) << node.qualified_name() << " gives " << metas.size() << " results";
+  graph::Value value;
+  value.id = static_cast<ValueId>(g.values.size());
+  value.meta = metas[0];
+  value.meta.requires_grad = false;
+  const ValueId id = value.id;
+  node.outputs = {id};
+  g.values.push_back(std::move(value));
+  rewriter.append(std::move(node));
+  return id;
+}
+
+// The mask as the kernels' bias, (batch, heads, length, key length) of the query's dtype: eager's conversion of a
+// boolean mask (0 where True, -inf where False), broadcast; for the memory-efficient kernels, a bias whose strides
+// they cannot read is first written into rows padded to kBiasAlignment and viewed back (ATen pads it the same way).
+// nullopt when the bias built is still not aligned (a layout the pad's meta kernel did not make dense): the nodes
+// added are then dead, and the attention is left alone.
+std::optional<ValueId> attention_bias(GraphRewriter& rewriter, graph::OpOracle& oracle, ValueId mask,
+                                      const graph::TensorMeta& q, const graph::TensorMeta& k, bool align) {
+  graph::Graph& g = rewriter.graph();
+  ValueId bias = mask;
+  if (g.value(mask).meta.dtype == ScalarType::Bool) {
+    const ValueId dropped = emit(rewriter, oracle, "aten::logical_not", "default", {TensorArg{mask}});
+    const ValueId ones = rewriter.cast(dropped, q.dtype);  // 1 where dropped: then filled with -inf, the rest 0
+    bias = emit(rewriter, oracle, "aten::masked_fill", "Scalar",
+                {TensorArg{ones}, TensorArg{dropped}, -std::numeric_limits<double>::infinity()});
+  }
+  const std::vector<int64_t> scores = {q.sizes[0], q.sizes[1], q.sizes[2], k.sizes[2]};
+  graph::TensorMeta expanded = g.value(bias).meta;
+  expanded.strides = graph::broadcast_strides(expanded, scores);
+  expanded.sizes = scores;
+  if (align && !bias_aligned(expanded)) {
+    const int64_t length = scores[3];
+    const std::vector<int64_t>& sizes = g.value(bias).meta.sizes;
+    if (sizes.empty() || sizes.back() != length) bias = rewriter.expand(bias, scores);  // the key dim broadcast
+    // As ATen's pad_bias: 1 to kBiasAlignment columns, so the padded rows' stride is a multiple of it.
+    const int64_t pad = kBiasAlignment - length % kBiasAlignment;
+    const ValueId padded = emit(rewriter, oracle, "aten::constant_pad_nd", "default",
+                                {TensorArg{bias}, std::vector<int64_t>{0, pad}, 0.0});
+    bias = emit(rewriter, oracle, "aten::slice", "Tensor", {TensorArg{padded}, int64_t{-1}, int64_t{0}, length, int64_t{1}});
+  }
+  bias = rewriter.expand(bias, scores);
+  if (align && !bias_aligned(g.value(bias).meta)) return std::nullopt;
+  return bias;
+}
+
 }  // namespace
 
 void lower_attention_for_autodiff(graph::Graph& g, graph::OpOracle& oracle) {
-  for (size_t n = 0; n < g.nodes.size(); ++n) {
-    graph::Node& node = g.nodes[n];
-    if (node.qualified_name() != "aten::scaled_dot_product_attention.default") continue;
+  GraphRewriter rewriter(g);
+  std::vector<graph::Node> nodes = rewriter.take_nodes();
+  for (graph::Node& node : nodes) {
+    if (node.qualified_name() != "aten::scaled_dot_product_attention.default") {
+      rewriter.append(std::move(node));
+      continue;
+    }
     // (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     const std::vector<ArgValue>& a = node.args;
     const graph::TensorMeta* q = tensor_meta(g, a.at(0));
     const graph::TensorMeta* k = tensor_meta(g, a.at(1));
     const graph::TensorMeta* v = tensor_meta(g, a.at(2));
-    if (!q || !k || !v || !std::holds_alternative<graph::NoneArg>(a.at(3)) || flag(a.at(7)) ||
-        !kernel_accepts(*q, *k, *v))
-      continue;
+    const graph::TensorMeta* mask = tensor_meta(g, a.at(3));
+    const bool causal = flag(a.at(5));
     const double dropout = number(a.at(4), 0.0);
+    const bool cuda = q && q->device.type == graph::DeviceType::CUDA;
+    const bool cpu = q && q->device.type == graph::DeviceType::CPU;
+    // ATen refuses a mask together with is_causal; CPU flash attention has no dropout.
+    const bool accepted = q && k && v && !flag(a.at(7)) && kernel_accepts(*q, *k, *v) &&
+                          (!mask || (!causal && mask_accepted(*mask, *q, *k))) && (cuda || (cpu && dropout == 0.0));
+    if (!accepted) {
+      rewriter.append(std::move(node));
+      continue;
+    }
+    const graph::TensorMeta query = *q, key = *k;  // copies: emitting nodes grows g.values
+    ArgValue bias = graph::NoneArg{};
+    if (mask) {
+      std::optional<ValueId> built = attention_bias(rewriter, oracle, std::get<TensorArg>(a[3]).id, query, key, cuda);
+      if (!built) {
+        rewriter.append(std::move(node));
+        continue;
+      }
+      bias = TensorArg{*built};
+    }
     graph::Node lowered;
-    // CUDA: the memory-efficient kernel, whose backward takes every floating dtype (eager picks flash or cuDNN
-    // attention for 16-bit inputs where they apply, whose results hold the lengths as Python ints).
-    if (q->device.type == graph::DeviceType::CUDA) {
+    // CUDA: the memory-efficient kernel, whose backward takes every floating dtype and a bias (eager picks flash or
+    // cuDNN attention for 16-bit inputs where they apply, whose results hold the lengths as Python ints).
+    if (cuda) {
       // (query, key, value, attn_bias, compute_log_sumexp, dropout_p, is_causal, *, scale)
       lowered.op = "aten::_scaled_dot_product_efficient_attention";
-      lowered.args = {a[0], a[1], a[2], graph::NoneArg{}, true, dropout, a.at(5), a.at(6)};
-    } else if (q->device.type == graph::DeviceType::CPU && dropout == 0.0) {  // CPU flash attention has no dropout
+      lowered.args = {a[0], a[1], a[2], bias, true, dropout, a.at(5), a.at(6)};
+    } else {
       // (query, key, value, dropout_p, is_causal, *, attn_mask, scale)
       lowered.op = "aten::_scaled_dot_product_flash_attention_for_cpu";
-      lowered.args = {a[0], a[1], a[2], 0.0, a.at(5), graph::NoneArg{}, a.at(6)};
-    } else {
-      continue;
+      lowered.args = {a[0], a[1], a[2], 0.0, a.at(5), bias, a.at(6)};
     }
     lowered.overload = "default";
     std::vector<graph::TensorMeta> metas = oracle.complete_node(g, lowered);
     KILN_ASSERT(!metas.empty()) << lowered.qualified_name() << " has no results";
     // Result 0 is the attention output, under its old id and meta; the rest are new values.
-    const graph::ValueId output = node.outputs.at(0);
-    lowered.outputs = {output};
+    lowered.outputs = {node.outputs.at(0)};
     for (size_t r = 1; r < metas.size(); ++r) {
       graph::Value value;
-      value.id = static_cast<graph::ValueId>(g.values.size());
+      value.id = static_cast<ValueId>(g.values.size());
       value.meta = metas[r];
       value.meta.requires_grad = false;
-      value.producer = static_cast<graph::NodeIndex>(n);
       lowered.outputs.push_back(value.id);
       g.values.push_back(std::move(value));
     }
-    g.nodes[n] = std::move(lowered);
+    rewriter.append(std::move(lowered));
   }
 }
 

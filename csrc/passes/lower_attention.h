@@ -5,10 +5,13 @@
 // attention as eager does. That op has no backward of its own: each of its kernels saves its own statistics
 // for one. Before the joint graph is built (autodiff/build_joint_graphs), each such node whose arguments a
 // differentiable kernel accepts becomes that kernel, with the results its backward reads (the logsumexp): on CUDA
-// in float32 _scaled_dot_product_efficient_attention (the kernel eager picks there), on CPU
-// _scaled_dot_product_flash_attention_for_cpu (eager's CPU kernel). Other nodes (dropout on CPU, CUDA in half
-// precision, a mask, grouped-query attention, shapes the kernels refuse) are left alone: autodiff then reports them
-// and the graph runs on the eager interpreter.
+// _scaled_dot_product_efficient_attention (the kernel eager picks there for float32 and for any masked attention),
+// on CPU _scaled_dot_product_flash_attention_for_cpu (eager's CPU kernel). A mask becomes the kernels' additive bias
+// as ATen makes it: a boolean one 0 where True and -inf where False in the query's dtype, broadcast to (batch,
+// heads, length, key length), and on CUDA written into rows padded to 16 elements where its strides are not
+// multiples of 16 (what the memory-efficient kernels read). Other nodes (dropout on CPU, grouped-query attention, a
+// mask with is_causal, of another dtype or needing grad, shapes the kernels refuse) are left alone: autodiff
+// differentiates them with the math, or reports them and the graph runs on the eager interpreter.
 #include "graph/graph.h"
 #include "graph/op_oracle.h"
 
@@ -16,8 +19,8 @@ namespace kiln::passes {
 
 /// Needs: `g` a captured graph; `oracle` answers the metas of the kernel ops named above. Rewrites each attention
 /// node as above. Guarantees: the attention output keeps its value id and recorded meta (the runtime conforms the
-/// real layout: runtime/node_call), the kernel's other results are new values that do not require grad, and the
-/// node stays at its index (no value is renumbered).
+/// real layout: runtime/node_call), the kernel's other results and the bias's nodes are new values that do not
+/// require grad, and no value is renumbered (the bias's nodes are inserted before the attention).
 void lower_attention_for_autodiff(graph::Graph& g, graph::OpOracle& oracle);
 
 }  // namespace kiln::passes

@@ -90,12 +90,25 @@ class EagerInterpreter final : public CompiledGraph {
 }  // namespace
 
 bool needs_eager_for_grad_mode(const graph::Graph& g) {
-  bool switches = false;
+  bool switches = false, requires_grad = false;
   for (const graph::Node& node : g.nodes) switches = switches || node.op == "kiln::set_grad_enabled";
-  if (!switches) return false;
-  for (const graph::Value& v : g.values)
-    if (v.meta.requires_grad) return true;
-  return false;
+  for (const graph::Value& v : g.values) requires_grad = requires_grad || v.meta.requires_grad;
+  if (!switches || !requires_grad) return false;
+  // The graph is entered with grad enabled (it needs autograd). Each switch must flip the mode, the graph must end
+  // enabled, and no node may write in place while grad is off: a `with torch.no_grad():` block, or several, as in a
+  // rotary embedding's @torch.no_grad() forward. Anything else (a switch that restores a mode the graph did not enter
+  // with, a graph that ends inside a block, an in-place update under no_grad) is left to the interpreter.
+  bool enabled = true;
+  for (const graph::Node& node : g.nodes) {
+    if (node.op == "kiln::set_grad_enabled") {
+      const bool* to = node.args.empty() ? nullptr : std::get_if<bool>(&node.args[0]);
+      if (!to || *to == enabled) return true;
+      enabled = *to;
+    } else if (!enabled && node.mutates_args) {
+      return true;
+    }
+  }
+  return !enabled;
 }
 
 std::shared_ptr<CompiledGraph> make_eager_interpreter(std::shared_ptr<const graph::Graph> g,

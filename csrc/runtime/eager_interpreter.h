@@ -12,9 +12,12 @@ namespace kiln::runtime {
 /// once and plans when each intermediate is freed. `constants[id]` is the real tensor of constant value
 /// `id` (undefined for other values). Unknown ops or argument lists that do not match the schema raise
 /// an error naming the node.
-/// True when `g` switches grad mode (kiln::set_grad_enabled nodes from traced grad-mode blocks) and some
-/// value requires grad: autograd must then record exactly the ops eager records under each mode, which
-/// only the op-by-op interpreter does (fused kernels and compiled autograd assume one mode per graph).
+/// True when `g` switches grad mode (kiln::set_grad_enabled nodes from traced grad-mode blocks), some value
+/// requires grad, and the switches are more than no_grad blocks compiled autograd reproduces: autograd must then
+/// record exactly the ops eager records under each mode, which only the op-by-op interpreter does. A graph entered
+/// with grad enabled whose switches each flip the mode and end it enabled, with no in-place op while it is off, is
+/// differentiated as recorded: the values computed with grad off already have requires_grad false in their metas,
+/// so no gradient flows through them, as in eager (compile/pipeline.cpp then drops the switches).
 bool needs_eager_for_grad_mode(const graph::Graph& g);
 
 std::shared_ptr<CompiledGraph> make_eager_interpreter(std::shared_ptr<const graph::Graph> g,

@@ -2,6 +2,7 @@
 // a backward, training batch norm on cuDNN. Torch-free: a canned OpOracle stands in for torch's meta kernels.
 #include <catch2/catch.hpp>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,20 @@ class CannedOracle final : public OpOracle {
   std::vector<TensorMeta> answer_;
 };
 
+// Answers each op by name (an op it has no answer for fails the test).
+class ScriptedOracle final : public OpOracle {
+ public:
+  explicit ScriptedOracle(std::map<std::string, std::vector<TensorMeta>> answers) : answers_(std::move(answers)) {}
+  std::vector<TensorMeta> complete_node(const Graph& g, Node& node) override {
+    auto it = answers_.find(node.qualified_name());
+    REQUIRE(it != answers_.end());
+    return CannedOracle(it->second).complete_node(g, node);
+  }
+
+ private:
+  std::map<std::string, std::vector<TensorMeta>> answers_;
+};
+
 }  // namespace
 
 TEST_CASE("buffer updates of inputs become functional; an input a batch norm also writes stays in place") {
@@ -91,7 +106,7 @@ TEST_CASE("buffer updates of inputs become functional; an input a batch norm als
   CHECK(h.nodes[0].qualified_name() == "aten::add_.Tensor");  // aliased by an op that writes buffers: kept
 }
 
-TEST_CASE("attention that needs grad becomes the kernel with a backward; a masked one stays") {
+TEST_CASE("attention that needs grad becomes the kernel with a backward; a mask that needs grad stays") {
   auto attention = [](ArgValue mask) {
     Graph g;
     std::vector<ValueId> qkv;
@@ -127,6 +142,67 @@ TEST_CASE("attention that needs grad becomes the kernel with a backward; a maske
   kiln::passes::lower_attention_for_autodiff(masked, unused);
   CHECK(masked.nodes[0].qualified_name() == "aten::scaled_dot_product_attention.default");
   CHECK(unused.asked.empty());
+}
+
+TEST_CASE("a CUDA attention mask becomes the memory-efficient kernel's bias, its rows padded to 16 where needed") {
+  auto attention = [](int64_t length, ScalarType mask_dtype, std::vector<int64_t> mask_sizes) {
+    Graph g;
+    std::vector<ValueId> qkv;
+    for (int i = 0; i < 3; ++i) {
+      qkv.push_back(g.add_input(meta({2, 2, length, 16}, DeviceType::CUDA)));
+      g.values[qkv.back()].meta.requires_grad = true;
+    }
+    const ValueId mask = g.add_input(meta(std::move(mask_sizes), DeviceType::CUDA, mask_dtype));
+    Node node = op("aten::scaled_dot_product_attention", "default",
+                   {TensorArg{qkv[0]}, TensorArg{qkv[1]}, TensorArg{qkv[2]}, TensorArg{mask}, 0.0, false, NoneArg{}, false});
+    ValueId out = g.add_node(node, {meta({2, 2, length, 16}, DeviceType::CUDA)})[0];
+    g.values[out].meta.requires_grad = true;
+    g.set_outputs({out});
+    return g;
+  };
+  auto names = [](const Graph& g) {
+    std::vector<std::string> n;
+    for (const Node& node : g.nodes) n.push_back(node.qualified_name());
+    return n;
+  };
+  const std::vector<TensorMeta> kernel = {meta({2, 2, 37, 16}, DeviceType::CUDA), meta({2, 2, 64}, DeviceType::CUDA),
+                                          meta({}, DeviceType::CUDA, ScalarType::Long),
+                                          meta({}, DeviceType::CUDA, ScalarType::Long)};
+  // A boolean (batch, 1, 37, 37) mask: 0 / -inf in the query's dtype, written into rows of 48 and viewed back.
+  Graph g = attention(37, ScalarType::Bool, {2, 1, 37, 37});
+  TensorMeta sliced = meta({2, 1, 37, 37}, DeviceType::CUDA);
+  sliced.strides = {37 * 48, 37 * 48, 48, 1};
+  ScriptedOracle oracle({{"aten::logical_not.default", {meta({2, 1, 37, 37}, DeviceType::CUDA, ScalarType::Bool)}},
+                         {"aten::masked_fill.Scalar", {meta({2, 1, 37, 37}, DeviceType::CUDA)}},
+                         {"aten::constant_pad_nd.default", {meta({2, 1, 37, 48}, DeviceType::CUDA)}},
+                         {"aten::slice.Tensor", {sliced}},
+                         {"aten::_scaled_dot_product_efficient_attention.default", kernel}});
+  kiln::passes::lower_attention_for_autodiff(g, oracle);
+  CHECK(names(g) == std::vector<std::string>{"aten::logical_not.default", "aten::_to_copy.default",
+                                             "aten::masked_fill.Scalar", "aten::constant_pad_nd.default",
+                                             "aten::slice.Tensor", "aten::expand.default",
+                                             "aten::_scaled_dot_product_efficient_attention.default"});
+  CHECK(std::get<std::vector<int64_t>>(g.nodes[3].args[1]) == std::vector<int64_t>{0, 11});
+  const TensorMeta& bias = g.value(std::get<TensorArg>(g.nodes.back().args[3]).id).meta;
+  CHECK(bias.sizes == std::vector<int64_t>{2, 2, 37, 37});
+  CHECK(bias.strides == std::vector<int64_t>{37 * 48, 0, 48, 1});
+  CHECK(g.nodes.back().outputs[0] == g.outputs[0]);
+  g.verify();
+
+  // An additive mask of the query's dtype whose rows are already aligned: only broadcast.
+  Graph aligned = attention(32, ScalarType::Float, {32, 32});
+  ScriptedOracle kernel_only({{"aten::_scaled_dot_product_efficient_attention.default", kernel}});
+  kiln::passes::lower_attention_for_autodiff(aligned, kernel_only);
+  CHECK(names(aligned) == std::vector<std::string>{"aten::expand.default",
+                                                   "aten::_scaled_dot_product_efficient_attention.default"});
+  CHECK(aligned.value(std::get<TensorArg>(aligned.nodes.back().args[3]).id).meta.strides ==
+        std::vector<int64_t>{0, 0, 32, 1});
+
+  // A float64 mask with float32 attention: left to the math backward.
+  Graph other = attention(32, ScalarType::Double, {32, 32});
+  ScriptedOracle none({});
+  kiln::passes::lower_attention_for_autodiff(other, none);
+  CHECK(names(other) == std::vector<std::string>{"aten::scaled_dot_product_attention.default"});
 }
 
 TEST_CASE("training batch norm on CUDA takes cuDNN's kernel where eager would, with an opaque workspace") {

@@ -119,6 +119,70 @@ def test_training_forward_grads_flow_outside_the_block_only(fresh_kiln):
     torch.testing.assert_close(kiln_grad, model.fc1.weight.grad)
 
 
+class Rotary(nn.Module):
+    """A rotary embedding as transformers writes Llama's: a @torch.no_grad() forward over a buffer and positions."""
+
+    def __init__(self, dim=8):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim)), persistent=False)
+
+    @torch.no_grad()
+    def forward(self, x, positions):
+        freqs = positions[:, :, None].float() * self.inv_freq[None, None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+
+class RotaryBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.rotary = Rotary()
+
+    def forward(self, x, positions):
+        q = self.proj(x)
+        cos, sin = self.rotary(q, positions)
+        rotated = torch.cat((-q[..., 4:], q[..., :4]), dim=-1)
+        with torch.no_grad():
+            scale = q.abs().amax() + 1  # reads a value that requires grad; no gradient flows through it
+        return (q * cos + rotated * sin) / scale
+
+
+def test_training_graph_with_no_grad_blocks_runs_on_compiled_autograd(fresh_kiln):
+    """No_grad blocks in a training forward (Llama's rotary embedding) are differentiated as recorded: the values
+    computed with grad off have no history, so no gradient flows through them. Before, any grad-mode switch sent the
+    whole training graph to the op-by-op interpreter (Llama's step on CUDA ran eager's kernels)."""
+    torch.manual_seed(0)
+    model = RotaryBlock()
+    compiled = kiln.compile(model)
+    positions = torch.arange(6).expand(2, 6)
+    for _ in range(2):
+        assert_same_as_eager(model, random_tensor(2, 6, 8, requires_grad=True), positions, compiled=compiled)
+    stats = kiln.stats()
+    assert stats["graphs_on_eager_interpreter"] == 0, stats["last_eager_interpreter_reason"]
+    assert stats["graph_breaks"] == 0 and stats["frames_compiled"] == 1, stats
+
+
+def clamps_a_weight_under_no_grad(x, w):
+    with torch.no_grad():
+        w.clamp_(-0.5, 0.5)  # an in-place update while grad is off: only the interpreter records it as eager does
+    return (x * w).tanh()
+
+
+def test_in_place_update_under_no_grad_keeps_the_interpreter(fresh_kiln):
+    x = random_tensor(4, requires_grad=True)
+    w_eager, w_kiln = weights(4), None
+    w_kiln = w_eager.detach().clone().requires_grad_()
+    expected = clamps_a_weight_under_no_grad(x, w_eager)
+    actual = kiln.compile(clamps_a_weight_under_no_grad)(x, w_kiln)
+    torch.testing.assert_close(actual, expected)
+    torch.testing.assert_close(w_kiln, w_eager)
+    (got,) = torch.autograd.grad(actual.sum(), w_kiln)
+    (want,) = torch.autograd.grad(expected.sum(), w_eager)
+    torch.testing.assert_close(got, want)
+    assert "grad mode" in kiln.stats()["last_eager_interpreter_reason"]
+
+
 def enable_grad_inside(x, w):
     a = x * w  # no grad here: the caller runs under torch.no_grad
     with torch.enable_grad():
