@@ -8,12 +8,20 @@
 #include "runtime/autograd_graph.h"
 
 #include <Python.h>
+#include <algorithm>
+#include <mutex>
+#include <string>
+#include <typeinfo>
+
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/GradMode.h>
+#include <c10/util/Type.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/cpp_hook.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/autograd/python_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include "common/error.h"
@@ -82,46 +90,9 @@ void write_back_updated_inputs(const AutogradSignature& signature, const std::ve
   }
 }
 
-using TensorHooks = std::vector<std::unique_ptr<torch::autograd::FunctionPreHook>>;
-
-// The leaf inputs with tensor hooks (`register_hook`), by gradient slot: what set_aside_unreached_hooks may need.
-void save_hooked_leaves(AutogradContext* ctx, const AutogradSignature& signature, const std::vector<at::Tensor>& inputs) {
-  c10::List<int64_t> slots;
-  c10::List<at::Tensor> leaves;
-  for (size_t i = 0; i < signature.grad_inputs.size(); ++i) {
-    const at::Tensor& input = inputs.at(signature.grad_inputs[i]);
-    if (input.defined() && input.requires_grad() && input.is_leaf() && !torch::autograd::impl::hooks(input).empty()) {
-      slots.push_back(static_cast<int64_t>(i));
-      leaves.push_back(input);
-    }
-  }
-  if (slots.empty()) return;
-  ctx->saved_data["hooked_slots"] = slots;
-  ctx->saved_data["hooked_leaves"] = leaves;
-}
-
-// A leaf no incoming gradient reached (an unused head's weight) is never reached by eager's engine, so its hooks never
-// run; this node has an edge to its AccumulateGrad all the same, which the engine takes with an undefined gradient,
-// calling the leaf's tensor hooks with None (a hook `lambda g: g * 2` raises). Such a leaf's hooks are set aside, and
-// put back when the backward pass ends.
-void set_aside_unreached_hooks(AutogradContext* ctx, const std::vector<bool>& reached) {
-  auto it = ctx->saved_data.find("hooked_slots");
-  if (it == ctx->saved_data.end()) return;
-  const std::vector<int64_t> slots = it->second.toIntVector();
-  const std::vector<at::Tensor> leaves = ctx->saved_data["hooked_leaves"].toTensorVector();
-  for (size_t k = 0; k < slots.size(); ++k) {
-    if (reached.at(static_cast<size_t>(slots[k]))) continue;
-    TensorHooks& hooks = torch::autograd::impl::hooks(leaves[k]);
-    if (hooks.empty()) continue;
-    auto held = std::make_shared<TensorHooks>(std::move(hooks));
-    hooks.clear();
-    torch::autograd::Engine::get_default_engine().queue_callback([leaf = leaves[k], held] {
-      TensorHooks& now = torch::autograd::impl::hooks(leaf);  // the set-aside hooks first, then any added since
-      for (auto& hook : now) held->push_back(std::move(hook));
-      now = std::move(*held);
-    });
-  }
-}
+// Gates, for the rest of this backward pass, the tensor hooks at the end of each edge of the current kiln node that
+// `result` (its backward's gradients, one per input) hands no gradient; see "Inputs no gradient reaches" below.
+void gate_unreached_inputs(const variable_list& result, size_t num_inputs);
 
 struct KilnFunction : torch::autograd::Function<KilnFunction> {
   static variable_list forward(AutogradContext* ctx, at::TensorList input_list, c10::intrusive_ptr<JointProgram> program) {
@@ -165,7 +136,6 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
       leaf_gradients.push_back(kept);
     }
     ctx->saved_data["leaf_gradients"] = leaf_gradients;
-    save_hooked_leaves(ctx, signature, inputs);
     variable_list non_differentiable;
     for (size_t i = 0; i < outputs.size(); ++i)
       if (!signature.output_differentiable[i]) non_differentiable.push_back(outputs[i]);
@@ -178,6 +148,14 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
     if (at::GradMode::is_enabled()) raise_double_backward();
     auto program = c10::static_intrusive_pointer_cast<JointProgram>(ctx->saved_data["program"].toCapsule());
     const AutogradSignature& signature = program->signature;
+    // No gradient came at all: the engine reached this node only by edges that carry none (see "Inputs no gradient
+    // reaches"), where eager runs none of these ops' backward; its outputs' hooks were not run either (FSDP2's unshards
+    // the parameters this backward would read).
+    if (std::none_of(grad_outputs.begin(), grad_outputs.end(), [](const at::Tensor& grad) { return grad.defined(); })) {
+      variable_list result(signature.num_inputs + 1);
+      gate_unreached_inputs(result, signature.num_inputs);
+      return result;
+    }
     variable_list by_reference = ctx->get_saved_variables();  // raises on a second backward without retain_graph
     std::vector<at::Tensor> private_values = ctx->saved_data["private"].toTensorVector();
     const std::vector<int64_t> is_private = ctx->saved_data["is_private"].toIntVector();
@@ -215,7 +193,6 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
       }
       if (!depends) reached[i] = std::find(arrived.begin(), arrived.end(), true) != arrived.end();
     }
-    set_aside_unreached_hooks(ctx, reached);
     // Packed (placed side by side): the gradients of leaves that are handed on. One computed but dropped (BERT's
     // unused pooler) would hold its bytes of a bucket until the bucket's last gradient is freed.
     std::vector<bool> packed = reached;
@@ -228,9 +205,137 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
     variable_list result(num_inputs + 1);
     for (size_t i = 0; i < signature.grad_inputs.size(); ++i)
       if (reached[i]) result[signature.grad_inputs[i]] = grads[i];
+    gate_unreached_inputs(result, num_inputs);
     return result;
   }
 };
+
+// Inputs no gradient reaches. The node has an edge to every input that requires grad, and the engine follows each one
+// even where backward hands it no gradient: the node at its end (the input's grad_fn, or a leaf's AccumulateGrad) runs
+// with an undefined gradient and calls the input's tensor hooks (`register_hook`) with None, then hands undefined
+// gradients on to the nodes it came from, whose hooks get None too. Eager's engine never gets there: the ops of an
+// output the loss ignores (or of a use with no gradient, a mask) are not in its graph. Whether some other path (eager
+// code, another compiled node) brings the same node a gradient is known only when that node runs, after the engine has
+// summed every path into it; setting its hooks aside from here would skip them where eager calls them once, with that
+// sum. So the node at the end of such an edge gets, for the rest of the pass, one UnreachedGate in place of its tensor
+// hooks, which decides when the node runs: every incoming gradient undefined (no path eager has reaches the node) calls
+// none of them and gates the nodes it hands on to; otherwise they run as the engine would run them. A kiln node stands
+// for many eager ops, each with its own grad_fn, so there the gate also skips the hooks of each output no gradient
+// reached (register_hook in compiled code breaks the graph there: the hooked tensor is the previous graph's output).
+// Left as they are: a node's own pre- and post-hooks and a parameter's post-accumulate-grad hooks still run at such an
+// edge's end (DDP's reducer counts on its AccumulateGrad post-hook for every parameter this node reaches). Not
+// reachable from here: register_multi_grad_hook(mode="all") counts such a node among those the engine runs, and
+// waits for its hook.
+
+using torch::autograd::FunctionPreHook;
+using torch::autograd::Node;
+using TensorHooks = std::vector<std::unique_ptr<FunctionPreHook>>;
+
+bool is_kiln_node(const Node& node) {
+  return dynamic_cast<const torch::autograd::CppNode<KilnFunction>*>(&node) != nullptr;
+}
+
+// The gradient slot of its node a tensor hook reads, or -1 where the hook is not one register_hook makes (from Python
+// or C++). LibTorch exports no typeinfo for those classes, so the class is told by its name.
+int64_t slot_of(const FunctionPreHook& hook) {
+  const std::string name = c10::demangle(typeid(hook).name());
+  if (name == "torch::autograd::PyFunctionTensorPreHook")
+    return static_cast<int64_t>(static_cast<const torch::autograd::PyFunctionTensorPreHook&>(hook).value_idx);
+  if (name == "torch::autograd::CppFunctionTensorPreHook")
+    return static_cast<int64_t>(static_cast<const torch::autograd::CppFunctionTensorPreHook&>(hook).value_idx_);
+  return -1;
+}
+
+void gate_for_pass(const c10::intrusive_ptr<Node>& node);
+
+// A node's tensor hooks, held while backward passes that gated the node run (see above).
+class UnreachedGate final : public FunctionPreHook {
+ public:
+  UnreachedGate(const c10::intrusive_ptr<Node>& node, TensorHooks held) : node_(node), held_(std::move(held)) {
+    if (is_kiln_node(*node))
+      for (const auto& hook : held_) slots_.push_back(slot_of(*hook));
+  }
+
+  variable_list operator()(const variable_list& grads) override {
+    if (std::none_of(grads.begin(), grads.end(), [](const at::Tensor& grad) { return grad.defined(); })) {
+      if (c10::intrusive_ptr<Node> node = node_.lock())
+        for (const torch::autograd::Edge& edge : node->next_edges())
+          if (edge.is_valid()) gate_for_pass(edge.function);
+      return grads;
+    }
+    variable_list result = grads;
+    for (size_t i = 0; i < held_.size(); ++i) {
+      const int64_t slot = slots_.empty() ? -1 : slots_[i];
+      const bool reached = slot < 0 || static_cast<size_t>(slot) >= result.size() || result[slot].defined();
+      if (reached) result = (*held_[i])(result);
+    }
+    return result;
+  }
+
+  // Whether `pass` is new to this gate (a node reached by several edges without a gradient is gated once per pass).
+  bool join(int pass) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (std::find(passes_.begin(), passes_.end(), pass) != passes_.end()) return false;
+    passes_.push_back(pass);
+    return true;
+  }
+  // Whether `pass` was the last one holding the hooks.
+  bool leave(int pass) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    passes_.erase(std::remove(passes_.begin(), passes_.end(), pass), passes_.end());
+    return passes_.empty();
+  }
+  TensorHooks release() { return std::move(held_); }
+
+ private:
+  c10::weak_intrusive_ptr<Node> node_;  // weak: the gate lives in the node's own hooks
+  TensorHooks held_;
+  std::vector<int64_t> slots_;  // at a kiln node, per held hook: the output it hooks (-1: unknown, run if any is)
+  std::mutex mutex_;
+  std::vector<int> passes_;  // graph task ids
+};
+
+UnreachedGate* find_gate(TensorHooks& hooks) {
+  for (const auto& hook : hooks)
+    if (auto* gate = dynamic_cast<UnreachedGate*>(hook.get())) return gate;
+  return nullptr;
+}
+
+// The node's hooks back in the gate's place once no pass holds them (hooks added meanwhile stay after them). A pass
+// that ends in an error runs no callbacks: its gate stays, and still calls the hooks wherever a gradient arrives.
+void ungate(const c10::intrusive_ptr<Node>& node, int pass) {
+  TensorHooks& hooks = node->tensor_pre_hooks();
+  UnreachedGate* gate = find_gate(hooks);
+  if (!gate || !gate->leave(pass)) return;
+  TensorHooks held = gate->release();
+  auto at = hooks.erase(std::find_if(hooks.begin(), hooks.end(), [&](const auto& hook) { return hook.get() == gate; }));
+  hooks.insert(at, std::make_move_iterator(held.begin()), std::make_move_iterator(held.end()));
+}
+
+void gate_for_pass(const c10::intrusive_ptr<Node>& node) {
+  TensorHooks& hooks = node->tensor_pre_hooks();
+  UnreachedGate* gate = find_gate(hooks);
+  if (!gate) {
+    if (hooks.empty() && node->next_edges().empty()) return;  // a leaf without hooks: nothing to hold or hand on
+    auto made = std::make_unique<UnreachedGate>(node, std::move(hooks));
+    gate = made.get();
+    hooks.clear();
+    hooks.push_back(std::move(made));
+  }
+  const int pass = torch::autograd::get_current_graph_task_id();
+  if (!gate->join(pass)) return;
+  torch::autograd::Engine::get_default_engine().queue_callback([node, pass] { ungate(node, pass); });
+}
+
+void gate_unreached_inputs(const variable_list& result, size_t num_inputs) {
+  // Outside the engine (a node called by hand) nothing follows the edges, and there is no pass to end.
+  if (torch::autograd::get_current_graph_task_id() < 0) return;
+  const c10::intrusive_ptr<Node> node = torch::autograd::get_current_node();
+  if (!node || !is_kiln_node(*node)) return;
+  KILN_ASSERT_EQ(node->num_outputs(), num_inputs);
+  for (size_t i = 0; i < num_inputs; ++i)
+    if (!result[i].defined() && node->next_edge(i).is_valid()) gate_for_pass(node->next_edge(i).function);
+}
 
 class JointGraph final : public AutogradGraph {
  public:

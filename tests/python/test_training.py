@@ -461,6 +461,159 @@ def test_hooks_of_parameters_no_gradient_reaches_are_not_called():
     assert_compiled_autograd()
 
 
+class HeadsOverInputs(nn.Module):
+    """Two heads over tensors computed outside the compiled function: `h` feeds one head, `other` the other."""
+
+    def __init__(self):
+        super().__init__()
+        self.w0 = nn.Parameter(torch.randn(4))
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, h, other):
+        return self.a(h).tanh(), self.b(other).sin()
+
+
+def doubling_hook(log, name):
+    return lambda g: log.append((name, None if g is None else tuple(g.shape))) or g * 2
+
+
+# How the step treats h = w0 * x, computed eagerly before the compiled call: what eager does when the head over h gets
+# no gradient (step 1 of three) is what kiln must do.
+NON_LEAF_INPUT_CASES = {
+    "hook": lambda h, w0, log: h.register_hook(doubling_hook(log, "h")),  # eager never calls it
+    "retain_grad": lambda h, w0, log: h.retain_grad(),  # eager leaves h.grad None
+    "hook_upstream": lambda h, w0, log: w0.register_hook(doubling_hook(log, "w0")),  # a leaf behind h: not reached
+}
+
+
+@pytest.mark.parametrize("case", list(NON_LEAF_INPUT_CASES))
+@pytest.mark.parametrize("eager_path", [False, True], ids=["only_compiled", "also_eager"])
+def test_hooks_of_non_leaf_inputs_no_gradient_reaches_are_not_called(case, eager_path):
+    """A non-leaf input (computed eagerly, with requires_grad) that feeds only an output the loss ignores: eager's
+    engine never reaches its grad_fn, so its hooks (and those of what it was computed from) are not called. The
+    compiled graph's autograd node has an edge to it all the same, and the engine called h's hook with None (`g * 2`
+    raised). With `also_eager` the loss also reads h outside the compiled function: its grad_fn is reached through that
+    path, and its hook gets that gradient, as in eager."""
+    torch.manual_seed(0)
+    model = HeadsOverInputs()
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model)
+    x, other = random_tensor(3, 4), random_tensor(3, 4)
+    for output in (0, 1, 0):
+        results = {}
+        for name, fn, m in (("kiln", compiled, model), ("eager", reference, reference)):
+            log = []
+            h = m.w0 * x
+            NON_LEAF_INPUT_CASES[case](h, m.w0, log)
+            loss = fn(h, other)[output].sum()
+            if eager_path:
+                loss = loss + (h * 3).sum()
+            loss.backward()
+            results[name] = log, h.grad if case == "retain_grad" else None
+        assert results["kiln"][0] == results["eager"][0], results
+        torch.testing.assert_close(results["kiln"][1], results["eager"][1])
+        for (name, got), want in zip(model.named_parameters(), reference.parameters()):
+            torch.testing.assert_close(got.grad, want.grad, msg=name)
+    assert_compiled_autograd()
+
+
+def test_graph_whose_outputs_get_no_gradient_runs_no_backward():
+    """h, made by one compiled function, feeds only the unused head of another: the first graph's autograd node is
+    reached only by an edge that carries no gradient. Eager runs none of its backward and calls no hook of h or of the
+    parameter it read; kiln ran that backward on zeros (which a hook on h, such as FSDP2's unshard, would precede)."""
+    torch.manual_seed(0)
+    model = HeadsOverInputs()
+    reference = copy.deepcopy(model)
+    log = []
+    for name, m in (("kiln", model), ("eager", reference)):
+        m.w0.register_hook(doubling_hook(log, name + " w0"))
+    produce = lambda w0, x: (w0 * x).exp()
+    compiled_produce, compiled = kiln.compile(produce), kiln.compile(model)
+    x, other = random_tensor(3, 4), random_tensor(3, 4)
+    for output in (0, 1, 0):
+        runs = kiln._C.compiler_stats()["autograd_backward_runs"]
+        sides = (("kiln", compiled_produce, compiled, model), ("eager", produce, reference, reference))
+        for name, make, fn, m in sides:
+            h = make(m.w0, x)
+            h.register_hook(doubling_hook(log, name + " h"))
+            fn(h, other)[output].sum().backward()
+        assert kiln._C.compiler_stats()["autograd_backward_runs"] - runs == (2 if output == 0 else 1)
+        assert [e[1:] for e in log if e[0].startswith("kiln")] == [e[1:] for e in log if e[0].startswith("eager")], log
+        log.clear()
+        for (name, got), want in zip(model.named_parameters(), reference.parameters()):
+            torch.testing.assert_close(got.grad, want.grad, msg=name)
+    assert_compiled_autograd(expect_graphs=2)
+
+
+def test_hooks_of_parameters_reached_elsewhere_are_called_once():
+    """A parameter whose compiled head gets no gradient but which the loss also reads outside the compiled call (a
+    regulariser), or through a second call whose head is used: eager calls its hook once, with the sum. Setting the
+    hooks aside for the whole pass when one compiled node's edge to it got no gradient skipped them."""
+    torch.manual_seed(0)
+    model = TwoLinearHeads()
+    reference = copy.deepcopy(model)
+    calls = {"kiln": [], "eager": []}
+    for name, m in (("kiln", model), ("eager", reference)):
+        m.a.weight.register_hook(doubling_hook(calls[name], "a"))
+    compiled = kiln.compile(model)
+    x, y = random_tensor(3, 4), random_tensor(3, 4)
+    for name, fn, m in (("kiln", compiled, model), ("eager", reference, reference)):
+        (fn(x)[1].sum() + (m.a.weight**2).sum()).backward()  # a regulariser
+        (fn(x)[1].sum() + fn(y)[0].sum()).backward()  # a second call that uses head a
+    assert calls["kiln"] == calls["eager"] == [("a", (4, 4))] * 2, calls
+    for (name, got), want in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(got.grad, want.grad, msg=name)
+    assert_compiled_autograd()
+
+
+def test_hook_registered_in_compiled_code_on_an_output_no_gradient_reaches():
+    """register_hook inside the compiled function breaks the graph there: the hooked tensor is an output of the first
+    graph's autograd node, beside one the loss does reach. Eager never reaches the op that made it; its hook was
+    called with None."""
+    log = []
+    hook = doubling_hook(log, "h")
+
+    def f(x, w0, wa, wb):
+        h = (w0 * x).exp()
+        k = (w0 * x).cos()
+        h.register_hook(hook)
+        return (h @ wa).tanh(), (k @ wb).sin()
+
+    torch.manual_seed(0)
+    x = random_tensor(3, 4)
+    params = [random_tensor(*shape, requires_grad=True) for shape in ((4,), (4, 4), (4, 4))]
+    compiled = kiln.compile(f)
+    for output in (1, 0, 1):
+        results = {}
+        for name, fn in (("kiln", compiled), ("eager", f)):
+            fn(x, *params)[output].sum().backward()
+            results[name] = log[:], [p.grad for p in params]
+            log.clear()
+            for p in params:
+                p.grad = None
+        assert results["kiln"][0] == results["eager"][0] == ([("h", (3, 4))] if output == 0 else []), results
+        torch.testing.assert_close(results["kiln"][1], results["eager"][1])
+    assert_compiled_autograd(expect_graphs=2)
+
+
+def test_hook_of_an_input_used_only_without_gradient_is_not_called():
+    """An input that requires grad but that the compiled function reads only where no gradient flows (a mask):
+    eager's engine does not reach its grad_fn; the compiled graph's node has an edge to it."""
+    log, y_grads = [], []
+    f = lambda h, y: y * (h > 0)
+    compiled = kiln.compile(f)
+    w0, y = random_tensor(3, 4, requires_grad=True), random_tensor(3, 4, requires_grad=True)
+    for fn in (compiled, f):
+        h = w0 * 2
+        h.register_hook(doubling_hook(log, "h"))
+        fn(h, y).sum().backward()
+        y_grads.append(y.grad)
+        y.grad = None
+    assert log == [] and w0.grad is None
+    torch.testing.assert_close(*y_grads)
+    assert_compiled_autograd()
+
+
 def test_backward_twice_without_retain_graph_raises_like_eager():
     compiled = kiln.compile(lambda a: torch.tanh(a) * 2)
     out = compiled(r(3, 4)).sum()
