@@ -9,6 +9,7 @@
 
 #include <Python.h>
 #include <algorithm>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <typeinfo>
@@ -230,6 +231,20 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
 using torch::autograd::FunctionPreHook;
 using torch::autograd::Node;
 using TensorHooks = std::vector<std::unique_ptr<FunctionPreHook>>;
+// Whichever pointer type this torch's edges hold (std::shared_ptr before torch 2.12, c10::intrusive_ptr after), and its
+// weak counterpart.
+using NodePtr = decltype(torch::autograd::Edge::function);
+template <class P>
+struct WeakOf;
+template <class T>
+struct WeakOf<std::shared_ptr<T>> {
+  using type = std::weak_ptr<T>;
+};
+template <class T>
+struct WeakOf<c10::intrusive_ptr<T>> {
+  using type = c10::weak_intrusive_ptr<T>;
+};
+using WeakNodePtr = typename WeakOf<NodePtr>::type;
 
 bool is_kiln_node(const Node& node) {
   return dynamic_cast<const torch::autograd::CppNode<KilnFunction>*>(&node) != nullptr;
@@ -246,19 +261,19 @@ int64_t slot_of(const FunctionPreHook& hook) {
   return -1;
 }
 
-void gate_for_pass(const c10::intrusive_ptr<Node>& node);
+void gate_for_pass(const NodePtr& node);
 
 // A node's tensor hooks, held while backward passes that gated the node run (see above).
 class UnreachedGate final : public FunctionPreHook {
  public:
-  UnreachedGate(const c10::intrusive_ptr<Node>& node, TensorHooks held) : node_(node), held_(std::move(held)) {
+  UnreachedGate(const NodePtr& node, TensorHooks held) : node_(node), held_(std::move(held)) {
     if (is_kiln_node(*node))
       for (const auto& hook : held_) slots_.push_back(slot_of(*hook));
   }
 
   variable_list operator()(const variable_list& grads) override {
     if (std::none_of(grads.begin(), grads.end(), [](const at::Tensor& grad) { return grad.defined(); })) {
-      if (c10::intrusive_ptr<Node> node = node_.lock())
+      if (NodePtr node = node_.lock())
         for (const torch::autograd::Edge& edge : node->next_edges())
           if (edge.is_valid()) gate_for_pass(edge.function);
       return grads;
@@ -288,7 +303,7 @@ class UnreachedGate final : public FunctionPreHook {
   TensorHooks release() { return std::move(held_); }
 
  private:
-  c10::weak_intrusive_ptr<Node> node_;  // weak: the gate lives in the node's own hooks
+  WeakNodePtr node_;  // weak: the gate lives in the node's own hooks
   TensorHooks held_;
   std::vector<int64_t> slots_;  // at a kiln node, per held hook: the output it hooks (-1: unknown, run if any is)
   std::mutex mutex_;
@@ -303,7 +318,7 @@ UnreachedGate* find_gate(TensorHooks& hooks) {
 
 // The node's hooks back in the gate's place once no pass holds them (hooks added meanwhile stay after them). A pass
 // that ends in an error runs no callbacks: its gate stays, and still calls the hooks wherever a gradient arrives.
-void ungate(const c10::intrusive_ptr<Node>& node, int pass) {
+void ungate(const NodePtr& node, int pass) {
   TensorHooks& hooks = node->tensor_pre_hooks();
   UnreachedGate* gate = find_gate(hooks);
   if (!gate || !gate->leave(pass)) return;
@@ -312,7 +327,7 @@ void ungate(const c10::intrusive_ptr<Node>& node, int pass) {
   hooks.insert(at, std::make_move_iterator(held.begin()), std::make_move_iterator(held.end()));
 }
 
-void gate_for_pass(const c10::intrusive_ptr<Node>& node) {
+void gate_for_pass(const NodePtr& node) {
   TensorHooks& hooks = node->tensor_pre_hooks();
   UnreachedGate* gate = find_gate(hooks);
   if (!gate) {
@@ -330,7 +345,7 @@ void gate_for_pass(const c10::intrusive_ptr<Node>& node) {
 void gate_unreached_inputs(const variable_list& result, size_t num_inputs) {
   // Outside the engine (a node called by hand) nothing follows the edges, and there is no pass to end.
   if (torch::autograd::get_current_graph_task_id() < 0) return;
-  const c10::intrusive_ptr<Node> node = torch::autograd::get_current_node();
+  const NodePtr node = torch::autograd::get_current_node();
   if (!node || !is_kiln_node(*node)) return;
   KILN_ASSERT_EQ(node->num_outputs(), num_inputs);
   for (size_t i = 0; i < num_inputs; ++i)
