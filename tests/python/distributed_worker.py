@@ -114,7 +114,7 @@ def make_optimizer(kind, params):
 
 def mse_of(model):
     # In float32, as mixed-precision training computes its loss: torch 2.11's mse_loss_backward refuses a bfloat16
-    # output against a float32 target ("Found dtype Float but expected BFloat16"), eager's as kiln's.
+    # output against a float32 target ("Found dtype Float but expected BFloat16").
     return lambda x, y: F.mse_loss(model(x).float(), y)
 
 
