@@ -102,9 +102,36 @@ bool move_after_sibling(graph::Graph& g, NodeIndex a) {
   return false;
 }
 
+// Moves node a down to just before its first reader when that reader is a pointwise node of the same shape and other
+// nodes lie between (an extern call: the scheduler keeps graph order, so the two were two kernels). True when moved.
+bool sink_to_pointwise_reader(graph::Graph& g, NodeIndex a) {
+  const graph::Node& node = g.nodes[a];
+  if (!is_pointwise(g, node)) return false;
+  std::vector<bool> output(g.values.size(), false);
+  output[node.outputs[0]] = true;
+  NodeIndex reader = -1;
+  for (NodeIndex b = a + 1; b < static_cast<NodeIndex>(g.nodes.size()) && reader < 0; ++b) {
+    const graph::Node& other = g.nodes[b];
+    if (reads_any(other, output)) reader = b;
+    else if (other.mutates_args || other.op.rfind("kiln::", 0) == 0) return false;  // writes or switches a mode
+  }
+  if (reader <= a + 1 || !is_pointwise(g, g.nodes[reader]) ||
+      g.value(g.nodes[reader].outputs[0]).meta.sizes != g.value(node.outputs[0]).meta.sizes)
+    return false;
+  graph::Node moved = std::move(g.nodes[a]);
+  for (NodeIndex i = a; i + 1 < reader; ++i) g.nodes[i] = std::move(g.nodes[i + 1]);
+  g.nodes[reader - 1] = std::move(moved);
+  for (NodeIndex n = a; n < reader; ++n)
+    for (ValueId out : g.nodes[n].outputs) g.values[out].producer = n;
+  return true;
+}
+
 }  // namespace
 
 void fuse_recomputation(graph::Graph& g) {
+  // Pointwise chains split by an extern call first (SwiGLU's silu(gate(x)) * up(x)), from the last node back so that a
+  // chain moves together; then recomputed nodes next to their siblings, whose moves take precedence.
+  for (NodeIndex a = static_cast<NodeIndex>(g.nodes.size()) - 1; a >= 0; --a) sink_to_pointwise_reader(g, a);
   std::vector<bool> moved_once(g.values.size(), false);  // by output: a node moves at most once
   for (NodeIndex a = 0; a < static_cast<NodeIndex>(g.nodes.size()); ++a) {
     const graph::Node& node = g.nodes[a];

@@ -6,6 +6,10 @@
 // sibling joins the sibling's kernel (horizontal fusion, one read of h), as torch.compile's fused
 // gelu/gelu_backward kernel does.
 //
+// First, a pointwise node whose first reader is a pointwise node of its shape further down, past an extern call
+// (SwiGLU's silu(gate(x)) computed before up(x)'s matmul, then multiplied by it), moves down to just before that
+// reader, so that the two share a kernel and the intermediate is not written.
+//
 // Needs: a verified graph. Guarantees: the same values computed; only deterministic nodes without side effects
 // move (pointwise and view nodes, mm/bmm/addmm), never past a node that mutates; a moved node's readers stay
 // after it.

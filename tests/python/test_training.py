@@ -1410,6 +1410,26 @@ def test_recomputed_gelu_shares_the_gelu_backward_kernel():
     assert any("gelu_backward" in k and "_gelu" in k.replace("gelu_backward", "") for k in kernels), backward
 
 
+def test_swiglu_activation_and_product_share_a_kernel():
+    # Llama's MLP: silu(gate(x)) * up(x). The silu was recorded before up's matmul and the product after it, and the
+    # scheduler keeps graph order: two kernels, the silu written and read back. The silu now moves down to the
+    # product and the two are one kernel, in inference and in the training step's forward.
+    def mlp(x, gate, up, down):
+        return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+
+    args = (r(4, 8, 16), r(32, 16), r(32, 16), r(16, 32))
+    graphs = []
+    assert_same_as_eager(mlp, *args, compiled=kiln.compile(mlp, backend=keep_summaries(graphs)))
+    assert_compiled_autograd()
+    forward = [k for k in graphs[0]["kernels"] if not k.startswith("backward:")]
+    assert any("silu_mul" in k for k in forward), forward
+    with torch.no_grad():
+        graphs.clear()
+        inference = kiln.compile(mlp, backend=keep_summaries(graphs))
+        torch.testing.assert_close(inference(*args), mlp(*args))
+    assert graphs[0]["kernels"] == ["kernel_0_silu_mul"], graphs[0]["kernels"]
+
+
 def test_partly_selected_value_keeps_select_backward():
     # Only two of three slices get a gradient: no stack (the third slice's zeros still come from select_backward).
     def fn(x):
