@@ -19,6 +19,7 @@
 #include "passes/channels_last.h"
 #include "passes/functionalize_buffer_updates.h"
 #include "passes/lower_attention.h"
+#include "passes/lower_cross_entropy.h"
 #include "passes/use_cudnn_batch_norm.h"
 
 namespace kiln::autodiff {
@@ -257,6 +258,7 @@ JointGraphs build_joint_graphs(const graph::Graph& graph_with_updates, graph::Op
   graph::Graph captured = graph_with_updates;
   const std::vector<passes::BufferUpdate> updates = passes::functionalize_buffer_updates(captured);
   passes::lower_attention_for_autodiff(captured, oracle);  // attention kernels that save what their backward reads
+  passes::lower_cross_entropy(captured, oracle);  // a loss over logsumexp: the forward saves no N x C log_softmax
   materialize_view_outputs(captured, oracle);
   // CUDA convolution chains go channels-last before the split, so the forward saves its activations in the
   // layout it computes them in and the backward is built over the same layout (relaid after the split, the

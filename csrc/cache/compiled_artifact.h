@@ -62,7 +62,7 @@ struct PlannedKernel {
   std::string name;
   std::vector<fusion::KernelBuffer> buffers;  // the kernel's parameters, in order
   std::vector<int32_t> in_place_from;         // fusion::in_place_sources
-  bool gathers = false;                       // has gathered loads (CPU: the run plan checks the index error flag)
+  bool gathers = false;                       // checks indices (fusion::Kernel::checks_indices: CPU reads the flag)
 };
 
 struct CompiledArtifact {

@@ -46,17 +46,20 @@ class SizeArguments {
     if (!enabled_ || !is_size_constant(k, e)) return "";
     return "static_cast<" + type + ">(" + (*this)(static_cast<int64_t>(k.exprs[e].constant), "") + ")";
   }
-  /// True when constant `e` divides (the second operand of a Div) and is a whole number in [2, 2^31): the element
-  /// count that mean and var divide by, which decompositions write as a constant. Such a constant is a slot, exact
-  /// (the whole number converts to the compute type as its literal would), so a mean over a dynamic dim keeps one
-  /// source; other constants stay literals (`x ** 2` keeps its constant exponent).
+  /// True when constant `e` divides (the second operand of a Div) or bounds a checked index (CheckedIndex's extent)
+  /// and is a whole number in [2, 2^31): the element count that mean and var divide by, or a dim's size, which
+  /// decompositions write as a constant. Such a constant is a slot, exact (the whole number converts to the compute
+  /// type as its literal would), so a mean over a dynamic dim keeps one source; other constants stay literals
+  /// (`x ** 2` keeps its constant exponent).
   static bool is_size_constant(const fusion::Kernel& k, int32_t e) {
     const fusion::Expr& c = k.exprs[e];
     if (c.kind != fusion::ExprKind::Constant || c.dtype == graph::ScalarType::Bool) return false;
     if (!(c.constant >= 2 && c.constant < 2147483648.0) || c.constant != static_cast<double>(static_cast<int64_t>(c.constant)))
       return false;
     for (const fusion::Expr& x : k.exprs)
-      if (x.kind == fusion::ExprKind::Binary && x.op == decomp::PrimOp::Div && x.operands[1] == e) return true;
+      if (x.kind == fusion::ExprKind::Binary && x.operands[1] == e &&
+          (x.op == decomp::PrimOp::Div || x.op == decomp::PrimOp::CheckedIndex))
+        return true;
     return false;
   }
   /// The slots' values, in slot order.

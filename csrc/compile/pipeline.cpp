@@ -29,6 +29,7 @@
 #include "passes/functionalize_buffer_updates.h"
 #include "passes/graph_rewriter.h"
 #include "passes/lower_batch_norm.h"
+#include "passes/lower_cross_entropy.h"
 #include "passes/pipeline.h"
 #include "passes/sink_into_copies.h"
 #include "passes/split_at_parameter_buckets.h"
@@ -288,8 +289,15 @@ cache::CompiledArtifact lower_graph(const graph::Graph& captured, const graph::D
   artifact.optimised = captured;
   graph::Graph& g = artifact.optimised;
   progress::stage("passes");
-  // Inference batch norm first: it becomes pointwise ops that every later pass sees as such.
+  // Inference batch norm first: it becomes pointwise ops that every later pass sees as such. So does cross entropy
+  // (a training half's was lowered before autodiff already: autodiff/build_joint_graphs.cpp).
   passes::run_pass("lower_inference_batch_norm", g, passes::lower_inference_batch_norm);
+  passes::run_pass("lower_cross_entropy", g, [](graph::Graph& graph) {
+    if (!passes::has_cross_entropy(graph)) return false;
+    std::unique_ptr<graph::OpOracle> oracle = make_meta_oracle();
+    at::NoGradGuard no_grad;
+    return passes::lower_cross_entropy(graph, *oracle);
+  });
   // A matmul's bias add moves into the kernel that reads the product, where the device has the multiprocessors to
   // make that pay (CUDA); before the layout passes, which see the plain matmul.
   if (const int sms = backend.multiprocessors(std::max<int>(device.index, 0)); sms > 0)
@@ -319,11 +327,8 @@ cache::CompiledArtifact lower_graph(const graph::Graph& captured, const graph::D
   times.emit_ms = started.ms() - times.passes_ms;
   KILN_LOG(output_code) << "kiln backend: " << schedule.summary();
   artifact.steps = schedule.steps;
-  for (const fusion::Kernel& k : schedule.kernels) {
-    bool gathers = false;
-    for (const fusion::Expr& e : k.exprs) gathers = gathers || fusion::Kernel::is_gathered(e);
-    artifact.kernels.push_back({k.name, k.buffers, fusion::in_place_sources(k), gathers});
-  }
+  for (const fusion::Kernel& k : schedule.kernels)
+    artifact.kernels.push_back({k.name, k.buffers, fusion::in_place_sources(k), k.checks_indices()});
   // Constants by the captured graph's ids (passes may renumber values), so an artefact read back finds its tensors.
   artifact.constant_sources = cache::constant_sources(captured, g);
   return artifact;

@@ -4,6 +4,12 @@
 // first by an extern call. Index values outside the source dim are errors, as in eager (gather's checks).
 //
 // Only dense gathers: embedding's backward options (scale_grad_by_freq, sparse) matter to its gradient, not here.
+//
+// And the scatters that write one element per slice: scatter/scatter_add whose index has size 1 along `dim` (and
+// self's sizes elsewhere) are pointwise over self, out = where(iota(dim) == index, src or self + src, self), so a
+// gather's gradient (a zero fill and a scatter_add, autodiff/derivative_rules_more.cpp) is one fused pass rather
+// than a fill and an extern scatter; the index is checked as a gathered load's is. Larger indices stay extern
+// calls: several of them may hit one element, which scatter_add sums.
 #include "decomp/decomposition_helpers.h"
 
 namespace kiln::decomp::detail {
@@ -77,6 +83,40 @@ void add_gather_decompositions(std::map<std::string, Decomposition>& table) {
     b.set_output(0, b.gather(0, dim, iota(rank), 2, iota(rank)));
   };
   table["aten::gather.default"] = std::move(gather);
+
+  // scatter_add(self, dim, index, src), scatter.src(self, dim, index, src), scatter.value(self, dim, index, value):
+  // pointwise where index has one entry per slice along dim (see the design note above).
+  auto one_per_slice = [](bool tensor_source) {
+    return [tensor_source](const Graph& g, const Node& n) {
+      const auto* self = tensor_arg_meta(g, n, 0);
+      const auto* index = tensor_arg_meta(g, n, 2);
+      const auto* source = tensor_arg_meta(g, n, 3);
+      if (!self || !index || self->sizes.empty() || index->sizes.size() != self->sizes.size() || !is_number(n, 1) ||
+          index->dtype != ScalarType::Long || out_meta(g, n).dtype == ScalarType::Bool)
+        return false;
+      if (tensor_source ? !source || source->sizes != index->sizes : !is_number(n, 3)) return false;
+      const int64_t dim = dim_arg(n, 1, static_cast<int64_t>(self->sizes.size()));
+      for (size_t d = 0; d < self->sizes.size(); ++d)
+        if (index->sizes[d] != (static_cast<int64_t>(d) == dim ? 1 : self->sizes[d])) return false;
+      return self->sizes[dim] > 0;
+    };
+  };
+  auto write_one_per_slice = [](bool accumulate) {
+    return [accumulate](PrimBuilder& b, const Graph& g, const Node& n) {
+      const ScalarType t = out_meta(g, n).dtype;
+      const auto& self_sizes = tensor_arg_meta(g, n, 0)->sizes;
+      const int dim = static_cast<int>(dim_arg(n, 1, static_cast<int64_t>(self_sizes.size())));
+      const Prim extent = b.constant(static_cast<double>(self_sizes[dim]), ScalarType::Long);
+      const Prim index = b.binary(PrimOp::CheckedIndex, arg_as(b, 2, ScalarType::Long), extent);
+      const Prim hit = b.binary(PrimOp::Eq, b.iota(dim), index);
+      const Prim self = arg_as(b, 0, t);
+      const Prim source = arg_as(b, 3, t);
+      b.set_output(0, b.where(hit, accumulate ? b.binary(PrimOp::Add, self, source) : source, self));
+    };
+  };
+  table["aten::scatter_add.default"] = Decomposition{one_per_slice(true), nullptr, write_one_per_slice(true), 1};
+  table["aten::scatter.src"] = Decomposition{one_per_slice(true), nullptr, write_one_per_slice(false), 1};
+  table["aten::scatter.value"] = Decomposition{one_per_slice(false), nullptr, write_one_per_slice(false), 1};
 }
 
 }  // namespace kiln::decomp::detail

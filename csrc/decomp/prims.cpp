@@ -87,6 +87,8 @@ constexpr PrimFacts kPrims[] = {
     {PrimOp::Erfinv, "erfinv", kValue, "kiln_erfinv($a)", "kiln::erfinv_($a)"},
     {PrimOp::Nextafter, "nextafter", kValue, "std::nextafter($a, $b)",
       "kiln::nextafter_(static_cast<$T>($a), static_cast<$T>($b))"},
+    // index check: the gathered loads' own (cpp_prelude.h, kiln_scalar.cuh)
+    {PrimOp::CheckedIndex, "checked_index", kValue, "kiln_gather_index($a, $b)", "kiln::gather_index($a, $b)"},
 };
 
 constexpr bool in_enum_order() {

@@ -33,11 +33,14 @@ enum class PrimOp : int8_t {
   BitwiseAnd, BitwiseOr, BitwiseXor,  // integers and bool
   // special functions (float compute types)
   Lgamma, Digamma, Erfinv, Nextafter,
+  // index check: CheckedIndex(i, extent) is i where 0 <= i < extent; outside it raises the graph's index error (CPU:
+  // the value is then 0; CUDA: the kernel traps), as the gathered loads' check does (fusion/loop_ir.h)
+  CheckedIndex,
   // casts are PrimBuilder::cast; reductions are PrimBuilder::reduce
 };
 
 /// Number of PrimOp values (for tables indexed by op).
-constexpr int kPrimOpCount = static_cast<int>(PrimOp::Nextafter) + 1;
+constexpr int kPrimOpCount = static_cast<int>(PrimOp::CheckedIndex) + 1;
 
 enum class ReduceOp : int8_t { Sum, Max, Min };
 
@@ -100,6 +103,8 @@ class PrimBuilder {
   /// Index values outside the source dim are errors (they never read outside it).
   virtual Prim gather(int source_arg, int source_dim, const std::vector<int>& source_dims, int index_arg,
                       const std::vector<int>& index_dims) = 0;
+  /// The node's index along its index-space dim `dim`, an int64 (an arange along that dim, broadcast over the others).
+  virtual Prim iota(int dim) = 0;
   virtual Prim constant(double value, graph::ScalarType dtype) = 0;
   virtual Prim unary(PrimOp op, Prim a) = 0;
   virtual Prim binary(PrimOp op, Prim a, Prim b) = 0;

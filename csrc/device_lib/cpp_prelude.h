@@ -112,8 +112,9 @@ static inline kiln_half kiln_to_half(float f) {
 
 template <typename T> static inline T kiln_load(T v) { return v; }
 
-// Set when a gathered load (embedding, gather, index_select) met an index outside its dim; the run plan reads it
-// after each such kernel and raises the error eager would have. The load then reads element 0, never outside.
+// Set when a gathered load (embedding, gather, index_select) or a checked index (scatter) met an index outside its
+// dim; the run plan reads it after each such kernel and raises the error eager would have. The load then reads
+// element 0, never outside.
 extern "C" { __attribute__((visibility("default"))) int kiln_index_error = 0; }
 static inline int64_t kiln_gather_index(int64_t i, int64_t extent) {
   if (static_cast<uint64_t>(i) >= static_cast<uint64_t>(extent)) {

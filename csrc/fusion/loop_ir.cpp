@@ -34,6 +34,10 @@ void verify_kernel(const Kernel& k) {
                                         k.exprs[e.operands[1]].dtype != ScalarType::Bool && e.gather_extent > 0))
           << "kernel " << k.name << ": gathered load " << i << " needs an integer index and an extent";
     }
+    if (e.kind == ExprKind::Iota) {
+      KILN_ASSERT_EQ(e.index.strides.size(), k.domain.size()) << "kernel " << k.name << ": index rank of iota " << i;
+      KILN_ASSERT(e.dtype == ScalarType::Long) << "kernel " << k.name << ": iota " << i << " is not int64";
+    }
     if (e.kind == ExprKind::InBounds) {
       KILN_ASSERT(!e.bounds.empty()) << "kernel " << k.name << ": bounds predicate " << i << " has no bounds";
       for (const Bound& b : e.bounds)

@@ -18,6 +18,10 @@
 // checked against [0, gather_extent) before the read: CPU kernels then read element 0 and raise the graph's
 // index error flag (the run plan turns it into an exception), CUDA kernels trap, as eager's device-side assert.
 //
+// Scatters with one index per slice (decomp/decompose_gather.cpp) add *iotas*: the integer value of an affine index
+// of the loop variables (`i1`, an arange along a dim), compared with the run-time index in the same loop instead of
+// writing through it; the index is checked the same way (decomp::PrimOp::CheckedIndex).
+//
 // Torch-free.
 #include <cstdint>
 #include <string>
@@ -47,7 +51,7 @@ struct Bound {
   int64_t extent = 0;
 };
 
-enum class ExprKind : int8_t { Load, Constant, Unary, Binary, Where, Cast, Reduce, InBounds };
+enum class ExprKind : int8_t { Load, Constant, Unary, Binary, Where, Cast, Reduce, InBounds, Iota };
 
 struct Expr {
   ExprKind kind;
@@ -57,7 +61,7 @@ struct Expr {
   int32_t operands[3] = {-1, -1, -1};
   double constant = 0;  // Constant; a guarded Load's value where its guard is false
   int32_t buffer = -1;  // Load; operands[0] is its guard (a bool expression), -1 when unguarded
-  IndexExpr index;      // Load
+  IndexExpr index;      // Load; Iota (its value, an int64: offset + sum of stride * loop variable)
   // Gathered Load: operands[1] is the integer expression whose value selects the element along the gathered dim
   // (-1: an affine load); gather_stride is that dim's stride, gather_extent its size.
   int64_t gather_stride = 0;
@@ -95,6 +99,14 @@ struct Kernel {
     return false;
   }
   static bool is_gathered(const Expr& e) { return e.kind == ExprKind::Load && e.operands[1] >= 0; }
+  /// Gathered loads or checked indices: on CPU the run plan reads the index error flag after the kernel.
+  bool checks_indices() const {
+    for (const Expr& e : exprs)
+      if (is_gathered(e) || (e.kind == ExprKind::Binary && e.op == decomp::PrimOp::CheckedIndex)) return true;
+    return false;
+  }
+  /// Expressions with an index over the domain: loads and iotas (their strides move with the loops).
+  static bool has_index(const Expr& e) { return e.kind == ExprKind::Load || e.kind == ExprKind::Iota; }
 };
 
 /// One step of a compiled graph, in execution order.

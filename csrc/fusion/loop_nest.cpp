@@ -18,10 +18,10 @@ LoopNest build_loop_nest(const Kernel& k) {
     const auto outer_end = std::find_if(order.begin(), order.end(), [&](int d) { return k.reduced[d]; });
     std::stable_sort(order.begin(), outer_end, [&](int a, int b) { return std::llabs(strides[a]) > std::llabs(strides[b]); });
   }
-  // Bounds predicates count as accesses: a loop merged across a bounded dim would lose the dim's own index.
+  // Bounds predicates and iotas count as accesses: a loop merged across a bounded dim would lose the dim's own index.
   std::vector<const std::vector<int64_t>*> accesses;
   for (const Expr& e : k.exprs) {
-    if (e.kind == ExprKind::Load) accesses.push_back(&e.index.strides);
+    if (Kernel::has_index(e)) accesses.push_back(&e.index.strides);
     for (const Bound& b : e.bounds) accesses.push_back(&b.index.strides);
   }
   for (const auto& s : k.stores) accesses.push_back(&s.index.strides);
@@ -55,7 +55,7 @@ LoopNest build_loop_nest(const Kernel& k) {
   nest.load_strides.resize(k.exprs.size());
   nest.bound_strides.resize(k.exprs.size());
   for (size_t i = 0; i < k.exprs.size(); ++i) {
-    if (k.exprs[i].kind == ExprKind::Load) nest.load_strides[i] = merged(k.exprs[i].index.strides);
+    if (Kernel::has_index(k.exprs[i])) nest.load_strides[i] = merged(k.exprs[i].index.strides);
     for (const Bound& b : k.exprs[i].bounds) nest.bound_strides[i].push_back(merged(b.index.strides));
   }
   for (const auto& s : k.stores) nest.store_strides.push_back(merged(s.index.strides));
@@ -67,7 +67,7 @@ std::vector<bool> depends_on_reduced_loops(const Kernel& k, const LoopNest& nest
   for (size_t i = 0; i < k.exprs.size(); ++i) {
     const Expr& e = k.exprs[i];
     if (e.kind == ExprKind::Reduce) continue;
-    if (e.kind == ExprKind::Load) depends[i] = nest.runs_reduced(nest.load_strides[i]);
+    if (Kernel::has_index(e)) depends[i] = nest.runs_reduced(nest.load_strides[i]);
     for (const auto& strides : nest.bound_strides[i]) depends[i] = depends[i] || nest.runs_reduced(strides);
     for (int32_t op : e.operands) depends[i] = depends[i] || (op >= 0 && depends[op]);
   }

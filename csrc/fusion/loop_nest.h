@@ -19,7 +19,7 @@ struct Loop {
 
 struct LoopNest {
   std::vector<Loop> loops;                           // outer loops first, then reduced ones
-  std::vector<std::vector<int64_t>> load_strides;   // per expr (loads only; empty for the others)
+  std::vector<std::vector<int64_t>> load_strides;   // per expr (loads and iotas; empty for the others)
   std::vector<std::vector<int64_t>> store_strides;  // per store
   std::vector<std::vector<std::vector<int64_t>>> bound_strides;  // per expr (InBounds only): per bound
   int outer_count = 0;

@@ -110,6 +110,7 @@ class KernelPrimBuilder final : public decomp::PrimBuilder {
   Prim in_bounds(const std::vector<decomp::DimAccess>& dims, const std::vector<int64_t>& extents) override;
   Prim gather(int source_arg, int source_dim, const std::vector<int>& source_dims, int index_arg,
               const std::vector<int>& index_dims) override;
+  Prim iota(int dim) override;
   Prim constant(double value, ScalarType dtype) override {
     Expr e{ExprKind::Constant, dtype};
     e.constant = value;
@@ -688,6 +689,18 @@ Prim KernelPrimBuilder::gather(int source_arg, int source_dim, const std::vector
     index = s_.mapped_load(kernel_, index_value, node_space_, index_dims);
   }
   return s_.mapped_load(kernel_, tensor(source_arg), node_space_, source_dims, source_dim, index);
+}
+
+Prim KernelPrimBuilder::iota(int dim) {
+  KILN_ASSERT(dim >= 0 && dim < static_cast<int>(node_space_.size()))
+      << "decomposition of " << node_.qualified_name() << " asks for the index along dim " << dim << " of "
+      << node_space_.size();
+  const int d = node_space_[dim];
+  if (d < 0) return constant(0, ScalarType::Long);  // a kept size-1 dim
+  Expr e{ExprKind::Iota, ScalarType::Long};
+  e.index.strides.assign(s_.kernel(kernel_).domain.size(), 0);
+  e.index.strides[d] = 1;
+  return add(std::move(e));
 }
 
 Prim KernelPrimBuilder::cast(Prim a, ScalarType t) {

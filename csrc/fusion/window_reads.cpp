@@ -76,6 +76,7 @@ int32_t recompute_through(const Kernel& from, int32_t root, const WindowMap& map
     for (int32_t& op : x.operands)
       if (op >= 0) op = copy(op);
     for (Bound& b : x.bounds) b.index = map.compose(b.index);
+    if (x.kind == ExprKind::Iota) x.index = map.compose(x.index);  // the producer's element the window reads
     if (x.kind == ExprKind::Load) {
       bool moves = false;  // along a dim whose index can leave the source
       for (size_t p = 0; p < bounded.size(); ++p) moves = moves || (bounded[p] && x.index.strides[p] != 0);

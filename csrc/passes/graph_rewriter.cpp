@@ -9,6 +9,19 @@ using graph::Node;
 using graph::TensorArg;
 using graph::ValueId;
 
+std::optional<ValueId> tensor_at(const Node& n, size_t i) {
+  if (i >= n.args.size()) return std::nullopt;
+  if (const auto* t = std::get_if<TensorArg>(&n.args[i])) return t->id;
+  return std::nullopt;
+}
+
+std::optional<double> number_at(const Node& n, size_t i) {
+  if (i >= n.args.size()) return std::nullopt;
+  if (const auto* d = std::get_if<double>(&n.args[i])) return *d;
+  if (const auto* l = std::get_if<int64_t>(&n.args[i])) return static_cast<double>(*l);
+  return std::nullopt;
+}
+
 std::vector<Node> GraphRewriter::take_nodes() {
   std::vector<Node> nodes = std::move(g_.nodes);
   g_.nodes.clear();

@@ -1,6 +1,7 @@
 #pragma once
 // Rebuilds a graph's node list in order while some nodes are replaced by several plain ATen nodes: the
 // shared machinery of the lowering passes (lower_batch_norm, split_addmm). Torch-free.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -8,12 +9,34 @@
 
 namespace kiln::passes {
 
+/// Argument `i` of `n` as the lowering passes read a planned node's arguments: the tensor's value id, or a number
+/// (an int or a float); nullopt when the argument is absent or of another kind.
+std::optional<graph::ValueId> tensor_at(const graph::Node& n, size_t i);
+std::optional<double> number_at(const graph::Node& n, size_t i);
+
 class GraphRewriter {
  public:
   explicit GraphRewriter(graph::Graph& g) : g_(g) {}
 
   /// Takes the graph's nodes out (to be appended back, or replaced, in order with `append` / `add`).
   std::vector<graph::Node> take_nodes();
+
+  /// Rebuilds the node list in order: node i stays where `plan[i]` (made on the graph before any change) is empty,
+  /// else `lower(*plan[i], node)` appends its replacement. Returns true if some node was replaced.
+  template <typename Plan, typename Lower>
+  bool replace_planned(const std::vector<std::optional<Plan>>& plan, Lower&& lower) {
+    std::vector<graph::Node> nodes = take_nodes();
+    bool changed = false;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (!plan[i]) {
+        append(std::move(nodes[i]));
+        continue;
+      }
+      lower(*plan[i], nodes[i]);
+      changed = true;
+    }
+    return changed;
+  }
 
   /// Appends a node, recording it as the producer of its outputs.
   void append(graph::Node node);

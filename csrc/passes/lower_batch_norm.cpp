@@ -29,19 +29,6 @@ struct BatchNormArgs {
   double eps;
 };
 
-std::optional<ValueId> tensor_at(const Node& n, size_t i) {
-  if (i >= n.args.size()) return std::nullopt;
-  if (const auto* t = std::get_if<TensorArg>(&n.args[i])) return t->id;
-  return std::nullopt;
-}
-
-std::optional<double> number_at(const Node& n, size_t i) {
-  if (i >= n.args.size()) return std::nullopt;
-  if (const auto* d = std::get_if<double>(&n.args[i])) return *d;
-  if (const auto* l = std::get_if<int64_t>(&n.args[i])) return static_cast<double>(*l);
-  return std::nullopt;
-}
-
 // The arguments of an inference batch norm that qualifies, or nullopt.
 std::optional<BatchNormArgs> inference_batch_norm(const Graph& g, const Node& n) {
   const std::string name = n.qualified_name();
@@ -85,17 +72,8 @@ class Lowering {
 
   // `plan[i]`: the arguments of node i when it is lowered (found on the graph before any change).
   bool run(const std::vector<std::optional<BatchNormArgs>>& plan) {
-    std::vector<Node> old_nodes = rewriter_.take_nodes();
-    bool changed = false;
-    for (size_t i = 0; i < old_nodes.size(); ++i) {
-      if (!plan[i]) {
-        rewriter_.append(std::move(old_nodes[i]));
-        continue;
-      }
-      lower(*plan[i], old_nodes[i].outputs[0]);
-      changed = true;
-    }
-    return changed;
+    return rewriter_.replace_planned(plan,
+                                     [&](const BatchNormArgs& a, const Node& node) { lower(a, node.outputs[0]); });
   }
 
  private:

@@ -248,7 +248,7 @@ class KilnGraph final : public CompiledGraph {
         const bool in_range = k.kernel->run(pointers.data(), pointers.size(), stream);
         // eager's error, type and message: "index out of range in self" (an IndexError in Python)
         TORCH_CHECK_INDEX(in_range, "index out of range in self (kiln kernel ", k.name,
-                          ": an embedding, gather or index_select index outside its dim)");
+                          ": an embedding, gather, index_select or scatter index outside its dim)");
       } else {
         // Tuned before either way of calling it, and both calls run under the choice (a packed training graph's
         // matmuls go through call_node_into).

@@ -13,7 +13,7 @@ import numbers
 
 import torch
 
-__all__ = ["assert_same_as_eager", "tolerance", "random_like", "random_tensor"]
+__all__ = ["assert_same_as_eager", "tolerance", "random_like", "random_tensor", "random_class_targets"]
 
 # (rtol, atol) by dtype. "general" covers reductions and matmul, whose summation order may
 # legitimately differ from eager's; "pointwise" is for kernels that compute each element the
@@ -87,6 +87,21 @@ def random_like(tensor, *, dtype=None, device=None, requires_grad=None, generato
         device=tensor.device if device is None else device,
         requires_grad=tensor.requires_grad if requires_grad is None else requires_grad,
         generator=generator)
+
+
+def random_class_targets(rows, classes, ignored="none", ignore_index=-100, device="cpu"):
+    """Class indices for a classification loss: `rows` of them in [0, classes), int64.
+
+    ignored: "none"; "some" (every third row is `ignore_index`) or "all" (every row is).
+    """
+    targets = torch.randint(0, classes, (rows,))
+    if ignored == "some":
+        targets[::3] = ignore_index
+    elif ignored == "all":
+        targets[:] = ignore_index
+    elif ignored != "none":
+        raise ValueError(f"ignored must be 'none', 'some' or 'all', not {ignored!r}")
+    return targets.to(device)
 
 
 def _map_tensors(fn, value, memo=None):

@@ -1,7 +1,9 @@
 // passes/ that prepare a graph that needs grad for autodiff: buffer updates made functional, attention as a kernel with
-// a backward, training batch norm on cuDNN. Torch-free: a canned OpOracle stands in for torch's meta kernels.
+// a backward, training batch norm on cuDNN, cross entropy without its log_softmax. Torch-free: a canned OpOracle
+// stands in for torch's meta kernels.
 #include <catch2/catch.hpp>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -11,6 +13,7 @@
 #include "graph/op_oracle.h"
 #include "passes/functionalize_buffer_updates.h"
 #include "passes/lower_attention.h"
+#include "passes/lower_cross_entropy.h"
 #include "passes/use_cudnn_batch_norm.h"
 
 using namespace kiln::graph;
@@ -66,6 +69,20 @@ class ScriptedOracle final : public OpOracle {
 
  private:
   std::map<std::string, std::vector<TensorMeta>> answers_;
+};
+
+// Answers through a function of the node (arguments named positionally).
+class FunctionOracle final : public OpOracle {
+ public:
+  explicit FunctionOracle(std::function<std::vector<TensorMeta>(const Graph&, const Node&)> answer)
+      : answer_(std::move(answer)) {}
+  std::vector<TensorMeta> complete_node(const Graph& g, Node& node) override {
+    CannedOracle({}).complete_node(g, node);
+    return answer_(g, node);
+  }
+
+ private:
+  std::function<std::vector<TensorMeta>(const Graph&, const Node&)> answer_;
 };
 
 }  // namespace
@@ -240,4 +257,85 @@ TEST_CASE("training batch norm on CUDA takes cuDNN's kernel where eager would, w
   Graph small_eps = batch_norm(1e-6);  // below cuDNN's minimum: eager keeps the native kernel
   CHECK_FALSE(kiln::passes::use_cudnn_batch_norm(small_eps, oracle, cudnn));
   CHECK(small_eps.nodes[0].qualified_name() == "aten::native_batch_norm.default");
+}
+
+TEST_CASE("cross entropy reads one logit per row instead of a log_softmax; other readers keep the log_softmax") {
+  // the metas of the lowering's ops over a [4, 5] input, as ATen's rules give them
+  FunctionOracle oracle([](const Graph& g, const Node& n) -> std::vector<TensorMeta> {
+    const std::string name = n.qualified_name();
+    const TensorMeta& first = g.value(std::get<TensorArg>(n.args[0]).id).meta;
+    if (name == "aten::unsqueeze.default") return {meta({4, 1}, DeviceType::CPU, first.dtype)};
+    if (name == "aten::eq.Scalar" || name == "aten::ne.Scalar")
+      return {meta({4, 1}, DeviceType::CPU, ScalarType::Bool)};
+    if (name == "aten::masked_fill.Scalar") return {meta({4, 1}, DeviceType::CPU, first.dtype)};
+    if (name == "aten::sum.default") {
+      const auto* dtype = std::get_if<ScalarTypeArg>(&n.args[1]);
+      return {meta({}, DeviceType::CPU, dtype ? dtype->type : first.dtype)};
+    }
+    if (name == "aten::div.Tensor" || name == "aten::view.default") return {meta({})};
+    if (name == "aten::squeeze.dim") return {meta({4})};
+    return {meta({4, 1})};  // logsumexp, gather, sub
+  });
+  // x -> log_softmax (and autograd's dead detach of it) -> nll_loss_forward(reduction, weight)
+  auto loss = [](int64_t reduction, bool weighted, bool return_log_softmax, bool read_total_weight) {
+    Graph g;
+    ValueId x = g.add_input(meta({4, 5}));
+    g.values[x].meta.requires_grad = true;
+    ValueId t = g.add_input(meta({4}, DeviceType::CPU, ScalarType::Long));
+    ValueId w = g.add_input(meta({5}));
+    TensorMeta log_probs = meta({4, 5});
+    log_probs.requires_grad = true;
+    ValueId ls = g.add_node(op("aten::_log_softmax", "default", {TensorArg{x}, int64_t{1}, false}), {log_probs})[0];
+    Node detach = op("aten::detach", "default", {TensorArg{ls}});
+    detach.is_view = true;
+    g.add_node(detach, {meta({4, 5})});
+    TensorMeta out = meta(reduction == 0 ? std::vector<int64_t>{4} : std::vector<int64_t>{});
+    out.requires_grad = true;
+    std::vector<ValueId> nll = g.add_node(
+        op("aten::nll_loss_forward", "default",
+           {TensorArg{ls}, TensorArg{t}, weighted ? ArgValue{TensorArg{w}} : ArgValue{NoneArg{}}, reduction,
+            int64_t{-100}}),
+        {out, meta({})});
+    std::vector<ValueId> outputs{nll[0]};
+    if (return_log_softmax) outputs.push_back(ls);
+    if (read_total_weight)
+      outputs.push_back(g.add_node(op("aten::mul", "Tensor", {TensorArg{nll[1]}, 2.0}), {meta({})})[0]);
+    g.set_outputs(outputs);
+    return g;
+  };
+  auto reads = [](const Graph& g, ValueId v) {
+    std::vector<std::string> readers;
+    for (const Node& n : g.nodes)
+      for (const ArgValue& a : n.args)
+        if (const auto* t = std::get_if<TensorArg>(&a); t && t->id == v) readers.push_back(n.qualified_name());
+    return readers;
+  };
+
+  Graph mean = loss(1, false, false, false);
+  const ValueId output = mean.outputs[0], total_weight = mean.nodes[2].outputs[1];
+  REQUIRE(kiln::passes::lower_cross_entropy(mean, oracle));
+  mean.verify();
+  CHECK(reads(mean, 3) == std::vector<std::string>{"aten::detach.default"});  // the log_softmax: only its dead detach
+  CHECK(mean.nodes[mean.value(output).producer].qualified_name() == "aten::div.Tensor");
+  CHECK(mean.nodes[mean.value(total_weight).producer].qualified_name() == "aten::sum.default");
+  bool gathers = false;
+  for (const Node& n : mean.nodes) {
+    if (n.qualified_name() != "aten::gather.default") continue;
+    gathers = true;
+    CHECK(mean.value(n.outputs[0]).meta.requires_grad);  // computed from x
+    const ValueId index = std::get<TensorArg>(n.args[2]).id;
+    CHECK(mean.nodes[mean.value(index).producer].qualified_name() == "aten::masked_fill.Scalar");
+    CHECK_FALSE(mean.value(index).meta.requires_grad);
+  }
+  CHECK(gathers);
+
+  Graph none = loss(0, false, false, false);
+  REQUIRE(kiln::passes::lower_cross_entropy(none, oracle));
+  CHECK(none.nodes[none.value(none.outputs[0]).producer].qualified_name() == "aten::squeeze.dim");
+  none.verify();
+
+  for (Graph kept : {loss(1, false, true, false), loss(1, true, false, false), loss(0, false, false, true)}) {
+    CHECK_FALSE(kiln::passes::lower_cross_entropy(kept, oracle));  // returned log_softmax, class weights, total_weight
+    CHECK(kept.nodes[2].qualified_name() == "aten::nll_loss_forward.default");
+  }
 }

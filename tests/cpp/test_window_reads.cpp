@@ -1,6 +1,7 @@
 // fusion/window_reads and the scheduler on padded and pooled reads, on hand-built CPU graphs (torch-free):
 // index composition, which dims get bounds, the pool's window kernel, a producer recomputed per window element,
-// and guarded loads in both code generators' text.
+// and guarded loads in both code generators' text. Then the other index arithmetic of the loop IR: scatters with
+// one index per slice (decomp/decompose_gather.cpp), an iota compared with a checked index.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -15,15 +16,17 @@
 
 using namespace kiln::graph;
 using kiln::decomp::DimAccess;
+using kiln::decomp::PrimOp;
 using kiln::fusion::ExprKind;
 using kiln::fusion::IndexExpr;
 using kiln::fusion::WindowMap;
 
 namespace {
-TensorMeta cpu(std::vector<int64_t> sizes, std::vector<int64_t> strides = {}) {
+TensorMeta cpu(std::vector<int64_t> sizes, std::vector<int64_t> strides = {}, ScalarType dtype = ScalarType::Float) {
   TensorMeta m;
   m.strides = strides.empty() ? contiguous_strides(sizes) : std::move(strides);
   m.sizes = std::move(sizes);
+  m.dtype = dtype;
   return m;
 }
 
@@ -152,4 +155,62 @@ TEST_CASE("constant_pad_nd reads its input through a guard and fills the rest") 
   CHECK(cpp.find(": static_cast<float>(0.5))") != std::string::npos);
   // The row index starts one before the input (pad 1 on top); the column index two before it (pad 2 left).
   CHECK(cpp.find("-7 + INT64_C(5) * i0 + INT64_C(1) * i1") != std::string::npos);
+}
+
+namespace {
+// scatter_add(new_zeros(...), dim, index, grad) of `sizes` with the index's size 1 along `dim`, as a gather's gradient
+// is written, then a relu of it.
+Graph scatter_graph(const std::vector<int64_t>& sizes, int64_t dim) {
+  Graph g;
+  std::vector<int64_t> slice = sizes;
+  slice[dim] = 1;
+  ValueId index = g.add_input(cpu(slice, {}, ScalarType::Long));
+  ValueId grad = g.add_input(cpu(slice));
+  ValueId zeros = g.add_node(op("aten::new_zeros", "default",
+                                {TensorArg{grad}, sizes, NoneArg{}, NoneArg{}, NoneArg{}, NoneArg{}},
+                                {"self", "size", "dtype", "layout", "device", "pin_memory"}),
+                             {cpu(sizes)})[0];
+  ValueId s = g.add_node(op("aten::scatter_add", "default", {TensorArg{zeros}, dim, TensorArg{index}, TensorArg{grad}},
+                            {"self", "dim", "index", "src"}),
+                         {cpu(sizes)})[0];
+  g.set_outputs({g.add_node(op("aten::relu", "default", {TensorArg{s}}, {"self"}), {cpu(sizes)})[0]});
+  return g;
+}
+}  // namespace
+
+TEST_CASE("a scatter with one index per slice is one pointwise kernel over an iota and a checked index") {
+  struct Case {
+    std::vector<int64_t> sizes;
+    int64_t dim;
+    size_t loops;                       // after merging the dims every access walks alike
+    std::vector<int64_t> iota_strides;  // over those loops
+  };
+  for (const Case& c : {Case{{4, 6}, 1, 2, {0, 1}}, Case{{5, 4}, 0, 2, {1, 0}}, Case{{2, 3, 8}, 2, 2, {0, 1}},
+                        Case{{2, 3, 8}, 1, 3, {0, 1, 0}}}) {
+    Graph g = scatter_graph(c.sizes, c.dim);
+    const auto schedule = kiln::fusion::schedule_kernels(g);
+    REQUIRE(schedule.steps.size() == 1);
+    REQUIRE(schedule.kernels.size() == 1);
+    const auto& k = schedule.kernels[0];
+    CHECK_NOTHROW(kiln::fusion::verify_kernel(k));
+    CHECK_FALSE(k.has_reduction());
+    CHECK(k.checks_indices());
+    CHECK_FALSE(k.scalar_loads_only());  // the index is compared, never an address: vector loads stay
+    int iotas = 0, checks = 0;
+    for (const auto& e : k.exprs) {
+      iotas += e.kind == ExprKind::Iota;
+      checks += e.kind == ExprKind::Binary && e.op == PrimOp::CheckedIndex;
+    }
+    CHECK(iotas == 1);
+    CHECK(checks == 1);
+    const auto nest = kiln::fusion::build_loop_nest(k);
+    CHECK(nest.loops.size() == c.loops);
+    for (size_t e = 0; e < k.exprs.size(); ++e)
+      if (k.exprs[e].kind == ExprKind::Iota) CHECK(nest.load_strides[e] == c.iota_strides);
+    const std::string cpp = kiln::codegen::cpp::emit_cpp_kernel(k, g);
+    CHECK(cpp.find("kiln_gather_index(") != std::string::npos);
+    CHECK(cpp.find("static_cast<int64_t>(0 + INT64_C(1) * i") != std::string::npos);
+    const auto cuda = kiln::codegen::cuda::emit_cuda_source(schedule, g);
+    CHECK(cuda.source.find("kiln::gather_index(") != std::string::npos);
+  }
 }

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import kiln
 import seed_models
-from kiln.testing import capture_graphs, random_tensor, tolerance
+from kiln.testing import capture_graphs, random_class_targets, random_tensor, tolerance
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -72,6 +72,24 @@ def check(fn, *inputs, kind="general", expect_kernels=None, expect_backend="kiln
     kiln.reset()
     with torch.no_grad():
         assert_matches(kiln.compile(fn)(*fresh), fn(*fresh), kind)
+    kiln.reset()
+    return summary
+
+
+def check_made(fn, make_inputs, kind="general", fresh_calls=1):
+    """check() for arguments fresh_like cannot remake (valid class or scatter indices): each call's come from
+    `make_inputs()`. Compares fn's graph compiled with the kiln backend on the first, then kiln.compile (guards and
+    all) on `fresh_calls` more, with eager; returns the compiled graph's summary."""
+    example = make_inputs()
+    compiled, summary, example_inputs = compile_kiln(fn, *example)
+    assert summary["backend"] == "kiln", summary["fallback_reason"]
+    with torch.no_grad():
+        assert_matches(compiled(example_inputs), fn(*example), kind)
+        kiln.reset()
+        compiled_fn = kiln.compile(fn)
+        for _ in range(fresh_calls):
+            new = make_inputs()
+            assert_matches(compiled_fn(*new), fn(*new), kind)
     kiln.reset()
     return summary
 
@@ -620,6 +638,108 @@ def test_threads_running_one_gathering_graph_see_only_their_own_index_errors():
     for t in threads:
         t.join()
     assert wrong == [], wrong[:5]
+
+
+# ---- scatters with one index per slice (decomp/decompose_gather.cpp) ----------------------------------------
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_scatter_with_one_index_per_slice_is_pointwise(dim):
+    # scatter/scatter_add whose index has size 1 along dim write where(iota(dim) == index, ...) in one kernel with
+    # what reads them; a larger index (several hits per slice, which scatter_add sums) stays an extern call.
+    x = rand(6, 7, 5)
+    slice_shape = tuple(1 if d == dim % 3 else n for d, n in enumerate(x.shape))
+
+    def fn(x, index, src, wide):
+        return (x.scatter_add(dim, index, src) * 2, x.scatter(dim, index, src).relu(), x.scatter(dim, index, 1.5) + 1,
+                x.scatter_add(dim, wide, x))
+
+    def inputs():
+        size = x.shape[dim]
+        return (rand(6, 7, 5), torch.randint(0, size, slice_shape), rand(*slice_shape),
+                torch.randint(0, size, x.shape))
+    summary = check_made(fn, inputs, "pointwise")
+    assert summary["externs"] == ["aten::scatter_add.default"], summary["plan"]
+
+
+@pytest.mark.parametrize("bad", [5, -1])
+def test_a_scatter_index_out_of_range_raises_index_error_as_in_eager(bad):
+    fn = lambda x, index: x.scatter(1, index, 2.0) * 3  # noqa: E731
+    x, good = rand(4, 5), torch.tensor([[0], [4], [2], [1]])
+    compiled = kiln.compile(fn)
+    torch.testing.assert_close(compiled(x, good), fn(x, good))
+    wrong = good.clone()
+    wrong[2, 0] = bad
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        fn(x, wrong)
+    with pytest.raises(IndexError, match="index out of range"):
+        compiled(x, wrong)
+    torch.testing.assert_close(compiled(x, good), fn(x, good))
+    kiln.reset()
+
+
+# ---- cross entropy without its log_softmax (passes/lower_cross_entropy.h) -----------------------------------
+def assert_no_log_softmax(summary):
+    assert not any("nll_loss" in e or "log_softmax" in e for e in summary["externs"]), summary["plan"]
+    assert not any("log_softmax" in k for k in summary["kernels"]), summary["plan"]
+
+
+@pytest.mark.parametrize("ignored", ["none", "some", "all"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_computes_no_log_softmax(reduction, ignored):
+    # 37 classes: not a multiple of any vector width. All targets ignored: mean is nan (0 / 0), as eager's.
+    fn = lambda x, t: F.cross_entropy(x, t, reduction=reduction)  # noqa: E731
+    summary = check_made(fn, lambda: (rand(13, 37), random_class_targets(13, 37, ignored)), fresh_calls=2)
+    assert_no_log_softmax(summary)
+    assert len(summary["kernels"]) == 2, summary["plan"]  # the row reduction (logsumexp), then the picks and sums
+
+
+@pytest.mark.parametrize("case", ["float64", "ignore_index_in_range", "no_batch", "no_batch_ignored", "lm_head"])
+def test_cross_entropy_variants_compute_no_log_softmax(case):
+    head = torch.nn.Linear(16, 64).requires_grad_(False)  # an evaluation: test_training.py trains one
+    fns = {
+        "float64": (lambda x, t: F.cross_entropy(x, t),
+                    lambda: (rand(9, 37, dtype=torch.float64), random_class_targets(9, 37, "some"))),
+        "ignore_index_in_range": (lambda x, t: F.cross_entropy(x, t, ignore_index=2),
+                                  lambda: (rand(9, 5), random_class_targets(9, 5, "none"))),
+        "no_batch": (lambda x, t: [F.cross_entropy(x, t, reduction=r) for r in ("mean", "sum", "none")],
+                     lambda: (rand(37), torch.randint(0, 37, ()))),
+        "no_batch_ignored": (lambda x, t: [F.cross_entropy(x, t, reduction=r) for r in ("mean", "sum", "none")],
+                             lambda: (rand(37), torch.tensor(-100))),
+        # transformers' ForCausalLMLoss: logits.float(), flattened, summed and divided by the items in the batch
+        "lm_head": (lambda h, t: F.cross_entropy(head(h).float().view(-1, 64), t.view(-1), ignore_index=-100,
+                                                 reduction="sum") / (t != -100).sum(),
+                    lambda: (rand(2, 6, 16), random_class_targets(12, 64, "some").view(2, 6))),
+    }
+    assert_no_log_softmax(check_made(*fns[case]))
+
+
+@pytest.mark.parametrize("bad", [37, -5])
+def test_a_cross_entropy_target_out_of_range_raises_index_error_as_in_eager(bad):
+    fn = lambda x, t: F.cross_entropy(x, t)  # noqa: E731
+    x, good = rand(4, 37), torch.tensor([0, 36, 5, -100])
+    compiled = kiln.compile(fn)
+    torch.testing.assert_close(compiled(x, good), fn(x, good))
+    wrong = good.clone()
+    wrong[1] = bad
+    with pytest.raises(IndexError):
+        fn(x, wrong)
+    with pytest.raises(IndexError, match="index out of range"):
+        compiled(x, wrong)
+    kiln.reset()
+
+
+@pytest.mark.parametrize("case", ["log_softmax_returned", "class_weights", "label_smoothing"])
+def test_cross_entropy_the_lowering_leaves_alone_still_matches_eager(case):
+    # a log_softmax another op reads too (label smoothing sums it), or class weights: ATen's nll_loss over it
+    weights = torch.rand(37) + 0.5
+
+    def log_softmax_returned(x, t):
+        log_probs = F.log_softmax(x, 1)
+        return F.nll_loss(log_probs, t), log_probs * 2
+    fn = {"log_softmax_returned": log_softmax_returned,
+          "class_weights": lambda x, t: F.cross_entropy(x, t, weight=weights),
+          "label_smoothing": lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1)}[case]
+    summary = check_made(fn, lambda: (rand(13, 37), random_class_targets(13, 37, "some")))
+    assert "aten::nll_loss_forward.default" in summary["externs"], summary["plan"]
 
 
 # ---- constant folding (passes/fold_constants.h) -------------------------------------------------------------

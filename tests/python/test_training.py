@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import kiln
 import kiln.errors
-from kiln.testing import assert_same_as_eager, random_tensor, tolerance
+from kiln.testing import assert_same_as_eager, random_class_targets, random_tensor, tolerance
 
 seed_models = pytest.importorskip("seed_models")  # benchmarks/seed_models.py (conftest puts benchmarks/ on the path)
 
@@ -796,6 +796,94 @@ def test_column_reduction_with_stores_along_rows_matches_eager():
     with torch.no_grad():
         x, w = random_tensor(4, 301, 45), random_tensor(45)
         assert_same_as_eager(fn, x, w, grads=False, rtol=1e-4, atol=1e-4)
+
+
+# ---- cross entropy and gather gradients (passes/lower_cross_entropy.h, decomp/decompose_gather.cpp) ------------
+def assert_loss_runs_as_kernels(summary):
+    """No log_softmax or nll_loss anywhere, and the gradient over the logits is one pointwise kernel (the gather's
+    scatter fused with exp(x - lse) * g): no zero fill and scatter of its own."""
+    assert summary["backend"] == "kiln_autograd", summary["fallback_reason"]
+    externs = summary["externs"]
+    assert not any(op in e for e in externs for op in ("nll_loss", "log_softmax", "scatter")), summary["plan"]
+    assert not any("log_softmax" in k for k in summary["kernels"]), summary["plan"]
+    logits_grad = [k for k in summary["kernels"] if k.startswith("backward:") and "scatter_add" in k]
+    assert len(logits_grad) == 1 and "exp" in logits_grad[0], summary["plan"]
+
+
+@pytest.mark.parametrize("ignored", ["none", "some", "all"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_trains_without_saving_its_log_softmax(reduction, ignored):
+    # 64 classes: the gradient kernel's rows are whole vectors (37: none is), both layouts' code checked.
+    for classes in (64, 37):
+        graphs = []
+        kiln.reset()
+        kiln._C.reset_compiler_stats()
+        fn = lambda x, t: F.cross_entropy(x, t, reduction=reduction)  # noqa: E731
+        x, t = r(13, classes), random_class_targets(13, classes, ignored)
+        assert_same_as_eager(fn, x, t, compiled=kiln.compile(fn, backend=keep_summaries(graphs)))
+        assert_compiled_autograd()
+        (summary,) = graphs
+        assert_loss_runs_as_kernels(summary)
+        # the forward saves per-row values only (logsumexp: 4 bytes a row), never an N x C tensor
+        saved = kiln._C.compiler_stats()["autograd_saved_bytes"]
+        assert saved <= 16 * 13, saved
+
+
+class LanguageModelHead(nn.Module):
+    """Hidden states -> vocabulary logits -> the causal LM loss as transformers computes it (logits upcast,
+    shifted, flattened, cross entropy over the labels that are not -100)."""
+
+    def __init__(self, hidden=16, vocab=64):
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden)
+        self.lm_head = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, hidden_states, labels):
+        logits = self.lm_head(self.norm(hidden_states)).float()
+        shift_logits = logits[:, :-1, :].contiguous().view(-1, logits.shape[-1])
+        return F.cross_entropy(shift_logits, labels[:, 1:].contiguous().view(-1), ignore_index=-100)
+
+
+def test_language_model_head_trains_with_its_loss_as_kernels():
+    model = LanguageModelHead()
+    graphs = []
+    compiled = kiln.compile(model, backend=keep_summaries(graphs))
+    for _ in range(2):  # fresh inputs through the guarded entry
+        hidden, labels = random_tensor(3, 9, 16), random_class_targets(27, 64, "some").view(3, 9)
+        assert_same_as_eager(model, hidden, labels, compiled=compiled)
+    assert_compiled_autograd()
+    (summary,) = graphs
+    assert_loss_runs_as_kernels(summary)
+    # the shifted logits are saved (the loss's backward reads them) and nothing else of their size: the rest is the
+    # layer norm's output and statistics (about 1.9 KB) and per-row values
+    saved = kiln._C.compiler_stats()["autograd_saved_bytes"]
+    assert saved <= 24 * 64 * 4 + 2500, saved
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_gather_gradient_with_one_index_per_slice_is_pointwise(dim):
+    # x.gather(-1, idx[..., None]) as user code writes it: the gradient is where(iota == idx, grad, 0), one kernel
+    x = r(6, 7, 5)
+    index = torch.randint(0, x.shape[dim], tuple(1 if d == dim % 3 else n for d, n in enumerate(x.shape)))
+    fn = lambda x, index: torch.gather(x, dim, index).sin() * 2  # noqa: E731
+    graphs = []
+    assert_same_as_eager(fn, x, index, compiled=kiln.compile(fn, backend=keep_summaries(graphs)))
+    assert_compiled_autograd()
+    (summary,) = graphs
+    assert summary["externs"] == [], summary["plan"]
+    assert any(k.startswith("backward:") and "scatter_add" in k for k in summary["kernels"]), summary["plan"]
+
+
+def test_gather_gradient_with_repeated_indices_accumulates():
+    # several picks of one element along the dim: their gradients add up (scatter_add stays an extern call)
+    x = r(4, 6)
+    index = torch.tensor([[0, 0, 5], [2, 2, 2], [1, 3, 1], [4, 0, 4]])
+    fn = lambda x: torch.gather(x, 1, index) * torch.arange(1.0, 4.0)  # noqa: E731
+    graphs = []
+    assert_same_as_eager(fn, x, compiled=kiln.compile(fn, backend=keep_summaries(graphs)))
+    assert_compiled_autograd()
+    (summary,) = graphs
+    assert "backward:aten::scatter_add.default" in summary["externs"], summary["plan"]
 
 
 def train(model, make_optimizer, inputs, steps=20, compiled=True):

@@ -299,6 +299,8 @@ class KernelEmitter {
         if (x.operands[0] < 0) return load;
         return "(" + name(0) + " ? " + load + " : " + literal(x.constant, x.dtype) + ")";
       }
+      case ExprKind::Iota:
+        return "static_cast<int64_t>(" + index(nest_.load_strides[e], x.index.offset) + ")";
       case ExprKind::InBounds: {
         std::string test;
         for (size_t b = 0; b < x.bounds.size(); ++b) {

@@ -108,6 +108,16 @@ std::string KernelEmitter::expression(int32_t e) const {
       const std::string load = "kiln::load(" + buffer + "[" + address + "])";
       return x.operands[0] < 0 ? load : guarded_load_text(name(0), load, x.constant, x.dtype);
     }
+    case ExprKind::Iota: {
+      // In vector code the loop variables name the vector's first element: lane `lane_` is that many steps on.
+      const std::vector<int64_t>& strides = nest_.load_strides[e];
+      const size_t lane_axis = column_lanes_ ? static_cast<size_t>(nest_.outer_count - 1) : strides.size() - 1;
+      std::string value = "static_cast<long long>(" + index(strides, x.index.offset) + ")";
+      if (lane_ > 0 && !strides.empty() && strides[lane_axis] != 0)
+        value = "(" + value + " + " + std::to_string(lane_) + "LL * " +
+                sizes_.stride(strides[lane_axis], std::to_string(strides[lane_axis])) + ")";
+      return value;
+    }
     case ExprKind::InBounds:
       return in_bounds_text(x, nest_.bound_strides[e], sizes_);
     case ExprKind::Constant: {

@@ -64,7 +64,7 @@ bool needs_64bit_index(const KernelAnalysis& a, const CudaKernelSchedule& s) {
     return e;
   };
   for (size_t i = 0; i < k.exprs.size(); ++i)
-    if (k.exprs[i].kind == ExprKind::Load)
+    if (fusion::Kernel::has_index(k.exprs[i]))
       largest = std::max<int64_t>(largest, extent(nest.load_strides[i], k.exprs[i].index.offset) +
                                                std::llabs(k.exprs[i].gather_stride) *
                                                    std::max<int64_t>(k.exprs[i].gather_extent - 1, 0));

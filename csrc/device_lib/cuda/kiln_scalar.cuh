@@ -17,8 +17,8 @@ __device__ __forceinline__ float load(bf16_t v) { return __uint_as_float(static_
 template <typename T>
 __device__ __forceinline__ T load(T v) { return v; }
 
-// The index of a gathered load (embedding, gather, index_select), checked: out of [0, extent) the kernel traps,
-// as eager's device-side assert does, instead of reading outside the tensor.
+// The index of a gathered load (embedding, gather, index_select) or a scatter, checked: out of [0, extent) the kernel
+// traps, as eager's device-side assert does, instead of reading or writing outside the tensor.
 __device__ __forceinline__ long long gather_index(long long i, long long extent) {
   if (static_cast<unsigned long long>(i) >= static_cast<unsigned long long>(extent)) __trap();
   return i;
