@@ -354,7 +354,7 @@ def test_embeddings_are_read_inside_the_kernels_that_use_them(dtype, index_dtype
     compiled = kiln._C.compile_graph(graph, "kiln", example_inputs)
     summary = kiln._C.compiled_graph_summary(compiled)
     assert not any("embedding" in e or "gather" in e for e in summary["externs"]), summary["plan"]
-    assert len(summary["kernels"]) == 4, summary["plan"]
+    assert len(summary["kernels"]) == 3, summary["plan"]  # as test_compiler_cpu's: the first add joins the layer norm
     with torch.no_grad():
         assert_matches(compiled(example_inputs), embed(ids), "general")
         kiln.reset()
