@@ -103,6 +103,15 @@ void rule_index_put(RuleCall& c) {
     c.set(0, c.bool_arg(3) ? c.grad() : op(c, "aten::index_put", {tensor(c.grad()), indices, tensor(zeros_like(c, c.input(2))), false}));
   if (c.needs(2)) c.set(2, op(c, "aten::index", {tensor(c.grad()), indices}, "Tensor"));
 }
+// index(self, indices) (advanced indexing, x[idx] / x[:, idx]): grad accumulated into zeros of self's shape at the
+// indexed places, repeated indices summing, as eager's index_backward.
+void rule_index(RuleCall& c) {
+  if (!c.needs(0)) return;
+  const auto& list = std::get<graph::TensorListArg>(c.arg(1));
+  graph::TensorListArg indices;
+  for (const auto& id : list.ids) indices.ids.push_back(id ? std::optional<ValueId>(c.b.forward_value(*id)) : std::nullopt);
+  c.set(0, op(c, "aten::index_put", {tensor(new_zeros(c, c.grad(), c.input_meta(0).sizes)), indices, tensor(c.grad()), true}));
+}
 void rule_repeat(RuleCall& c) {  // repeat(self, repeats): the tiles summed back onto self
   if (!c.needs(0)) return;
   const std::vector<int64_t> repeats = c.ints_arg(1);
@@ -287,6 +296,7 @@ void add_indexing_rules(std::map<std::string, DerivativeRule>& t) {
       {"aten::take.default", {rule_take}},
       {"aten::put.default", {rule_put}},
       {"aten::index_put.default", {rule_index_put}},
+      {"aten::index.Tensor", {rule_index}},
       {"aten::repeat.default", {rule_repeat}},
       {"aten::diag_embed.default", {rule_diag_embed}},
       {"aten::diagonal.default", {rule_diagonal}},

@@ -34,8 +34,20 @@ Builder fill_with(std::function<double(const Node&)> value) {
   return [value](PrimBuilder& b, const Graph& g, const Node& n) { b.set_output(0, b.constant(value(n), out_meta(g, n).dtype)); };
 }
 
+// The scheduler places a node's tensor arguments over its output's loop, though a fill reads none of them: a tensor
+// argument that does not broadcast to the output (new_zeros(grad of [2, 12, 64], [32, 64]), as index's gradient
+// makes) leaves the fill to its extern call.
 Supports fill_supported(std::function<double(const Node&)> value) {
   return [value](const Graph& g, const Node& n) {
+    const std::vector<int64_t>& out = out_meta(g, n).sizes;
+    for (const graph::ArgValue& arg : n.args) {
+      const auto* t = std::get_if<graph::TensorArg>(&arg);
+      if (!t) continue;
+      const std::vector<int64_t>& in = g.value(t->id).meta.sizes;
+      if (in.size() > out.size()) return false;
+      for (size_t d = 0; d < in.size(); ++d)
+        if (in[in.size() - 1 - d] != 1 && in[in.size() - 1 - d] != out[out.size() - 1 - d]) return false;
+    }
     const double v = value(n);
     return graph::is_floating_or_complex(out_meta(g, n).dtype) || (std::isfinite(v) && std::fabs(v) <= 9007199254740992.0);
   };

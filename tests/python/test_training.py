@@ -1519,6 +1519,22 @@ def test_swiglu_activation_and_product_share_a_kernel():
     assert graphs[0]["kernels"] == ["kernel_0_silu_mul"], graphs[0]["kernels"]
 
 
+@pytest.mark.parametrize("where", ["rows", "columns", "pairs", "after_a_slice", "by_a_matrix"])
+def test_advanced_indexing_trains_on_compiled_autograd(where):
+    # x[idx] records aten::index.Tensor, which had no derivative rule: the whole graph ran on the eager interpreter
+    # (Whisper's training step). Its gradient accumulates into zeros at the indexed places; repeated indices sum.
+    # Indexed by a matrix (Whisper's positions), the zeros' new_zeros has a gradient of higher rank as its `self`, which
+    # the scheduler could not place ("does not fit its own kernel"): that fill stays an extern call.
+    fn = {"rows": lambda x, i, j: (x[i] * 2).sin(),
+          "by_a_matrix": lambda x, i, j: x[i.view(1, 5).expand(2, 5)].cos(),
+          "columns": lambda x, i, j: x[:, i].exp(),
+          "pairs": lambda x, i, j: x[i, j] * 3,
+          "after_a_slice": lambda x, i, j: x.unsqueeze(0)[:, i, 1:].tanh()}[where]
+    i, j = torch.tensor([0, 3, 3, 4, 1]), torch.tensor([4, 0, 0, 2, 2])
+    assert_same_as_eager(fn, r(6, 5), i, j)
+    assert_compiled_autograd()
+
+
 def test_partly_selected_value_keeps_select_backward():
     # Only two of three slices get a gradient: no stack (the third slice's zeros still come from select_backward).
     def fn(x):
