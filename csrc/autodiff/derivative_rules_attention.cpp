@@ -42,11 +42,13 @@ void rule_flash_attention_cpu(RuleCall& c) {
 // masking or grouped heads. With s the scale, P = softmax(q k^T s + mask): dv = P^T g, dP = g v^T,
 // dS = P (dP - rowsum(dP P)) (softmax's backward), dq = dS k s, dk = dS^T q s. A bool mask keeps where True.
 void rule_attention_math(RuleCall& c) {
-  if (!c.needs(0) && !c.needs(1) && !c.needs(2)) return;
+  const bool mask_grad = c.is_tensor(3) && c.needs(3);  // a learned additive bias (T5's relative positions)
+  if (!c.needs(0) && !c.needs(1) && !c.needs(2) && !mask_grad) return;
   if (c.number_arg(4) != 0.0) KILN_UNSUPPORTED() << "scaled_dot_product_attention with dropout outside its fused kernels";
   if (c.bool_arg(5)) KILN_UNSUPPORTED() << "causal scaled_dot_product_attention outside its fused kernels";
   if (c.bool_arg(7)) KILN_UNSUPPORTED() << "scaled_dot_product_attention with enable_gqa";
-  if (c.is_tensor(3) && c.needs(3)) KILN_UNSUPPORTED() << "scaled_dot_product_attention with a mask that requires grad";
+  if (mask_grad && c.input_meta(3).dtype == graph::ScalarType::Bool)
+    KILN_UNSUPPORTED() << "scaled_dot_product_attention with a boolean mask that requires grad";
   const graph::TensorMeta& q = c.input_meta(0);
   if (q.dtype != graph::ScalarType::Float && q.dtype != graph::ScalarType::Double)
     KILN_UNSUPPORTED() << "scaled_dot_product_attention's math backward in reduced precision";
@@ -65,11 +67,14 @@ void rule_attention_math(RuleCall& c) {
   }
   ValueId probs = op(c, "aten::_softmax", {tensor(scores), int64_t{-1}, false});
   if (c.needs(2)) c.set(2, matmul(t(probs), c.grad()));
-  if (!c.needs(0) && !c.needs(1)) return;
+  if (!c.needs(0) && !c.needs(1) && !mask_grad) return;
   ValueId d_probs = matmul(c.grad(), t(c.input(2)));
-  ValueId d_scores = c.b.mul(op(c, "aten::_softmax_backward_data", {tensor(d_probs), tensor(probs), int64_t{-1},
-                                                                     graph::ScalarTypeArg{q.dtype}}),
-                             scale);
+  // The scores' gradient before the scale: the additive mask's (summed to its shape by the joint builder).
+  ValueId d_biased = op(c, "aten::_softmax_backward_data", {tensor(d_probs), tensor(probs), int64_t{-1},
+                                                            graph::ScalarTypeArg{q.dtype}});
+  if (mask_grad) c.set(3, d_biased);
+  if (!c.needs(0) && !c.needs(1)) return;
+  ValueId d_scores = c.b.mul(d_biased, scale);
   if (c.needs(0)) c.set(0, matmul(d_scores, c.input(1)));
   if (c.needs(1)) c.set(1, matmul(t(d_scores), c.input(0)));
 }

@@ -251,6 +251,7 @@ class ViewWrites {
       chain = t->second.chain;
     } else if (made_here(g_, readers_, b)) {  // producers already appended: g_.nodes holds them
       root = b;
+      roots_.insert(b);
     }
     if (!root) return;
     if (!writable_view(node)) {
@@ -270,7 +271,8 @@ class ViewWrites {
     const auto* self = node.args.empty() ? nullptr : std::get_if<TensorArg>(&node.args[0]);
     if (!self || is_inplace_view(graph::op_facts(node.qualified_name()))) return false;
     auto t = tracked_.find(original_of(self->id));
-    if (t == tracked_.end() || tainted_.count(t->second.root)) return false;
+    if (t == tracked_.end()) return write_root(node, original_of(self->id));
+    if (tainted_.count(t->second.root)) return false;
     const Tracked tracked = t->second;
     if (!make_functional(g_, node, nullptr)) return false;
     const ValueId written = node.outputs[0];  // the functional result: the view's new values
@@ -286,6 +288,21 @@ class ViewWrites {
     ++version_[tracked.root];
     // The in-place op's result aliased the view: reading it later reads the view made again.
     tracked_[written] = Tracked{tracked.root, tracked.chain, -1};
+    changed_ = true;
+    return true;
+  }
+
+  // An in-place op on a root itself, after writes through its views (BART's shift_tokens_right: `out[:, 1:] = ...`,
+  // `out[:, 0] = ...`, then `out.masked_fill_(...)`): the functional op's result is the root's next value, from which
+  // its views are made again when read.
+  bool write_root(Node& node, ValueId root) {
+    if (!roots_.count(root) || tainted_.count(root)) return false;
+    if (!make_functional(g_, node, nullptr)) return false;
+    const ValueId written = node.outputs[0];
+    rw_.append(std::move(node));
+    current_[root] = written;
+    original_[written] = root;
+    ++version_[root];
     changed_ = true;
     return true;
   }
@@ -308,6 +325,7 @@ class ViewWrites {
   std::unordered_map<ValueId, ValueId> original_;   // a root's new value -> the root's original id
   std::unordered_map<ValueId, int> version_;
   std::unordered_set<ValueId> tainted_;  // roots some other view aliases
+  std::unordered_set<ValueId> roots_;    // fresh tensors some slice or select was taken of
   bool changed_ = false;
 };
 

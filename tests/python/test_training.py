@@ -1364,6 +1364,21 @@ def test_attention_with_a_mask_trains_on_compiled_autograd(device, mask_kind, ke
     assert any(kernel + "_backward" in name for name in summary["externs"]), summary["externs"]
 
 
+@pytest.mark.parametrize("bias_shape", ["heads", "full", "keys"])
+def test_attention_with_a_learned_bias_trains_on_compiled_autograd(device, bias_shape):
+    """An additive mask that requires grad (T5's relative position bias, broadcast over the batch): its gradient is the
+    scores' gradient before the scale, summed to its shape. The graph ran on the eager interpreter."""
+    def attend(q, k, v, bias):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias + 0.5).sin()
+
+    b, h, lq, lk, d = 2, 3, 5, 7, 8
+    shape = {"heads": (1, h, lq, lk), "full": (b, h, lq, lk), "keys": (b, 1, 1, lk)}[bias_shape]
+    q = random_tensor(b, h, lq, d, requires_grad=True, device=device)
+    k, v = (random_tensor(b, h, lk, d, requires_grad=True, device=device) for _ in range(2))
+    assert_same_as_eager(attend, q, k, v, random_tensor(*shape, requires_grad=True, device=device))
+    assert_compiled_autograd()
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_masked_attention_trains_on_compiled_autograd_on_cuda(dtype):
@@ -1667,6 +1682,7 @@ def _writes_read_back(x, y):
     ("circular_padding", lambda x: F.pad(x, (1, 2), mode="circular").sin() + 0, [(2, 3, 5)]),
     ("circular_padding_2d", lambda x: F.pad(x, (1, 1, 2, 0), mode="circular") * 3, [(2, 3, 4, 5)]),
     ("index_and_mask_writes", lambda x, v: _index_writes(x, v), [(5, 3), (2, 3)]),
+    ("in_place_on_the_tensor_after_its_slices", lambda x: _shifted_right(x), [(3, 6)]),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_writes_into_slices_of_new_tensors_stay_compiled(name, fn, shapes):
     """`t[i] = v`, `t[a:b] += v` and ATen's own slice copies (circular padding) on tensors the graph made become
@@ -1681,6 +1697,17 @@ def _writes_into(a, b):
     out[:, :a.shape[1]] = a.relu()
     out[:, a.shape[1]:] = b * 2
     return out
+
+
+def _shifted_right(x):
+    # BART's shift_tokens_right, over floats: slices written, then the tensor itself updated in place (the graph ran
+    # on the eager interpreter: "in-place op aten::masked_fill_"), a view taken before the update read after it.
+    out = x.new_zeros(x.shape)
+    out[:, 1:] = x[:, :-1].clone()
+    out[:, 0] = 2.0
+    first = out[:, 0]
+    out.masked_fill_(out > 1.0, 1.0)
+    return out.sin(), first * 3
 
 
 def _index_writes(x, v):
