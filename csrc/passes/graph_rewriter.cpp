@@ -56,6 +56,26 @@ ValueId GraphRewriter::add(const std::string& op, const std::string& overload, s
   return out;
 }
 
+ValueId GraphRewriter::add_completed(graph::OpOracle& oracle, const std::string& op, const std::string& overload,
+                                     std::vector<graph::ArgValue> args, bool requires_grad, ValueId reuse) {
+  Node node;
+  node.op = op;
+  node.overload = overload;
+  node.args = std::move(args);
+  std::vector<graph::TensorMeta> metas = oracle.complete_node(g_, node);
+  KILN_ASSERT_EQ(metas.size(), 1u) << "results of " << node.qualified_name();
+  if (reuse >= 0) {
+    const graph::TensorMeta& recorded = g_.value(reuse).meta;
+    KILN_ASSERT(metas[0].sizes == recorded.sizes && metas[0].dtype == recorded.dtype)
+        << node.qualified_name() << " does not give the recorded result %" << reuse;
+    node.outputs = {reuse};
+    append(std::move(node));
+    return reuse;
+  }
+  metas[0].requires_grad = requires_grad;
+  return g_.add_node(std::move(node), std::move(metas)).at(0);
+}
+
 ValueId GraphRewriter::cast(ValueId v, graph::ScalarType dtype, ValueId reuse) {
   graph::TensorMeta m = g_.values[v].meta;
   m.dtype = dtype;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "graph/graph.h"
+#include "graph/op_oracle.h"
 
 namespace kiln::passes {
 
@@ -46,6 +47,12 @@ class GraphRewriter {
   graph::ValueId add(const std::string& op, const std::string& overload, std::vector<graph::ArgValue> args,
                      std::vector<std::string> names, int32_t positional, const graph::TensorMeta& meta,
                      bool is_view = false, graph::ValueId reuse = -1);
+
+  /// Appends `op.overload(args)` (the schema's full argument list) as `oracle` completes it (names, flags and the one
+  /// result's meta): its result is `reuse` (a replaced node's value, whose recorded sizes and dtype it must give) or,
+  /// when reuse < 0, a new value that needs grad when `requires_grad`.
+  graph::ValueId add_completed(graph::OpOracle& oracle, const std::string& op, const std::string& overload,
+                               std::vector<graph::ArgValue> args, bool requires_grad = false, graph::ValueId reuse = -1);
 
   /// `v` cast to `dtype` through one aten::_to_copy node (layout kept), its output `reuse` or, when reuse < 0, a new
   /// value with v's meta in that dtype.

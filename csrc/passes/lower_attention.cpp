@@ -67,27 +67,6 @@ bool bias_aligned(const graph::TensorMeta& bias) {
   return true;
 }
 
-// Appends op(args) through the oracle (which completes the schema and computes the one result's meta).
-ValueId emit(GraphRewriter& rewriter, graph::OpOracle& oracle, const std::string& op, const std::string& overload,
-             std::vector<ArgValue> args) {
-  graph::Graph& g = rewriter.graph();
-  graph::Node node;
-  node.op = op;
-  node.overload = overload;
-  node.args = std::move(args);
-  std::vector<graph::TensorMeta> metas = oracle.complete_node(g, node);
-  KILN_ASSERT(metas.size() == 1) << node.qualified_name() << " gives " << metas.size() << " results";
-  graph::Value value;
-  value.id = static_cast<ValueId>(g.values.size());
-  value.meta = metas[0];
-  value.meta.requires_grad = false;
-  const ValueId id = value.id;
-  node.outputs = {id};
-  g.values.push_back(std::move(value));
-  rewriter.append(std::move(node));
-  return id;
-}
-
 // The mask as the kernels' bias, (batch, heads, length, key length) of the query's dtype: eager's conversion of a
 // boolean mask (0 where True, -inf where False), broadcast; for the memory-efficient kernels, a bias whose strides
 // they cannot read is first written into rows padded to kBiasAlignment and viewed back (ATen pads it the same way).
@@ -98,10 +77,10 @@ std::optional<ValueId> attention_bias(GraphRewriter& rewriter, graph::OpOracle& 
   graph::Graph& g = rewriter.graph();
   ValueId bias = mask;
   if (g.value(mask).meta.dtype == ScalarType::Bool) {
-    const ValueId dropped = emit(rewriter, oracle, "aten::logical_not", "default", {TensorArg{mask}});
+    const ValueId dropped = rewriter.add_completed(oracle, "aten::logical_not", "default", {TensorArg{mask}});
     const ValueId ones = rewriter.cast(dropped, q.dtype);  // 1 where dropped: then filled with -inf, the rest 0
-    bias = emit(rewriter, oracle, "aten::masked_fill", "Scalar",
-                {TensorArg{ones}, TensorArg{dropped}, -std::numeric_limits<double>::infinity()});
+    bias = rewriter.add_completed(oracle, "aten::masked_fill", "Scalar",
+                                  {TensorArg{ones}, TensorArg{dropped}, -std::numeric_limits<double>::infinity()});
   }
   const std::vector<int64_t> scores = {q.sizes[0], q.sizes[1], q.sizes[2], k.sizes[2]};
   graph::TensorMeta expanded = g.value(bias).meta;
@@ -113,9 +92,10 @@ std::optional<ValueId> attention_bias(GraphRewriter& rewriter, graph::OpOracle& 
     if (sizes.empty() || sizes.back() != length) bias = rewriter.expand(bias, scores);  // the key dim broadcast
     // As ATen's pad_bias: 1 to kBiasAlignment columns, so the padded rows' stride is a multiple of it.
     const int64_t pad = kBiasAlignment - length % kBiasAlignment;
-    const ValueId padded = emit(rewriter, oracle, "aten::constant_pad_nd", "default",
-                                {TensorArg{bias}, std::vector<int64_t>{0, pad}, 0.0});
-    bias = emit(rewriter, oracle, "aten::slice", "Tensor", {TensorArg{padded}, int64_t{-1}, int64_t{0}, length, int64_t{1}});
+    const ValueId padded = rewriter.add_completed(oracle, "aten::constant_pad_nd", "default",
+                                                  {TensorArg{bias}, std::vector<int64_t>{0, pad}, 0.0});
+    bias = rewriter.add_completed(oracle, "aten::slice", "Tensor",
+                                  {TensorArg{padded}, int64_t{-1}, int64_t{0}, length, int64_t{1}});
   }
   bias = rewriter.expand(bias, scores);
   if (align && !bias_aligned(g.value(bias).meta)) return std::nullopt;

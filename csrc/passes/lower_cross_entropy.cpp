@@ -117,25 +117,9 @@ class Lowering {
  private:
   Graph& g() { return rewriter_.graph(); }
 
-  // Appends `op.overload(args)` (the schema's full argument list) with its result's meta from the oracle; the result
-  // needs grad when `from_x` and x does. `reuse`: the result is that existing value (its recorded meta kept).
+  // The op through the oracle (GraphRewriter::add_completed); its result needs grad when `from_x` and x does.
   ValueId emit(const char* op, const char* overload, std::vector<ArgValue> args, bool from_x, ValueId reuse = -1) {
-    Node node;
-    node.op = op;
-    node.overload = overload;
-    node.args = std::move(args);
-    std::vector<TensorMeta> metas = oracle_.complete_node(g(), node);
-    KILN_ASSERT_EQ(metas.size(), 1u) << "results of " << node.qualified_name();
-    if (reuse >= 0) {
-      const TensorMeta& recorded = g().value(reuse).meta;
-      KILN_ASSERT(metas[0].sizes == recorded.sizes && metas[0].dtype == recorded.dtype)
-          << node.qualified_name() << " does not give the loss's recorded result %" << reuse;
-      node.outputs = {reuse};
-      rewriter_.append(std::move(node));
-      return reuse;
-    }
-    metas[0].requires_grad = from_x && requires_grad_;
-    return g().add_node(std::move(node), std::move(metas)).at(0);
+    return rewriter_.add_completed(oracle_, op, overload, std::move(args), from_x && requires_grad_, reuse);
   }
 
   void lower(const CrossEntropy& ce, ValueId output, ValueId total_weight) {
