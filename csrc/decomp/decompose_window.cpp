@@ -1,4 +1,5 @@
-// Decompositions that read their input at other elements than the output's own: padding and 2-d pooling.
+// Decompositions that read their input at other elements than the output's own: padding, concatenation and 2-d
+// pooling.
 // They go through PrimBuilder::padded_arg, which reads an operand at out_index * stride + window_index *
 // dilation + offset per dim and gives a fill value outside the operand, so the padding is never materialised
 // and nothing outside the input is read. Pooling windows are extra reduced dims of the node's index space
@@ -9,6 +10,7 @@
 // size (ceil_mode included) comes from the node's meta, so ceil_mode needs nothing here.
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "decomp/decomposition_helpers.h"
 
@@ -138,6 +140,68 @@ bool constant_pad_supported(const Graph& g, const Node& n) {
   return in->sizes.size() == out_meta(g, n).sizes.size() && in->dtype == out_meta(g, n).dtype;
 }
 
+// cat(tensors, dim) as one loop over the output: operand k covers [offset_k, offset_k + extent_k) along `dim` and is
+// read at the output's index less offset_k (a padded read: 0 outside it, nothing outside it read). A chain of
+// selects on the same bounds keeps the covering operand, so each element loads one operand. Its producers'
+// pointwise work is recomputed there (rotary embeddings' `cat((-x2, x1))`) and its readers fuse after it.
+// Up to kMaxFusedCatOperands operands: each element evaluates every operand's bounds.
+constexpr size_t kMaxFusedCatOperands = 8;
+
+struct CatOperand {
+  int element;
+  int64_t offset, extent;
+};
+
+int64_t cat_dim(const Graph& g, const Node& n) {
+  const int64_t rank = static_cast<int64_t>(out_meta(g, n).sizes.size());
+  int64_t dim = n.args.size() > 1 && std::holds_alternative<int64_t>(n.args[1]) ? std::get<int64_t>(n.args[1]) : 0;
+  return dim < 0 ? dim + rank : dim;
+}
+
+// The operands that hold elements, in order, or nullopt when the call is not a plain concatenation of same-rank
+// tensors (ATen also accepts legacy 1-d empty operands of any rank, which stay an extern call).
+std::optional<std::vector<CatOperand>> cat_operands(const Graph& g, const Node& n) {
+  const auto* list = n.args.empty() ? nullptr : std::get_if<graph::TensorListArg>(&n.args[0]);
+  const graph::TensorMeta& out = out_meta(g, n);
+  const int64_t rank = static_cast<int64_t>(out.sizes.size());
+  const int64_t dim = rank == 0 ? -1 : cat_dim(g, n);
+  if (!list || list->ids.empty() || dim < 0 || dim >= rank) return std::nullopt;
+  std::vector<CatOperand> operands;
+  int64_t offset = 0;
+  for (size_t k = 0; k < list->ids.size(); ++k) {
+    if (!list->ids[k]) return std::nullopt;
+    const graph::TensorMeta& m = g.value(*list->ids[k]).meta;
+    if (static_cast<int64_t>(m.sizes.size()) != rank) return std::nullopt;
+    for (int64_t d = 0; d < rank; ++d)
+      if (d != dim && m.sizes[d] != out.sizes[d]) return std::nullopt;
+    if (m.sizes[dim] > 0) operands.push_back({static_cast<int>(k), offset, m.sizes[dim]});
+    offset += m.sizes[dim];
+  }
+  if (offset != out.sizes[dim] || operands.empty() || operands.size() > kMaxFusedCatOperands) return std::nullopt;
+  return operands;
+}
+
+bool cat_supported(const Graph& g, const Node& n) { return cat_operands(g, n).has_value(); }
+
+void build_cat(PrimBuilder& b, const Graph& g, const Node& n) {
+  const std::vector<CatOperand> operands = *cat_operands(g, n);
+  const graph::TensorMeta& out = out_meta(g, n);
+  const int64_t dim = cat_dim(g, n);
+  const auto* list = std::get_if<graph::TensorListArg>(&n.args[0]);
+  Prim result = -1;
+  for (auto it = operands.rbegin(); it != operands.rend(); ++it) {
+    std::vector<DimAccess> dims(out.sizes.size());
+    dims[dim].offset = -it->offset;
+    const Prim value = b.cast(b.padded_list_element(0, it->element, dims, 0.0), out.dtype);
+    if (result < 0) {
+      result = value;
+      continue;
+    }
+    result = b.where(b.in_bounds(dims, g.value(*list->ids[it->element]).meta.sizes), value, result);
+  }
+  b.set_output(0, result);
+}
+
 }  // namespace
 
 void add_window_decompositions(std::map<std::string, Decomposition>& table) {
@@ -153,6 +217,9 @@ void add_window_decompositions(std::map<std::string, Decomposition>& table) {
   Decomposition pad{constant_pad_supported, nullptr, build_constant_pad, 1};
   pad.padded_reads = true;
   table["aten::constant_pad_nd.default"] = std::move(pad);
+  Decomposition cat{cat_supported, nullptr, build_cat, 1};
+  cat.padded_reads = true;
+  table["aten::cat.default"] = std::move(cat);
 }
 
 }  // namespace kiln::decomp::detail

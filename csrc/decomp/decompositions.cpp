@@ -271,7 +271,13 @@ const Decomposition* find_decomposition(const Graph& g, const Node& node) {
       const auto& m = g.value(id).meta;
       ok = ok && is_codegen_dtype(m.dtype) && m.device == g.value(node.outputs[0]).meta.device;
     });
-    if (std::holds_alternative<graph::TensorListArg>(arg) || std::holds_alternative<std::complex<double>>(arg)) return nullptr;
+    // A tensor list is read element by element through padded_list_element: only padded-read builders (cat) can.
+    if (const auto* list = std::get_if<graph::TensorListArg>(&arg)) {
+      if (!it->second.padded_reads) return nullptr;
+      for (const auto& id : list->ids)
+        if (!id) return nullptr;
+    }
+    if (std::holds_alternative<std::complex<double>>(arg)) return nullptr;
     if (!ok) return nullptr;
   }
   if (it->second.supports && !it->second.supports(g, node)) return nullptr;

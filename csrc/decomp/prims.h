@@ -95,6 +95,8 @@ class PrimBuilder {
   /// source index `dims` names per dim: its value where every source index lies inside the operand, else
   /// `fill` (converted to the operand's dtype). Nothing outside the operand is ever read.
   virtual Prim padded_arg(int arg_index, const std::vector<DimAccess>& dims, double fill) = 0;
+  /// As padded_arg, for element `element` of the tensor-list argument `arg_index` (aten::cat's operands).
+  virtual Prim padded_list_element(int arg_index, int element, const std::vector<DimAccess>& dims, double fill) = 0;
   /// Bool: true where every source index of `dims` lies in [0, extents[d]) (counting a window's elements).
   virtual Prim in_bounds(const std::vector<DimAccess>& dims, const std::vector<int64_t>& extents) = 0;
   /// A gathered read (Decomposition::gathered_reads): tensor argument `source_arg` read at the element whose index

@@ -107,6 +107,7 @@ class KernelPrimBuilder final : public decomp::PrimBuilder {
 
   Prim arg(int arg_index) override;
   Prim padded_arg(int arg_index, const std::vector<decomp::DimAccess>& dims, double fill) override;
+  Prim padded_list_element(int arg_index, int element, const std::vector<decomp::DimAccess>& dims, double fill) override;
   Prim in_bounds(const std::vector<decomp::DimAccess>& dims, const std::vector<int64_t>& extents) override;
   Prim gather(int source_arg, int source_dim, const std::vector<int>& source_dims, int index_arg,
               const std::vector<int>& index_dims) override;
@@ -664,6 +665,15 @@ Prim KernelPrimBuilder::padded_arg(int arg_index, const std::vector<decomp::DimA
   auto* t = std::get_if<graph::TensorArg>(&node_.args[arg_index]);
   KILN_ASSERT(t) << "decomposition of " << node_.qualified_name() << " pads argument " << arg_index << ", not a tensor";
   return s_.padded_load(kernel_, t->id, window_map(dims), fill);
+}
+
+Prim KernelPrimBuilder::padded_list_element(int arg_index, int element, const std::vector<decomp::DimAccess>& dims,
+                                            double fill) {
+  auto* list = std::get_if<graph::TensorListArg>(&node_.args[arg_index]);
+  KILN_ASSERT(list && element >= 0 && element < static_cast<int>(list->ids.size()) && list->ids[element])
+      << "decomposition of " << node_.qualified_name() << " pads element " << element << " of argument " << arg_index
+      << ", not a tensor of a list";
+  return s_.padded_load(kernel_, *list->ids[element], window_map(dims), fill);
 }
 
 Prim KernelPrimBuilder::in_bounds(const std::vector<decomp::DimAccess>& dims, const std::vector<int64_t>& extents) {

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import kiln
 import seed_models
-from kiln.testing import capture_graphs, random_class_targets, random_tensor, tolerance
+from kiln.testing import assert_same_as_eager, capture_graphs, random_class_targets, random_tensor, tolerance
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -587,6 +587,65 @@ def test_index_select_and_gather_as_generated_code(dim):
         kiln.reset()
         new = (rand(6, 7, 5), torch.randint(0, size, index.shape), torch.randint(0, size, where.shape))
         assert_matches(kiln.compile(fn)(*new), fn(*new), "general")
+    kiln.reset()
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def test_cat_is_one_loop_with_its_producers_and_readers():
+    # Llama's rotary embedding: the negation is recomputed inside the cat's loop, and the multiply-adds and the sum
+    # that read it join that loop, so the projection's output is read once and nothing in between is stored
+    weight = random_tensor(128, 64)
+
+    def rotary(x, cos, sin):
+        q = (x @ weight.t()).view(2, 16, 4, 32).transpose(1, 2)
+        return (q * cos + rotate_half(q) * sin).sum(-1)
+    x, cos, sin = rand(2, 16, 64), rand(16, 32), rand(16, 32)
+    summary = check(rotary, x, cos, sin)
+    assert not any("cat" in e for e in summary["externs"]), summary["plan"]
+    assert len(summary["kernels"]) == 1 and "cat" in summary["kernels"][0], summary["plan"]
+    kiln.reset()
+    assert_same_as_eager(rotary, rand(2, 16, 64).requires_grad_(), cos, sin.requires_grad_())
+    kiln.reset()
+
+
+CAT_CASES = {
+    "dim0": (lambda a, b: torch.cat([a, b]) * 2, lambda: (rand(3, 5), rand(4, 5))),
+    "middle_dim_three_operands": (lambda a, b, c: torch.cat([a, b.sin(), c], 1).relu(),
+                                  lambda: (rand(2, 3, 4), rand(2, 1, 4), rand(2, 5, 4))),
+    "an_empty_operand": (lambda a, b, c: torch.cat([a, b, c], -1) + 1, lambda: (rand(3, 5), rand(3, 0), rand(3, 2))),
+    "promoted_dtypes": (lambda a, b: torch.cat([a, b], -1), lambda: (rand(3, 5), rand(3, 2, dtype=torch.float64))),
+    "a_transposed_operand": (lambda a, b: torch.cat([a.exp(), b.t()]), lambda: (rand(3, 5), rand(5, 2))),
+    "integers_and_bools": (lambda a, b: torch.cat([a, (b > 0).int()]) * 3,
+                           lambda: (rand(2, 4, dtype=torch.int32), rand(3, 4))),
+    "half_precision": (lambda a, b: torch.cat([a, b * 2], 1), lambda: (rand(2, 3, dtype=torch.bfloat16), rand(2, 5, dtype=torch.bfloat16))),
+}
+
+
+@pytest.mark.parametrize("case", list(CAT_CASES))
+def test_cat_as_generated_code_matches_eager(case):
+    fn, make = CAT_CASES[case]
+    inputs = make()
+    summary = check(fn, *inputs)
+    assert not any("cat" in e for e in summary["externs"]), summary["plan"]
+
+
+def test_cat_calls_generated_code_cannot_express_stay_aten_calls():
+    many = [rand(2, 3) for _ in range(9)]  # more operands than one loop selects between
+    summary = check(lambda *xs: torch.cat(xs) * 2, *many)
+    assert "aten::cat.default" in summary["externs"], summary["plan"]
+    # a 1-d empty operand next to 2-d ones: ATen skips it, whatever the others' rank
+    summary = check(lambda a, b: torch.cat([a, b]) * 2, rand(3, 4), rand(0))
+    assert "aten::cat.default" in summary["externs"], summary["plan"]
+
+
+def test_cat_gradients_match_eager():
+    def fn(a, b):
+        return torch.cat([a.tanh(), b, a * b[:, :3]], dim=1).square().sum()
+    assert_same_as_eager(fn, rand(4, 3).requires_grad_(), rand(4, 6).requires_grad_())
     kiln.reset()
 
 
