@@ -6,6 +6,7 @@ suite through this script in its own process.
 """
 import importlib
 import io
+import signal
 import sys
 import time
 import unittest
@@ -39,5 +40,8 @@ def run(name):
 
 
 if __name__ == "__main__":
+    # A process started in the background by a non-interactive shell inherits SIGINT ignored; test_generators'
+    # SignalAndYieldFromTest needs Python's KeyboardInterrupt handler, as in an interactive run.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     ok = all([run(name) for name in (sys.argv[1:] or SUITES)])
     sys.exit(0 if ok else 1)

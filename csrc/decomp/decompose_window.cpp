@@ -1,5 +1,5 @@
-// Decompositions that read their input at other elements than the output's own: padding, concatenation and 2-d
-// pooling.
+// Decompositions that read their input at other elements than the output's own: padding, a slice's gradient,
+// concatenation and 2-d pooling.
 // They go through PrimBuilder::padded_arg, which reads an operand at out_index * stride + window_index *
 // dilation + offset per dim and gives a fill value outside the operand, so the padding is never materialised
 // and nothing outside the input is read. Pooling windows are extra reduced dims of the node's index space
@@ -8,6 +8,7 @@
 // Window geometry follows ATen's CPU kernels (aten/src/ATen/native/cpu/{Max,Avg}PoolKernel.cpp): window
 // (oh, kh) reads input row oh * stride - pad + kh * dilation; rows outside [0, H) are skipped. The output's
 // size (ceil_mode included) comes from the node's meta, so ceil_mode needs nothing here.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -140,6 +141,40 @@ bool constant_pad_supported(const Graph& g, const Node& n) {
   return in->sizes.size() == out_meta(g, n).sizes.size() && in->dtype == out_meta(g, n).dtype;
 }
 
+// slice_backward(grad, input_sizes, dim, start, end, step): the slice's gradient in a zero tensor of the input's
+// shape. With step 1 it is constant_pad_nd's read: the grad at the index less `start` along `dim`, 0 elsewhere (a
+// rotary embedding's gradient: its two halves and their sum are one loop, not two zero fills and two copies).
+// start and end are normalised as ATen's slice does.
+std::optional<int64_t> slice_backward_start(const Graph& g, const Node& n) {
+  const auto* grad = tensor_arg_meta(g, n, 0);
+  const graph::TensorMeta& out = out_meta(g, n);
+  const int64_t rank = static_cast<int64_t>(out.sizes.size());
+  if (!grad || static_cast<int64_t>(grad->sizes.size()) != rank || rank == 0 || n.args.size() < 6) return std::nullopt;
+  for (int i = 2; i < 6; ++i)
+    if (!std::holds_alternative<int64_t>(n.args[i])) return std::nullopt;
+  int64_t dim = std::get<int64_t>(n.args[2]);
+  if (dim < 0) dim += rank;
+  if (dim < 0 || dim >= rank || std::get<int64_t>(n.args[5]) != 1 || grad->dtype != out.dtype) return std::nullopt;
+  const int64_t size = out.sizes[dim];
+  auto clamp = [&](int64_t i) { return std::clamp(i < 0 ? i + size : i, int64_t{0}, size); };
+  const int64_t start = clamp(std::get<int64_t>(n.args[3]));
+  const int64_t end = std::max(start, clamp(std::get<int64_t>(n.args[4])));
+  for (int64_t d = 0; d < rank; ++d)
+    if (grad->sizes[d] != (d == dim ? end - start : out.sizes[d])) return std::nullopt;
+  return start;
+}
+
+bool slice_backward_supported(const Graph& g, const Node& n) { return slice_backward_start(g, n).has_value(); }
+
+void build_slice_backward(PrimBuilder& b, const Graph& g, const Node& n) {
+  const graph::TensorMeta& out = out_meta(g, n);
+  int64_t dim = std::get<int64_t>(n.args[2]);
+  if (dim < 0) dim += static_cast<int64_t>(out.sizes.size());
+  std::vector<DimAccess> dims(out.sizes.size());
+  dims[dim].offset = -*slice_backward_start(g, n);
+  b.set_output(0, b.padded_arg(0, dims, 0.0));
+}
+
 // cat(tensors, dim) as one loop over the output: operand k covers [offset_k, offset_k + extent_k) along `dim` and is
 // read at the output's index less offset_k (a padded read: 0 outside it, nothing outside it read). A chain of
 // selects on the same bounds keeps the covering operand, so each element loads one operand. Its producers'
@@ -158,8 +193,8 @@ int64_t cat_dim(const Graph& g, const Node& n) {
   return dim < 0 ? dim + rank : dim;
 }
 
-// The operands that hold elements, in order, or nullopt when the call is not a plain concatenation of same-rank
-// tensors (ATen also accepts legacy 1-d empty operands of any rank, which stay an extern call).
+// The operands that hold elements, in order, or nullopt when the call is not a concatenation of same-rank tensors.
+// ATen skips 1-d empty operands whatever the others' rank (transformers' caches start as `torch.tensor([])`).
 std::optional<std::vector<CatOperand>> cat_operands(const Graph& g, const Node& n) {
   const auto* list = n.args.empty() ? nullptr : std::get_if<graph::TensorListArg>(&n.args[0]);
   const graph::TensorMeta& out = out_meta(g, n);
@@ -171,6 +206,7 @@ std::optional<std::vector<CatOperand>> cat_operands(const Graph& g, const Node& 
   for (size_t k = 0; k < list->ids.size(); ++k) {
     if (!list->ids[k]) return std::nullopt;
     const graph::TensorMeta& m = g.value(*list->ids[k]).meta;
+    if (m.sizes.size() == 1 && m.sizes[0] == 0) continue;
     if (static_cast<int64_t>(m.sizes.size()) != rank) return std::nullopt;
     for (int64_t d = 0; d < rank; ++d)
       if (d != dim && m.sizes[d] != out.sizes[d]) return std::nullopt;
@@ -217,6 +253,9 @@ void add_window_decompositions(std::map<std::string, Decomposition>& table) {
   Decomposition pad{constant_pad_supported, nullptr, build_constant_pad, 1};
   pad.padded_reads = true;
   table["aten::constant_pad_nd.default"] = std::move(pad);
+  Decomposition slice_backward{slice_backward_supported, nullptr, build_slice_backward, 1};
+  slice_backward.padded_reads = true;
+  table["aten::slice_backward.default"] = std::move(slice_backward);
   Decomposition cat{cat_supported, nullptr, build_cat, 1};
   cat.padded_reads = true;
   table["aten::cat.default"] = std::move(cat);

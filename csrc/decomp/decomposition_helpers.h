@@ -174,7 +174,7 @@ inline Builder pointwise2(std::function<Prim(PrimBuilder&, const Node&, Prim, Pr
 void add_math_decompositions(std::map<std::string, Decomposition>& table);
 /// Adds the composite entries (logaddexp, rounding divisions, norms, losses, fills...).
 void add_composite_decompositions(std::map<std::string, Decomposition>& table);
-/// Adds the entries that read padded or windowed operands (constant_pad_nd, cat, max and average pooling).
+/// Adds the entries that read padded or windowed operands (constant_pad_nd, slice_backward, cat, pooling).
 void add_window_decompositions(std::map<std::string, Decomposition>& table);
 void add_gather_decompositions(std::map<std::string, Decomposition>& table);
 /// Adds the derivative ops the backward graphs hold (gelu_backward, softmax's backward, ...).

@@ -214,3 +214,59 @@ TEST_CASE("a scatter with one index per slice is one pointwise kernel over an io
     CHECK(cuda.source.find("kiln::gather_index(") != std::string::npos);
   }
 }
+
+namespace {
+// cat([a, b], -1) of [4, 8, first] and [4, 8, second], times 2.
+Graph cat_graph(int64_t first, int64_t second, ScalarType dtype = ScalarType::Float) {
+  Graph g;
+  ValueId a = g.add_input(cpu({4, 8, first}, {}, dtype));
+  ValueId b = g.add_input(cpu({4, 8, second}, {}, dtype));
+  ValueId c = g.add_node(op("aten::cat", "default", {TensorListArg{{a, b}}, int64_t{-1}}, {"tensors", "dim"}),
+                         {cpu({4, 8, first + second}, {}, dtype)})[0];
+  ValueId twice = g.add_node(op("aten::mul", "Tensor", {TensorArg{c}, 2.0}, {"self", "other"}),
+                             {cpu({4, 8, first + second}, {}, dtype)})[0];
+  g.set_outputs({twice});
+  return g;
+}
+}  // namespace
+
+TEST_CASE("cat is one loop whose operands are guarded reads, vectors where each vector lies inside one operand") {
+  const Graph g = cat_graph(32, 32);
+  const auto schedule = kiln::fusion::schedule_kernels(g);
+  REQUIRE(schedule.kernels.size() == 1);
+  const auto& k = schedule.kernels[0];
+  CHECK_NOTHROW(kiln::fusion::verify_kernel(k));
+  int guarded = 0;
+  for (const auto& e : k.exprs) guarded += e.kind == ExprKind::Load && e.operands[0] >= 0;
+  CHECK(guarded == 2);
+  const auto cuda = kiln::codegen::cuda::emit_cuda_source(schedule, g);
+  CHECK(cuda.kernels[0].strategy == "pointwise_vec4");
+  CHECK(cuda.source.find(" ? *reinterpret_cast<const kiln::vec<float, 4>*>(buf") != std::string::npos);
+  // halves of 30: a vector of 4 would straddle the two operands; of 2 it cannot
+  CHECK(kiln::codegen::cuda::emit_cuda_source(kiln::fusion::schedule_kernels(cat_graph(30, 30)), cat_graph(30, 30))
+            .kernels[0].strategy == "pointwise_vec2");
+  const Graph odd = cat_graph(3, 5);
+  CHECK(kiln::codegen::cuda::emit_cuda_source(kiln::fusion::schedule_kernels(odd), odd).kernels[0].strategy == "pointwise");
+}
+
+TEST_CASE("a slice's gradient with step 1 is a padded read of the gradient") {
+  Graph g;
+  ValueId grad = g.add_input(cpu({4, 3, 5}));
+  ValueId out = g.add_node(op("aten::slice_backward", "default",
+                              {TensorArg{grad}, std::vector<int64_t>{4, 6, 5}, int64_t{1}, int64_t{2}, int64_t{5}, int64_t{1}},
+                              {"grad_output", "input_sizes", "dim", "start", "end", "step"}),
+                           {cpu({4, 6, 5})})[0];
+  g.set_outputs({out});
+  const auto schedule = kiln::fusion::schedule_kernels(g);
+  REQUIRE(schedule.kernels.size() == 1);
+  REQUIRE(schedule.steps.size() == 1);
+  const auto& k = schedule.kernels[0];
+  const kiln::fusion::Expr* guarded = nullptr;
+  for (const auto& e : k.exprs)
+    if (e.kind == ExprKind::Load && e.operands[0] >= 0) guarded = &e;
+  REQUIRE(guarded != nullptr);
+  CHECK(guarded->index.offset == -2 * 5);  // row 2 of the input is row 0 of the gradient
+  const auto& bound = k.exprs[guarded->operands[0]].bounds;
+  REQUIRE(bound.size() == 1);
+  CHECK(bound[0].extent == 3);
+}

@@ -621,6 +621,8 @@ CAT_CASES = {
     "a_transposed_operand": (lambda a, b: torch.cat([a.exp(), b.t()]), lambda: (rand(3, 5), rand(5, 2))),
     "integers_and_bools": (lambda a, b: torch.cat([a, (b > 0).int()]) * 3,
                            lambda: (rand(2, 4, dtype=torch.int32), rand(3, 4))),
+    # ATen skips a 1-d empty operand whatever the others' rank (a transformers cache's first update)
+    "a_legacy_empty_operand": (lambda a, b: torch.cat([b, a], -2) * 2, lambda: (rand(2, 3, 4), rand(0))),
     "half_precision": (lambda a, b: torch.cat([a, b * 2], 1), lambda: (rand(2, 3, dtype=torch.bfloat16), rand(2, 5, dtype=torch.bfloat16))),
 }
 
@@ -637,9 +639,21 @@ def test_cat_calls_generated_code_cannot_express_stay_aten_calls():
     many = [rand(2, 3) for _ in range(9)]  # more operands than one loop selects between
     summary = check(lambda *xs: torch.cat(xs) * 2, *many)
     assert "aten::cat.default" in summary["externs"], summary["plan"]
-    # a 1-d empty operand next to 2-d ones: ATen skips it, whatever the others' rank
-    summary = check(lambda a, b: torch.cat([a, b]) * 2, rand(3, 4), rand(0))
-    assert "aten::cat.default" in summary["externs"], summary["plan"]
+
+
+@pytest.mark.parametrize("dim,start,end", [(1, 2, 5), (-1, -3, 9), (0, 0, 2)])
+def test_a_slice_gradient_is_a_padded_read(dim, start, end):
+    def fn(g):
+        return torch.ops.aten.slice_backward(g, [4, 6, 5], dim, start, end, 1) * 2 + 1
+    sizes = [4, 6, 5]
+    d = dim % 3
+    lo = max(0, start + sizes[d] if start < 0 else start)
+    hi = min(sizes[d], end)
+    summary = check(fn, rand(*[hi - lo if i == d else n for i, n in enumerate(sizes)]), expect_kernels=1)
+    assert summary["externs"] == [], summary["plan"]
+    # a step other than 1 scatters every step-th element: an ATen call
+    summary = check(lambda g: torch.ops.aten.slice_backward(g, [4, 6], 1, 0, 6, 2) * 2, rand(4, 3))
+    assert "aten::slice_backward.default" in summary["externs"], summary["plan"]
 
 
 def test_cat_gradients_match_eager():

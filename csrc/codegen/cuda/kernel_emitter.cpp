@@ -98,8 +98,11 @@ std::string KernelEmitter::expression(int32_t e) const {
     case ExprKind::Load: {
       const std::string buffer = "buf" + std::to_string(x.buffer);
       const size_t lane_axis = column_lanes_ ? static_cast<size_t>(nest_.outer_count - 1) : nest_.load_strides[e].size() - 1;
-      if (lane_ >= 0 && nest_.load_strides[e][lane_axis] == 1)
-        return "kiln::load(lv" + std::to_string(e) + ".v[" + std::to_string(lane_) + "])";
+      if (lane_ >= 0 && nest_.load_strides[e][lane_axis] == 1) {
+        // a guarded vector was loaded only where its guard holds (the same for all its lanes: pointwise_vector_width)
+        const std::string lane_load = "kiln::load(lv" + std::to_string(e) + ".v[" + std::to_string(lane_) + "])";
+        return x.operands[0] < 0 ? lane_load : guarded_load_text(name(0), lane_load, x.constant, x.dtype);
+      }
       std::string address = index(nest_.load_strides[e], x.index.offset);
       if (x.operands[1] >= 0)  // gathered: the index value, checked (a trap, as eager's device-side assert), times its stride
         address += " + static_cast<index_t>(kiln::gather_index(" + name(1) + ", " +
@@ -214,8 +217,14 @@ void KernelEmitter::emit_pointwise(int64_t n) {
   for (size_t i = 0; i < k_.exprs.size(); ++i) {
     if (!contiguous_load(i)) continue;
     const Expr& e = k_.exprs[i];
-    out << indent << "const " << vec_type(e.buffer) << " lv" << i << " = *reinterpret_cast<const " << vec_type(e.buffer)
-        << "*>(buf" << e.buffer << " + " << index(nest_.load_strides[i], e.index.offset) << ");\n";
+    const std::string load = "*reinterpret_cast<const " + vec_type(e.buffer) + "*>(buf" + std::to_string(e.buffer) + " + " +
+                             index(nest_.load_strides[i], e.index.offset) + ")";
+    // a guarded vector (a padded read) is read only inside its operand: its guard (bounds, or a conjunction of them
+    // for a recomputed producer's own padded read), at the vector's first element, holds for every lane or for none
+    if (e.operands[0] >= 0) emit_expr(e.operands[0], indent);
+    const std::string value =
+        e.operands[0] < 0 ? load : "(" + names_[e.operands[0]] + " ? " + load + " : " + vec_type(e.buffer) + "{})";
+    out << indent << "const " << vec_type(e.buffer) << " lv" << i << " = " << value << ";\n";
   }
   for (size_t s = 0; s < k_.stores.size(); ++s) out << indent << vec_type(k_.stores[s].buffer) << " sv" << s << ";\n";
   for (lane_ = 0; lane_ < v; ++lane_) {

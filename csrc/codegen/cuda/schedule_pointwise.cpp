@@ -26,18 +26,37 @@ namespace {
 // Elements per thread for 16-byte accesses, or 1. Vectors run along the innermost loop: every load walks it with
 // stride 0 or 1 and every store with stride 1. With outer loops too (a bias or a per-channel scale broadcast along
 // rows), the innermost size and every outer stride of a contiguous access must be multiples of the width, so that
-// a vector never straddles two rows and stays aligned. Guarded and gathered loads are scalar.
+// a vector never straddles two rows and stays aligned. Gathered loads are scalar. A guarded load (a padded read:
+// cat, slice_backward, constant_pad_nd) is a vector where each bound of its guard is the same for a whole vector:
+// it walks the innermost loop with stride 0, or with stride 1 from an offset, outer strides and extent that are
+// multiples of the width, so a vector lies wholly inside the operand or wholly outside (a rotary embedding's
+// halves of 64).
 int pointwise_vector_width(const KernelAnalysis& a) {
   const fusion::Kernel& k = a.kernel;
   const fusion::LoopNest& nest = a.nest;
   const size_t loops = nest.loops.size();
-  if (loops == 0 || k.scalar_loads_only()) return 1;
+  if (loops == 0) return 1;
   const size_t inner = loops - 1;
   int width = 8;
   bool any = false;
   std::vector<std::pair<const std::vector<int64_t>*, int64_t>> contiguous;  // strides, offset
+  struct Edge {
+    const std::vector<int64_t>* strides;
+    int64_t offset, extent;
+  };
+  std::vector<Edge> edges;  // the bounds that move along the innermost loop
   for (size_t i = 0; i < k.exprs.size(); ++i) {
     const Expr& e = k.exprs[i];
+    if (fusion::Kernel::is_gathered(e)) return 1;
+    if (e.kind == ExprKind::InBounds) {
+      for (size_t b = 0; b < e.bounds.size(); ++b) {
+        const std::vector<int64_t>& strides = nest.bound_strides[i][b];
+        if (strides[inner] == 0) continue;
+        if (strides[inner] != 1) return 1;
+        edges.push_back({&strides, e.bounds[b].index.offset, e.bounds[b].extent});
+      }
+      continue;
+    }
     if (e.kind != ExprKind::Load) continue;
     const int64_t stride = nest.load_strides[i][inner];
     if (stride != 0 && stride != 1) return 1;
@@ -53,9 +72,17 @@ int pointwise_vector_width(const KernelAnalysis& a) {
     any = true;
   }
   if (!any || width < 2) return 1;
-  if (loops == 1) return width;
   for (; width >= 2; width /= 2) {
-    bool fits = nest.loops[inner].size % width == 0;
+    bool fits = true;
+    for (const Edge& edge : edges) {
+      fits = fits && edge.offset % width == 0 && edge.extent % width == 0;
+      for (size_t l = 0; l < inner; ++l) fits = fits && (*edge.strides)[l] % width == 0;
+    }
+    if (loops == 1) {
+      if (fits) return width;
+      continue;
+    }
+    fits = fits && nest.loops[inner].size % width == 0;
     for (const auto& [strides, offset] : contiguous) {
       fits = fits && offset % width == 0;
       for (size_t l = 0; l < inner; ++l) fits = fits && (*strides)[l] % width == 0;
