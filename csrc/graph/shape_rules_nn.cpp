@@ -346,15 +346,25 @@ void nll_loss_backward_rule(RuleCall& call, bool two_d) {
   call.add_output(contiguous_meta(x.sizes, x.dtype, x.device));
 }
 
-// query, key, value: 4-d, one dtype, key and value of query's batch and heads, key of its head dim.
-void attention_operands(RuleCall& call, const SymTensorMeta& q, const SymTensorMeta& k, const SymTensorMeta& v) {
+// query, key, value: 4-d, one dtype, key and value of query's batch and heads, key of its head dim. With
+// `grouped_heads` (enable_gqa), key and value have a number of heads that divides query's: the heads are pinned
+// (grouped-query attention in generation: only the cache's length varies).
+void attention_operands(RuleCall& call, const SymTensorMeta& q, const SymTensorMeta& k, const SymTensorMeta& v,
+                        bool grouped_heads = false) {
   for (const SymTensorMeta* t : {&q, &k, &v}) {
     call.check(t->dim() == 4 && t->dtype == q.dtype && is_floating(q.dtype), "rank or dtype");
     no_empty(call, t->sizes);
   }
-  for (int d = 0; d < 2; ++d) {
-    call.require_eq(k.sizes[d], q.sizes[d], "key's batch or heads");
-    call.require_eq(v.sizes[d], q.sizes[d], "value's batch or heads");
+  call.require_eq(k.sizes[0], q.sizes[0], "key's batch");
+  call.require_eq(v.sizes[0], q.sizes[0], "value's batch");
+  if (grouped_heads) {
+    const int64_t heads = call.pinned(q.sizes[1], "query's heads (grouped-query attention)").constant_value();
+    const int64_t groups = call.pinned(k.sizes[1], "key's heads (grouped-query attention)").constant_value();
+    call.require_eq(v.sizes[1], k.sizes[1], "value's heads");
+    call.check(groups > 0 && heads % groups == 0, "key's heads that do not divide query's");
+  } else {
+    call.require_eq(k.sizes[1], q.sizes[1], "key's heads");
+    call.require_eq(v.sizes[1], q.sizes[1], "value's heads");
   }
   call.require_eq(v.sizes[2], k.sizes[2], "value's length");
   call.require_eq(k.sizes[3], q.sizes[3], "key's head dim");
@@ -401,8 +411,7 @@ void flash_attention_cpu_rule(RuleCall& call) {
 // f32/f16/bf16, a head dim that is a multiple of 8 up to 256, and no boolean mask; contiguous otherwise.
 void attention_rule(RuleCall& call) {
   const SymTensorMeta &q = call.tensor(0), &k = call.tensor(1), &v = call.tensor(2);
-  attention_operands(call, q, k, v);
-  call.check(call.is_none(7) || !call.bool_arg(7), "enable_gqa");
+  attention_operands(call, q, k, v, !call.is_none(7) && call.bool_arg(7));
   const SymTensorMeta* mask = call.optional_tensor(3);
   if (mask) attention_mask(call, *mask, q, k);
   // The fused kernels' choice depends on the head dim's value: it is pinned (a guard) rather than decided per size.
@@ -413,6 +422,9 @@ void attention_rule(RuleCall& call) {
                call.eq(v.sizes[3], head_dim, "value's head dim");
   for (const SymTensorMeta* t : {&q, &k, &v}) fused = fused && call.eq(t->strides[3], 1, "the head dim's stride");
   std::vector<Expr> sizes = {q.sizes[0], q.sizes[1], q.sizes[2], v.sizes[3]};
+  // _fake.py makes that layout as `transpose(1, 2).contiguous().transpose(1, 2)`: with one head or one query row (a
+  // generation step) the transposed tensor is contiguous already, and the math path's layout stays.
+  fused = fused && !call.size_is(q.sizes[1], 1) && !call.size_is(q.sizes[2], 1);
   call.add_output(fused ? heads_transposed(sizes, q.dtype, q.device) : contiguous_meta(sizes, q.dtype, q.device));
 }
 

@@ -117,14 +117,19 @@ std::vector<std::pair<int64_t, std::pair<int64_t, int64_t>>> SymbolicInts::dynam
   Py_DECREF(shape);
   std::set<int64_t> dims;
   // Parameters, buffers and other tensors held by modules or globals are static unless marked (torch.compile's
-  // default): only what the frame was called with, and containers of it, varies.
-  bool argument = true;
-  for (const Source* s = source.get(); s; s = s->base().get())
-    if (s->kind() != SourceKind::kLocal && s->kind() != SourceKind::kIndex && s->kind() != SourceKind::kDictKey)
-      argument = false;
-  if (argument && policy_.mode == compile::Dynamic::kDynamic)
+  // default): only what the frame was called with varies, with its containers and its objects' attributes, as in
+  // Dynamo. A transformers cache passed as an argument holds its keys in `cache.layers[i].keys`, whose length grows by
+  // one per generated token (each length had compiled a graph until the recompile limit sent the rest to eager).
+  bool reached_from_argument = true;
+  for (const Source* s = source.get(); s; s = s->base().get()) {
+    const SourceKind kind = s->kind();
+    if (kind != SourceKind::kLocal && kind != SourceKind::kIndex && kind != SourceKind::kDictKey &&
+        kind != SourceKind::kInstanceDict && kind != SourceKind::kAttr)
+      reached_from_argument = false;
+  }
+  if (reached_from_argument && policy_.mode == compile::Dynamic::kDynamic)
     for (size_t d = 0; d < sizes.size(); ++d) dims.insert((int64_t)d);
-  if (argument && policy_.mode == compile::Dynamic::kAutomatic) {
+  if (reached_from_argument && policy_.mode == compile::Dynamic::kAutomatic) {
     const std::string path = source->describe();
     auto it = policy_.changed.find(path);
     if (it != policy_.changed.end()) {

@@ -8,6 +8,8 @@ the changed dims symbolic), `dynamic=False` once per size. Sizes 0 and 1 stay sp
 its own graph). Each new set of sizes still lowers its kernels once (kiln.stats()["dynamic_specialisations"]): that
 is the runtime's business (tests/python/test_dynamic_runtime.py), not the tracer's.
 """
+import types
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -74,6 +76,52 @@ def test_automatic_makes_only_the_dims_that_changed_symbolic(fresh):
     x, w = random_tensor(9, 10), random_tensor(10)
     same(compiled(x, w), scale_rows(x, w))
     assert kiln.stats()["frames_compiled"] == 3
+
+
+class Cache:
+    """A key/value cache as generation code keeps one: tensors in attributes of an object passed as an argument."""
+    def __init__(self, keys, values):
+        self.layers = [types.SimpleNamespace(keys=keys, values=values)]
+
+
+def attend_with_cache(q, cache, grouped):
+    layer = cache.layers[0]
+    return F.scaled_dot_product_attention(q, layer.keys, layer.values, enable_gqa=grouped) * 2
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["heads", "grouped_heads"])
+def test_automatic_follows_tensors_in_an_arguments_attributes(fresh, grouped):
+    # one query row against a cache that grows by a row per call (a generation step): the third length on reuses
+    # the graph with the cache's length as a size symbol, as torch.compile's automatic dynamic shapes do
+    compiled = kiln.compile(attend_with_cache)
+    kv_heads = 2 if grouped else 4
+    for length in range(6, 14):
+        q = random_tensor(2, 4, 1, 16)
+        cache = Cache(random_tensor(2, kv_heads, length, 16), random_tensor(2, kv_heads, length, 16))
+        same(compiled(q, cache, grouped), attend_with_cache(q, cache, grouped))
+    stats = kiln.stats()
+    assert stats["frames_compiled"] == 2 and stats["recompiles"] == 1, stats
+    assert stats["dynamic_specialisations"] == 7, stats  # each new length lowers the one symbolic graph
+
+
+def test_dynamic_true_makes_tensors_in_an_arguments_attributes_symbolic(fresh):
+    compiled = kiln.compile(attend_with_cache, dynamic=True)
+    for length in (6, 7, 8):
+        q = random_tensor(2, 4, 1, 16)
+        cache = Cache(random_tensor(2, 4, length, 16), random_tensor(2, 4, length, 16))
+        same(compiled(q, cache, False), attend_with_cache(q, cache, False))
+    assert kiln.stats()["frames_compiled"] == 1, kiln.stats()
+
+
+def test_tensors_held_by_modules_stay_static(fresh):
+    # a buffer's size change recompiles (torch.compile's default: module state is specialised)
+    module = nn.Linear(4, 4)
+    compiled = kiln.compile(lambda m, x: x + m.extra.sum())
+    for n in (3, 5, 7):
+        module.register_buffer("extra", random_tensor(n))
+        x = random_tensor(4)
+        same(compiled(module, x), x + module.extra.sum())
+    assert kiln.stats()["frames_compiled"] == 3, kiln.stats()
 
 
 def test_mark_dynamic_is_symbolic_from_the_first_call_and_explain_lists_the_symbols(fresh):

@@ -128,4 +128,9 @@ def test_generate_with_a_kv_cache_gives_eager_tokens(arch, device):
         expected = model.generate(ids, **settings)
         actual = kiln.compile(model).generate(ids, **settings)
     assert torch.equal(actual, expected)
-    assert kiln.stats()["frames_compiled"] > 0
+    stats = kiln.stats()
+    assert stats["frames_compiled"] > 0
+    if arch != "t5" and device == "cpu":
+        # the cache's length grows by one per token: after the first two lengths, one graph with a size symbol serves
+        # them all (the cache is reached through an argument's attributes; automatic dynamic follows them)
+        assert stats["frames_compiled"] <= 4 and stats["recompiles"] <= 4, stats
