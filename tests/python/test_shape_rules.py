@@ -262,6 +262,23 @@ def test_pointwise(seed):
     assert answered > 30  # symbolic runs answer most layouts
 
 
+def test_integer_pointwise_with_broadcasting():
+    # integer arithmetic has no TensorIterator layout in kiln's rules: contiguous operands, broadcast or not, give a
+    # contiguous result (T5's relative positions: an int64 [1, n] row less a [1, 1] offset)
+    rng = random.Random(11)
+    answered = 0
+    for _ in range(40):
+        case = Case(rng)
+        shape = _shape(rng, rng.randint(1, 4))
+        x = case.tensor(shape, torch.int64, kind="contiguous")
+        y = case.tensor([1 if rng.random() < 0.4 else s for s in shape], torch.int64, kind="contiguous")
+        func = rng.choice([aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.minimum.default,
+                           aten.maximum.default, aten.eq.Tensor, aten.lt.Tensor])
+        # (a 4-d operand that is also channels-last contiguous, one with size-1 dims, is refused: may not answer)
+        answered += _run(func, case, [x, y] if rng.random() < 0.5 else [y, x], must_answer=False)
+    assert answered > 20
+
+
 def test_pointwise_in_place_dropout_and_like_factories():
     rng = random.Random(1)
     for _ in range(40):
