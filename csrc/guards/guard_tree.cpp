@@ -495,7 +495,7 @@ bool GuardTree::evaluate(const SourceRoots& roots, std::string* why) const {
     return false;
   }
   GlobalState now = GlobalState::current();
-  if (!(now == state_)) {
+  if (!any_global_state_ && !(now == state_)) {
     if (why) *why = "global state changed: expected " + state_.describe() + ", got " + now.describe();
     return false;
   }
@@ -741,7 +741,7 @@ SnapshotStats& snapshot_stats() {
 bool GuardTree::check(const SourceRoots& roots) const {
   if (snapshot_) {
     if (globals_ && roots.globals != globals_) return false;
-    if (!(GlobalState::current() == state_)) return false;
+    if (!any_global_state_ && !(GlobalState::current() == state_)) return false;
     const int verdict = check_snapshot(roots);
     ++(verdict >= 0 ? snapshot_stats().hits : snapshot_stats().stale);
     if (verdict >= 0) return verdict == 1;
@@ -758,7 +758,7 @@ std::string GuardTree::explain_failure(const SourceRoots& roots) const {
 
 std::vector<std::string> GuardTree::describe() const {
   std::vector<std::string> lines;
-  lines.push_back(state_.describe());
+  lines.push_back(any_global_state_ ? "any global state" : state_.describe());
   for (const auto& entry : by_path_)
     for (const Check& c : entry.second->checks) lines.push_back(describe_check(entry.second->source->describe(), c));
   for (const SizeGuard::Symbol& sym : size_guard_.symbols)

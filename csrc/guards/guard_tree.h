@@ -124,6 +124,9 @@ class GuardTree {
   /// `a` and `b` must lead to the same object (one tensor reached through two paths).
   void add_same_object(const SourcePtr& a, const SourcePtr& b);
   void set_global_state(GlobalState state) { state_ = state; }
+  /// Passes whatever the global state (grad mode, autocast...): an entry that runs the frame eagerly for every
+  /// input. Without it a tree checks the state it was given, or the default one (grad enabled).
+  void accept_any_global_state() { any_global_state_ = true; }
   /// The traced frame's `self`, an nn.Module pinned by identity at `s` (a root source). Its identity check
   /// runs first, so another instance of the same module class fails after one pointer compare; and the
   /// compiler counts entries per instance (compile_frame.cpp: kiln.config.module_instance_limit).
@@ -156,6 +159,7 @@ class GuardTree {
   std::map<std::string, Node*> by_path_;
   PyObject* globals_ = nullptr;
   GlobalState state_;
+  bool any_global_state_ = false;
   PyObject* instance_ = nullptr;  // not owned: its identity check holds it weakly
   SourcePtr instance_source_;
   std::vector<std::pair<SourcePtr, SourcePtr>> same_objects_;

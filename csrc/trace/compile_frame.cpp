@@ -456,7 +456,11 @@ frame::MissResult KilnCompiler::eager_for_every_input(const frame::FrameView& fr
   // An entry of this compiler's, without guards: unlike a skip mark on the code object (which every kiln.compile
   // would see), a later kiln.compile of this very function still compiles it. The functions it calls are still
   // offered.
-  return eager_entry(frame, std::make_shared<guards::GuardTree>(), "eager for every input: " + why);
+  // (whatever the grad mode: an entry that checked the default state missed on every call under no_grad, and each
+  // miss traced the frame again)
+  auto guards = std::make_shared<guards::GuardTree>();
+  guards->accept_any_global_state();
+  return eager_entry(frame, std::move(guards), "eager for every input: " + why);
 }
 
 frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,

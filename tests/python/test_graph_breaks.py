@@ -716,6 +716,15 @@ def test_a_function_without_tensor_work_reached_from_eager_code_is_not_compiled(
         torch.testing.assert_close(compiled(x, settings), _with_note(x, settings))
     labels = kiln._C.cache_entries(_Note.__init__.__code__)
     assert len(labels) == 1 and "eager for every input: no tensor work" in labels[0], labels
+    # That entry holds under no_grad and autocast too: it used to check the default grad mode, so every call of a
+    # generation loop (under no_grad) missed it and traced the frame again, up to the recompile limit.
+    recompiles = kiln.stats()["recompiles"]
+    for _ in range(10):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            compiled(x, settings)
+    labels = kiln._C.cache_entries(_Note.__init__.__code__)
+    assert len(labels) == 1 and "eager for every input: no tensor work" in labels[0], labels
+    assert kiln.stats()["recompiles"] - recompiles <= 2, kiln.stats()  # _with_note and its resume, once each
     # An entry of that kiln.compile's alone: compiling the function itself still compiles it.
     note = _Note.__new__(_Note)
     kiln.compile(_Note.__init__)(note, _Settings())
