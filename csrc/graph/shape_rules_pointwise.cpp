@@ -98,11 +98,20 @@ void where_rule(RuleCall& call) {
   }
   call.check(value != nullptr, "no tensor value");
   for (size_t i = 1; i < tensors.size(); ++i) call.check(tensors[i]->dtype == value->dtype, "values of two dtypes");
-  call.check(is_floating(value->dtype), "values are not floating");
   std::vector<std::vector<Expr>> shapes;
   for (const SymTensorMeta* t : tensors) shapes.push_back(t->sizes);
   std::vector<Expr> shape = broadcast_shape(call, shapes);
   for (const Expr& s : shape) call.check(!call.size_is(s, 0), "an empty result");
+  if (!is_floating(value->dtype)) {
+    // Integer or bool values: contiguous operands of the result's rank give a contiguous result, broadcast or not
+    // (T5's relative position buckets); other layouts are not modelled.
+    for (const SymTensorMeta* t : tensors) {
+      call.check(t->dim() == static_cast<int64_t>(shape.size()), "integer values with an operand of another rank");
+      call.check(is_contiguous(call, *t) && !is_channels_last_contiguous(call, *t), "integer values, non-contiguous");
+    }
+    call.add_output(contiguous_meta(shape, value->dtype, value->device));
+    return;
+  }
   call.add_output(make_meta(shape, pointwise_strides(call, shape, tensors), value->dtype, value->device));
 }
 

@@ -130,7 +130,8 @@ def test_generate_with_a_kv_cache_gives_eager_tokens(arch, device):
     assert torch.equal(actual, expected)
     stats = kiln.stats()
     assert stats["frames_compiled"] > 0
-    if arch != "t5" and device == "cpu":
+    if device == "cpu":
         # the cache's length grows by one per token: after the first two lengths, one graph with a size symbol serves
-        # them all (the cache is reached through an argument's attributes; automatic dynamic follows them)
-        assert stats["frames_compiled"] <= 4 and stats["recompiles"] <= 4, stats
+        # them all (the cache is reached through an argument's attributes; automatic dynamic follows them). T5's
+        # generate has a few graph breaks of its own (frames around the encoder's output).
+        assert stats["frames_compiled"] <= (10 if arch == "t5" else 4) and stats["recompiles"] <= 4, stats

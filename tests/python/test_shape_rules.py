@@ -273,8 +273,12 @@ def test_integer_pointwise_with_broadcasting():
         x = case.tensor(shape, torch.int64, kind="contiguous")
         y = case.tensor([1 if rng.random() < 0.4 else s for s in shape], torch.int64, kind="contiguous")
         func = rng.choice([aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.minimum.default,
-                           aten.maximum.default, aten.eq.Tensor, aten.lt.Tensor])
+                           aten.maximum.default, aten.eq.Tensor, aten.lt.Tensor, "where"])
         # (a 4-d operand that is also channels-last contiguous, one with size-1 dims, is refused: may not answer)
+        if func == "where":
+            condition = case.tensor([1 if rng.random() < 0.4 else s for s in shape], torch.bool, kind="contiguous")
+            answered += _run(aten.where.self, case, [condition, x, y], must_answer=False)
+            continue
         answered += _run(func, case, [x, y] if rng.random() < 0.5 else [y, x], must_answer=False)
     assert answered > 20
 
