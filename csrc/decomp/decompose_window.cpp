@@ -144,8 +144,8 @@ bool constant_pad_supported(const Graph& g, const Node& n) {
 // slice_backward(grad, input_sizes, dim, start, end, step): the slice's gradient in a zero tensor of the input's
 // shape. With step 1 it is constant_pad_nd's read: the grad at the index less `start` along `dim`, 0 elsewhere (a
 // rotary embedding's gradient: its two halves and their sum are one loop, not two zero fills and two copies).
-// start and end are normalised as ATen's slice does.
-std::optional<int64_t> slice_backward_start(const Graph& g, const Node& n) {
+// start and end are normalised as ATen's slice does. The read's access per dim, or nullopt for other calls.
+std::optional<std::vector<DimAccess>> slice_backward_access(const Graph& g, const Node& n) {
   const auto* grad = tensor_arg_meta(g, n, 0);
   const graph::TensorMeta& out = out_meta(g, n);
   const int64_t rank = static_cast<int64_t>(out.sizes.size());
@@ -161,18 +161,15 @@ std::optional<int64_t> slice_backward_start(const Graph& g, const Node& n) {
   const int64_t end = std::max(start, clamp(std::get<int64_t>(n.args[4])));
   for (int64_t d = 0; d < rank; ++d)
     if (grad->sizes[d] != (d == dim ? end - start : out.sizes[d])) return std::nullopt;
-  return start;
+  std::vector<DimAccess> dims(rank);
+  dims[dim].offset = -start;
+  return dims;
 }
 
-bool slice_backward_supported(const Graph& g, const Node& n) { return slice_backward_start(g, n).has_value(); }
+bool slice_backward_supported(const Graph& g, const Node& n) { return slice_backward_access(g, n).has_value(); }
 
 void build_slice_backward(PrimBuilder& b, const Graph& g, const Node& n) {
-  const graph::TensorMeta& out = out_meta(g, n);
-  int64_t dim = std::get<int64_t>(n.args[2]);
-  if (dim < 0) dim += static_cast<int64_t>(out.sizes.size());
-  std::vector<DimAccess> dims(out.sizes.size());
-  dims[dim].offset = -*slice_backward_start(g, n);
-  b.set_output(0, b.padded_arg(0, dims, 0.0));
+  b.set_output(0, b.padded_arg(0, *slice_backward_access(g, n), 0.0));
 }
 
 // cat(tensors, dim) as one loop over the output: operand k covers [offset_k, offset_k + extent_k) along `dim` and is
@@ -183,15 +180,10 @@ void build_slice_backward(PrimBuilder& b, const Graph& g, const Node& n) {
 constexpr size_t kMaxFusedCatOperands = 8;
 
 struct CatOperand {
-  int element;
-  int64_t offset, extent;
+  int element;                  // index in the tensor list
+  std::vector<DimAccess> dims;  // the output's index less the operand's offset along the cat dim
+  const std::vector<int64_t>* sizes;
 };
-
-int64_t cat_dim(const Graph& g, const Node& n) {
-  const int64_t rank = static_cast<int64_t>(out_meta(g, n).sizes.size());
-  int64_t dim = n.args.size() > 1 && std::holds_alternative<int64_t>(n.args[1]) ? std::get<int64_t>(n.args[1]) : 0;
-  return dim < 0 ? dim + rank : dim;
-}
 
 // The operands that hold elements, in order, or nullopt when the call is not a concatenation of same-rank tensors.
 // ATen skips 1-d empty operands whatever the others' rank (transformers' caches start as `torch.tensor([])`).
@@ -199,7 +191,8 @@ std::optional<std::vector<CatOperand>> cat_operands(const Graph& g, const Node& 
   const auto* list = n.args.empty() ? nullptr : std::get_if<graph::TensorListArg>(&n.args[0]);
   const graph::TensorMeta& out = out_meta(g, n);
   const int64_t rank = static_cast<int64_t>(out.sizes.size());
-  const int64_t dim = rank == 0 ? -1 : cat_dim(g, n);
+  int64_t dim = n.args.size() > 1 && std::holds_alternative<int64_t>(n.args[1]) ? std::get<int64_t>(n.args[1]) : 0;
+  if (dim < 0) dim += rank;
   if (!list || list->ids.empty() || dim < 0 || dim >= rank) return std::nullopt;
   std::vector<CatOperand> operands;
   int64_t offset = 0;
@@ -210,7 +203,11 @@ std::optional<std::vector<CatOperand>> cat_operands(const Graph& g, const Node& 
     if (static_cast<int64_t>(m.sizes.size()) != rank) return std::nullopt;
     for (int64_t d = 0; d < rank; ++d)
       if (d != dim && m.sizes[d] != out.sizes[d]) return std::nullopt;
-    if (m.sizes[dim] > 0) operands.push_back({static_cast<int>(k), offset, m.sizes[dim]});
+    if (m.sizes[dim] > 0) {
+      std::vector<DimAccess> dims(rank);
+      dims[dim].offset = -offset;
+      operands.push_back({static_cast<int>(k), std::move(dims), &m.sizes});
+    }
     offset += m.sizes[dim];
   }
   if (offset != out.sizes[dim] || operands.empty() || operands.size() > kMaxFusedCatOperands) return std::nullopt;
@@ -221,19 +218,11 @@ bool cat_supported(const Graph& g, const Node& n) { return cat_operands(g, n).ha
 
 void build_cat(PrimBuilder& b, const Graph& g, const Node& n) {
   const std::vector<CatOperand> operands = *cat_operands(g, n);
-  const graph::TensorMeta& out = out_meta(g, n);
-  const int64_t dim = cat_dim(g, n);
-  const auto* list = std::get_if<graph::TensorListArg>(&n.args[0]);
+  const graph::ScalarType dtype = out_meta(g, n).dtype;
   Prim result = -1;
   for (auto it = operands.rbegin(); it != operands.rend(); ++it) {
-    std::vector<DimAccess> dims(out.sizes.size());
-    dims[dim].offset = -it->offset;
-    const Prim value = b.cast(b.padded_list_element(0, it->element, dims, 0.0), out.dtype);
-    if (result < 0) {
-      result = value;
-      continue;
-    }
-    result = b.where(b.in_bounds(dims, g.value(*list->ids[it->element]).meta.sizes), value, result);
+    const Prim value = b.cast(b.padded_list_element(0, it->element, it->dims, 0.0), dtype);
+    result = result < 0 ? value : b.where(b.in_bounds(it->dims, *it->sizes), value, result);
   }
   b.set_output(0, result);
 }

@@ -16,6 +16,19 @@ bool is_complex(ScalarType t) {
   return t == ScalarType::ComplexHalf || t == ScalarType::ComplexFloat || t == ScalarType::ComplexDouble;
 }
 
+// Contiguous operands (not channels-last as well) of the result's rank, broadcast or not, give a contiguous result
+// in eager and in torch's meta kernels alike (T5's relative positions: an int64 [1, n] row less a [1, 1] offset); any
+// other layout refuses, naming `what`.
+SymTensorMeta contiguous_result(RuleCall& call, const std::vector<const SymTensorMeta*>& tensors,
+                                const std::vector<Expr>& shape, ScalarType dtype, const Device& device,
+                                const std::string& what) {
+  for (const SymTensorMeta* t : tensors) {
+    call.check(t->dim() == static_cast<int64_t>(shape.size()), what + ": an operand of another rank");
+    call.check(is_contiguous(call, *t) && !is_channels_last_contiguous(call, *t), what + ": a non-contiguous operand");
+  }
+  return contiguous_meta(shape, dtype, device);
+}
+
 // The output of a pointwise op over every argument: tensors take part in the layout; numbers, None and gelu's
 // approximate strings are accepted; anything else refuses. Operands with dims share one floating dtype, or, where
 // `integer_ok`, one integer dtype with int numbers and integer zero-dim tensors (which never promote it); those of
@@ -23,8 +36,7 @@ bool is_complex(ScalarType t) {
 //
 // The common floating cases take TensorIterator's layout, as eager's kernels do. For the others (`python_meta`: other
 // ops, and integer or bool operands) torch's Python meta kernels, which kiln used before these rules, lay size-1
-// dims, broadcasts and ties out differently from eager; only operands of the result's shape that are contiguous (and
-// not channels-last as well) are decided there, a contiguous result on which both agree.
+// dims and ties out differently from eager; only contiguous operands are decided there (contiguous_result).
 SymTensorMeta pointwise(RuleCall& call, Result result, bool integer_ok = false, bool python_meta = false,
                         bool bitwise = false) {
   std::vector<const SymTensorMeta*> tensors;
@@ -70,15 +82,8 @@ SymTensorMeta pointwise(RuleCall& call, Result result, bool integer_ok = false, 
   // (Comparisons of one real dtype take TensorIterator's layout, as eager gives it.)
   const bool iterator_layout = is_floating(first->dtype) || (result == Result::kBool && is_integral(first->dtype)) ||
                                bitwise;
-  if (python_meta || !iterator_layout) {
-    // Contiguous operands of the result's rank, broadcast or not, give a contiguous result whichever way the layout
-    // is computed (T5's relative positions: an int64 [1, n] row less a [1, 1] offset).
-    for (const SymTensorMeta* t : tensors) {
-      call.check(t->dim() == static_cast<int64_t>(shape.size()), "an operand of another rank");
-      call.check(is_contiguous(call, *t) && !is_channels_last_contiguous(call, *t), "a non-contiguous operand");
-    }
-    return contiguous_meta(shape, dtype, first->device);
-  }
+  if (python_meta || !iterator_layout)
+    return contiguous_result(call, tensors, shape, dtype, first->device, python_meta ? "a Python meta kernel" : "integers");
   return make_meta(shape, pointwise_strides(call, shape, tensors), dtype, first->device);
 }
 
@@ -102,14 +107,8 @@ void where_rule(RuleCall& call) {
   for (const SymTensorMeta* t : tensors) shapes.push_back(t->sizes);
   std::vector<Expr> shape = broadcast_shape(call, shapes);
   for (const Expr& s : shape) call.check(!call.size_is(s, 0), "an empty result");
-  if (!is_floating(value->dtype)) {
-    // Integer or bool values: contiguous operands of the result's rank give a contiguous result, broadcast or not
-    // (T5's relative position buckets); other layouts are not modelled.
-    for (const SymTensorMeta* t : tensors) {
-      call.check(t->dim() == static_cast<int64_t>(shape.size()), "integer values with an operand of another rank");
-      call.check(is_contiguous(call, *t) && !is_channels_last_contiguous(call, *t), "integer values, non-contiguous");
-    }
-    call.add_output(contiguous_meta(shape, value->dtype, value->device));
+  if (!is_floating(value->dtype)) {  // T5's relative position buckets
+    call.add_output(contiguous_result(call, tensors, shape, value->dtype, value->device, "integer or bool values"));
     return;
   }
   call.add_output(make_meta(shape, pointwise_strides(call, shape, tensors), value->dtype, value->device));

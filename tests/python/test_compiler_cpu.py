@@ -534,19 +534,28 @@ def test_grad_mode_with_requires_grad_falls_back():
 
 
 # ---- gathered reads: embedding, gather, index_select (decomp/decompose_gather.cpp) --------------------------
-def embeddings_model(vocab=50, seq=16, hidden=32, dtype=torch.float32):
-    """BERT's embedding block: word + token type (through a gather of a buffer) + position, then layer norm."""
-    word, kinds, positions = (random_tensor(n, hidden, dtype=dtype) for n in (vocab, 2, seq))
-    weight, bias = random_tensor(hidden, dtype=dtype), random_tensor(hidden, dtype=dtype)
-    kind_buffer = torch.randint(0, 2, (1, seq))
-    position_ids = torch.arange(seq).unsqueeze(0)
+def embedding_block(word, kinds, positions, weight, bias, kind_buffer):
+    """BERT's embedding block over these tables: word + token type (through a gather of `kind_buffer`) + position,
+    then layer norm."""
+    position_ids = torch.arange(positions.shape[0], device=word.device).unsqueeze(0)
 
     def embed(ids):
         batch, length = ids.shape
         kind = torch.gather(kind_buffer.expand(batch, -1), 1, position_ids[:, :length].expand(batch, -1))
         x = F.embedding(ids, word) + F.embedding(kind, kinds) + F.embedding(position_ids[:, :length], positions)
-        return F.layer_norm(x, (hidden,), weight, bias)
+        return F.layer_norm(x, (word.shape[1],), weight, bias)
     return embed
+
+
+def embedding_tables(vocab, seq, hidden, dtype, device="cpu"):
+    """Random tables for embedding_block."""
+    word, kinds, positions = (random_tensor(n, hidden, dtype=dtype, device=device) for n in (vocab, 2, seq))
+    weight, bias = (random_tensor(hidden, dtype=dtype, device=device) for _ in range(2))
+    return word, kinds, positions, weight, bias, torch.randint(0, 2, (1, seq), device=device)
+
+
+def embeddings_model(vocab=50, seq=16, hidden=32, dtype=torch.float32):
+    return embedding_block(*embedding_tables(vocab, seq, hidden, dtype))
 
 
 @pytest.mark.parametrize("dtype,index_dtype", [(torch.float32, torch.int64), (torch.bfloat16, torch.int32)])

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 import kiln
 from kiln.testing import assert_same_as_eager, capture_graphs, random_tensor, tolerance
+from test_compiler_cpu import embedding_block, embedding_tables
 
 pytestmark = pytest.mark.cuda
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -347,23 +348,11 @@ def test_runs_on_a_side_stream_after_its_work():
 
 @pytest.mark.parametrize("dtype,index_dtype", [(torch.float32, torch.int64), (torch.bfloat16, torch.int32)])
 def test_embeddings_are_read_inside_the_kernels_that_use_them(dtype, index_dtype):
-    hidden, seq = 768, 128
-    word, kinds, positions = (random_tensor(n, hidden, dtype=dtype, device="cuda") for n in (3000, 2, seq))
-    weight, bias = (random_tensor(hidden, dtype=dtype, device="cuda") for _ in range(2))
-    kind_buffer = torch.randint(0, 2, (1, seq), device="cuda")
-    position_ids = torch.arange(seq, device="cuda").unsqueeze(0)
-
-    def embedding_block(word, kinds, positions, weight, bias):
-        def embed(ids):
-            batch, length = ids.shape
-            kind = torch.gather(kind_buffer.expand(batch, -1), 1, position_ids[:, :length].expand(batch, -1))
-            x = F.embedding(ids, word) + F.embedding(kind, kinds) + F.embedding(position_ids[:, :length], positions)
-            return F.layer_norm(x, (hidden,), weight, bias)
-        return embed
-
-    embed = embedding_block(word, kinds, positions, weight, bias)
+    seq = 128
+    tables = embedding_tables(3000, seq, 768, dtype, device="cuda")
+    embed = embedding_block(*tables)
     # the same block in float32: the reference a 16-bit result is measured against
-    in_float = embedding_block(*(t.float() for t in (word, kinds, positions, weight, bias)))
+    in_float = embedding_block(*(t.float() if t.is_floating_point() else t for t in tables))
 
     def compare(actual, ids):
         expected = embed(ids)
