@@ -36,6 +36,7 @@ void register_compiler(py::module_& m) {
         d["graphs_autograd"] = b.graphs_autograd;
         d["autograd_saved_bytes"] = b.autograd_saved_bytes;
         d["autograd_recomputed_nodes"] = b.autograd_recomputed_nodes;
+        d["autograd_backward_variants"] = b.autograd_backward_variants;
         d["graphs_split"] = b.graphs_split;
         d["split_pieces"] = b.split_pieces;
         d["autograd_backward_runs"] = runtime::autograd_backward_runs().load();
@@ -47,7 +48,8 @@ void register_compiler(py::module_& m) {
       "no passes, code generation or compiler), joint_cache_hits (autodiff's forward and backward graphs read "
       "back: no autodiff), graphs_compiled, graphs_fallback, "
       "last_fallback_reason, autograd_saved_bytes (saved forward intermediates of compiled autograd graphs, graph "
-      "inputs excluded), autograd_recomputed_nodes (forward nodes their backward graphs recompute), graphs_split "
+      "inputs excluded), autograd_recomputed_nodes (forward nodes their backward graphs recompute), autograd_backward_variants "
+      "(backward graphs compiled again without the gradients of outputs nothing used), graphs_split "
       "(training graphs cut at DistributedDataParallel's gradient buckets), split_pieces (the pieces they were cut "
       "into, each its own autograd node), autograd_backward_runs (compiled backward graphs run)");
   m.def(

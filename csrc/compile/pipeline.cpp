@@ -29,6 +29,7 @@
 #include "passes/functionalize_buffer_updates.h"
 #include "passes/graph_rewriter.h"
 #include "passes/lower_batch_norm.h"
+#include "passes/lower_attention.h"
 #include "passes/lower_cross_entropy.h"
 #include "passes/pipeline.h"
 #include "passes/sink_into_copies.h"
@@ -298,6 +299,12 @@ cache::CompiledArtifact lower_graph(const graph::Graph& captured, const graph::D
     at::NoGradGuard no_grad;
     return passes::lower_cross_entropy(graph, *oracle);
   });
+  passes::run_pass("attention_masks_as_biases", g, [](graph::Graph& graph) {
+    if (!passes::has_attention_mask_to_convert(graph)) return false;
+    std::unique_ptr<graph::OpOracle> oracle = make_meta_oracle();
+    at::NoGradGuard no_grad;
+    return passes::attention_masks_as_biases(graph, *oracle);
+  });
   // A matmul's bias add moves into the kernel that reads the product, where the device has the multiprocessors to
   // make that pay (CUDA); before the layout passes, which see the plain matmul.
   if (const int sms = backend.multiprocessors(std::max<int>(device.index, 0)); sms > 0)
@@ -386,7 +393,8 @@ std::shared_ptr<runtime::CompiledGraph> compile_kiln_graph(std::shared_ptr<const
     // again. Anything autodiff does not cover keeps the eager interpreter, which records eager's autograd history
     // op by op.
     try {
-      auto joint = split_for_autodiff(differentiated, [&](std::shared_ptr<const graph::Graph> part, size_t part_escaping) {
+      auto joint = split_for_autodiff(differentiated, [constants_of, options](std::shared_ptr<const graph::Graph> part,
+                                                                              size_t part_escaping) {
         at::AutoGradMode no_grad(false);  // the halves run with grad off: compile them as such
         return compile_kiln_graph(std::move(part), constants_of, options, /*training_half=*/true, part_escaping);
       });

@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/progress.h"
 #include "compile/meta_oracle.h"
+#include "passes/drop_absent_gradients.h"
 #include "runtime/eager_interpreter.h"
 #include "runtime/kernel_graph.h"
 #include "runtime/torch_info.h"
@@ -74,7 +75,7 @@ runtime::AutogradSignature signature_of(const autodiff::JointGraphs& joint) {
 }  // namespace
 
 std::shared_ptr<runtime::AutogradGraph> split_for_autodiff(std::shared_ptr<const graph::Graph> g,
-                                                           const CompileHalf& compile_half) {
+                                                           CompileHalf compile_half) {
   progress::stage("autodiff");
   const passes::CudnnBatchNorm cudnn = cudnn_batch_norm_here();
   // No key (no SHA-256 available, cache/kernel_cache.h): nothing is read or stored.
@@ -117,8 +118,30 @@ std::shared_ptr<runtime::AutogradGraph> split_for_autodiff(std::shared_ptr<const
                  << log::whole_ms(backward_started.ms()) << " ms";
   runtime::kiln_backend_stats().autograd_saved_bytes += joint.saved_bytes;
   runtime::kiln_backend_stats().autograd_recomputed_nodes += joint.recomputed_nodes;
+  // The backward again for calls where some outputs get no gradient (runtime/autograd_graph.h), from the same joint
+  // backward graph, when a backward first meets such a call.
+  std::shared_ptr<const graph::Graph> joint_backward = joint.backward;
+  runtime::CompileBackwardWithout compile_without =
+      [joint_backward, compile_half](const std::vector<bool>& absent) -> std::shared_ptr<runtime::CompiledGraph> {
+    int dropped = 0;
+    std::shared_ptr<graph::Graph> without = passes::drop_absent_gradients(*joint_backward, absent, &dropped);
+    if (!without) return nullptr;
+    std::string which;
+    for (size_t j = 0; j < absent.size(); ++j)
+      if (absent[j]) which += (which.empty() ? "" : ", ") + std::to_string(j);
+    const log::Stopwatch started;
+    std::shared_ptr<runtime::CompiledGraph> compiled;
+    {
+      const progress::Part part("backward half without unused gradients");
+      compiled = compile_half(std::move(without), SIZE_MAX);
+    }
+    runtime::kiln_backend_stats().autograd_backward_variants++;
+    KILN_LOG(perf) << "kiln autograd: backward compiled again without the gradients of differentiable outputs " << which
+                   << " (none came; " << dropped << " sums with them dropped) in " << log::whole_ms(started.ms()) << " ms";
+    return compiled;
+  };
   return runtime::make_autograd_graph(std::move(signature), std::move(forward), std::move(backward),
-                                      std::move(view_replays));
+                                      std::move(view_replays), std::move(compile_without));
 }
 
 }  // namespace kiln::compile

@@ -20,10 +20,11 @@ using CompileHalf =
 
 /// Needs: `g` needs grad. Builds the joint graphs of `g` (asking the running torch for the backward ops' metas:
 /// compile/meta_oracle.h) or reads them from the graph cache, compiles the forward and then the backward with
-/// `compile_half`, and returns them joined behind one autograd node. Logs the partition and both graphs under
+/// `compile_half`, and returns them joined behind one autograd node, which keeps `compile_half` to compile the backward
+/// again for gradients that do not come (runtime/autograd_graph.h): it must own what it captures. Logs the partition and both graphs under
 /// `graph`, times under `perf`, and adds to the backend's autograd stats. Throws kiln::Error (kind Unsupported for
 /// graphs autodiff does not cover) so the caller can keep the eager interpreter. Call with the GIL held.
 std::shared_ptr<runtime::AutogradGraph> split_for_autodiff(std::shared_ptr<const graph::Graph> g,
-                                                           const CompileHalf& compile_half);
+                                                           CompileHalf compile_half);
 
 }  // namespace kiln::compile

@@ -163,6 +163,7 @@ class Scheduler {
     for (const graph::Value& v : g.values)
       if (v.is_input || v.is_constant) available_[v.id] = -1;
     readers_.resize(g.values.size());
+    loading_kernels_.resize(g.values.size());
     for (NodeIndex n = 0; n < static_cast<NodeIndex>(g.nodes.size()); ++n)
       for (const graph::ArgValue& arg : g.nodes[n].args) graph::for_each_tensor(arg, [&](ValueId v) { readers_[v].push_back(n); });
   }
@@ -294,6 +295,7 @@ class Scheduler {
     for (size_t i = 0; i < kern.buffers.size(); ++i)
       if (kern.buffers[i].value == v && kern.buffers[i].is_output == is_output) return static_cast<int32_t>(i);
     kern.buffers.push_back({v, g_.value(v).meta.dtype, is_output});
+    if (!is_output) loading_kernels_[v].push_back(k);
     return static_cast<int32_t>(kern.buffers.size() - 1);
   }
 
@@ -383,6 +385,18 @@ class Scheduler {
       });
     std::sort(candidates.rbegin(), candidates.rend());
     const size_t operand_kernels = candidates.size();
+    // Horizontal candidates: the kernels that already load one of n's operands, latest first (n reads those bytes
+    // there once more for nothing: SwiGLU's gradient reads the gate, the up projection and the incoming gradient in
+    // two kernels otherwise, one each side of the matmul that reads the first one's result), then the last kernel.
+    std::vector<int32_t> loaders;
+    for (const graph::ArgValue& arg : node.args)
+      graph::for_each_tensor(arg, [&](ValueId v) {
+        const ValueId root = view_root_[v] >= 0 ? view_root_[v] : v;
+        loaders.insert(loaders.end(), loading_kernels_[root].begin(), loading_kernels_[root].end());
+      });
+    std::sort(loaders.rbegin(), loaders.rend());
+    for (int32_t k : loaders)
+      if (std::find(candidates.begin(), candidates.end(), k) == candidates.end()) candidates.push_back(k);
     if (!schedule_.kernels.empty()) candidates.push_back(static_cast<int32_t>(schedule_.kernels.size()) - 1);
     for (size_t c = 0; c < candidates.size(); ++c)
       if (try_fuse(candidates[c], n, *d, /*horizontal=*/c >= operand_kernels)) return;
@@ -631,6 +645,7 @@ class Scheduler {
   std::vector<int32_t> kernel_step_;  // per kernel: its step index
   std::vector<std::map<std::string, int32_t>> expr_keys_;
   std::vector<std::vector<NodeIndex>> readers_;  // per value: the nodes that read it
+  std::vector<std::vector<int32_t>> loading_kernels_;  // per materialised value: the kernels that load it
 };
 
 Prim KernelPrimBuilder::arg(int arg_index) {

@@ -2,6 +2,8 @@
 #include "passes/lower_attention.h"
 
 #include <limits>
+#include <map>
+#include <utility>
 #include <optional>
 #include <variant>
 
@@ -166,6 +168,56 @@ void lower_attention_for_autodiff(graph::Graph& g, graph::OpOracle& oracle) {
     }
     rewriter.append(std::move(lowered));
   }
+}
+
+namespace {
+
+// (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa): a float32 CUDA attention with a boolean mask
+// (no is_causal, which ATen refuses with a mask, and no grouped-query heads, whose scores' shape differs).
+bool mask_to_convert(const graph::Graph& g, const graph::Node& node) {
+  if (node.qualified_name() != "aten::scaled_dot_product_attention.default") return false;
+  const std::vector<ArgValue>& a = node.args;
+  const graph::TensorMeta* q = tensor_meta(g, a.at(0));
+  const graph::TensorMeta* k = tensor_meta(g, a.at(1));
+  const graph::TensorMeta* mask = tensor_meta(g, a.at(3));
+  return q && k && mask && mask->dtype == ScalarType::Bool && q->dtype == ScalarType::Float &&
+         q->device.type == graph::DeviceType::CUDA && q->sizes.size() == 4 && k->sizes.size() == 4 && !flag(a.at(5)) &&
+         !flag(a.at(7)) && mask_accepted(*mask, *q, *k);
+}
+
+}  // namespace
+
+bool has_attention_mask_to_convert(const graph::Graph& g) {
+  for (const graph::Node& node : g.nodes)
+    if (mask_to_convert(g, node)) return true;
+  return false;
+}
+
+bool attention_masks_as_biases(graph::Graph& g, graph::OpOracle& oracle) {
+  auto wanted = [&](const graph::Node& node) { return mask_to_convert(g, node); };
+  if (!has_attention_mask_to_convert(g)) return false;
+  GraphRewriter rewriter(g);
+  std::vector<graph::Node> nodes = rewriter.take_nodes();
+  std::map<std::pair<ValueId, std::vector<int64_t>>, ValueId> built;  // (mask, scores' shape) -> its bias
+  bool changed = false;
+  for (graph::Node& node : nodes) {
+    if (wanted(node)) {
+      const graph::TensorMeta query = *tensor_meta(g, node.args[0]), key = *tensor_meta(g, node.args[1]);
+      const ValueId mask = std::get<TensorArg>(node.args[3]).id;
+      const auto shape = std::make_pair(mask, std::vector<int64_t>{query.sizes[0], query.sizes[1], query.sizes[2], key.sizes[2]});
+      auto found = built.find(shape);
+      if (found == built.end()) {
+        if (std::optional<ValueId> bias = attention_bias(rewriter, oracle, mask, query, key, /*align=*/true))
+          found = built.emplace(shape, *bias).first;
+      }
+      if (found != built.end()) {
+        node.args[3] = TensorArg{found->second};
+        changed = true;
+      }
+    }
+    rewriter.append(std::move(node));
+  }
+  return changed;
 }
 
 }  // namespace kiln::passes

@@ -26,6 +26,7 @@ constexpr int64_t kMinStageRows = 16;
 struct Plan {
   ValueId base;     // x: the value the view flattens, or the summed value itself
   int leading = 0;  // m: x's leading dims summed (that the view's dim 0 merges)
+  bool direct = false;  // the sum is over x itself (no flattening view)
 };
 
 // Whether fusion would likely put `v` in a kernel that already reduces (over other dims: a layer norm's gradient
@@ -80,14 +81,15 @@ std::optional<Plan> plan(const Graph& g, const Node& n, bool alongside = false) 
   const graph::Value& in = g.values[self->id];
   const ScalarType t = in.meta.dtype;
   if (!floating(t) || g.values[n.outputs[0]].meta.dtype != t || in.meta.sizes.empty()) return std::nullopt;
-  // x.sum((0, .., m-1)) over x itself (layer norm's weight and bias gradients): two stages or nothing to do.
+  // x.sum((0, .., m-1)) over x itself (layer norm's weight and bias gradients; with keepdim, RMSNorm's weight
+  // gradient as transformers' Llama writes it): two stages or nothing to do.
   const int rank = static_cast<int>(in.meta.sizes.size());
-  bool leading_dims = dims->size() >= 2 && static_cast<int>(dims->size()) < rank && !*keepdim;
+  bool leading_dims = dims->size() >= 2 && static_cast<int>(dims->size()) < rank;
   for (size_t d = 0; d < dims->size() && leading_dims; ++d) leading_dims = (*dims)[d] == static_cast<int64_t>(d);
   if (leading_dims) {
     const int leading = static_cast<int>(dims->size());
     if (!two_stages(in.meta, leading) || (!alongside && !fusable_producer(g, self->id))) return std::nullopt;
-    return Plan{self->id, leading};
+    return Plan{self->id, leading, true};
   }
   // x.view(R, C...).sum(0)
   if (*dims != std::vector<int64_t>{0} || in.producer < 0) return std::nullopt;
@@ -112,6 +114,7 @@ struct Pending {
   ValueId partial;
   bool keepdim;
   ValueId out;
+  bool view_back = false;  // `out` keeps m leading dims of size 1: the sum over dim 0 is viewed to it
 };
 
 }  // namespace
@@ -157,8 +160,15 @@ bool stage_row_sums(Graph& g) {
       bool read = reader == nullptr;
       if (reader)
         for (const graph::ArgValue& arg : reader->args) graph::for_each_tensor(arg, [&](ValueId v) { read = read || v == p.out; });
-      if (read) sum(p.partial, {0}, p.keepdim, p.out);
-      else kept.push_back(p);
+      if (!read) {
+        kept.push_back(p);
+      } else if (p.view_back) {
+        const graph::TensorMeta& om = g.values[p.out].meta;
+        rewriter.add("aten::view", "default", {TensorArg{sum(p.partial, {0}, false, -1)}, om.sizes}, {"self", "size"}, 2,
+                     om, true, p.out);
+      } else {
+        sum(p.partial, {0}, p.keepdim, p.out);
+      }
     }
     pending = std::move(kept);
   };
@@ -177,7 +187,7 @@ bool stage_row_sums(Graph& g) {
     std::vector<int64_t> rest;
     for (int d = 1; d < p.leading; ++d) rest.push_back(d);
     if (two_stages(base, p.leading)) {
-      pending.push_back({sum(p.base, rest, false, -1), keepdim, out});
+      pending.push_back({sum(p.base, rest, false, -1), keepdim && !p.direct, out, keepdim && p.direct});
       continue;
     }
     rest.insert(rest.begin(), 0);

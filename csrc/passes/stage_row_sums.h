@@ -7,7 +7,8 @@
 
 namespace kiln::passes {
 
-/// Rewrites `aten::sum.dim_IntList(view(x, [R, C...]), [0], keepdim, dtype=None)`, where x is
+/// Rewrites `aten::sum.dim_IntList(view(x, [R, C...]), [0], keepdim, dtype=None)`, and
+/// `aten::sum.dim_IntList(x, [0, ..., m-1], keepdim, dtype=None)` where it takes two stages, where x is
 /// [d0, ..., dm-1, C...] with d0 * ... * dm-1 == R and m >= 2, into sums over x itself, where x is computed by
 /// decomposed ops (fusion can put the sum in their kernel) none of which is a reduction (whose kernel reduces
 /// other dims already). For float32/float64 with

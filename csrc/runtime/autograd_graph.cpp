@@ -9,6 +9,7 @@
 
 #include <Python.h>
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -26,6 +27,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "passes/use_cudnn_batch_norm.h"
 #include "runtime/node_call.h"
 
@@ -46,6 +48,46 @@ struct JointProgram final : torch::CustomClassHolder {
   std::shared_ptr<CompiledGraph> backward;
   // Per signature.output_inputs entry: its views replayed op by op (null where the output is the input itself).
   std::vector<std::shared_ptr<CompiledGraph>> view_replays;
+
+  // The backward for gradients that do not come (make_autograd_graph): per pattern of absent gradients, its compiled
+  // backward, or null where compiling it failed or could not be done.
+  CompileBackwardWithout compile_without;
+  std::mutex variants_mutex;
+  std::map<std::vector<bool>, std::shared_ptr<CompiledGraph>> variants;
+  std::vector<bool> wanted;  // a pattern a backward met with no variant: compiled by the next forward
+
+  // The variant for `absent`, or null (noting the pattern for the next forward when it is new).
+  std::shared_ptr<CompiledGraph> variant_for(const std::vector<bool>& absent) {
+    std::lock_guard<std::mutex> lock(variants_mutex);
+    auto found = variants.find(absent);
+    if (found != variants.end()) return found->second;
+    if (compile_without && variants.size() < kMaxBackwardVariants) wanted = absent;
+    return nullptr;
+  }
+
+  // Compiles the pattern a backward asked for, if any (with the GIL: the compiles kiln runs in a forward).
+  void compile_wanted_variant() {
+    std::vector<bool> absent;
+    {
+      std::lock_guard<std::mutex> lock(variants_mutex);
+      if (wanted.empty()) return;
+      absent = std::move(wanted);
+      wanted.clear();
+      if (!variants.emplace(absent, nullptr).second) return;
+    }
+    std::shared_ptr<CompiledGraph> compiled;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    try {
+      compiled = compile_without(absent);
+    } catch (const std::exception& e) {
+      KILN_LOG(fallbacks) << "kiln autograd: the backward without the gradients that did not come was not compiled "
+                             "(they stay zero fills): "
+                          << e.what();
+    }
+    PyGILState_Release(gil);
+    std::lock_guard<std::mutex> lock(variants_mutex);
+    variants[absent] = std::move(compiled);
+  }
 };
 
 // A tensor with exactly the sizes and strides `meta` promises (copied only when it differs). A workspace
@@ -163,16 +205,24 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
     // Without retain_graph nothing runs this node again: the private values are then ours alone to free.
     const bool consume = !torch::autograd::get_current_graph_task_keep_graph();
     if (consume) ctx->saved_data["private"] = c10::List<at::Tensor>();
+    std::vector<bool> arrived;  // per differentiable output: whether a gradient came for it
+    for (size_t i = 0; i < signature.num_outputs; ++i)
+      if (signature.output_differentiable[i]) arrived.push_back(grad_outputs[i].defined());
+    std::shared_ptr<CompiledGraph> variant;  // the backward without the gradients that did not come
+    if (std::find(arrived.begin(), arrived.end(), false) != arrived.end()) {
+      std::vector<bool> absent(arrived.size());
+      for (size_t j = 0; j < arrived.size(); ++j) absent[j] = !arrived[j];
+      variant = program->variant_for(absent);
+    }
     std::vector<at::Tensor> inputs;
     inputs.reserve(signature.backward_inputs.size());
-    std::vector<bool> arrived;  // per differentiable output: whether a gradient came for it
+    size_t next_input = 0;  // the backward's input (of the graph built for every gradient) being conformed
     for (size_t i = 0; i < signature.num_outputs; ++i) {
       if (!signature.output_differentiable[i]) continue;
-      const graph::TensorMeta& meta = signature.backward_inputs.at(inputs.size());
-      arrived.push_back(grad_outputs[i].defined());
+      const graph::TensorMeta& meta = signature.backward_inputs.at(next_input++);
       if (grad_outputs[i].defined()) {
         inputs.push_back(conform(grad_outputs[i], meta, false));
-      } else {
+      } else if (!variant) {
         inputs.push_back(at::empty_strided(meta.sizes, meta.strides, options_of(meta, to_c10(meta.device))).zero_());
       }
     }
@@ -180,7 +230,7 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
     size_t next_reference = 0, next_private = 0;
     for (int64_t kind : is_private) {
       at::Tensor& s = kind ? private_values.at(next_private++) : by_reference.at(next_reference++);
-      inputs.push_back(conform(s, signature.backward_inputs.at(inputs.size()), !consume));
+      inputs.push_back(conform(s, signature.backward_inputs.at(next_input++), !consume));
       if (consume) s.reset();
     }
     std::vector<bool> reached(signature.grad_inputs.size(), false);
@@ -199,7 +249,7 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
     std::vector<bool> packed = reached;
     c10::List<bool> leaves = ctx->saved_data["leaf_gradients"].toBoolList();
     for (size_t i = 0; i < packed.size(); ++i) packed[i] = packed[i] && leaves.get(i);
-    std::vector<at::Tensor> grads = program->backward->run_packing(std::move(inputs), consume, packed);
+    std::vector<at::Tensor> grads = (variant ? variant : program->backward)->run_packing(std::move(inputs), consume, packed);
     autograd_backward_runs()++;
     // One gradient per forward argument: the inputs (undefined where none flows), then the program.
     const size_t num_inputs = signature.num_inputs;
@@ -362,6 +412,7 @@ class JointGraph final : public AutogradGraph {
       for (const at::Tensor& t : inputs) needs_grad = needs_grad || (t.defined() && t.requires_grad());
     std::vector<at::Tensor> results;
     if (needs_grad) {
+      program_->compile_wanted_variant();
       // A TensorList (not a vector) so that Function::apply sees each input as a variable.
       results = KilnFunction::apply(at::TensorList(inputs), program_);
     } else {
@@ -416,8 +467,10 @@ std::atomic<int64_t>& autograd_backward_runs() {
 
 std::shared_ptr<AutogradGraph> make_autograd_graph(AutogradSignature signature, std::shared_ptr<CompiledGraph> forward,
                                                    std::shared_ptr<CompiledGraph> backward,
-                                                   std::vector<std::shared_ptr<CompiledGraph>> view_replays) {
+                                                   std::vector<std::shared_ptr<CompiledGraph>> view_replays,
+                                                   CompileBackwardWithout compile_without) {
   auto program = c10::make_intrusive<JointProgram>();
+  program->compile_without = std::move(compile_without);
   program->signature = std::move(signature);
   program->forward = std::move(forward);
   program->backward = std::move(backward);

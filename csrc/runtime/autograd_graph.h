@@ -5,6 +5,7 @@
 // compiled halves: what they are and how their inputs and outputs stand to the captured graph's comes from compile/.
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -52,12 +53,24 @@ struct AutogradSignature {
   std::vector<std::vector<bool>> reaches;
 };
 
+/// The backward compiled again for calls where some differentiable outputs get no gradient (absent[j]: the j-th one
+/// gets none), taking only the gradients that come, then the saved values; null where it cannot be
+/// (passes/drop_absent_gradients.h). Called with the GIL held, from a forward.
+using CompileBackwardWithout = std::function<std::shared_ptr<CompiledGraph>(const std::vector<bool>& absent)>;
+
 /// Joins the compiled `forward` and `backward` halves (both run with grad off) behind one autograd node, as
 /// `signature` describes them; `view_replays` has one entry per signature.output_inputs entry (null where the output
 /// is the input itself).
+///
+/// Gradients that do not come. A backward where some output got none fills that gradient with zeros (the backward was
+/// built for all of them) and notes which were missing; the next forward then compiles, with `compile_without`, the
+/// backward for that pattern, which later backwards with the same pattern run (at most kMaxBackwardVariants patterns
+/// per node). The compile runs in a forward, where kiln's compiles always run, never on the engine's backward threads.
 std::shared_ptr<AutogradGraph> make_autograd_graph(AutogradSignature signature, std::shared_ptr<CompiledGraph> forward,
                                                    std::shared_ptr<CompiledGraph> backward,
-                                                   std::vector<std::shared_ptr<CompiledGraph>> view_replays);
+                                                   std::vector<std::shared_ptr<CompiledGraph>> view_replays,
+                                                   CompileBackwardWithout compile_without = {});
+constexpr size_t kMaxBackwardVariants = 4;
 
 /// How many compiled backward halves have run in this process (every kiln autograd node's backward counts once): lets
 /// a test see how far a backward had gone when something else happened (a DDP bucket's all-reduce launched).

@@ -77,6 +77,7 @@ struct KilnBackendStats {
   int64_t graphs_autograd = 0;  // graphs compiled as forward + backward behind one autograd node
   int64_t autograd_saved_bytes = 0;       // summed over those graphs: bytes of saved forward intermediates
   int64_t autograd_recomputed_nodes = 0;  // summed over those graphs: forward nodes the backward recomputes
+  int64_t autograd_backward_variants = 0;  // backward graphs compiled again without gradients that did not come
   int64_t graphs_split = 0;  // training graphs cut at a data-parallel wrapper's gradient buckets (DDP)
   int64_t split_pieces = 0;  // summed over those graphs: the pieces each was cut into
   std::string last_fallback_reason;

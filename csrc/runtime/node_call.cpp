@@ -222,6 +222,15 @@ bool prepare_out_variant(PreparedNode& node) {
       matches = matches && out_args[i].name() == args[i].name() && *out_args[i].type() == *args[i].type();
     for (size_t i = args.size(); i < out_args.size(); ++i) matches = matches && out_args[i].is_out();
     if (!matches) continue;
+    // An out= overload registered only as CompositeExplicitAutograd is torchgen's wrapper for ops declared with
+    // `autogen: ....out` (embedding_dense_backward.out): it runs the functional op and copies its result into `out`,
+    // which costs a copy of the whole result (for a language model's embedding gradient, 131 MB each step) where
+    // the functional call alone costs none. Only a kernel of the op's own (a backend's, or a composite of other ops)
+    // writes into `out` directly.
+    const bool own_kernel = handle->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+                            handle->hasKernelForDispatchKey(c10::DispatchKey::CUDA) ||
+                            handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+    if (!own_kernel) return false;
     node.out_op = *handle;
     return true;
   }

@@ -63,7 +63,8 @@ std::vector<c10::IValue> argument_stack(const PreparedNode& node, const graph::G
                                         const std::vector<at::Tensor>& constants, const std::vector<at::Tensor>& env);
 
 /// Finds the out= overload of a node with one output (the op's arguments followed by an out tensor, returning it)
-/// and keeps it in `node.out_op`. False, leaving the node as it was, for other nodes and ops without one.
+/// and keeps it in `node.out_op`. False, leaving the node as it was, for other nodes, ops without one, and ops whose
+/// out= overload only copies the functional op's result into `out` (torchgen's autogen wrappers).
 bool prepare_out_variant(PreparedNode& node);
 
 /// Like call_node, through the out= overload prepare_out_variant found: the results are written into `outs` (one

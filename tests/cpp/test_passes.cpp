@@ -8,6 +8,7 @@
 #include "decomp/decompositions.h"
 #include "graph/graph.h"
 #include "passes/channels_last.h"
+#include "passes/drop_absent_gradients.h"
 #include "passes/fold_constants.h"
 #include "passes/lower_batch_norm.h"
 #include "passes/remove_dead_nodes.h"
@@ -355,6 +356,27 @@ TEST_CASE("a row sum of a flattened float32 view becomes two sums over the unfla
   CHECK(g.values[out].producer == 3);
 }
 
+TEST_CASE("a float32 sum over leading dims that keeps them takes two stages, viewed back to its shape") {
+  // RMSNorm's weight gradient as transformers' Llama writes it: (g * x).sum((0, 1), keepdim=True) of [8, 128, 64].
+  Graph g;
+  ValueId x = g.add_input(cuda({8, 128, 64}));
+  ValueId y = g.add_node(op("aten::relu", "default", {TensorArg{x}}, {"self"}, 1), {cuda({8, 128, 64})})[0];
+  ValueId s = g.add_node(op("aten::sum", "dim_IntList", {TensorArg{y}, std::vector<int64_t>{0, 1}, true, NoneArg{}},
+                            {"self", "dim", "keepdim", "dtype"}, 3),
+                         {cuda({1, 1, 64})})[0];
+  g.set_outputs({s});
+  REQUIRE(kiln::passes::stage_row_sums(g));
+  CHECK_NOTHROW(g.verify());
+  REQUIRE(names(g) == std::vector<std::string>{"aten::relu.default", "aten::sum.dim_IntList", "aten::sum.dim_IntList",
+                                               "aten::view.default"});
+  CHECK(sum_dims(g.nodes[1]) == std::vector<int64_t>{1});
+  CHECK(g.values[g.nodes[1].outputs[0]].meta.sizes == std::vector<int64_t>{8, 64});
+  CHECK(sum_dims(g.nodes[2]) == std::vector<int64_t>{0});
+  CHECK_FALSE(std::get<bool>(g.nodes[2].args[2]));
+  CHECK(g.nodes[3].outputs[0] == s);
+  CHECK(g.values[s].meta.sizes == std::vector<int64_t>{1, 1, 64});
+}
+
 TEST_CASE("a row sum of a flattened view stays one sum in half precision and with short rows") {
   for (auto [leading, dtype, keepdim] : {std::tuple{std::vector<int64_t>{8, 128}, ScalarType::Half, true},
                                          std::tuple{std::vector<int64_t>{8, 128}, ScalarType::BFloat16, false},
@@ -452,6 +474,45 @@ TEST_CASE("exact identities read their operand; promotions, outputs and graphs t
   ValueId wz = w.add_node(op("aten::add", "Tensor", {TensorArg{wy}, 0.5}, {"self", "other"}, 2), {cuda({3})})[0];
   w.set_outputs({wz});
   CHECK(kiln::passes::simplify_algebra(w) == 0);
+}
+
+TEST_CASE("a gradient that does not come is a zero fill, and the sums it took part in are their other operand") {
+  // Backward inputs: the gradients of two outputs (the second does not come), then a saved value.
+  Graph g;
+  ValueId g0 = g.add_input(cuda({4, 5}));
+  ValueId g1 = g.add_input(cuda({4, 5}));
+  ValueId saved = g.add_input(cuda({4, 5}));
+  auto binary = [&](const std::string& name, ValueId a, ValueId b, TensorMeta meta) {
+    return g.add_node(op(name, "Tensor", {TensorArg{a}, TensorArg{b}, int64_t{1}}, {"self", "other", "alpha"}, 2), {meta})[0];
+  };
+  auto product = [&](ValueId a, ValueId b) {
+    return g.add_node(op("aten::mul", "Tensor", {TensorArg{a}, TensorArg{b}}, {"self", "other"}, 2), {cuda({4, 5})})[0];
+  };
+  ValueId local = product(g0, saved);
+  ValueId sum = binary("aten::add", g1, local, cuda({4, 5}));   // 0 + local: local
+  ValueId scaled = product(g1, saved);                            // zero
+  ValueId both = binary("aten::sub", sum, scaled, cuda({4, 5}));  // local - 0: local
+  ValueId out = product(both, saved);
+  ValueId kept = binary("aten::add", g1, saved, cuda({4, 5}));    // a graph output: kept, reading the fill
+  g.set_outputs({out, kept});
+  int dropped = -1;
+  std::shared_ptr<Graph> h = kiln::passes::drop_absent_gradients(g, {false, true}, &dropped);
+  REQUIRE(h);
+  CHECK(dropped == 2);
+  CHECK(h->inputs.size() == 2);
+  h->verify();
+  kiln::passes::remove_dead_nodes(*h);
+  CHECK(names(*h) == std::vector<std::string>{"aten::zeros.default", "aten::mul.Tensor", "aten::mul.Tensor",
+                                              "aten::add.Tensor"});
+  // The last product reads the first one's result: both sums are gone.
+  CHECK(std::get<TensorArg>(h->nodes[2].args[0]).id == h->nodes[1].outputs[0]);
+
+  Graph w;  // a gradient laid out as a transposed view is not replaced
+  TensorMeta transposed = cuda({5, 4});
+  transposed.strides = {1, 5};
+  w.add_input(transposed);
+  w.set_outputs({w.inputs[0]});
+  CHECK_FALSE(kiln::passes::drop_absent_gradients(w, {true}));
 }
 
 TEST_CASE("constant folding plans the work that reads no input; fills, views, outputs and written storage stay") {

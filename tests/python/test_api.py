@@ -474,7 +474,8 @@ def test_kiln_logs_passes_prints_the_graph_after_each_pass(tmp_path):
     names = [line.split("after ", 1)[1].split(":")[0] for line in stderr.splitlines()
              if line.startswith("[kiln:passes] after ")]
     # the pipeline's passes in order, for each of the two graphs (float32, then float64)
-    order = ["lower_inference_batch_norm", "lower_cross_entropy", "sink_pointwise_into_copies", "stage_row_sums",
+    order = ["lower_inference_batch_norm", "lower_cross_entropy", "attention_masks_as_biases",
+             "sink_pointwise_into_copies", "stage_row_sums",
              "relayout_convolutions_channels_last", "simplify_algebra", "eliminate_common_subexpressions",
              "remove_dead_nodes", "fuse_recomputation"]
     assert names == order * 2, stderr

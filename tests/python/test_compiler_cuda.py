@@ -498,6 +498,27 @@ def test_kernels_read_attention_output_in_its_real_layout():
         check(f, q, k, v)
 
 
+@pytest.mark.parametrize("length", [128, 100])
+def test_a_boolean_attention_mask_becomes_one_bias_for_every_layer(length):
+    # ATen converts a boolean mask to an additive bias at every call; kiln builds it once per graph (padded to the
+    # memory-efficient kernels' alignment where the key length needs it) and every layer's attention reads it.
+    def f(x, keep):
+        mask = keep[:, None, None, :] & torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
+        b, s, _ = x.shape
+        for _ in range(3):
+            q = k = v = x.view(b, s, 4, 16).transpose(1, 2)
+            x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, s, 64) + x
+        return x
+
+    keep = torch.ones(4, length, dtype=torch.bool, device="cuda")
+    keep[1, length // 2:] = False
+    summary = check(f, rand(4, length, 64), keep, fresh=lambda *shape, dtype: rand(*shape, dtype=dtype)
+                    if dtype != torch.bool else keep)
+    assert summary["externs"].count("aten::scaled_dot_product_attention.default") == 3, summary["externs"]
+    # one kernel builds the bias (named after its last op: the pad where the key length needs one)
+    assert sum("masked_fill" in name or "constant_pad_nd" in name for name in summary["kernels"]) == 1, summary["kernels"]
+
+
 def test_identical_kernels_are_compiled_once():
     # each block of a layer stack makes the same kernels: the program holds one copy of each
     # (a linear layer between the blocks keeps their kernels apart: one extern call each)

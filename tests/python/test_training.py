@@ -353,13 +353,14 @@ class FlippedEmbedding(nn.Module):
         self.w = nn.Parameter(torch.randn(8, 6))
 
     def forward(self, idx):
-        return self.embedding(idx) @ torch.flip(self.w, [0])
+        return self.embedding(idx) @ self.w
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_gradients_made_by_extern_ops_alone_are_packed_on_the_parameters_device(device):
-    # The backward makes both leaf gradients with extern ops' out= overloads (embedding_dense_backward.out,
-    # flip.out after mm): a graph without one generated kernel, whose buckets must still be on the leaves' device.
+    # The backward makes both leaf gradients with extern ops: w's with mm's out= overload (into its bucket), the
+    # embedding's with embedding_dense_backward on its own (its out= overload would only copy the result in): a graph
+    # without one generated kernel, whose buckets must still be on the leaves' device.
     torch.manual_seed(0)
     model = FlippedEmbedding().to(device)
     reference = copy.deepcopy(model)
@@ -686,6 +687,59 @@ def test_an_unused_output_gives_its_parameters_no_gradient_as_in_eager():
     assert_compiled_autograd()
 
 
+class LossAndLogits(nn.Module):
+    """Returns the loss and the logits, as a transformers model called with labels does; the loss alone is trained."""
+
+    def __init__(self, hidden=16, vocab=64):
+        super().__init__()
+        self.body = nn.Linear(hidden, hidden)
+        self.lm_head = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, x, labels):
+        logits = self.lm_head(torch.tanh(self.body(x)))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1)), logits
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_an_output_no_gradient_comes_for_is_not_added_into_the_backward(device, capfd):
+    # The logits get no gradient: the first backward fills theirs with zeros, the next forward compiles the backward
+    # without it (the sum `logits' gradient + the loss's` becomes the loss's), and later steps run that one.
+    eager_model = LossAndLogits().to(device)
+    model = copy.deepcopy(eager_model)
+    compiled = kiln.compile(model)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (eager_model, model)]
+    kiln.config.set_logs("perf")
+    try:
+        for step in range(4):
+            x = random_tensor(3, 5, 16, device=device)
+            labels = random_class_targets(15, 64, "none", device=device).view(3, 5)
+            for run, opt in ((eager_model, opts[0]), (compiled, opts[1])):
+                opt.zero_grad(set_to_none=True)
+                loss, logits = run(x, labels)
+                loss.backward()
+                opt.step()
+            assert kiln._C.compiler_stats()["autograd_backward_variants"] == (0 if step == 0 else 1)
+    finally:
+        kiln.config.set_logs("")
+    err = capfd.readouterr().err
+    assert "backward compiled again without the gradients of differentiable outputs 1 (none came; 1 sums" in err, err
+    rtol, atol = tolerance(torch.float32)
+    for (name, want), got in zip(eager_model.named_parameters(), model.parameters()):
+        torch.testing.assert_close(got, want, rtol=rtol, atol=atol, msg=name)
+    # Both outputs used again: the backward built for every gradient runs, and the gradients are eager's.
+    x = random_tensor(3, 5, 16, device=device)
+    labels = random_class_targets(15, 64, "none", device=device).view(3, 5)
+    grads = []
+    for run, m in ((eager_model, eager_model), (compiled, model)):
+        m.zero_grad(set_to_none=True)
+        loss, logits = run(x, labels)
+        (loss + logits.pow(2).mean()).backward()
+        grads.append([p.grad for p in m.parameters()])
+    for want, got in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
+    assert_compiled_autograd()
+
+
 JOINT_CHILD = """
 import sys, torch, kiln
 sys.path.insert(0, {bench!r})
@@ -776,6 +830,8 @@ COLUMN_SUM_CASES = [
     ("bias_grad_3d", lambda x, b: (x * 2 + b).pow(2), [(3, 37, 515), (515,)]),
     ("wide_parallel", lambda x, b: (x + b).pow(2), [(300, 1030), (1030,)]),
     ("per_batch_columns_parallel", lambda x, b: (x + b).pow(2), [(6, 90, 70), (6, 1, 70)]),
+    # RMSNorm as transformers' Llama writes it: its weight gradient is a sum over (0, 1) that keeps the dims
+    ("rms_norm", lambda x, w: w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)), [(4, 33, 64), (64,)]),
 ]
 
 

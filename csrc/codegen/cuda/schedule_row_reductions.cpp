@@ -125,6 +125,16 @@ CudaKernelSchedule schedule_block_per_row(const KernelAnalysis& a) {
   const unsigned threads = static_cast<unsigned>(block_row_threads(a, s.row_vector_width));
   s.block_x = threads;
   s.cached_row_chunks = cached_row_chunks(a, s.row_vector_width, threads);
+  // A row too long to cache over those threads may fit over the most a block has: a loss's logsumexp over Llama's
+  // 32000 logits (two passes, 16 vectors per thread of 512) reads its row once with 8 vectors per thread of 1000.
+  if (s.cached_row_chunks == 0 && s.row_vector_width > 1 && threads < 1024) {
+    const int64_t vectors = a.nest.reduced_numel() / s.row_vector_width;
+    if (const int chunks = cached_row_chunks(a, s.row_vector_width, 1024); chunks > 0) {
+      const int64_t wide = std::min<int64_t>(1024, ((vectors + chunks - 1) / chunks + 31) / 32 * 32);
+      s.block_x = static_cast<unsigned>(wide);
+      s.cached_row_chunks = cached_row_chunks(a, s.row_vector_width, wide);
+    }
+  }
   return s;
 }
 
