@@ -183,10 +183,12 @@ def test_layer_norm_is_one_kernel(hidden):
     check(lambda x: F.layer_norm(x, (hidden,), w, b), rand(4, 5, hidden), expect_kernels=1)
 
 
-@pytest.mark.parametrize("hidden,cached", [(100, True), (768, True), (4096, True), (5000, True), (16384, False)])
+@pytest.mark.parametrize("hidden,cached", [(100, True), (768, True), (4096, True), (5000, True), (16384, True),
+                                           (65536, False)])
 def test_layer_norm_rows_held_in_registers(hidden, cached):
     # Rows whose vector loads fit in registers are read once, before the passes (the `_cached` strategies);
-    # 16384 columns of four loads do not fit. A misaligned input takes the same kernel's scalar passes.
+    # 16384 columns take 1024 threads of four vectors each, 65536 would need 16 and do not fit. A misaligned
+    # input takes the same kernel's scalar passes.
     w, b = rand(hidden), rand(hidden)
     fn = lambda x, r: F.layer_norm(x + r, (hidden,), w, b)  # noqa: E731
     summary = check(fn, rand(6, hidden), rand(6, hidden), expect_kernels=1)
@@ -321,12 +323,13 @@ def test_kernels_reading_only_inputs_run_first_as_one_launch():
 
 def test_many_distinct_kernels_compile_as_parallel_parts():
     # more than 4 distinct kernels: several NVRTC programs, compiled side by side, each kernel launched from
-    # the part that defines it
-    def fn(x):
-        return (x.sum(0), x.sum(1), x.amax(0), (x * 2).amin(1), torch.softmax(x, 0), torch.softmax(x, 1),
-                (x + 1).mean(0), torch.log_softmax(x * 3, 1), x.relu() - 1)
+    # the part that defines it. Each output reads its own input of its own shape, so no two of them share a
+    # kernel (reductions that read one input fuse horizontally).
+    def fn(a, b, c, d, e, f):
+        return (a.sum(0), torch.softmax(b, 1), c.amax(0), torch.log_softmax(d * 3, 1), (e + 1).mean(0),
+                f.relu() - 1)
 
-    summary = check(fn, rand(96, 160))
+    summary = check(fn, rand(96, 160), rand(80, 70), rand(33, 65), rand(50, 300), rand(20, 40), rand(7, 9))
     assert len(summary["kernels"]) >= 5, summary
     assert "part 2 of" in summary["source"], summary["source"][:300]
 
