@@ -264,6 +264,10 @@ void rule_im2col(RuleCall& c) {  // im2col(self, kernel, dilation, padding, stri
   const std::vector<int64_t> spatial = {sizes.at(sizes.size() - 2), sizes.back()};
   c.set(0, op(c, "aten::col2im", {tensor(c.grad()), spatial, c.arg(1), c.arg(2), c.arg(3), c.arg(4)}));
 }
+void rule_col2im(RuleCall& c) {  // col2im(self, output_size, kernel, dilation, padding, stride) -> im2col of grad
+  if (c.needs(0))
+    c.set(0, op(c, "aten::im2col", {tensor(c.grad()), c.arg(2), c.arg(3), c.arg(4), c.arg(5)}));
+}
 void rule_upsample_nearest_exact1d(RuleCall& c) {  // (self, output_size, scales?)
   if (c.needs(0))
     c.set(0, op(c, "aten::_upsample_nearest_exact1d_backward", {tensor(c.grad()), c.arg(1), c.input_meta(0).sizes, c.arg(2)}));
@@ -324,6 +328,7 @@ void add_indexing_rules(std::map<std::string, DerivativeRule>& t) {
       {"aten::_pdist_forward.default", {rule_pdist}},
       {"aten::_cdist_forward.default", {rule_cdist}},
       {"aten::im2col.default", {rule_im2col}},
+      {"aten::col2im.default", {rule_col2im}},
       {"aten::_trilinear.default", {rule_trilinear}},
       {"aten::max_unpool2d.default", {rule_max_unpool2d}},
       {"aten::max_unpool3d.default", {rule_max_unpool3d}},

@@ -253,6 +253,8 @@ const std::vector<OpFacts>& all_op_facts() {
       {.name = "aten::unsqueeze_.default", .functional = "aten::unsqueeze.default"},
       {.name = "aten::t_.default", .functional = "aten::t.default"},
       {.name = "aten::transpose_.default", .functional = "aten::transpose.int"},
+      // ATen's adaptive_avg_pool2d to 1x1 of a channels-last input restrides its fresh mean in place.
+      {.name = "aten::as_strided_.default", .functional = "aten::as_strided.default"},
   };
   return rows;
 }

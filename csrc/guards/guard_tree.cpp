@@ -590,9 +590,10 @@ class SnapshotBuilder {
   // True when the unchanged dicts recorded for `value` make `c` pass again; records what that needs.
   bool covers(const Check& c, PyObject* value) {
     switch (c.kind) {
-      case CheckKind::kId:        // the value is the object its dicts (or the root's identity) pin
-      case CheckKind::kConstant:  // ... and constants are immutable
+      case CheckKind::kId:  // the value is the object its dicts (or the root's identity) pin
         return true;
+      case CheckKind::kConstant:  // ... and constants are immutable, except a set read as one (trace/sets.cpp)
+        return !PyAnySet_CheckExact(c.object) || PyFrozenSet_CheckExact(c.object);
       case CheckKind::kDictConstants: return add_owner(value);
       case CheckKind::kNoModuleHooks: {
         std::array<PyObject*, 3> hooks;

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "trace/tracer.h"
+#include "trace/tracer_helpers.h"
 
 namespace kiln::trace {
 
@@ -118,6 +119,7 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
       if (fn->items[0]->is(VarKind::kUserObject) && !PyFunction_Check(fn->value))
         return call_user_object(fn, std::move(args), std::move(kwargs));
       if (fn->items[0]->is(VarKind::kTensor)) {
+        if (args.size() == 1 && name_of(fn->value) == "TensorBase.new_tensor") return new_tensor(fn->items[0], args[0], kwargs);
         args.insert(args.begin(), fn->items[0]);
         return call_recorded(fn->value, args, kwargs);
       }
@@ -143,6 +145,8 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
       if (fn->value == object_getattribute() && args.size() == 1 && kwargs.empty())
         return generic_getattr(fn->items[0], args[0]);  // super().__getattribute__(name)
       if (!PyFunction_Check(fn->value)) {
+        if (fn->items[0]->is(VarKind::kList) && name_of(fn->value) == "list.sort" && args.empty())
+          return sort_list(fn->items[0], kwargs);
         if (!kwargs.empty()) KILN_UNSUPPORTED() << "keyword arguments to a container method";
         return call_container_method(fn->items[0], name_of(fn->value), std::move(args));
       }
@@ -164,6 +168,18 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
     default: KILN_UNSUPPORTED() << "calling a " << fn->describe();
   }
   PyObject* f = fn->value;
+  // Builtins only (types and C functions: their == runs no user code).
+  if (PyCFunction_Check(f) || PyType_Check(f)) {
+    // operator.add(a, b) and the other operator functions of BINARY_OP and COMPARE_OP: as the operator.
+    if (args.size() == 2 && kwargs.empty() &&
+        (PySequence_Contains(helper("BINARY_OPS"), f) == 1 || PySequence_Contains(helper("COMPARE_OPS"), f) == 1))
+      return binary(f, args[0], args[1]);
+    // map, filter, itertools' chain/product/islice/count, functools.reduce: their Python twins (kiln._tracing),
+    // inlined. A bound class method (chain.from_iterable) is a new object on every read, equal to its key.
+    if (PyObject* twin = PyDict_GetItemWithError(helper("TRACED_REPLACEMENTS"), f))
+      return call(make_const(twin), std::move(args), std::move(kwargs));
+    PyErr_Clear();
+  }
   if (fn->by_type) KILN_UNSUPPORTED() << "calling " << name_of(f) << ", a method bound to an object not pinned by identity";
   if (PyFunction_Check(f)) {
     PyObject* dict = ((PyFunctionObject*)f)->func_dict;
@@ -215,6 +231,37 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
   KILN_UNSUPPORTED() << "calling " << name_of(f) << " (" << Py_TYPE(f)->tp_name << ") is not traced yet";
 }
 
+VarPtr Tracer::sort_list(const VarPtr& list, const KwArgs& kwargs) {
+  // list.sort(key=None, reverse=False) in place: the order sorted() gives (sort_by_key with a key, else the items
+  // themselves, constants, sorted by Python).
+  if (!claim_container(list)) KILN_UNSUPPORTED() << "sorting a list from outside the trace";
+  VarPtr sorted_items = sort_by_key(builtin("sorted"), {list}, kwargs);
+  if (!sorted_items) {
+    if (!is_constant(list) || !std::all_of(kwargs.begin(), kwargs.end(), [](const auto& kw) { return is_constant(kw.second); }))
+      KILN_UNSUPPORTED() << "sorting a list of traced values";
+    PyObject* r = call_on_values(builtin("sorted"), {list}, kwargs);
+    if (!r) raise_pending("list.sort");
+    sorted_items = wrap_result(r);
+    Py_DECREF(r);
+  }
+  list->items = sorted_items->items;
+  return make_const(Py_None);
+}
+
+VarPtr Tracer::new_tensor(const VarPtr& self, const VarPtr& data, KwArgs kwargs) {
+  // x.new_tensor(data, ...) is torch.tensor(data, dtype=x.dtype, device=x.device, ...): the data becomes a graph
+  // constant, as torch.tensor's does (on the fake it would make a tensor of the meta device's, with no data).
+  static PyObject* tensor_fn = detail::lookup_once("torch", "tensor");
+  static PyObject* dtype_name = PyUnicode_InternFromString("dtype");
+  static PyObject* device_name = PyUnicode_InternFromString("device");
+  auto given = [&](PyObject* name) {
+    return std::any_of(kwargs.begin(), kwargs.end(), [&](const auto& kw) { return PyUnicode_Compare(kw.first, name) == 0; });
+  };
+  if (!given(dtype_name)) kwargs.emplace_back(dtype_name, make_const_steal(detail::check(PyObject_GetAttr(self->value, dtype_name), "dtype")));
+  if (!given(device_name)) kwargs.emplace_back(device_name, get_attr(self, device_name));
+  return call(make_const(tensor_fn), {data}, std::move(kwargs));
+}
+
 bool Tracer::allowed_in_graph(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
   // torch.compiler.allow_in_graph(f): Dynamo writes the call into its graph without reading f's code. kiln's
   // equivalent is to run f whole on the fakes, recording the ops it reaches (its Python, a print included, runs
@@ -231,6 +278,7 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
   *handled = true;
   size_t n = args.size();
   if (VarPtr out = user_object_builtin(f, args, kwargs)) return out;
+  if (VarPtr out = set_builtin(f, args, kwargs)) return out;
   if (VarPtr out = call_identity_or_copy(f, args, kwargs)) return out;
   if (SymbolicInts* symbolic = this->symbolic()) {
     if ((f == builtin("min") || f == builtin("max")) && kwargs.empty() &&
@@ -241,7 +289,7 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
   }
   if (f == builtin("len") && n == 1 && kwargs.empty()) {
     const VarPtr& x = args[0];
-    if (x->is(VarKind::kTuple) || x->is(VarKind::kList) || x->is(VarKind::kDict))
+    if (x->is(VarKind::kTuple) || x->is(VarKind::kList) || x->is(VarKind::kDict) || x->is(VarKind::kSet))
       return make_const_steal(PyLong_FromSize_t(x->items.size()));
     if (x->is(VarKind::kTensor) || x->is(VarKind::kModule) || x->is(VarKind::kObject)) {
       // A container module's length is guarded as its iteration is (its keys, ParameterList's _size), so an
@@ -260,6 +308,7 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
       case VarKind::kTuple:
       case VarKind::kList:
       case VarKind::kDict:
+      case VarKind::kSet:
       case VarKind::kIterator:
       case VarKind::kSlice:
       case VarKind::kGenerator: return make_const(Py_False);
@@ -279,12 +328,12 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
     const VarPtr& x = args[0];
     // A class or a tuple of classes (`isinstance(m, (torch.Tensor, BlockMask))`: a tuple the trace built)
     if (!x->is(VarKind::kTensor) && !x->is(VarKind::kUserObject) && !x->is(VarKind::kTuple) && !x->is(VarKind::kList) &&
-        !x->is(VarKind::kDict) && !x->value)
+        !x->is(VarKind::kDict) && !x->is(VarKind::kSet) && !x->value)
       KILN_UNSUPPORTED() << "isinstance of a " << x->describe();
     PyObject* cls = to_python(args[1]);
     if (!cls) rethrow_python("isinstance's classes");
     int r;
-    if (x->is(VarKind::kTensor) || x->is(VarKind::kUserObject)) {
+    if (x->is(VarKind::kTensor) || x->is(VarKind::kUserObject) || x->is(VarKind::kSet)) {
       r = PyObject_IsSubclass((PyObject*)x->real_type, cls);
     } else if (x->is(VarKind::kTuple) || x->is(VarKind::kList) || x->is(VarKind::kDict)) {
       PyTypeObject* t = x->is(VarKind::kTuple) ? (x->real_type ? x->real_type : &PyTuple_Type)
@@ -316,13 +365,22 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
       if (has) return make_const(exists ? Py_True : Py_False);
       if (!exists && n == 3) return args[2];
     }
+    if (args[0]->is(VarKind::kTensor) && !_PyType_Lookup(args[0]->real_type, args[1]->value)) {
+      // An attribute the program may have set on the real tensor: asked of it, not of the fake.
+      bool found = false;
+      VarPtr v = tensor_instance_attr(args[0], args[1]->value, &found);
+      if (has) return make_const(found ? Py_True : Py_False);
+      if (found) return v;
+      if (n == 3) return args[2];
+    }
     if (has) {
       if (args[0]->is(VarKind::kTensor)) return make_const(PyObject_HasAttr(args[0]->value, args[1]->value) ? Py_True : Py_False);
     } else {
       return get_attr(args[0], args[1]->value);
     }
   }
-  if ((f == builtin("tuple") || f == builtin("list")) && n == 1 && !is_constant(args[0])) {
+  // A set's items in its real set's order (a constant one too: its history decides that order).
+  if ((f == builtin("tuple") || f == builtin("list")) && n == 1 && (!is_constant(args[0]) || args[0]->is(VarKind::kSet))) {
     return make_sequence(f == builtin("tuple") ? VarKind::kTuple : VarKind::kList, iterate(args[0]));
   }
   if (f == builtin("enumerate") && (n == 1 || n == 2) && (n == 1 || args[1]->is(VarKind::kConst))) {
@@ -332,13 +390,23 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
       pairs.push_back(make_sequence(VarKind::kTuple, {make_const_steal(PyLong_FromLongLong(start++)), item}));
     return make_sequence(VarKind::kList, std::move(pairs));
   }
-  if (f == builtin("zip") && kwargs.empty() && n >= 1) {
+  const bool zip_strict = f == builtin("zip") && kwargs.size() == 1 && PyUnicode_CompareWithASCIIString(kwargs[0].first, "strict") == 0 &&
+                          kwargs[0].second->is(VarKind::kConst);
+  if (f == builtin("zip") && (kwargs.empty() || zip_strict) && n >= 1) {
     std::vector<std::vector<VarPtr>> columns;
     size_t len = SIZE_MAX;
     for (const VarPtr& a : args) {
       columns.push_back(iterate(a));
       len = std::min(len, columns.back().size());
     }
+    if (zip_strict && PyObject_IsTrue(kwargs[0].second->value) == 1)
+      for (size_t i = 1; i < columns.size(); ++i)
+        if (columns[i].size() != columns[0].size()) {
+          const std::string others = i == 1 ? "argument 1" : "arguments 1-" + std::to_string(i);
+          PyErr_Format(PyExc_ValueError, "zip() argument %zu is %s than %s", i + 1,
+                       columns[i].size() > columns[0].size() ? "longer" : "shorter", others.c_str());
+          raise_pending("zip(strict=True)");
+        }
     std::vector<VarPtr> rows;
     for (size_t i = 0; i < len; ++i) {
       std::vector<VarPtr> row;
@@ -433,6 +501,7 @@ VarPtr Tracer::construct_exception(PyObject* cls, const std::vector<VarPtr>& arg
 
 VarPtr Tracer::call_container_method(const VarPtr& self, const std::string& qualname, std::vector<VarPtr> args) {
   std::string name = qualname.substr(qualname.rfind('.') + 1);
+  if (self->is(VarKind::kSet)) return set_method(self, name, args);
   size_t n = args.size();
   auto key_index = [&](const VarPtr& key) -> long {
     if (!key->is(VarKind::kConst)) KILN_UNSUPPORTED() << "dict key that is a " << key->describe();
@@ -466,7 +535,8 @@ VarPtr Tracer::call_container_method(const VarPtr& self, const std::string& qual
     }
     if (VarPtr out = mutate_dict(self, name, args)) return out;
   }
-  const bool list_mutation = name == "append" || name == "extend" || name == "insert" || name == "pop";
+  const bool list_mutation = name == "append" || name == "extend" || name == "insert" || name == "pop" ||
+                             name == "reverse" || name == "clear" || name == "remove";
   if (self->is(VarKind::kList) && list_mutation && claim_container(self)) {
     if (name == "append" && n == 1) {
       self->items.push_back(args[0]);
@@ -487,7 +557,34 @@ VarPtr Tracer::call_container_method(const VarPtr& self, const std::string& qual
       self->items.pop_back();
       return last;
     }
+    if (name == "reverse" && n == 0) {
+      std::reverse(self->items.begin(), self->items.end());
+      return make_const(Py_None);
+    }
+    if (name == "clear" && n == 0) {
+      self->items.clear();
+      return make_const(Py_None);
+    }
+    if (name == "remove" && n == 1 && is_constant(args[0]) && is_constant(self)) {
+      PyObject* seq = to_python(self);
+      PyObject* value = to_python(args[0]);
+      const Py_ssize_t i = seq && value ? PySequence_Index(seq, value) : -1;
+      Py_XDECREF(seq);
+      Py_XDECREF(value);
+      if (i < 0) raise_pending("list.remove");  // ValueError: x not in list, as in eager
+      self->items.erase(self->items.begin() + i);
+      return make_const(Py_None);
+    }
   }
+  if ((self->is(VarKind::kList) || self->is(VarKind::kTuple)) && name == "count" && n == 1 && is_constant(self) &&
+      is_constant(args[0])) {
+    PyObject* seq = to_python(self);
+    PyObject* r = PyObject_CallMethod(seq, "count", "N", to_python(args[0]));
+    Py_DECREF(seq);
+    if (!r) rethrow_python("count()");
+    return make_const_steal(r);
+  }
+  if (self->is(VarKind::kList) && name == "copy" && n == 0) return make_sequence(VarKind::kList, self->items);
   if ((self->is(VarKind::kList) || self->is(VarKind::kTuple)) && name == "index" && n == 1 && is_constant(self)) {
     PyObject* seq = to_python(self);
     PyObject* r = PyObject_CallMethod(seq, "index", "N", to_python(args[0]));

@@ -351,6 +351,42 @@ VarPtr Tracer::call_python_construct(const VarPtr& fn, std::vector<VarPtr>& args
       Py_DECREF(value);
       return out;
     }
+    if (f == builtin("next") && (n == 1 || n == 2) && kwargs.empty() &&
+        (args[0]->is(VarKind::kGenerator) || args[0]->is(VarKind::kIterator))) {
+      // next(gen) runs the generator's body to its next yield (`next(self.parameters())`); an exhausted one gives
+      // the default, or raises StopIteration as in eager.
+      const VarPtr& it = args[0];
+      VarPtr item;
+      if (it->is(VarKind::kGenerator)) item = generator_next(it);
+      else if (it->position < it->items.size()) item = it->items[it->position++];
+      if (item) return item;
+      if (n == 2) return args[1];
+      PyErr_SetNone(PyExc_StopIteration);
+      raise_pending("next()");
+    }
+    if (f == builtin("iter") && n == 1 && kwargs.empty() && !(args[0]->is(VarKind::kConst) && PyIter_Check(args[0]->value))) {
+      // A fresh iterator per call (a constant one folded into the trace would be shared by every call).
+      if (args[0]->is(VarKind::kGenerator) || args[0]->is(VarKind::kIterator)) return args[0];  // its own iterator
+      return make_sequence(VarKind::kIterator, iterate(args[0]));
+    }
+    if ((f == builtin("sorted") || f == builtin("min") || f == builtin("max")) && (n == 1 || f != builtin("sorted")) && n >= 1)
+      if (VarPtr out = sort_by_key(f, args, kwargs)) return out;
+    if ((f == builtin("sorted") || f == builtin("min") || f == builtin("max")) && n == 1 &&
+        (args[0]->is(VarKind::kGenerator) || args[0]->is(VarKind::kIterator)) &&
+        std::all_of(kwargs.begin(), kwargs.end(), [](const auto& kw) { return is_constant(kw.second); })) {
+      // Over a generator or iterator of constants: its items taken (as eager consumes it), then folded.
+      std::vector<VarPtr> items = iterate(args[0]);
+      if (args[0]->is(VarKind::kIterator)) args[0]->position = args[0]->items.size();
+      if (std::all_of(items.begin(), items.end(), [](const VarPtr& v) { return is_constant(v); })) {
+        std::vector<VarPtr> list_arg = {make_sequence(VarKind::kList, std::move(items))};
+        PyObject* r = call_on_values(f, list_arg, kwargs);
+        if (!r) raise_pending("calling " + name_of(f));
+        VarPtr out = wrap_result(r);
+        Py_DECREF(r);
+        return out;
+      }
+      KILN_UNSUPPORTED() << name_of(f) << " of a generator of traced values";
+    }
     if (f == builtin("sum") && (n == 1 || n == 2) && kwargs.empty() && !is_constant(args[0])) {
       // sum(items, start) is start + items[0] + items[1] ..., left to right, as Python adds them.
       static PyObject* add = lookup("operator", "add");
@@ -383,6 +419,68 @@ VarPtr Tracer::call_python_construct(const VarPtr& fn, std::vector<VarPtr>& args
   }
   *handled = false;
   return nullptr;
+}
+
+VarPtr Tracer::sort_by_key(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  // sorted(items, key=k, reverse=r), min/max(items, key=k[, default=d]) and min/max(a, b, ..., key=k): the keys are
+  // computed in the trace (k inlined, once per item, in order), and must be constants; the order, or the item
+  // chosen, is Python's own on them (stable, the first of equal extremes). nullptr when no key is given.
+  VarPtr key, reverse, fallback;
+  for (const auto& [name, value] : kwargs) {
+    const std::string kw = PyUnicode_AsUTF8(name);
+    if (kw == "key") key = value;
+    else if (kw == "reverse" && f == builtin("sorted")) reverse = value;
+    else if (kw == "default" && f != builtin("sorted") && args.size() == 1) fallback = value;
+    else return nullptr;
+  }
+  if (!key || (key->is(VarKind::kConst) && key->value == Py_None)) return nullptr;
+  if (reverse && !reverse->is(VarKind::kConst)) return nullptr;
+  std::vector<VarPtr> items = args.size() == 1 ? iterate(args[0]) : args;
+  if (args.size() == 1 && args[0]->is(VarKind::kIterator)) args[0]->position = args[0]->items.size();
+  if (items.empty() && f != builtin("sorted")) {
+    if (fallback) return fallback;
+    PyErr_Format(PyExc_ValueError, "%s() iterable argument is empty", f == builtin("min") ? "min" : "max");
+    raise_pending(name_of(f) + "()");
+  }
+  PyObject* keys = PyList_New(0);
+  for (const VarPtr& item : items) {
+    VarPtr k = call(key, {item}, {});
+    if (!is_constant(k)) {
+      Py_DECREF(keys);
+      KILN_UNSUPPORTED() << name_of(f) << " with a key that gives a " << k->describe();
+    }
+    PyObject* v = to_python(k);
+    if (!v || PyList_Append(keys, v) < 0) {
+      Py_XDECREF(v);
+      Py_DECREF(keys);
+      rethrow_python("a sort key");
+    }
+    Py_DECREF(v);
+  }
+  // Python orders the positions by their keys: sorted(range(n), key=keys.__getitem__, reverse=...) or max/min(...).
+  PyObject* count = PyLong_FromSize_t(items.size());
+  PyObject* positions = PyObject_CallOneArg((PyObject*)&PyRange_Type, count);
+  Py_DECREF(count);
+  PyObject* getter = PyObject_GetAttrString(keys, "__getitem__");
+  PyObject* kw = Py_BuildValue("{s:O}", "key", getter);
+  if (reverse) PyDict_SetItemString(kw, "reverse", reverse->value);
+  PyObject* call_args = PyTuple_Pack(1, positions);
+  PyObject* order = PyObject_Call(f, call_args, kw);
+  Py_DECREF(call_args);
+  Py_DECREF(kw);
+  Py_DECREF(getter);
+  Py_DECREF(positions);
+  Py_DECREF(keys);
+  if (!order) raise_pending(name_of(f) + "()");  // keys that do not compare: TypeError, as in eager
+  if (PyLong_Check(order)) {
+    const size_t i = PyLong_AsSize_t(order);
+    Py_DECREF(order);
+    return items.at(i);
+  }
+  std::vector<VarPtr> sorted_items;
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(order); ++i) sorted_items.push_back(items.at(PyLong_AsSize_t(PyList_GET_ITEM(order, i))));
+  Py_DECREF(order);
+  return make_sequence(VarKind::kList, std::move(sorted_items));
 }
 
 VarPtr Tracer::construct_stateless_module(PyObject* cls, const std::vector<VarPtr>& args, const KwArgs& kwargs) {

@@ -75,7 +75,7 @@ runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>&
   // Containers from the frame are never mutated by the trace (that is refused), so the object itself is
   // returned: eager returns that very list, and code that appended to it meanwhile must see its items.
   if ((break_output && v->source && v->is(VarKind::kTensor)) ||
-      (v->source && (v->is(VarKind::kList) || v->is(VarKind::kDict) || v->is(VarKind::kTuple))) ||
+      (v->source && (v->is(VarKind::kList) || v->is(VarKind::kDict) || v->is(VarKind::kTuple) || v->is(VarKind::kSet))) ||
       (v->by_type && v->source) ||
       // A function read from the frame: a closure is guarded by its code only (another call's equal closure
       // passes), so the object itself is handed on, never the one seen at trace time.
@@ -84,7 +84,8 @@ runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>&
     spec.source = v->source;
     return spec;
   }
-  if (break_output && (v->is(VarKind::kList) || v->is(VarKind::kDict) || v->is(VarKind::kObject))) {
+  if (break_output && (v->is(VarKind::kList) || v->is(VarKind::kDict) || v->is(VarKind::kObject) ||
+                       (v->is(VarKind::kSet) && v->real_type == &PySet_Type))) {
     // A mutable container reachable twice (a local and a call argument) must stay one object.
     if (repeated(v, spec)) return spec;
   }
@@ -144,6 +145,24 @@ runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>&
       spec.kind = v->is(VarKind::kTuple) ? runtime::OutputSpec::Kind::kTuple : runtime::OutputSpec::Kind::kList;
       for (const VarPtr& item : v->items) spec.children.push_back(output_spec(item, graph_outputs, break_output));
       return spec;
+    case VarKind::kIterator: {
+      // A returned iterator (`return iter(items)`): a new one over the items it has left, on every call. One alive
+      // at a graph break is refused (graph_break.cpp), as it may be a for loop's.
+      if (break_output) break;
+      spec.kind = runtime::OutputSpec::Kind::kConstruct;
+      spec.object = Py_BuildValue("(O())", helper("make_iterator"));
+      for (size_t i = v->position; i < v->items.size(); ++i)
+        spec.children.push_back(output_spec(v->items[i], graph_outputs, break_output));
+      return spec;
+    }
+    case VarKind::kSet: {
+      // Built again from its items, in their order (kiln._tracing.make_set: set(items) or frozenset(items)); a set
+      // reached twice at a break keeps the memo slot repeated() gave it above.
+      spec.kind = runtime::OutputSpec::Kind::kConstruct;
+      spec.object = Py_BuildValue("(O())", helper(v->real_type == &PySet_Type ? "make_set" : "make_frozenset"));
+      for (const VarPtr& item : v->items) spec.children.push_back(output_spec(item, graph_outputs, break_output));
+      return spec;
+    }
     case VarKind::kDict: {
       runtime::OutputSpec dict = dict_spec(v, graph_outputs, break_output);
       dict.index = spec.index;  // the memo slot repeated() may have given it

@@ -87,6 +87,7 @@ std::string unrebuildable(const VarPtr& v, std::unordered_set<const Var*>& seen)
     case VarKind::kTuple:
     case VarKind::kList:
     case VarKind::kDict:
+    case VarKind::kSet:
     case VarKind::kObject:  // a record built in the trace: constructed again from its rebuilt arguments
     case VarKind::kUserObject:  // made from its class and its attribute table
       if (v->is(VarKind::kList) && v->real_type) return "a slice of a ModuleList";  // rebuilt, it would be a list

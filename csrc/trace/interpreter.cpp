@@ -59,6 +59,9 @@ struct HandlerTable {
         {"CONTAINS_OP", &T::op_contains_op},
         {"BUILD_TUPLE", &T::op_build_tuple},
         {"BUILD_LIST", &T::op_build_list},
+        {"BUILD_SET", &T::op_build_set},
+        {"SET_ADD", &T::op_set_add},
+        {"SET_UPDATE", &T::op_set_update},
         {"BUILD_MAP", &T::op_build_map},
         {"BUILD_CONST_KEY_MAP", &T::op_build_const_key_map},
         {"BUILD_SLICE", &T::op_build_slice},
@@ -100,6 +103,9 @@ struct HandlerTable {
         {"GET_ITER", &T::op_get_iter},
         {"FOR_ITER", &T::op_for_iter},
         {"END_FOR", &T::op_end_for},
+        {"GET_YIELD_FROM_ITER", &T::op_get_yield_from_iter},
+        {"SEND", &T::op_send},
+        {"END_SEND", &T::op_end_send},
         {"BEFORE_WITH", &T::op_before_with},
         {"IMPORT_NAME", &T::op_import_name},
         {"IMPORT_FROM", &T::op_import_from},
@@ -159,6 +165,7 @@ VarPtr InstructionTranslator::next_yield() {
   VarPtr value = run();
   if (suspended_) return value;
   finished_ = true;
+  return_value_ = value;
   return nullptr;
 }
 

@@ -21,8 +21,10 @@ class InstructionTranslator {
   /// Runs to RETURN_VALUE and returns the returned Var.
   VarPtr run();
   /// A generator's frame: runs to its next YIELD_VALUE and returns the value yielded, or nullptr once the
-  /// body has returned (the StopIteration value is dropped, as a for loop drops it).
+  /// body has returned (the StopIteration value is dropped, as a for loop drops it; return_value() keeps it).
   VarPtr next_yield();
+  /// What a finished generator's body returned (`x = yield from gen()` reads it); None before.
+  VarPtr return_value() const { return return_value_; }
 
   using Handler = void (InstructionTranslator::*)(const bytecode::Instruction&);
 
@@ -82,6 +84,9 @@ class InstructionTranslator {
   bool module_contains_by_key(PyObject* module);  ///< ModuleDict/ParameterDict.__contains__ (kiln._tracing)
   void op_build_tuple(const bytecode::Instruction&);
   void op_build_list(const bytecode::Instruction&);
+  void op_build_set(const bytecode::Instruction&);
+  void op_set_add(const bytecode::Instruction&);
+  void op_set_update(const bytecode::Instruction&);
   void op_build_map(const bytecode::Instruction&);
   void op_build_const_key_map(const bytecode::Instruction&);
   void op_build_slice(const bytecode::Instruction&);
@@ -117,6 +122,10 @@ class InstructionTranslator {
   void op_get_iter(const bytecode::Instruction&);
   void op_for_iter(const bytecode::Instruction&);
   void op_end_for(const bytecode::Instruction&);
+  // `yield from` (interpreter_flow.cpp): the delegate iterator advanced by SEND, one item per YIELD_VALUE.
+  void op_get_yield_from_iter(const bytecode::Instruction&);
+  void op_send(const bytecode::Instruction&);
+  void op_end_send(const bytecode::Instruction&);
   // exceptions raised and caught in traced code (interpreter_except.cpp)
   void op_push_exc_info(const bytecode::Instruction&);
   void op_pop_except(const bytecode::Instruction&);
@@ -157,6 +166,7 @@ class InstructionTranslator {
   bool started_ = false;
   bool suspended_ = false;
   bool finished_ = false;
+  VarPtr return_value_;
 };
 
 }  // namespace kiln::trace

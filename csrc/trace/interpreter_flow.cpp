@@ -144,6 +144,44 @@ void InstructionTranslator::op_for_iter(const Instruction& ins) {
   next_ = ins.target + (PY_VERSION_HEX >= 0x030D0000 ? 2 : PY_VERSION_HEX >= 0x030C0000 ? 1 : 0);
 }
 
+void InstructionTranslator::op_get_yield_from_iter(const Instruction& ins) {
+  if (!generator_) KILN_UNSUPPORTED() << "yield from outside a generator frame";
+  op_get_iter(ins);  // a generator stays itself; anything else iterates as a for loop would
+}
+
+void InstructionTranslator::op_send(const Instruction& ins) {
+  // Stack: the delegate, the value sent. The trace only ever resumes a generator with None (next(), a for loop), so
+  // the delegate is advanced as next() advances it; its end jumps to the target with its return value.
+  VarPtr sent = pop();
+  if (!sent->is(VarKind::kConst) || sent->value != Py_None)
+    KILN_UNSUPPORTED() << "send() of a value into a delegated generator";
+  VarPtr delegate = peek();
+  VarPtr item;
+  VarPtr result = make_const(Py_None);
+  if (delegate->is(VarKind::kGenerator)) {
+    item = tracer_.generator_next(delegate);
+    if (!item && delegate->frame->return_value()) result = delegate->frame->return_value();
+  } else if (delegate->is(VarKind::kIterator)) {
+    if (delegate->position < delegate->items.size()) item = delegate->items[delegate->position++];
+  } else {
+    KILN_UNSUPPORTED() << "yield from a " << delegate->describe();
+  }
+  if (item) {
+    push(std::move(item));  // YIELD_VALUE hands it on
+    return;
+  }
+  // 3.11 replaces the delegate with the result; 3.12 keeps it under the result for END_SEND at the target.
+  if (PY_VERSION_HEX < 0x030C0000) pop();
+  push(std::move(result));
+  jump(ins);
+}
+
+void InstructionTranslator::op_end_send(const Instruction&) {
+  VarPtr value = pop();
+  pop();  // the delegate
+  push(std::move(value));
+}
+
 void InstructionTranslator::op_end_for(const Instruction&) {
   // Reached only by fall-through, which compiled code never does; mirror CPython (pops 2 in 3.12).
   pop();

@@ -100,7 +100,7 @@ void InstructionTranslator::op_is_op(const Instruction& ins) {
   // Two containers read from the frame through different paths (a local and a global, as copy.py's
   // `y is not _nil`) may be one object: their identity is not guarded either.
   auto read_container = [](const VarPtr& v) {
-    return v->source && (v->is(VarKind::kList) || v->is(VarKind::kDict) || v->is(VarKind::kTuple));
+    return v->source && (v->is(VarKind::kList) || v->is(VarKind::kDict) || v->is(VarKind::kTuple) || v->is(VarKind::kSet));
   };
   if (a != b && read_container(a) && read_container(b))
     KILN_UNSUPPORTED() << "'is' between two containers read from the frame (aliasing is not guarded)";
@@ -145,7 +145,9 @@ void InstructionTranslator::op_contains_op(const Instruction& ins) {
     container = tracer_.snapshot_dict(container);
   }
   bool found = false;
-  if (container->is(VarKind::kDict) && item->is(VarKind::kConst)) {
+  if (container->is(VarKind::kSet)) {
+    found = tracer_.set_contains(container, item);
+  } else if (container->is(VarKind::kDict) && item->is(VarKind::kConst)) {
     for (PyObject* k : container->keys) found = found || PyObject_RichCompareBool(k, item->value, Py_EQ) == 1;
   } else if (item->is(VarKind::kConst) && (container->is(VarKind::kObject) ||
              (container->is(VarKind::kModule) && !item->by_type && module_contains_by_key(container->value)))) {
@@ -181,6 +183,20 @@ void InstructionTranslator::op_build_tuple(const Instruction& ins) {
 
 void InstructionTranslator::op_build_list(const Instruction& ins) {
   push(make_sequence(VarKind::kList, pop_n(ins.arg)));
+}
+
+void InstructionTranslator::op_build_set(const Instruction& ins) {
+  push(tracer_.make_set(&PySet_Type, pop_n(ins.arg)));
+}
+
+void InstructionTranslator::op_set_add(const Instruction& ins) {
+  VarPtr v = pop();
+  tracer_.set_add(peek(ins.arg - 1), {v});
+}
+
+void InstructionTranslator::op_set_update(const Instruction& ins) {
+  VarPtr seq = pop();
+  tracer_.set_add(peek(ins.arg - 1), tracer_.iterate(seq));
 }
 
 void InstructionTranslator::op_build_map(const Instruction& ins) {

@@ -193,6 +193,8 @@ VarPtr Tracer::wrap(PyObject* value, SourcePtr source) {
       return dict;
     }
   }
+  if (source && (PySet_CheckExact(value) || PyFrozenSet_CheckExact(value)))
+    if (VarPtr s = frame_set(value, source)) return s;
   // Functions, classes, Python modules and other callables are pinned by identity. Plain objects
   // (configs, context managers, user instances) are pinned by type: what the trace reads of them goes
   // through attribute sources with guards of their own, and a new instance per call (a fresh
@@ -211,8 +213,10 @@ VarPtr Tracer::wrap(PyObject* value, SourcePtr source) {
                  t == &PyMethodDescr_Type || t == &PyWrapperDescr_Type || t == &PyClassMethodDescr_Type ||
                  t == &PyEllipsis_Type || t == &PySlice_Type) &&
                 !bound_builtin;
-  if (!stable && !PyCFunction_Check(value)) {  // torch.ops' operator objects (kiln._tracing.TORCH_OP_TYPES)
+  if (!stable && !PyCFunction_Check(value)) {  // torch.ops' operator objects (kiln._tracing.TORCH_OP_TYPES) and enum
+    // members (singletons: `mode is Mode.TRAIN` needs their identity)
     int op = PyObject_IsInstance(value, helper("TORCH_OP_TYPES"));
+    if (op == 0) op = PyObject_IsInstance(value, helper("ENUM_TYPES"));
     if (op < 0) PyErr_Clear();
     stable = op == 1;
   }
@@ -324,6 +328,26 @@ VarPtr Tracer::module_attr(const VarPtr& module, PyObject* name) {
   return out;
 }
 
+VarPtr Tracer::tensor_instance_attr(const VarPtr& tensor, PyObject* name, bool* found) {
+  *found = false;
+  if (!tensor->source) return nullptr;  // made in the trace: no attribute set on it (a store would have broken)
+  PyObject* real = nullptr;
+  for (const auto& [object, var] : tensor_vars_)
+    if (var == tensor) real = object;
+  if (!real) return nullptr;
+  PyObject* v = PyObject_GetAttr(real, name);
+  if (!v) {
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError)) rethrow_python("reading ." + str_of(name));
+    PyErr_Clear();
+    guards_->add_has_no_attr(tensor->source, str_of(name));
+    return nullptr;
+  }
+  *found = true;
+  VarPtr out = wrap(v, Source::attr(tensor->source, str_of(name)));
+  Py_DECREF(v);
+  return out;
+}
+
 VarPtr Tracer::get_attr(const VarPtr& obj, PyObject* name) {
   if (!stores_.empty() && obj->value && (obj->is(VarKind::kModule) || obj->is(VarKind::kConst)))
     if (VarPtr stored = stored_value(obj->value, name)) return stored;
@@ -348,6 +372,15 @@ VarPtr Tracer::get_attr(const VarPtr& obj, PyObject* name) {
       if (attr == "grad" || attr == "data" || attr == "_version" || attr == "grad_fn" || attr == "is_meta" ||
           attr == "untyped_storage" || attr == "data_ptr")
         KILN_UNSUPPORTED() << "tensor." << attr << " is not traced yet";
+      if (!_PyType_Lookup(obj->real_type, name)) {
+        // Not an attribute of its class: one the program set on this tensor (`p.sharded = True`), which the fake
+        // does not have. Read from the real tensor, guarded; AttributeError as in eager when it has none.
+        bool found = false;
+        VarPtr v = tensor_instance_attr(obj, name, &found);
+        if (found) return v;
+        PyErr_Format(PyExc_AttributeError, "'%.100s' object has no attribute '%U'", obj->real_type->tp_name, name);
+        raise_pending("reading ." + attr);
+      }
       // Methods stay bound to the tensor's Var (not to its fake), so a graph break can rebind them to
       // the real tensor; calls go to the recorder with the Var as self.
       PyObject* descr = _PyType_Lookup(obj->real_type, name);
@@ -400,6 +433,9 @@ VarPtr Tracer::get_attr(const VarPtr& obj, PyObject* name) {
     }
     case VarKind::kObject: return record_attr(obj, name);
     case VarKind::kUserObject: return user_object_attr(obj, name);
+    case VarKind::kSet:  // applied to its real set on call (sets.cpp)
+      if (PyObject* descr = _PyType_Lookup(obj->real_type, name)) return make_method(descr, obj);
+      break;
     case VarKind::kDict:
     case VarKind::kList:
     case VarKind::kTuple: {

@@ -92,6 +92,9 @@ class Tracer {
   VarPtr wrap(PyObject* value, SourcePtr source);
   /// obj.name
   VarPtr get_attr(const VarPtr& obj, PyObject* name);
+  /// An attribute the program set on a tensor read from the frame (not one of its class's): read from the real
+  /// tensor through its source, guarded; *found = false (its absence guarded) when it has none.
+  VarPtr tensor_instance_attr(const VarPtr& tensor, PyObject* name, bool* found);
   /// fn(*args, **kwargs)
   VarPtr call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs);
   /// Runs `fn` (a torch callable) on fakes through the recorder and wraps what it returns.
@@ -134,6 +137,12 @@ class Tracer {
   /// function made anew on each call, guarded by its code, reads that call's cells).
   VarPtr inline_function(PyObject* function, std::vector<VarPtr> args, KwArgs kwargs, SourcePtr source = nullptr);
   VarPtr call_container_method(const VarPtr& self, const std::string& name, std::vector<VarPtr> args);
+  /// list.sort(key=, reverse=) on a list the trace owns.
+  VarPtr sort_list(const VarPtr& list, const KwArgs& kwargs);
+  /// sorted/min/max with `key=`: the keys computed in the trace, the order Python's on them; nullptr without a key.
+  VarPtr sort_by_key(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+  /// `self.new_tensor(data, **kwargs)` as torch.tensor with self's dtype and device unless given.
+  VarPtr new_tensor(const VarPtr& self, const VarPtr& data, KwArgs kwargs);
   /// object.__getattribute__, the slot wrapper a class's own __getattribute__ reaches through super().
   static PyObject* object_getattribute();
   /// object.__getattribute__(obj, name): an ordinary attribute read where the class's override agrees.
@@ -219,6 +228,22 @@ class Tracer {
   /// The next item of a kGenerator (its body runs to the next yield), or nullptr when it is exhausted.
   VarPtr generator_next(const VarPtr& generator);
   void bind_arguments(PyObject* function, std::vector<VarPtr> args, const KwArgs& kwargs, std::vector<VarPtr>& locals);
+  // Sets (kSet, sets.cpp).
+  /// A set (or frozenset) of `items`, deduplicated and ordered as eager's set of them is.
+  VarPtr make_set(PyTypeObject* type, const std::vector<VarPtr>& items);
+  /// A set or frozenset of constants read from the frame at `source` (`name in self.skip`): a kSet the trace never
+  /// changes, guarded equal to this one. nullptr when an element is not a plain constant.
+  VarPtr frame_set(PyObject* value, const SourcePtr& source);
+  /// Adds `items` to the kSet `set` the trace owns (SET_ADD, SET_UPDATE).
+  void set_add(const VarPtr& set, const std::vector<VarPtr>& items);
+  /// `set(...)` or `frozenset(...)` as a kSet; nullptr when `f` is neither or the call has other arguments.
+  VarPtr set_builtin(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+  /// `item in set`.
+  bool set_contains(const VarPtr& set, const VarPtr& item);
+  /// A method of a kSet (add, discard, update, union, issubset, ...), run on its real set.
+  VarPtr set_method(const VarPtr& self, const std::string& name, const std::vector<VarPtr>& args);
+  /// `operator.<op>(a, b)` where a or b is a kSet (| & - ^, their in-place forms, comparisons); nullptr otherwise.
+  VarPtr set_binary(PyObject* op, const VarPtr& a, const VarPtr& b);
   /// dict.pop/setdefault/update/clear/__setitem__ on a dict Var the trace owns; nullptr for other names.
   VarPtr mutate_dict(const VarPtr& dict, const std::string& name, const std::vector<VarPtr>& args);
   /// The items of a dict (subclass) instance from the frame as a dict Var, its keys guarded.

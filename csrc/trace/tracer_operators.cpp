@@ -19,6 +19,7 @@ using detail::str_of;
 
 VarPtr Tracer::binary(PyObject* op, const VarPtr& a, const VarPtr& b) {
   if (a->is(VarKind::kTensor) || b->is(VarKind::kTensor)) return call_recorded(op, {a, b}, {});
+  if (VarPtr r = set_binary(op, a, b)) return r;
   if (SymbolicInts* symbolic = this->symbolic()) {
     if (a->is(VarKind::kSymInt) || b->is(VarKind::kSymInt))
       if (VarPtr r = symbolic->binary(op, a, b)) return r;
@@ -217,7 +218,8 @@ bool Tracer::truthy(const VarPtr& v) {
     }
     case VarKind::kTuple:
     case VarKind::kList:
-    case VarKind::kDict: return !v->items.empty();
+    case VarKind::kDict:
+    case VarKind::kSet: return !v->items.empty();
     case VarKind::kModule: {
       // `if self.extra:` of a ModuleList is its length: guarded as iteration guards it. A module without __bool__
       // or __len__ is always true (its class is guarded); any other's are not traced.
@@ -277,7 +279,8 @@ std::string Tracer::guard_container_items(const VarPtr& v) {
 std::vector<VarPtr> Tracer::iterate(const VarPtr& v) {
   switch (v->kind) {
     case VarKind::kTuple:
-    case VarKind::kList: return v->items;
+    case VarKind::kList:
+    case VarKind::kSet: return v->items;
     case VarKind::kDict: {
       std::vector<VarPtr> keys;
       for (PyObject* k : v->keys) keys.push_back(make_const(k));

@@ -49,6 +49,7 @@ std::string Var::describe() const {
     case VarKind::kToken: return "ContextVar token";
     case VarKind::kGenerator: return "generator made in the trace";
     case VarKind::kUserObject: return std::string(real_type->tp_name) + " object (made in the trace)";
+    case VarKind::kSet: return std::string(real_type->tp_name) + "[" + std::to_string(items.size()) + "]";
   }
   return "?";
 }
@@ -166,6 +167,12 @@ VarPtr make_super(VarPtr cls, VarPtr obj) {
 
 VarPtr make_cell(VarPtr contents) { return make_sequence(VarKind::kCell, {std::move(contents)}); }
 
+VarPtr make_set_var(PyTypeObject* type, std::vector<VarPtr> items, SourcePtr source) {
+  VarPtr v = make_sequence(VarKind::kSet, std::move(items), std::move(source));
+  v->real_type = type;
+  return v;
+}
+
 bool holds_symbolic_int(const VarPtr& v) {
   if (v->is(VarKind::kSymInt)) return true;
   if (v->is(VarKind::kTuple) || v->is(VarKind::kList) || v->is(VarKind::kDict) || v->is(VarKind::kSlice))
@@ -182,6 +189,7 @@ bool is_constant(const VarPtr& v) {
     case VarKind::kList:
     case VarKind::kDict:
     case VarKind::kSlice:
+    case VarKind::kSet:
       for (const VarPtr& item : v->items)
         if (!is_constant(item)) return false;
       return true;
@@ -232,6 +240,14 @@ PyObject* to_python(const VarPtr& v) {
       }
       return out;
     }
+    case VarKind::kSet:
+      // Its real set (trace/sets.cpp): the callers that fold pure builtins read it, never change it, and see the
+      // iteration order eager's set has.
+      if (v->value) {
+        Py_INCREF(v->value);
+        return v->value;
+      }
+      break;
     case VarKind::kSlice: {
       PyObject* a = to_python(v->items[0]);
       PyObject* b = to_python(v->items[1]);

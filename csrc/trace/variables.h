@@ -62,6 +62,11 @@ enum class VarKind : unsigned char {
   /// An int computed from tensor sizes under dynamic shapes (trace/symbolic_ints.h): value = its value at trace time
   /// (a Python int), sym = what it is over the size symbols. Handed to Python as a value it is pinned to that value.
   kSymInt,
+  /// A set or frozenset (real_type) made in traced code, or one of constants read from the frame (source set, never
+  /// changed by the trace): items = its elements in the order the real set iterates them (sets.cpp). Elements are
+  /// constants, modules and tensors, hashed as eager hashes them: the trace answers membership and iteration order
+  /// with a real set of their trace-time objects.
+  kSet,
 };
 
 struct Var;
@@ -123,6 +128,8 @@ VarPtr make_super_factory(VarPtr cls, VarPtr obj);
 bool is_super_factory(const VarPtr& v);
 VarPtr make_super(VarPtr cls, VarPtr obj);
 VarPtr make_cell(VarPtr contents);
+/// A kSet over `items` (already distinct and in the real set's order: Tracer::make_set builds one from any items).
+VarPtr make_set_var(PyTypeObject* type, std::vector<VarPtr> items, SourcePtr source = nullptr);
 
 /// True when `v` is a kSymInt, or a container or slice holding one.
 bool holds_symbolic_int(const VarPtr& v);

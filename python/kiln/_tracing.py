@@ -6,6 +6,9 @@ frame is traced, never on a cache hit.
 """
 import abc as _abc
 import contextlib as _contextlib
+import enum
+import functools as _functools
+import itertools as _itertools
 import inspect
 import operator
 import os
@@ -262,6 +265,7 @@ def is_allowed_in_graph(fn):
 # Operator objects under torch.ops: each is made once and cached on its namespace (or packet), so a read through the
 # same attribute path always gives the same object and the tracer pins them by identity.
 TORCH_OP_TYPES = (torch._ops.OpOverload, torch._ops.OpOverloadPacket)
+ENUM_TYPES = (enum.Enum,)
 
 
 _GLOBAL_STATE_MODULES = ("torch.autograd.grad_mode", "torch.random", "torch.amp", "torch.cuda.random",
@@ -300,6 +304,101 @@ BINARY_OPS = [operator.add, operator.and_, operator.floordiv, operator.lshift, o
               operator.imul, operator.imod, operator.ior, operator.ipow, operator.irshift, operator.isub,
               operator.itruediv, operator.ixor]
 COMPARE_OPS = [operator.lt, operator.le, operator.eq, operator.ne, operator.gt, operator.ge]
+
+# ---- lazy iterators in traced code ------------------------------------------------------------------
+# map(), filter(), itertools' chain, product and islice, and functools.reduce are C objects the tracer cannot step
+# through. A call of one is traced as a call of its Python twin below (TRACED_REPLACEMENTS): a generator the tracer
+# inlines, advanced item by item like any generator, so `function` runs when eager's iterator would run it.
+
+
+def traced_map(function, *iterables):
+    if len(iterables) == 1:
+        for item in iterables[0]:
+            yield function(item)
+    else:
+        for items in zip(*iterables):
+            yield function(*items)
+
+
+def traced_filter(function, iterable):
+    for item in iterable:
+        if (item if function is None else function(item)):
+            yield item
+
+
+def traced_chain(*iterables):
+    for iterable in iterables:
+        yield from iterable
+
+
+def traced_chain_from_iterable(iterables):
+    for iterable in iterables:
+        yield from iterable
+
+
+def traced_product(*iterables, repeat=1):
+    pools = [tuple(pool) for pool in iterables] * repeat  # taken whole first, as itertools.product takes them
+    results = [()]
+    for pool in pools:
+        results = [result + (item,) for result in results for item in pool]
+    yield from results
+
+
+def traced_islice(iterable, *bounds):
+    bound = slice(*bounds)
+    start, stop, step = bound.start or 0, bound.stop, bound.step or 1
+    it = iter(iterable)
+    index, next_index = 0, start
+    while stop is None or index < stop:  # as islice: no item is taken past the stop
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        if index == next_index:
+            yield item
+            next_index += step
+        index += 1
+
+
+def traced_count(start=0, step=1):
+    value = start
+    while True:
+        yield value
+        value += step
+
+
+def traced_reduce(function, iterable, *initial):
+    items = list(iterable)
+    if initial:
+        value = initial[0]
+    elif not items:
+        raise TypeError("reduce() of empty iterable with no initial value")
+    else:
+        value, items = items[0], items[1:]
+    for item in items:
+        value = function(value, item)
+    return value
+
+
+TRACED_REPLACEMENTS = {map: traced_map, filter: traced_filter, _itertools.chain: traced_chain,
+                       _itertools.chain.from_iterable: traced_chain_from_iterable, _itertools.product: traced_product,
+                       _itertools.islice: traced_islice, _itertools.count: traced_count,
+                       _functools.reduce: traced_reduce}
+
+
+def make_set(*items):
+    """A set made in traced code, rebuilt from its items where it leaves the trace (frame_output.cpp)."""
+    return set(items)
+
+
+def make_frozenset(*items):
+    return frozenset(items)
+
+
+def make_iterator(*items):
+    """An iterator made in traced code and returned: a fresh one over the items it had left."""
+    return iter(items)
+
 
 # Builtins that are pure functions of constant arguments: evaluated at trace time.
 PURE_BUILTINS = {abs, all, any, bool, chr, divmod, float, format, frozenset, hash, int, isinstance, issubclass, len,

@@ -154,6 +154,7 @@ RULE_CASES += [
      + F.adaptive_avg_pool3d(v, 3).sum((1, 2, 3, 4)) + F.pad(x.flatten(2), (1, 2), mode="reflect").sum((1, 2))
      + F.pad(x.flatten(2), (2, 1), mode="replicate").sum((1, 2)) + F.pad(x, (1, 1, 2, 0), mode="replicate").sum((1, 2, 3))
      + F.unfold(x, 2).sum((1, 2)) + F.grid_sample(x, g.tanh(), align_corners=False).sum((1, 2, 3))
+     + F.fold(F.unfold(x, 2).cos(), (4, 4), 2).sum((1, 2, 3))
      + F.prelu(x, w).sum((1, 2, 3)) + torch.cdist(x.flatten(2), x.flatten(2)[:, :2]).sum((1, 2))
      + F.pdist(x.flatten(1)).expand(2) * 0 + F.interpolate(x.flatten(2), scale_factor=2, mode="nearest-exact").sum((1, 2)),
      [(2, 3, 4, 4), (2, 3, 4, 4, 4), (2, 3, 3, 2), (3,)]),
