@@ -9,6 +9,7 @@
 #include "trace/interpreter.h"
 #include "trace/traced_raise.h"
 #include "trace/tracer.h"
+#include "trace/tracer_helpers.h"
 
 namespace kiln::trace {
 
@@ -481,6 +482,37 @@ VarPtr Tracer::sort_by_key(PyObject* f, const std::vector<VarPtr>& args, const K
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(order); ++i) sorted_items.push_back(items.at(PyLong_AsSize_t(PyList_GET_ITEM(order, i))));
   Py_DECREF(order);
   return make_sequence(VarKind::kList, std::move(sorted_items));
+}
+
+VarPtr Tracer::sort_list(const VarPtr& list, const KwArgs& kwargs) {
+  // list.sort(key=None, reverse=False) in place: the order sorted() gives (sort_by_key with a key, else the items
+  // themselves, constants, sorted by Python).
+  if (!claim_container(list)) KILN_UNSUPPORTED() << "sorting a list from outside the trace";
+  VarPtr sorted_items = sort_by_key(builtin("sorted"), {list}, kwargs);
+  if (!sorted_items) {
+    if (!is_constant(list) || !std::all_of(kwargs.begin(), kwargs.end(), [](const auto& kw) { return is_constant(kw.second); }))
+      KILN_UNSUPPORTED() << "sorting a list of traced values";
+    PyObject* r = call_on_values(builtin("sorted"), {list}, kwargs);
+    if (!r) raise_pending("list.sort");
+    sorted_items = wrap_result(r);
+    Py_DECREF(r);
+  }
+  list->items = sorted_items->items;
+  return make_const(Py_None);
+}
+
+VarPtr Tracer::new_tensor(const VarPtr& self, const VarPtr& data, KwArgs kwargs) {
+  // x.new_tensor(data, ...) is torch.tensor(data, dtype=x.dtype, device=x.device, ...): the data becomes a graph
+  // constant, as torch.tensor's does (on the fake it would make a tensor of the meta device's, with no data).
+  static PyObject* tensor_fn = detail::lookup_once("torch", "tensor");
+  static PyObject* dtype_name = PyUnicode_InternFromString("dtype");
+  static PyObject* device_name = PyUnicode_InternFromString("device");
+  auto given = [&](PyObject* name) {
+    return std::any_of(kwargs.begin(), kwargs.end(), [&](const auto& kw) { return PyUnicode_Compare(kw.first, name) == 0; });
+  };
+  if (!given(dtype_name)) kwargs.emplace_back(dtype_name, make_const_steal(detail::check(PyObject_GetAttr(self->value, dtype_name), "dtype")));
+  if (!given(device_name)) kwargs.emplace_back(device_name, get_attr(self, device_name));
+  return call(make_const(tensor_fn), {data}, std::move(kwargs));
 }
 
 VarPtr Tracer::construct_stateless_module(PyObject* cls, const std::vector<VarPtr>& args, const KwArgs& kwargs) {

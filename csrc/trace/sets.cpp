@@ -272,15 +272,9 @@ VarPtr Tracer::set_binary(PyObject* op, const VarPtr& a, const VarPtr& b) {
     throw;
   }
   // An in-place operator changes a set in place (a frozenset's makes a new one): on a set the trace owns only.
-  const bool in_place = a->is(VarKind::kSet) && a->real_type == &PySet_Type &&
-                        PyObject_HasAttrString(op, "__name__") && [&] {
-                          PyObject* n = PyObject_GetAttrString(op, "__name__");
-                          const bool i = n && PyUnicode_Check(n) && PyUnicode_READ_CHAR(n, 0) == 'i' &&
-                                         PyUnicode_CompareWithASCIIString(n, "is_") != 0 &&
-                                         PyUnicode_CompareWithASCIIString(n, "is_not") != 0;
-                          Py_XDECREF(n);
-                          return i;
-                        }();
+  // kiln._tracing.BINARY_OPS lists the in-place forms from index 13.
+  const bool in_place = a->is(VarKind::kSet) && a->real_type == &PySet_Type && PySequence_Index(helper("BINARY_OPS"), op) >= 13;
+  PyErr_Clear();  // not in the table: a comparison
   if (in_place && a->source) {
     Py_DECREF(x);
     Py_DECREF(y);

@@ -382,6 +382,21 @@ class KernelEmitter {
     std::string part, type, init, total;
   };
 
+  // Opens the walk over loop `l` in blocks of `block` iterations (`i<l>b`, each block's end `i<l>e`); the caller
+  // opens the loop over one block (`block_loop`) and closes both.
+  void open_blocks(std::ostream& out, std::string& indent, int l, int64_t block) {
+    const std::string i = "i" + std::to_string(l);
+    out << indent << "for (int64_t " << i << "b = 0; " << i << "b < " << loop_size(l) << "; " << i << "b += " << block << ") {\n";
+    indent += "  ";
+    out << indent << "const int64_t " << i << "e = " << i << "b + " << block << " < " << loop_size(l) << " ? " << i << "b + "
+        << block << " : " << loop_size(l) << ";\n";
+  }
+  static std::string block_loop(int l) {
+    std::ostringstream out;
+    out << "for (int64_t i" << l << " = i" << l << "b; i" << l << " < i" << l << "e; ++i" << l << ") {\n";
+    return out.str();
+  }
+
   void reduced_loops(const std::function<void(const std::string&)>& body, const std::string& simd_clause,
                      const SumBlocks* blocks = nullptr) {
     std::string indent = indent_;
@@ -390,14 +405,9 @@ class KernelEmitter {
     for (int l = outer; l < total; ++l) {
       const std::string i = "i" + std::to_string(l);
       if (l == total - 1 && blocks) {
-        *body_ << indent << "for (int64_t " << i << "b = 0; " << i << "b < " << loop_size(l) << "; " << i << "b += " << kSumBlock
-               << ") {\n";
-        indent += "  ";
-        *body_ << indent << "const int64_t " << i << "e = " << i << "b + " << kSumBlock << " < " << loop_size(l) << " ? " << i
-               << "b + " << kSumBlock << " : " << loop_size(l) << ";\n";
+        open_blocks(*body_, indent, l, kSumBlock);
         *body_ << indent << blocks->type << " " << blocks->part << " = " << blocks->init << ";\n";
-        *body_ << indent << "#pragma omp simd" << simd_clause << "\n";
-        *body_ << indent << "for (int64_t " << i << " = " << i << "b; " << i << " < " << i << "e; ++" << i << ") {\n";
+        *body_ << indent << "#pragma omp simd" << simd_clause << "\n" << indent << block_loop(l);
         indent += "  ";
         continue;
       }
@@ -599,14 +609,10 @@ class KernelEmitter {
     for (int l = first_loop; l < total; ++l) {
       const std::string i = "i" + std::to_string(l);
       if (blocks && l == total - 1) {
-        out << inner << "for (int64_t " << i << "b = 0; " << i << "b < " << loop_size(l) << "; " << i
-            << "b += " << kColumnSumRows << ") {\n";
-        inner += "  ";
-        out << inner << "const int64_t " << i << "e = " << i << "b + " << kColumnSumRows << " < " << loop_size(l) << " ? "
-            << i << "b + " << kColumnSumRows << " : " << loop_size(l) << ";\n";
+        open_blocks(out, inner, l, kColumnSumRows);
         out << inner << "#pragma omp simd\n" << inner << "for (int64_t j = 0; j < count; ++j) " << blocks->part
             << "[j] = " << blocks->init << ";\n";
-        out << inner << "for (int64_t " << i << " = " << i << "b; " << i << " < " << i << "e; ++" << i << ") {\n";
+        out << inner << block_loop(l);
         inner += "  ";
         continue;
       }
@@ -674,10 +680,11 @@ class KernelEmitter {
       first_reduction = false;
       // A float sum adds into `part` per block of rows, the blocks into the double `acc` (column_walk).
       const std::string ct = compute_type(x.dtype);
-      const bool blocked = accumulator_type(x) != ct && outer < total;
+      const std::string at = accumulator_type(x);
+      const bool blocked = at != ct && outer < total;
       const std::string part = acc + "_part";
       const SumBlocks blocks{part, ct, reduction_identity(x), acc};
-      out << indent << accumulator_type(x) << " " << acc << "[" << extent << "];\n";
+      out << indent << at << " " << acc << "[" << extent << "];\n";
       if (blocked) out << indent << ct << " " << part << "[" << extent << "];\n";
       column_walk(out, indent, total, [&](const std::string& in) { out << in << acc << "[j] = " << reduction_identity(x) << ";\n"; });
       column_walk(out, indent, outer, [&](const std::string& in) {
@@ -698,7 +705,7 @@ class KernelEmitter {
             << "[j];\n";
       }, blocked ? &blocks : nullptr);
       // read by later reductions and the stores, inside their column loops, as the compute type
-      names_[r] = accumulator_type(x) == ct ? acc + "[j]" : "static_cast<" + ct + ">(" + acc + "[j])";
+      names_[r] = at == ct ? acc + "[j]" : "static_cast<" + ct + ">(" + acc + "[j])";
     }
     // Stores once per column, then the other stores along the reduced loops (both after every reduction).
     std::vector<size_t> outer_stores, inner_stores;
