@@ -24,7 +24,7 @@ constexpr PrimFacts kPrims[] = {
     {PrimOp::Log, "log", kValue, "std::log($a)", "kiln::log_($a)"},
     {PrimOp::Sqrt, "sqrt", kValue, "std::sqrt($a)", "kiln::sqrt_($a)"},
     {PrimOp::Rsqrt, "rsqrt", kValue, "kiln_rsqrt($a)", "kiln::rsqrt_($a)"},
-    {PrimOp::Tanh, "tanh", kValue, "std::tanh($a)", "kiln::tanh_($a)"},
+    {PrimOp::Tanh, "tanh", kValue, "kiln_tanh($a)", "kiln::tanh_($a)"},
     {PrimOp::Sigmoid, "sigmoid", kValue, "kiln_sigmoid($a)", "kiln::sigmoid_($a)"},
     {PrimOp::Erf, "erf", kValue, "kiln_erf($a)", "kiln::erf_($a)"},
     {PrimOp::LogicalNot, "not", kPredicate, "(!$a)", "(!$a)"},

@@ -57,10 +57,26 @@ bool produced_fresh(const Graph& g, ValueId id) {
 // A tensor this graph made that nothing else aliases. A factory's result reaches the graph through the detach the
 // recorder puts after it (`torch.zeros(n)`): when that detach is all that reads it, the detach's result is as fresh
 // as the factory's.
+// Ops that cut their input into disjoint pieces (LSTM and GRU cells: `gates.unsafe_chunk(4, 1)`, then
+// `ingate.sigmoid_()`).
+bool splits_into_pieces(const Node& node) {
+  static const std::unordered_set<std::string> names = {
+      "aten::split.Tensor",         "aten::unsafe_split.Tensor", "aten::split_with_sizes.default",
+      "aten::unsafe_split_with_sizes.default", "aten::chunk.default", "aten::unsafe_chunk.default", "aten::unbind.int"};
+  return node.returns_list && !node.args.empty() && std::holds_alternative<TensorArg>(node.args[0]) &&
+         names.count(node.qualified_name());
+}
+
 bool made_here(const Graph& g, const std::vector<int32_t>& readers, ValueId id) {
   const graph::Value& v = g.values[id];
   if (v.producer < 0) return false;
   const Node& producer = g.nodes[v.producer];
+  if (splits_into_pieces(producer)) {
+    // A piece of a fresh tensor nothing else reads (the split is its one reader, it is no output): the pieces do not
+    // overlap, so each is as fresh as a tensor of its own.
+    const ValueId base = std::get<TensorArg>(producer.args[0]).id;
+    return readers[base] == 1 && produced_fresh(g, base);
+  }
   if (producer.qualified_name() == "aten::detach.default" && !producer.args.empty()) {
     const auto* base = std::get_if<TensorArg>(&producer.args[0]);
     return base && readers[base->id] == 1 && produced_fresh(g, base->id);

@@ -69,6 +69,9 @@ VarPtr Tracer::call_recorded(PyObject* fn, const std::vector<VarPtr>& args, cons
     for (const VarPtr& a : args) collect_passed_ints(a, passed);
     for (const auto& kw : kwargs) collect_passed_ints(kw.second, passed);
   }
+  // An array pinned by its type only (a numpy array argument): the call would bake the first call's contents.
+  for (const VarPtr& a : args) refuse_unguarded_data(a, fn);
+  for (const auto& kw : kwargs) refuse_unguarded_data(kw.second, fn);
   std::optional<NoPinScope> no_pin;
   if (!passed.empty()) no_pin.emplace();
   const int first_node = passed.empty() ? 0 : recorded_nodes();
@@ -146,6 +149,8 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
       if (!PyFunction_Check(fn->value)) {
         if (fn->items[0]->is(VarKind::kList) && name_of(fn->value) == "list.sort" && args.empty())
           return sort_list(fn->items[0], kwargs);
+        if (fn->items[0]->is(VarKind::kDict) && name_of(fn->value) == "dict.update" && !kwargs.empty() && args.size() <= 1)
+          return update_dict_with_keywords(fn->items[0], std::move(args), kwargs);
         if (!kwargs.empty()) KILN_UNSUPPORTED() << "keyword arguments to a container method";
         return call_container_method(fn->items[0], name_of(fn->value), std::move(args));
       }
@@ -180,6 +185,8 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
     PyErr_Clear();
   }
   if (fn->by_type) KILN_UNSUPPORTED() << "calling " << name_of(f) << ", a method bound to an object not pinned by identity";
+  if (PyObject_IsInstance(f, helper("CACHED_FUNCTION_TYPES")) == 1) return call_cached_function(f, std::move(args), std::move(kwargs));
+  PyErr_Clear();
   if (PyFunction_Check(f)) {
     PyObject* dict = ((PyFunctionObject*)f)->func_dict;
     if (dict && PyDict_GetItemString(dict, "_kiln_disabled"))
@@ -292,7 +299,7 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
       default: break;
     }
   }
-  if (f == builtin("isinstance") && n == 2 && is_constant(args[1]) && !holds_object_pinned_by_type(args[1])) {
+  if (f == builtin("isinstance") && n == 2 && kwargs.empty() && is_constant(args[1]) && !holds_object_pinned_by_type(args[1])) {
     const VarPtr& x = args[0];
     // A class or a tuple of classes (`isinstance(m, (torch.Tensor, BlockMask))`: a tuple the trace built)
     if (!x->is(VarKind::kTensor) && !x->is(VarKind::kUserObject) && !x->is(VarKind::kTuple) && !x->is(VarKind::kList) &&
@@ -315,7 +322,7 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
     if (r < 0) rethrow_python("isinstance");
     return make_const(r ? Py_True : Py_False);
   }
-  if ((f == builtin("getattr") || f == builtin("hasattr")) && (n == 2 || n == 3) && args[1]->is(VarKind::kConst) &&
+  if ((f == builtin("getattr") || f == builtin("hasattr")) && (n == 2 || n == 3) && kwargs.empty() && args[1]->is(VarKind::kConst) &&
       PyUnicode_Check(args[1]->value)) {
     bool has = f == builtin("hasattr");
     if (args[0]->value && !args[0]->is(VarKind::kTensor))
@@ -348,45 +355,10 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
     }
   }
   // A set's items in its real set's order (a constant one too: its history decides that order).
-  if ((f == builtin("tuple") || f == builtin("list")) && n == 1 && (!is_constant(args[0]) || args[0]->is(VarKind::kSet))) {
+  if ((f == builtin("tuple") || f == builtin("list")) && n == 1 && kwargs.empty() && (!is_constant(args[0]) || args[0]->is(VarKind::kSet))) {
     return make_sequence(f == builtin("tuple") ? VarKind::kTuple : VarKind::kList, iterate(args[0]));
   }
-  if (f == builtin("enumerate") && (n == 1 || n == 2) && (n == 1 || args[1]->is(VarKind::kConst))) {
-    long long start = n == 2 ? PyLong_AsLongLong(args[1]->value) : 0;
-    std::vector<VarPtr> pairs;
-    for (VarPtr& item : iterate(args[0]))
-      pairs.push_back(make_sequence(VarKind::kTuple, {make_const_steal(PyLong_FromLongLong(start++)), item}));
-    return make_sequence(VarKind::kList, std::move(pairs));
-  }
-  const bool zip_strict = f == builtin("zip") && kwargs.size() == 1 && PyUnicode_CompareWithASCIIString(kwargs[0].first, "strict") == 0 &&
-                          kwargs[0].second->is(VarKind::kConst);
-  if (f == builtin("zip") && (kwargs.empty() || zip_strict) && n >= 1) {
-    std::vector<std::vector<VarPtr>> columns;
-    size_t len = SIZE_MAX;
-    for (const VarPtr& a : args) {
-      columns.push_back(iterate(a));
-      len = std::min(len, columns.back().size());
-    }
-    if (zip_strict && PyObject_IsTrue(kwargs[0].second->value) == 1)
-      for (size_t i = 1; i < columns.size(); ++i)
-        if (columns[i].size() != columns[0].size()) {
-          const std::string others = i == 1 ? "argument 1" : "arguments 1-" + std::to_string(i);
-          PyErr_Format(PyExc_ValueError, "zip() argument %zu is %s than %s", i + 1,
-                       columns[i].size() > columns[0].size() ? "longer" : "shorter", others.c_str());
-          raise_pending("zip(strict=True)");
-        }
-    std::vector<VarPtr> rows;
-    for (size_t i = 0; i < len; ++i) {
-      std::vector<VarPtr> row;
-      for (auto& c : columns) row.push_back(c[i]);
-      rows.push_back(make_sequence(VarKind::kTuple, std::move(row)));
-    }
-    return make_sequence(VarKind::kList, std::move(rows));
-  }
-  if (f == builtin("reversed") && n == 1 && !is_constant(args[0])) {
-    std::vector<VarPtr> items = iterate(args[0]);
-    return make_sequence(VarKind::kList, std::vector<VarPtr>(items.rbegin(), items.rend()));
-  }
+  if (VarPtr out = iteration_builtin(f, args, kwargs)) return out;
   // Pure builtins and math/operator functions of constants run for real.
   if (contains(helper("PURE_BUILTINS"), f)) {
     bool all_const = true;
@@ -491,7 +463,10 @@ VarPtr Tracer::call_container_method(const VarPtr& self, const std::string& qual
         VarPtr k = make_const(self->keys[i]);
         out.push_back(name == "keys" ? k : name == "values" ? self->items[i] : make_sequence(VarKind::kTuple, {k, self->items[i]}));
       }
-      return make_sequence(VarKind::kList, std::move(out));
+      // A snapshot of the view, typed as it (type(), isinstance, set operators); values() is a plain list.
+      VarPtr view = make_sequence(VarKind::kList, std::move(out));
+      if (name != "values") view->real_type = name == "keys" ? &PyDictKeys_Type : &PyDictItems_Type;
+      return view;
     }
     if (name == "__getitem__" && n == 1) return subscript(self, args[0]);
     if (name == "__contains__" && n == 1) return make_const(key_index(args[0]) >= 0 ? Py_True : Py_False);

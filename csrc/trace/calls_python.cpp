@@ -157,7 +157,8 @@ bool Tracer::claim_container(const VarPtr& v) {
 }
 
 VarPtr Tracer::mutate_dict(const VarPtr& self, const std::string& name, const std::vector<VarPtr>& args) {
-  static const std::vector<std::string> mutations = {"pop", "setdefault", "update", "clear", "__setitem__", "__delitem__"};
+  static const std::vector<std::string> mutations = {"pop",         "popitem",    "setdefault", "update",
+                                                     "clear",       "__setitem__", "__delitem__"};
   if (std::find(mutations.begin(), mutations.end(), name) == mutations.end()) return nullptr;
   if (!claim_container(self))
     KILN_UNSUPPORTED() << "dict." << name << " of a dict from outside the trace (the mutation would have to be replayed)";
@@ -177,6 +178,17 @@ VarPtr Tracer::mutate_dict(const VarPtr& self, const std::string& name, const st
     self->keys.erase(self->keys.begin() + i);
     self->items.erase(self->items.begin() + i);
     return name == "pop" ? value : make_const(Py_None);
+  }
+  if (name == "popitem" && n == 0) {  // the last key inserted, as a (key, value) pair
+    if (self->items.empty()) {
+      PyErr_SetString(PyExc_KeyError, "popitem(): dictionary is empty");
+      raise_pending("dict.popitem");
+    }
+    VarPtr pair = make_sequence(VarKind::kTuple, {make_const(self->keys.back()), self->items.back()});
+    Py_DECREF(self->keys.back());
+    self->keys.pop_back();
+    self->items.pop_back();
+    return pair;
   }
   if (name == "setdefault" && (n == 1 || n == 2)) {
     long i = key_of(args[0]);
@@ -203,6 +215,79 @@ VarPtr Tracer::mutate_dict(const VarPtr& self, const std::string& name, const st
     return make_const(Py_None);
   }
   KILN_UNSUPPORTED() << "dict." << name << " with " << n << " arguments";
+}
+
+void Tracer::refuse_unguarded_data(const VarPtr& v, PyObject* fn) {
+  if (v->is(VarKind::kTuple) || v->is(VarKind::kList) || v->is(VarKind::kDict)) {
+    for (const VarPtr& item : v->items) refuse_unguarded_data(item, fn);
+    return;
+  }
+  if (!v->is(VarKind::kConst) || !v->by_type || !v->value) return;
+  // Its guard checks the type, not the contents: data (a buffer or an __array__) cannot be read into the graph.
+  if (PyObject_CheckBuffer(v->value) || PyObject_HasAttrString(v->value, "__array__") ||
+      PyObject_HasAttrString(v->value, "__array_interface__"))
+    KILN_UNSUPPORTED() << "passing a " << Py_TYPE(v->value)->tp_name << " to " << name_of(fn)
+                       << " (its contents would be read once, at trace time; the call runs eagerly)";
+}
+
+VarPtr Tracer::iteration_builtin(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  // enumerate, zip and reversed over what the trace holds: lists of its items (a stateful iterator folded into a
+  // constant would be consumed by the first call).
+  const size_t n = args.size();
+  // enumerate(it), enumerate(it, k) or enumerate(it, start=k), with an int k.
+  const VarPtr* enum_start = n == 2 && kwargs.empty() ? &args[1] : nullptr;
+  const bool start_keyword = n == 1 && kwargs.size() == 1 && PyUnicode_CompareWithASCIIString(kwargs[0].first, "start") == 0;
+  if (start_keyword) enum_start = &kwargs[0].second;
+  if (f == builtin("enumerate") && (enum_start || (n == 1 && kwargs.empty())) &&
+      (!enum_start || ((*enum_start)->is(VarKind::kConst) && PyLong_CheckExact((*enum_start)->value)))) {
+    long long start = enum_start ? PyLong_AsLongLong((*enum_start)->value) : 0;
+    std::vector<VarPtr> pairs;
+    for (VarPtr& item : iterate(args[0]))
+      pairs.push_back(make_sequence(VarKind::kTuple, {make_const_steal(PyLong_FromLongLong(start++)), item}));
+    return make_sequence(VarKind::kList, std::move(pairs));
+  }
+  const bool zip_strict = f == builtin("zip") && kwargs.size() == 1 && PyUnicode_CompareWithASCIIString(kwargs[0].first, "strict") == 0 &&
+                          kwargs[0].second->is(VarKind::kConst);
+  if (f == builtin("zip") && (kwargs.empty() || zip_strict) && n >= 1) {
+    std::vector<std::vector<VarPtr>> columns;
+    size_t len = SIZE_MAX;
+    for (const VarPtr& a : args) {
+      columns.push_back(iterate(a));
+      len = std::min(len, columns.back().size());
+    }
+    if (zip_strict && PyObject_IsTrue(kwargs[0].second->value) == 1)
+      for (size_t i = 1; i < columns.size(); ++i)
+        if (columns[i].size() != columns[0].size()) {
+          const std::string others = i == 1 ? "argument 1" : "arguments 1-" + std::to_string(i);
+          PyErr_Format(PyExc_ValueError, "zip() argument %zu is %s than %s", i + 1,
+                       columns[i].size() > columns[0].size() ? "longer" : "shorter", others.c_str());
+          raise_pending("zip(strict=True)");
+        }
+    std::vector<VarPtr> rows;
+    for (size_t i = 0; i < len; ++i) {
+      std::vector<VarPtr> row;
+      for (auto& c : columns) row.push_back(c[i]);
+      rows.push_back(make_sequence(VarKind::kTuple, std::move(row)));
+    }
+    return make_sequence(VarKind::kList, std::move(rows));
+  }
+  if (f == builtin("reversed") && n == 1 && kwargs.empty() && !is_constant(args[0])) {
+    std::vector<VarPtr> items = iterate(args[0]);
+    return make_sequence(VarKind::kList, std::vector<VarPtr>(items.rbegin(), items.rend()));
+  }
+  return nullptr;
+}
+
+VarPtr Tracer::update_dict_with_keywords(const VarPtr& self, std::vector<VarPtr> args, const KwArgs& kwargs) {
+  // The positional mapping first, then the keywords, as eager applies them.
+  if (!args.empty()) call_container_method(self, "dict.update", std::move(args));
+  std::vector<PyObject*> keys;
+  std::vector<VarPtr> values;
+  for (const auto& [name, value] : kwargs) {
+    keys.push_back(Py_NewRef(name));
+    values.push_back(value);
+  }
+  return call_container_method(self, "dict.update", {make_dict(std::move(keys), std::move(values))});
 }
 
 VarPtr Tracer::call_environ_method(const VarPtr& self, const char* name, const std::vector<VarPtr>& args,
@@ -499,6 +584,32 @@ VarPtr Tracer::sort_list(const VarPtr& list, const KwArgs& kwargs) {
   }
   list->items = sorted_items->items;
   return make_const(Py_None);
+}
+
+VarPtr Tracer::call_cached_function(PyObject* f, std::vector<VarPtr> args, KwArgs kwargs) {
+  auto pinned = [](const VarPtr& v) { return is_constant(v) && !holds_object_pinned_by_type(v); };
+  if (std::all_of(args.begin(), args.end(), pinned) &&
+      std::all_of(kwargs.begin(), kwargs.end(), [&](const auto& kw) { return pinned(kw.second); })) {
+    PyObject* r = call_on_values(f, args, kwargs);
+    if (!r) raise_pending("calling " + name_of(f));
+    PyObject* plain = PyObject_CallOneArg(helper("is_plain_constant"), r);
+    if (!plain) {
+      Py_DECREF(r);
+      rethrow_python("classifying a cached result");
+    }
+    Py_DECREF(plain);
+    if (plain == Py_True) {
+      VarPtr out = wrap_result(r);
+      Py_DECREF(r);
+      return out;
+    }
+    Py_DECREF(r);  // a tensor or an object: the function's body makes it in the trace instead
+  }
+  PyObject* wrapped = PyObject_GetAttrString(f, "__wrapped__");
+  if (!wrapped) rethrow_python("reading a cached function's __wrapped__");
+  VarPtr fn = make_const(wrapped);
+  Py_DECREF(wrapped);
+  return call(fn, std::move(args), std::move(kwargs));
 }
 
 VarPtr Tracer::new_tensor(const VarPtr& self, const VarPtr& data, KwArgs kwargs) {

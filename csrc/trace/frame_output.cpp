@@ -141,7 +141,8 @@ runtime::OutputSpec Tracer::output_spec(const VarPtr& v, std::vector<PyObject*>&
       }
       [[fallthrough]];
     case VarKind::kList:
-      if (v->is(VarKind::kList) && v->real_type) KILN_UNSUPPORTED() << "returning a slice of a ModuleList";
+      if (v->is(VarKind::kList) && v->real_type)
+        KILN_UNSUPPORTED() << "returning a " << (is_dict_view(v) ? v->real_type->tp_name : "slice of a ModuleList") << " made in the trace";
       spec.kind = v->is(VarKind::kTuple) ? runtime::OutputSpec::Kind::kTuple : runtime::OutputSpec::Kind::kList;
       for (const VarPtr& item : v->items) spec.children.push_back(output_spec(item, graph_outputs, break_output));
       return spec;

@@ -90,7 +90,8 @@ std::string unrebuildable(const VarPtr& v, std::unordered_set<const Var*>& seen)
     case VarKind::kSet:
     case VarKind::kObject:  // a record built in the trace: constructed again from its rebuilt arguments
     case VarKind::kUserObject:  // made from its class and its attribute table
-      if (v->is(VarKind::kList) && v->real_type) return "a slice of a ModuleList";  // rebuilt, it would be a list
+      // rebuilt, it would be a list
+      if (v->is(VarKind::kList) && v->real_type) return is_dict_view(v) ? "a dict view" : "a slice of a ModuleList";
       if (v->source) return "";  // re-read from the frame
       if (!seen.insert(v.get()).second) return "";  // rebuilt once (memo slot), visited once
       for (const VarPtr& item : v->items) {

@@ -6,6 +6,9 @@
 // stored value. Which calls qualify is _tracing.is_log_call's answer: the level methods of a logging.Logger or
 // LoggerAdapter, without exc_info/stack_info (they read the stack of the moment), never logger.exception.
 // What differs from eager is only where the record says it came from (the compiled frame's line, not the call's).
+// warnings.warn(...) is deferred the same way (_tracing.is_deferrable_output_call): a warning's location is then the
+// compiled frame's line too, and a warning the filters turn into an error is not deferred (it raises where the traced
+// code made it, at a graph break). print stays a graph break.
 #include <unordered_set>
 
 #include "common/error.h"
@@ -25,10 +28,23 @@ VarPtr Tracer::defer_log_call(const VarPtr& fn, const std::vector<VarPtr>& args,
     function = PyMethod_GET_FUNCTION(fn->value);
     self = PyMethod_GET_SELF(fn->value);
   }
+  static PyObject* warn = [] {
+    PyObject* warnings = PyImport_ImportModule("warnings");
+    PyObject* w = warnings ? PyObject_GetAttrString(warnings, "warn") : nullptr;
+    Py_XDECREF(warnings);
+    if (!w) PyErr_Clear();
+    return w;
+  }();
+  const bool plain = !function && fn->is(VarKind::kConst) && fn->value && warn && fn->value == warn;
+  if (plain) {
+    function = fn->value;  // warnings.warn(...)
+    self = Py_None;
+  }
   if (!function || !self) return nullptr;
   PyObject* kwnames = PyTuple_New(kwargs.size());
   for (size_t i = 0; i < kwargs.size(); ++i) PyTuple_SET_ITEM(kwnames, i, Py_NewRef(kwargs[i].first));
-  PyObject* answer = PyObject_CallFunctionObjArgs(helper("is_log_call"), function, self, kwnames, nullptr);
+  PyObject* answer = PyObject_CallFunctionObjArgs(helper(plain ? "is_deferrable_output_call" : "is_log_call"), function,
+                                                  self, kwnames, nullptr);
   Py_DECREF(kwnames);
   if (!answer) rethrow_python("classifying a logging call");
   Py_DECREF(answer);
@@ -45,8 +61,8 @@ VarPtr Tracer::defer_log_call(const VarPtr& fn, const std::vector<VarPtr>& args,
   std::unordered_set<const Var*> seen;
   std::string why = unrebuildable(call, seen);
   if (!why.empty())
-    KILN_UNSUPPORTED() << "calling " << calls::name_of(function) << " of a logger (an argument is " << why
-                       << ": the call cannot be made after the graph)";
+    KILN_UNSUPPORTED() << "calling " << calls::name_of(function) << (plain ? "" : " of a logger") << " (an argument is "
+                       << why << ": the call cannot be made after the graph)";
   PendingStore store;
   store.owner = Py_NewRef(Py_None);
   store.name = Py_NewRef(Py_None);

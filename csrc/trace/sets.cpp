@@ -253,11 +253,18 @@ VarPtr Tracer::set_method(const VarPtr& self, const std::string& name, const std
 }
 
 VarPtr Tracer::set_binary(PyObject* op, const VarPtr& a, const VarPtr& b) {
-  if (!a->is(VarKind::kSet) && !b->is(VarKind::kSet)) return nullptr;
+  if (!a->is(VarKind::kSet) && !b->is(VarKind::kSet) && !is_dict_view(a) && !is_dict_view(b)) return nullptr;
   auto real = [&](SetKeys& keys, const VarPtr& v) -> PyObject* {
     if (v->is(VarKind::kSet)) {
       keys.add_set(v);
       return Py_NewRef(v->value);
+    }
+    if (is_dict_view(v)) {  // set-like: its operators and comparisons are a set's of its elements
+      PyObject* elements = keys.operand(*this, v);
+      PyObject* set = PySet_New(elements);
+      Py_DECREF(elements);
+      if (!set) rethrow_python("a dict view as a set");
+      return set;
     }
     if (is_constant(v) && !v->by_type) return to_python(v);
     KILN_UNSUPPORTED() << "operator on a set and a " << v->describe();

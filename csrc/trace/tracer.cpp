@@ -28,6 +28,18 @@ bool is_simple_constant(PyObject* o) {
       PyBytes_CheckExact(o))
     return true;
   const char* tn = Py_TYPE(o)->tp_name;
+  // numpy's scalars (np.float32(0.5), an int64 from arr.sum()) are immutable values: guarded by type and value.
+  if (strncmp(tn, "numpy.", 6) == 0) {
+    static PyObject* generic = [] {
+      PyObject* numpy = PyImport_ImportModule("numpy");  // loaded already: one of its objects is here
+      PyObject* g = numpy ? PyObject_GetAttrString(numpy, "generic") : nullptr;
+      Py_XDECREF(numpy);
+      if (!g) PyErr_Clear();
+      return g;
+    }();
+    if (generic && PyObject_IsInstance(o, generic) == 1) return true;
+    PyErr_Clear();
+  }
   return std::string(tn) == "torch.dtype" || std::string(tn) == "torch.device" || std::string(tn) == "torch.Size" ||
          std::string(tn) == "torch.layout" || std::string(tn) == "torch.memory_format";
 }
@@ -213,10 +225,11 @@ VarPtr Tracer::wrap(PyObject* value, SourcePtr source) {
                  t == &PyMethodDescr_Type || t == &PyWrapperDescr_Type || t == &PyClassMethodDescr_Type ||
                  t == &PyEllipsis_Type || t == &PySlice_Type) &&
                 !bound_builtin;
-  if (!stable && !PyCFunction_Check(value)) {  // torch.ops' operator objects (kiln._tracing.TORCH_OP_TYPES) and enum
-    // members (singletons: `mode is Mode.TRAIN` needs their identity)
+  if (!stable && !PyCFunction_Check(value)) {  // torch.ops' operator objects (kiln._tracing.TORCH_OP_TYPES), enum
+    // members (singletons: `mode is Mode.TRAIN` needs their identity) and functools' cached functions
     int op = PyObject_IsInstance(value, helper("TORCH_OP_TYPES"));
     if (op == 0) op = PyObject_IsInstance(value, helper("ENUM_TYPES"));
+    if (op == 0) op = PyObject_IsInstance(value, helper("CACHED_FUNCTION_TYPES"));
     if (op < 0) PyErr_Clear();
     stable = op == 1;
   }

@@ -99,6 +99,8 @@ class Tracer {
   VarPtr call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs);
   /// Runs `fn` (a torch callable) on fakes through the recorder and wraps what it returns.
   VarPtr call_recorded(PyObject* fn, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+  /// Raises Unsupported when `v` holds an object pinned by its type only whose data a recorded call would read.
+  void refuse_unguarded_data(const VarPtr& v, PyObject* fn);
   /// Whether `f` was passed to torch.compiler.allow_in_graph and its arguments can go to the recorder as they are:
   /// then the call is recorded whole (call_recorded) instead of inlined.
   bool allowed_in_graph(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
@@ -139,6 +141,13 @@ class Tracer {
   VarPtr call_container_method(const VarPtr& self, const std::string& name, std::vector<VarPtr> args);
   /// list.sort(key=, reverse=) on a list the trace owns.
   VarPtr sort_list(const VarPtr& list, const KwArgs& kwargs);
+  /// enumerate(it[, start]), zip(...[, strict]) and reversed(it) over values the trace holds, as lists; null otherwise.
+  VarPtr iteration_builtin(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
+  /// `d.update(other, k=v, ...)` on a dict the trace holds.
+  VarPtr update_dict_with_keywords(const VarPtr& self, std::vector<VarPtr> args, const KwArgs& kwargs);
+  /// A call of a functools.lru_cache / functools.cache function: answered by the real cache (a call eager makes too)
+  /// when the arguments are constants and the answer is one; otherwise its __wrapped__ function inlined.
+  VarPtr call_cached_function(PyObject* f, std::vector<VarPtr> args, KwArgs kwargs);
   /// sorted/min/max with `key=`: the keys computed in the trace, the order Python's on them; nullptr without a key.
   VarPtr sort_by_key(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
   /// `self.new_tensor(data, **kwargs)` as torch.tensor with self's dtype and device unless given.

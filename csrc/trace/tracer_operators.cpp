@@ -43,7 +43,7 @@ VarPtr Tracer::binary(PyObject* op, const VarPtr& a, const VarPtr& b) {
   PyObject* iadd_fn = add ? PyList_GetItem(add, 13) : nullptr;
   Py_XDECREF(add);
   if ((a->is(VarKind::kList) && a->real_type) || (b->is(VarKind::kList) && b->real_type))
-    KILN_UNSUPPORTED() << "operator on a slice of a ModuleList";
+    KILN_UNSUPPORTED() << "operator on a " << (is_dict_view(a) || is_dict_view(b) ? "dict view" : "slice of a ModuleList");
   if ((op == add_fn || op == iadd_fn) && a->kind == b->kind &&
       (a->is(VarKind::kTuple) || a->is(VarKind::kList))) {
     std::vector<VarPtr> items = a->items;
@@ -77,6 +77,10 @@ VarPtr Tracer::subscript(const VarPtr& obj, const VarPtr& index) {
       Py_DECREF(op);
     }
     return call_recorded(getitem, {obj, index}, {});
+  }
+  if (is_dict_view(obj)) {
+    PyErr_Format(PyExc_TypeError, "'%s' object is not subscriptable", obj->real_type->tp_name);
+    raise_pending("indexing");
   }
   if ((obj->is(VarKind::kTuple) || obj->is(VarKind::kList)) && index->is(VarKind::kConst)) {
     PyObject* i = index->value;

@@ -224,7 +224,16 @@ PyObject* to_python(const VarPtr& v) {
           PyList_SET_ITEM(out, i, item);
       }
       if (tuple && v->real_type) Py_SETREF(out, runtime::make_structured_tuple(v->real_type, out));
-      if (!tuple && v->real_type && out) Py_SETREF(out, PyObject_CallOneArg((PyObject*)v->real_type, out));  // ModuleList(list)
+      if (!tuple && v->real_type && out) {
+        if (is_dict_view(v)) {  // a view of a dict with those keys (items)
+          PyObject* dict = v->real_type == &PyDictKeys_Type ? PyObject_CallMethod((PyObject*)&PyDict_Type, "fromkeys", "O", out)
+                                                            : PyObject_CallOneArg((PyObject*)&PyDict_Type, out);
+          Py_SETREF(out, dict ? PyObject_CallMethod(dict, v->real_type == &PyDictKeys_Type ? "keys" : "items", nullptr) : nullptr);
+          Py_XDECREF(dict);
+        } else {
+          Py_SETREF(out, PyObject_CallOneArg((PyObject*)v->real_type, out));  // ModuleList(list)
+        }
+      }
       return out;
     }
     case VarKind::kDict: {

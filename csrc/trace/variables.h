@@ -135,6 +135,10 @@ VarPtr make_set_var(PyTypeObject* type, std::vector<VarPtr> items, SourcePtr sou
 bool holds_symbolic_int(const VarPtr& v);
 /// True when the whole Var (recursively) is known at trace time.
 bool is_constant(const VarPtr& v);
+/// A snapshot of dict.keys() or dict.items() made in the trace: a kList typed as the view (real_type).
+inline bool is_dict_view(const VarPtr& v) {
+  return v->is(VarKind::kList) && (v->real_type == &PyDictKeys_Type || v->real_type == &PyDictItems_Type);
+}
 /// The Python object a Var stands for at trace time: fakes for tensors, new tuples/lists/dicts for
 /// containers. New reference; throws kiln Unsupported for kinds that have none (NULL, iterators).
 PyObject* to_python(const VarPtr& v);

@@ -48,8 +48,26 @@ _DATA_DEPENDENT_TAGS = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent
 # Composite ops recorded as one node instead of the ops they decompose into. On meta tensors ATen can only
 # pick scaled_dot_product_attention's math path (matmuls and a softmax); recorded whole, the run picks
 # flash / memory-efficient / cuDNN attention on the real device, exactly as eager does.
+def _recurrent_op(name, hidden_at):
+    """The overload of a recurrent layer's op (nn.LSTM/GRU/RNN call torch._VF.<name>) for a padded batch: its
+    argument `hidden_at` is the list of hidden states (lstm) or the hidden state (gru, rnn); a packed sequence's
+    overload (.data, batch sizes there instead) is not recorded whole."""
+    def overload(args):
+        hidden = args[hidden_at] if len(args) > hidden_at else None
+        packed = not isinstance(hidden, (list, tuple)) if name == "lstm" else not isinstance(args[2], (list, tuple))
+        return None if packed else getattr(torch.ops.aten, name).input
+    return overload
+
+
+# Composite ops recorded as one node: their ATen kernels pick the fused implementation on the real device (flash
+# attention; cuDNN's or oneDNN's recurrent layers), which their decomposition on meta tensors would not. Each maps the
+# call's arguments to the op overload to record, or None to let it decompose.
 _WHOLE_OPS = {
-    torch.nn.functional.scaled_dot_product_attention: lambda: torch.ops.aten.scaled_dot_product_attention.default,
+    torch.nn.functional.scaled_dot_product_attention: lambda args: torch.ops.aten.scaled_dot_product_attention.default,
+    torch._VF.lstm: _recurrent_op("lstm", 1),
+    torch._VF.gru: _recurrent_op("gru", 1),
+    torch._VF.rnn_tanh: _recurrent_op("rnn_tanh", 1),
+    torch._VF.rnn_relu: _recurrent_op("rnn_relu", 1),
 }
 
 # Tensor methods that leave tensor land, or act on autograd's real graph (a hook registered on a fake would be
@@ -260,16 +278,17 @@ class Recorder:
     def call(self, fn, args=(), kwargs=None):
         """Runs fn(*args, **kwargs) on fakes under the recording mode and returns its result."""
         kwargs = kwargs or {}
-        self._refuse_escaping_method(fn, args)
+        self._refuse_escaping_method(fn, args, kwargs)
         num_values, num_nodes = len(self._values), len(self._nodes)
         self._journal = []
         try:
             with _RecordingMode(self):
                 whole = _WHOLE_OPS.get(fn)
+                whole = whole(args) if whole else None
                 if _autocast_on():
-                    result = self._call_under_autocast(fn, whole() if whole else None, args, kwargs)
+                    result = self._call_under_autocast(fn, whole, args, kwargs)
                 else:
-                    result = self._record_whole(whole(), args, kwargs) if whole else fn(*args, **kwargs)
+                    result = self._record_whole(whole, args, kwargs) if whole else fn(*args, **kwargs)
         except errors.KilnError:
             self._undo(num_values, num_nodes)
             raise
@@ -693,15 +712,26 @@ class Recorder:
             if self._values[vid][0] == "node" and self._value_of.get(id(tensor)) == vid:
                 self._values[vid][1][6] = bool(tensor.requires_grad)
 
-    def _refuse_escaping_method(self, fn, args):
+    def _refuse_escaping_method(self, fn, args, kwargs):
         name = getattr(fn, "__name__", None)
-        if name not in _ESCAPING_METHODS:
+        if name not in _ESCAPING_METHODS and name != "requires_grad_":
             return
         owner = getattr(fn, "__self__", None)
-        if not isinstance(owner, torch.Tensor):  # the unbound form: torch.Tensor.numpy(fake)
+        bound = isinstance(owner, torch.Tensor)
+        if not bound:  # the unbound form: torch.Tensor.numpy(fake)
             owner = args[0] if args and getattr(torch.Tensor, name, None) is fn else None
-        if owner is not None and self.is_fake(owner):
-            raise errors.Unsupported(f"Tensor.{name}() cannot be captured: {_ESCAPING_METHODS[name]}")
+        if owner is None or not self.is_fake(owner):
+            return
+        if name == "requires_grad_":
+            # Turning a value into a leaf that requires grad (or back) changes what autograd records around the
+            # graph, which a graph cannot: the call runs eagerly. Asking for what it has already is captured.
+            rest = args if bound else args[1:]
+            wanted = bool(kwargs.get("requires_grad", rest[0] if rest else True))
+            if wanted != owner.requires_grad:
+                raise errors.Unsupported("Tensor.requires_grad_() changing requires_grad cannot be captured: the tensor "
+                                         "becomes an autograd leaf")
+            return
+        raise errors.Unsupported(f"Tensor.{name}() cannot be captured: {_ESCAPING_METHODS[name]}")
 
 
 def _fused_attention_layout(args):

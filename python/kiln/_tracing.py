@@ -266,6 +266,10 @@ def is_allowed_in_graph(fn):
 # same attribute path always gives the same object and the tracer pins them by identity.
 TORCH_OP_TYPES = (torch._ops.OpOverload, torch._ops.OpOverloadPacket)
 ENUM_TYPES = (enum.Enum,)
+# functools.lru_cache / functools.cache wrappers: module-level objects made once, pinned by identity; a call is
+# answered from the real cache when its arguments are constants, else traced through __wrapped__
+# (Tracer::call_cached_function).
+CACHED_FUNCTION_TYPES = (_functools._lru_cache_wrapper,)
 
 
 _GLOBAL_STATE_MODULES = ("torch.autograd.grad_mode", "torch.random", "torch.amp", "torch.cuda.random",
@@ -687,4 +691,5 @@ def module_iteration(module):
 
 
 # Questions about Python protocols the tracer rebuilds (logging calls, deep copies): in their own module.
-from kiln._tracing_protocols import deepcopy_is_identity, deepcopy_refusal, is_log_call  # noqa: E402,F401
+from kiln._tracing_protocols import (  # noqa: E402,F401
+    deepcopy_is_identity, deepcopy_refusal, is_deferrable_output_call, is_log_call, is_plain_constant)

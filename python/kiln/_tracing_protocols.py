@@ -29,6 +29,27 @@ def is_log_call(function, self, kwnames):
     return not _LOG_UNDEFERRABLE_KEYWORDS.intersection(kwnames)
 
 
+def is_plain_constant(value):
+    """Whether `value` is an immutable plain value (None, numbers, strings, bytes, torch dtypes, devices and sizes,
+    and tuples or frozensets of them): one the trace may hold as a constant for as long as its inputs are the same."""
+    import torch
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes, torch.dtype, torch.device)):
+        return True
+    if isinstance(value, (tuple, frozenset)) and type(value) in (tuple, frozenset, torch.Size):
+        return all(is_plain_constant(v) for v in value)
+    return False
+
+
+def is_deferrable_output_call(function, self, kwnames):
+    """Whether a plain call `function(...)` (self is None) only writes output, so the compiled frame may make it after
+    its graph like a logging call: warnings.warn while no warnings filter turns a warning into an error (then it must
+    raise where the code made it)."""
+    import warnings
+    if function is warnings.warn:
+        return not any(f[0] == "error" for f in warnings.filters)
+    return False
+
+
 def deepcopy_refusal(obj):
     """Why copy.deepcopy(obj) of a plain object is not traced as a new object made of copies of its __dict__ (csrc/trace
     /object_copies.cpp), or None when it is: what deepcopy's default protocol does for it (object.__reduce_ex__(4):

@@ -1258,3 +1258,21 @@ def test_derivative_ops_are_generated_code_and_match_eager(name, fn, dtype):
         assert summary["externs"] == ["aten::_log_softmax_backward_data.default"], summary["externs"]
         return
     assert summary["externs"] == [], (name, summary["externs"])
+
+
+def test_tanh_is_within_two_ulps_of_the_exact_value_with_eager_edge_cases():
+    # kiln_tanh is vectorisable arithmetic (std::tanh is a libm call that keeps a loop scalar); it must stay within
+    # float32's pointwise tolerance everywhere and keep NaN, +-inf and -0 as eager does.
+    x = torch.cat([torch.linspace(-12, 12, 200001), torch.logspace(-40, 2, 20001), -torch.logspace(-40, 2, 20001),
+                   torch.tensor([0.625, -0.625, 0.62499, 44.0, 45.0, 1e4, 1e-45])])
+    compiled, summary, inputs = compile_kiln(lambda v: torch.tanh(v), x)
+    assert summary["backend"] == "kiln" and not summary["externs"], summary
+    (got,) = compiled(inputs)
+    exact = torch.tanh(x.double())
+    ulp = (torch.nextafter(exact.float(), torch.tensor(float("inf"))).double() - exact.float().double()).abs()
+    assert ((got.double() - exact).abs() / ulp).max() <= 2.0
+    edges = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0])
+    compiled, _, inputs = compile_kiln(lambda v: torch.tanh(v), edges)
+    (got,) = compiled(inputs)
+    torch.testing.assert_close(got, torch.tanh(edges), equal_nan=True, rtol=0, atol=0)
+    assert torch.equal(torch.signbit(got[3:]), torch.tensor([True, False]))

@@ -123,6 +123,16 @@ def test_list_remove_of_a_missing_item_raises_as_in_eager():
     traces_whole(f, random_tensor(3))
 
 
+def test_enumerate_with_a_start():
+    # enumerate(it, start=k) once ignored its keyword: every index was off by k, with no break.
+    def f(x):
+        a = [x * i for i, _ in enumerate(range(2), start=5)]
+        b = [x + i for i, _ in enumerate([1, 2], 3)]
+        return a, b
+
+    traces_whole(f, random_tensor(3))
+
+
 def test_zip_strict():
     def f(x):
         total = x

@@ -177,3 +177,39 @@ def test_calls_that_read_the_stack_stay_graph_breaks(how):
     lines.lines.clear()
     assert_same_as_eager(fn, x)
     assert lines.lines[-1:] == eager
+
+
+def test_warnings_warn_is_made_after_the_graph():
+    import warnings
+
+    def f(x):
+        y = x * 2
+        if y.shape[0] > 2:
+            warnings.warn("the input has more than two rows", UserWarning)
+        return y + 1
+
+    x = random_tensor(3, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        e = kiln.explain(f)(x)
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    kiln.reset()
+    compiled = kiln.compile(f)
+    for _ in range(2):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.testing.assert_close(compiled(x), f(x))
+        assert [str(w.message) for w in caught] == ["the input has more than two rows"] * 2
+
+
+def test_a_warning_the_filters_make_an_error_raises_where_it_is_made():
+    import warnings
+
+    def f(x):
+        warnings.warn("stop here", UserWarning)
+        return x + 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserWarning, match="stop here"):
+            kiln.compile(f)(random_tensor(3))

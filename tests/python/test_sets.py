@@ -163,6 +163,27 @@ def test_set_errors_are_raised_and_caught_as_in_eager():
     assert_same_as_eager(f, x)
 
 
+def test_dict_views_are_set_like():
+    # `a.keys() & b.keys()` raised TypeError (the views were traced as lists), where eager gives a set.
+    def f(x):
+        a = {"a": 1, "b": 2, "c": 3}
+        b = {"b": 0, "c": 1, "d": 2}
+        both = a.keys() & b.keys()
+        only = a.keys() - b.keys()
+        pairs = a.items() - {("a", 1)}
+        return (x * len(both) + len(only), sorted(both), sorted(pairs), a.keys() == {"a", "b", "c"},
+                a.keys() == ["a", "b", "c"], type(a.keys()).__name__, isinstance(a.keys(), list), [k for k in a.keys()])
+
+    assert graphs_and_breaks(f, random_tensor(3))[:2] == (1, 0)
+    assert_same_as_eager(f, random_tensor(3))
+
+    def subscripted(x):
+        return x * {"a": 1}.keys()[0]
+
+    with pytest.raises(TypeError, match="not subscriptable"):
+        kiln.compile(subscripted)(random_tensor(3))
+
+
 def test_a_returned_set_is_a_new_set_on_every_call():
     compiled = kiln.compile(lambda x: (x + 1, {1, 2}, frozenset({3})))
     first = compiled(torch.ones(2))

@@ -1682,3 +1682,95 @@ def test_attributes_set_on_input_tensors_are_read_from_them_and_guarded():
     assert stats()["graph_breaks"] == 0 and stats()["fallbacks"] == 0, stats()
     scaled.scale = 4.0  # the value read is guarded
     torch.testing.assert_close(compiled(scaled), f(scaled))
+
+
+def test_numpy_arrays_passed_to_torch_are_read_on_every_call():
+    # A numpy array argument is pinned by its type only; torch.from_numpy(a) / torch.tensor(a) / torch.as_tensor(a)
+    # once baked the first call's contents into the graph: every later call returned the first call's values.
+    np = pytest.importorskip("numpy")
+
+    def from_numpy(x, a):
+        return x + torch.from_numpy(a)
+
+    def tensor_of(x, a):
+        return x * torch.tensor(a) + torch.as_tensor(a)
+
+    def of_a_numpy_scalar(x):
+        return torch.tensor(x.numpy().sum()) + x  # a numpy scalar made at a break, read by the resumed frame
+
+    rng = np.random.default_rng(0)
+    for fn in (from_numpy, tensor_of):
+        compiled = kiln.compile(fn)
+        for _ in range(3):
+            x, a = random_tensor(3), rng.standard_normal(3).astype(np.float32)
+            torch.testing.assert_close(compiled(x, a), fn(x, a))
+    compiled = kiln.compile(of_a_numpy_scalar)
+    for _ in range(3):
+        x = random_tensor(3)
+        torch.testing.assert_close(compiled(x), of_a_numpy_scalar(x))
+
+
+def test_requires_grad_turned_on_inside_compiled_code_is_honoured():
+    # `y.requires_grad_(True)` on a value that did not require grad was recorded as nothing: the output came back
+    # without grad_fn where eager's requires grad.
+    def on_a_clone(x):
+        y = x.clone()
+        y.requires_grad_(True)
+        return y * 2, y
+
+    def on_the_input(x):
+        x.requires_grad_()
+        return (x * 3).sum()
+
+    compiled = kiln.compile(on_a_clone)
+    x = random_tensor(4)
+    out, y = compiled(x)
+    ref_out, ref_y = on_a_clone(x)
+    assert out.requires_grad and y.requires_grad and y.is_leaf and not x.requires_grad
+    torch.testing.assert_close(out, ref_out)
+    out.sum().backward()
+    ref_out.sum().backward()
+    torch.testing.assert_close(y.grad, ref_y.grad)
+
+    compiled = kiln.compile(on_the_input)
+    x = random_tensor(4)
+    compiled(x).backward()
+    assert x.requires_grad
+    torch.testing.assert_close(x.grad, torch.full((4,), 3.0))
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_scale(n):
+    return 0.5 * n
+
+
+@functools.cache
+def _cached_mask(n):
+    return torch.ones(n, n).tril()
+
+
+def test_functools_cached_functions_are_traced_without_a_break():
+    # An lru_cache / cache wrapper was pinned by its type only, so every call of one was a graph break.
+    def f(x):
+        return x * _cached_scale(x.shape[0]) + _cached_mask(x.shape[0]) @ x
+
+    x = random_tensor(4, 4)
+    e = kiln.explain(f)(x)
+    kiln.reset()
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    assert_same_as_eager(f, x, grads=False)
+    assert_same_as_eager(f, random_tensor(2, 4), grads=False)
+
+
+def test_dict_popitem_and_update_with_keywords():
+    def f(x):
+        d = {"a": 1, "b": 2}
+        d.update({"c": 3}, e=5)
+        d.update(f=6)
+        k, v = d.popitem()
+        return x * v + d["e"], k, sorted(d)
+
+    e = kiln.explain(f)(random_tensor(3))
+    kiln.reset()
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    assert_same_as_eager(f, random_tensor(3), grads=False)
