@@ -235,8 +235,11 @@ VarPtr Tracer::iteration_builtin(PyObject* f, const std::vector<VarPtr>& args, c
   // constant would be consumed by the first call).
   const size_t n = args.size();
   // enumerate(it), enumerate(it, k) or enumerate(it, start=k), with an int k.
+  if (f != builtin("enumerate") && f != builtin("zip") && f != builtin("reversed")) return nullptr;
   const VarPtr* enum_start = n == 2 && kwargs.empty() ? &args[1] : nullptr;
-  const bool start_keyword = n == 1 && kwargs.size() == 1 && PyUnicode_CompareWithASCIIString(kwargs[0].first, "start") == 0;
+  // Keyword names come as the call made them: `f(**{b"k": 1})` passes a bytes one (a TypeError for the callee).
+  const bool start_keyword = n == 1 && kwargs.size() == 1 && PyUnicode_Check(kwargs[0].first) &&
+                             PyUnicode_CompareWithASCIIString(kwargs[0].first, "start") == 0;
   if (start_keyword) enum_start = &kwargs[0].second;
   if (f == builtin("enumerate") && (enum_start || (n == 1 && kwargs.empty())) &&
       (!enum_start || ((*enum_start)->is(VarKind::kConst) && PyLong_CheckExact((*enum_start)->value)))) {
@@ -246,7 +249,8 @@ VarPtr Tracer::iteration_builtin(PyObject* f, const std::vector<VarPtr>& args, c
       pairs.push_back(make_sequence(VarKind::kTuple, {make_const_steal(PyLong_FromLongLong(start++)), item}));
     return make_sequence(VarKind::kList, std::move(pairs));
   }
-  const bool zip_strict = f == builtin("zip") && kwargs.size() == 1 && PyUnicode_CompareWithASCIIString(kwargs[0].first, "strict") == 0 &&
+  const bool zip_strict = f == builtin("zip") && kwargs.size() == 1 && PyUnicode_Check(kwargs[0].first) &&
+                          PyUnicode_CompareWithASCIIString(kwargs[0].first, "strict") == 0 &&
                           kwargs[0].second->is(VarKind::kConst);
   if (f == builtin("zip") && (kwargs.empty() || zip_strict) && n >= 1) {
     std::vector<std::vector<VarPtr>> columns;
@@ -280,6 +284,8 @@ VarPtr Tracer::iteration_builtin(PyObject* f, const std::vector<VarPtr>& args, c
 
 VarPtr Tracer::update_dict_with_keywords(const VarPtr& self, std::vector<VarPtr> args, const KwArgs& kwargs) {
   // The positional mapping first, then the keywords, as eager applies them.
+  for (const auto& kw : kwargs)
+    if (!PyUnicode_Check(kw.first)) KILN_UNSUPPORTED() << "dict.update with a keyword that is not a string";
   if (!args.empty()) call_container_method(self, "dict.update", std::move(args));
   std::vector<PyObject*> keys;
   std::vector<VarPtr> values;

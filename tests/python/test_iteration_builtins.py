@@ -133,6 +133,22 @@ def test_enumerate_with_a_start():
     traces_whole(f, random_tensor(3))
 
 
+def test_keywords_that_are_not_strings_raise_as_in_eager():
+    # `str("x", **{b"foo": 1})` (CPython's test_grammar) reached enumerate's keyword check with a bytes name: a crash.
+    def f(x):
+        try:
+            str("x", **{b"foo": 1})
+        except TypeError:
+            x = x + 1
+        try:
+            enumerate([1], **{b"start": 1})
+        except TypeError:
+            x = x * 2
+        return x
+
+    assert_same_as_eager(f, random_tensor(3), grads=False)
+
+
 def test_zip_strict():
     def f(x):
         total = x
