@@ -184,6 +184,9 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
       return call(make_const(twin), std::move(args), std::move(kwargs));
     PyErr_Clear();
   }
+  // A weak reference read from outside (RNNBase._flat_weight_refs): its referent, read through it and guarded as any
+  // value reached that way (a parameter is the same object as the module's; a dead one is None).
+  if (fn->source && PyWeakref_CheckRef(f) && args.empty() && kwargs.empty()) return wrap_referent(fn);
   if (fn->by_type) KILN_UNSUPPORTED() << "calling " << name_of(f) << ", a method bound to an object not pinned by identity";
   if (PyObject_IsInstance(f, helper("CACHED_FUNCTION_TYPES")) == 1) return call_cached_function(f, std::move(args), std::move(kwargs));
   PyErr_Clear();
@@ -709,6 +712,7 @@ VarPtr Tracer::inline_with_cells(PyObject* function, std::vector<VarPtr> args, K
     generator->kind = VarKind::kGenerator;
     generator->frame =
         std::make_shared<InstructionTranslator>(*this, code, globals, builtins, std::move(locals), std::move(freevars));
+    generator_steps_.emplace_back(generator, root_step_);
     return generator;
   }
   ++depth_;

@@ -592,6 +592,21 @@ VarPtr Tracer::sort_list(const VarPtr& list, const KwArgs& kwargs) {
   return make_const(Py_None);
 }
 
+int Tracer::first_live_generator_step() const {
+  for (const auto& [weak, step] : generator_steps_)
+    if (VarPtr g = weak.lock(); g && g->frame && !g->frame->finished()) return step;
+  return -1;
+}
+
+VarPtr Tracer::wrap_referent(const VarPtr& ref) {
+  const SourcePtr source = Source::call(ref->source);
+  PyObject* referent = source->resolve_from(ref->value, SourceRoots{});
+  if (!referent) rethrow_python("calling a weak reference");
+  VarPtr out = wrap(referent, source);
+  Py_DECREF(referent);
+  return out;
+}
+
 VarPtr Tracer::call_cached_function(PyObject* f, std::vector<VarPtr> args, KwArgs kwargs) {
   auto pinned = [](const VarPtr& v) { return is_constant(v) && !holds_object_pinned_by_type(v); };
   if (std::all_of(args.begin(), args.end(), pinned) &&

@@ -583,6 +583,21 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
       KILN_ASSERT(!none && retrace->break_state() && retrace->break_state()->pc == tracer->failed_root_pc())
           << "the second trace of " << where(frame.code) << " did not stop at the graph break";
       plan = plan_break(frame.code, decoded, *retrace->break_state());
+      const int generator_step = retrace->first_live_generator_step();
+      if (!plan->why_not.empty() && generator_step > 0 && generator_step < tracer->failed_root_step()) {
+        // A generator of the trace is alive at the break (a @contextmanager block whose body breaks): break before
+        // the step that made it instead, where nothing of it exists yet.
+        auto earlier = std::make_unique<Tracer>(input, memory);
+        earlier->stop_before_step(generator_step);
+        KILN_ASSERT(!earlier->trace_root() && earlier->break_state())
+            << "the third trace of " << where(frame.code) << " did not stop before the generator was made";
+        std::optional<BreakPlan> before = plan_break(frame.code, decoded, *earlier->break_state());
+        if (before->why_not.empty()) {
+          plan = std::move(before);
+          retrace = std::move(earlier);
+          break_reason += " (the break moves before the generator alive there was made)";
+        }
+      }
       if (!plan->why_not.empty()) throw Error(ErrorKind::Unsupported, break_reason + " (no graph break: " + plan->why_not + ")");
       tracer = std::move(retrace);
     }

@@ -129,6 +129,21 @@ VarPtr Tracer::call_grad_mode(PyObject* fn, const VarPtr& self, const std::vecto
 // Python and the resume function starts inside the block: graph_break.h).
 void InstructionTranslator::op_before_with(const bytecode::Instruction&) {
   VarPtr manager = peek();
+  static PyObject* enter_name = PyUnicode_InternFromString("__enter__");
+  static PyObject* exit_name = PyUnicode_InternFromString("__exit__");
+  // A context manager whose class writes __enter__ and __exit__ in Python (an instance made here or read from the
+  // frame): both are inlined like any method, __exit__ where the block ends. An exception raised inside the block
+  // still breaks the graph (catch_raise), so eager's __exit__ sees it.
+  if (manager->is(VarKind::kUserObject) || (manager->is(VarKind::kConst) && manager->value && !PyType_Check(manager->value))) {
+    VarPtr enter = tracer_.python_special_method(manager, "__enter__");
+    VarPtr exit = enter ? tracer_.python_special_method(manager, "__exit__") : nullptr;
+    if (enter && exit) {
+      pop();
+      push(exit);
+      push(tracer_.call(enter, {}, {}));
+      return;
+    }
+  }
   bool grad_mode = false;
   if (manager->is(VarKind::kConst) && manager->value) {
     PyObject* r = PyObject_CallOneArg(tracer_.helper("is_traced_context"), manager->value);
@@ -145,8 +160,6 @@ void InstructionTranslator::op_before_with(const bytecode::Instruction&) {
   if (manager->source)
     KILN_UNSUPPORTED() << "with statement on a grad-mode or autocast context manager created outside the compiled code";
   pop();
-  static PyObject* enter_name = PyUnicode_InternFromString("__enter__");
-  static PyObject* exit_name = PyUnicode_InternFromString("__exit__");
   VarPtr exit = tracer_.get_attr(manager, exit_name);
   VarPtr enter = tracer_.get_attr(manager, enter_name);
   push(exit);

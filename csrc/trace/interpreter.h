@@ -25,6 +25,8 @@ class InstructionTranslator {
   VarPtr next_yield();
   /// What a finished generator's body returned (`x = yield from gen()` reads it); None before.
   VarPtr return_value() const { return return_value_; }
+  /// A generator frame whose body has returned.
+  bool finished() const { return finished_; }
 
   using Handler = void (InstructionTranslator::*)(const bytecode::Instruction&);
 

@@ -83,6 +83,9 @@ class Tracer {
   /// the failure surfaced in the root frame (-1 when it did not reach the root).
   int failed_root_step() const { return failed_step_; }
   int failed_root_pc() const { return failed_pc_; }
+  /// The root step (1-based) during which the first generator still running (made, not finished) was made, or -1:
+  /// a break that cannot happen while a generator of the trace is alive can happen before that step.
+  int first_live_generator_step() const;
   /// After a failed run(): the guards recorded up to the failure. Everything the trace read before it
   /// failed is guarded, so the same failure recurs exactly when these guards pass.
   std::unique_ptr<guards::GuardTree> take_guards() { return std::move(guards_); }
@@ -148,6 +151,8 @@ class Tracer {
   /// A call of a functools.lru_cache / functools.cache function: answered by the real cache (a call eager makes too)
   /// when the arguments are constants and the answer is one; otherwise its __wrapped__ function inlined.
   VarPtr call_cached_function(PyObject* f, std::vector<VarPtr> args, KwArgs kwargs);
+  /// `ref()` of a weak reference the frame reads: its referent, wrapped with the source `ref()`.
+  VarPtr wrap_referent(const VarPtr& ref);
   /// sorted/min/max with `key=`: the keys computed in the trace, the order Python's on them; nullptr without a key.
   VarPtr sort_by_key(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs);
   /// `self.new_tensor(data, **kwargs)` as torch.tensor with self's dtype and device unless given.
@@ -350,6 +355,8 @@ class Tracer {
   /// graph at that call instead (failed_override_), where eager then raises it for real.
   std::unordered_map<VarPtr, std::pair<int, int>> exceptions_from_calls_;
   std::pair<int, int> failed_override_{-1, -1};
+  /// Generators made in the trace, with the root step they were made in (first_live_generator_step).
+  std::vector<std::pair<std::weak_ptr<Var>, int>> generator_steps_;
   /// The stand-ins user_object_standin made (owned): one reaching wrap_result would leave the trace as a constant.
   std::unordered_set<PyObject*> standins_;
   std::unordered_map<const Var*, int> memo_slots_;

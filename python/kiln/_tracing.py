@@ -384,10 +384,37 @@ def traced_reduce(function, iterable, *initial):
     return value
 
 
+class TracedGeneratorContextManager:
+    """What `with f(...):` makes of a @contextlib.contextmanager function f, as a plain class the tracer inlines
+    (contextlib's _GeneratorContextManager, whose twin this is, is standard library and not traced): __enter__ runs the
+    generator to its yield, __exit__ on the normal path runs it to its end. Where an instance leaves the trace (a
+    graph break inside the block) it is a real context manager: the exceptional path is contextlib's own."""
+
+    def __init__(self, func, args, kwds):
+        self.gen = func(*args, **kwds)
+        self.func, self.args, self.kwds = func, args, kwds
+
+    def __enter__(self):
+        try:
+            return next(self.gen)
+        except StopIteration:
+            raise RuntimeError("generator didn't yield") from None
+
+    def __exit__(self, typ, value, traceback):
+        if typ is None:
+            try:
+                next(self.gen)
+            except StopIteration:
+                return False
+            raise RuntimeError("generator didn't stop")
+        return _contextlib._GeneratorContextManager.__exit__(self, typ, value, traceback)
+
+
 TRACED_REPLACEMENTS = {map: traced_map, filter: traced_filter, _itertools.chain: traced_chain,
                        _itertools.chain.from_iterable: traced_chain_from_iterable, _itertools.product: traced_product,
                        _itertools.islice: traced_islice, _itertools.count: traced_count,
-                       _functools.reduce: traced_reduce}
+                       _functools.reduce: traced_reduce,
+                       _contextlib._GeneratorContextManager: TracedGeneratorContextManager}
 
 
 def make_set(*items):
@@ -567,6 +594,8 @@ def user_class_refusal(cls):
     __dict__/__weakref__); not abstract."""
     if not isinstance(cls, type):
         return "not a class"
+    if cls is TracedGeneratorContextManager:
+        return None
     if type(cls) not in (type, _abc.ABCMeta):
         return f"its metaclass {type(cls).__name__} is not type or ABCMeta"
     for base in cls.__mro__[:-1]:
