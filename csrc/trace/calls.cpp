@@ -316,7 +316,7 @@ VarPtr Tracer::call_builtin(PyObject* f, const std::vector<VarPtr>& args, const 
     } else if (x->is(VarKind::kTuple) || x->is(VarKind::kList) || x->is(VarKind::kDict)) {
       PyTypeObject* t = x->is(VarKind::kTuple) ? (x->real_type ? x->real_type : &PyTuple_Type)
                         : x->is(VarKind::kList) ? (x->real_type ? x->real_type : &PyList_Type)
-                                                : &PyDict_Type;
+                                                : (x->real_type ? x->real_type : &PyDict_Type);
       r = PyObject_IsSubclass((PyObject*)t, cls);
     } else {
       r = PyObject_IsInstance(x->value, cls);

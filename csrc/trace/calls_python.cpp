@@ -62,7 +62,7 @@ PyTypeObject* type_of(const VarPtr& v) {
     case VarKind::kFunction: return Py_TYPE(v->value);
     case VarKind::kTuple: return v->real_type ? v->real_type : &PyTuple_Type;
     case VarKind::kList: return v->real_type ? v->real_type : &PyList_Type;  // a ModuleList's slice
-    case VarKind::kDict: return &PyDict_Type;
+    case VarKind::kDict: return v->real_type ? v->real_type : &PyDict_Type;  // an OrderedDict made in the trace
     case VarKind::kSuper: return &PySuper_Type;
     default: KILN_UNSUPPORTED() << "type() of a " << v->describe();
   }
@@ -157,8 +157,8 @@ bool Tracer::claim_container(const VarPtr& v) {
 }
 
 VarPtr Tracer::mutate_dict(const VarPtr& self, const std::string& name, const std::vector<VarPtr>& args) {
-  static const std::vector<std::string> mutations = {"pop",         "popitem",    "setdefault", "update",
-                                                     "clear",       "__setitem__", "__delitem__"};
+  static const std::vector<std::string> mutations = {"pop",   "popitem",     "setdefault",  "update",
+                                                     "clear", "__setitem__", "__delitem__", "move_to_end"};
   if (std::find(mutations.begin(), mutations.end(), name) == mutations.end()) return nullptr;
   if (!claim_container(self))
     KILN_UNSUPPORTED() << "dict." << name << " of a dict from outside the trace (the mutation would have to be replayed)";
@@ -178,6 +178,21 @@ VarPtr Tracer::mutate_dict(const VarPtr& self, const std::string& name, const st
     self->keys.erase(self->keys.begin() + i);
     self->items.erase(self->items.begin() + i);
     return name == "pop" ? value : make_const(Py_None);
+  }
+  if (name == "move_to_end" && (n == 1 || n == 2) && (n == 1 || args[1]->is(VarKind::kConst))) {  // OrderedDict's
+    const long i = key_of(args[0]);
+    if (i < 0) {
+      PyErr_SetObject(PyExc_KeyError, args[0]->value);
+      raise_pending("OrderedDict.move_to_end");
+    }
+    const bool last = n == 1 || PyObject_IsTrue(args[1]->value) == 1;
+    PyObject* key = self->keys[i];
+    VarPtr value = self->items[i];
+    self->keys.erase(self->keys.begin() + i);
+    self->items.erase(self->items.begin() + i);
+    self->keys.insert(last ? self->keys.end() : self->keys.begin(), key);
+    self->items.insert(last ? self->items.end() : self->items.begin(), value);
+    return make_const(Py_None);
   }
   if (name == "popitem" && n == 0) {  // the last key inserted, as a (key, value) pair
     if (self->items.empty()) {
@@ -399,9 +414,12 @@ VarPtr Tracer::call_python_construct(const VarPtr& fn, std::vector<VarPtr>& args
       // guarded like any other attribute, not folded unguarded.
       return make_const((PyObject*)type_of(args[0]), args[0]->source ? Source::type_of(args[0]->source) : nullptr);
     }
-    if (f == (PyObject*)&PyDict_Type && n <= 1) {
-      // dict(), dict(mapping_or_pairs, **kw): a new dict the trace owns.
+    static PyObject* ordered_dict = detail::lookup_once("collections", "OrderedDict");
+    if ((f == (PyObject*)&PyDict_Type || f == ordered_dict) && n <= 1) {
+      // dict(), dict(mapping_or_pairs, **kw): a new dict the trace owns. An OrderedDict is one too (the same order
+      // and dict's methods; its own, move_to_end, are not traced), typed as such where it leaves the trace.
       VarPtr out = make_dict({}, {});
+      if (f == ordered_dict) out->real_type = (PyTypeObject*)ordered_dict;
       if (n == 1) {
         if (args[0]->is(VarKind::kDict)) {
           for (size_t i = 0; i < args[0]->keys.size(); ++i) store_key(out, make_const(args[0]->keys[i]), args[0]->items[i]);

@@ -43,6 +43,20 @@ bool Tracer::repeated(const VarPtr& v, runtime::OutputSpec& spec) {
 
 runtime::OutputSpec Tracer::dict_spec(const VarPtr& v, std::vector<PyObject*>& graph_outputs, bool break_output) {
   runtime::OutputSpec spec;
+  if (v->real_type) {
+    // An OrderedDict made in the trace: kiln._tracing.make_mapping(cls, keys, *values).
+    spec.kind = runtime::OutputSpec::Kind::kConstruct;
+    spec.object = Py_BuildValue("(O())", helper("make_mapping"));
+    runtime::OutputSpec cls, keys;
+    cls.kind = keys.kind = runtime::OutputSpec::Kind::kConstant;
+    cls.object = Py_NewRef((PyObject*)v->real_type);
+    keys.object = PyTuple_New(v->keys.size());
+    for (size_t i = 0; i < v->keys.size(); ++i) PyTuple_SET_ITEM(keys.object, i, Py_NewRef(v->keys[i]));
+    spec.children.push_back(std::move(cls));
+    spec.children.push_back(std::move(keys));
+    for (const VarPtr& item : v->items) spec.children.push_back(output_spec(item, graph_outputs, break_output));
+    return spec;
+  }
   spec.kind = runtime::OutputSpec::Kind::kDict;
   spec.object = PyTuple_New(v->keys.size());
   for (size_t i = 0; i < v->keys.size(); ++i) {

@@ -456,7 +456,9 @@ VarPtr Tracer::get_attr(const VarPtr& obj, PyObject* name) {
       if (obj->is(VarKind::kList) && obj->real_type && !_PyType_Lookup(obj->real_type, name))
         KILN_UNSUPPORTED() << "attribute ." << attr << " of a slice of a " << obj->real_type->tp_name;
       // Methods of symbolic containers (d.get, d.items, l.append) are applied structurally on call.
-      PyTypeObject* type = obj->is(VarKind::kDict) ? &PyDict_Type : obj->is(VarKind::kList) ? &PyList_Type : &PyTuple_Type;
+      // An OrderedDict made in the trace (real_type) finds its own methods (move_to_end), applied like dict's.
+      PyTypeObject* type = obj->is(VarKind::kDict) ? (obj->real_type ? obj->real_type : &PyDict_Type)
+                           : obj->is(VarKind::kList) ? &PyList_Type : &PyTuple_Type;
       if (PyObject* descr = _PyType_Lookup(type, name)) return make_method(descr, obj);
       break;
     }

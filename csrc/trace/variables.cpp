@@ -247,6 +247,7 @@ PyObject* to_python(const VarPtr& v) {
         }
         Py_DECREF(item);
       }
+      if (v->real_type) Py_SETREF(out, PyObject_CallOneArg((PyObject*)v->real_type, out));  // OrderedDict(dict)
       return out;
     }
     case VarKind::kSet:

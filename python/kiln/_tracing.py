@@ -422,6 +422,11 @@ def make_set(*items):
     return set(items)
 
 
+def make_mapping(cls, keys, *values):
+    """A dict subclass instance (an OrderedDict) made in traced code, rebuilt from its keys and values."""
+    return cls(zip(keys, values))
+
+
 def make_frozenset(*items):
     return frozenset(items)
 
@@ -441,6 +446,8 @@ PURE_BUILTINS |= {getattr(_math, n) for n in dir(_math) if callable(getattr(_mat
 PURE_BUILTINS |= {f for f in _OPERATOR_FUNCS if callable(f)}
 # torch.finfo(dtype) / torch.iinfo(dtype): immutable descriptions of a dtype (HF's masks read finfo(dtype).min).
 PURE_BUILTINS |= {torch.finfo, torch.iinfo}
+# torch.device("cuda", 0), torch.device(x.device), torch.Size([...]): immutable values of constant arguments.
+PURE_BUILTINS |= {torch.device, torch.Size}
 
 
 # ---- grad mode -----------------------------------------------------------------------------------

@@ -1774,3 +1774,34 @@ def test_dict_popitem_and_update_with_keywords():
     kiln.reset()
     assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
     assert_same_as_eager(f, random_tensor(3), grads=False)
+
+
+def test_ordered_dicts_and_devices_made_in_the_function():
+    # torchvision's IntermediateLayerGetter builds an OrderedDict of features, RAFT calls torch.device(device): both
+    # were graph breaks (a resume function per loop iteration for the OrderedDict's item assignments).
+    import collections
+
+    class Getter(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleDict({"a": nn.Linear(4, 4), "b": nn.Linear(4, 4)})
+
+        def forward(self, x):
+            out = collections.OrderedDict()
+            for name, layer in self.layers.items():
+                x = layer(x)
+                out[name] = x
+            device = torch.device(str(x.device))
+            out["grid"] = torch.arange(4, device=device) * x
+            out.move_to_end("a")
+            out.move_to_end("grid", False)
+            return out
+
+    model = Getter()
+    x = random_tensor(2, 4)
+    e = kiln.explain(model)(x)
+    kiln.reset()
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    out = kiln.compile(model)(x)
+    assert type(out) is collections.OrderedDict and list(out) == ["grid", "b", "a"]
+    assert_same_as_eager(model, x)
