@@ -199,9 +199,10 @@ class Functionalize {
   bool changed_ = false;
 };
 
-// Writes through slices and selects of a fresh tensor (`out = torch.empty(n, m); out[:, :k] = a`, circular padding's
-// copies): the in-place op on the view becomes its functional twin, and the result is scattered back into the base
-// through slice_scatter / select_scatter, level by level, giving the base's next value. Later reads of the base read
+// Writes through slices, selects and aliases of a fresh tensor (`out = torch.empty(n, m); out[:, :k] = a`, circular
+// padding's copies): the in-place op on the view becomes its functional twin, and the result is scattered back into
+// the base through slice_scatter / select_scatter (an alias's result is the base's), level by level, giving the base's
+// next value. Later reads of the base read
 // that value; later reads of any slice or select of it made before are made again from it. A base some other view
 // reaches (a reshape, a transpose) stays as it is from then on: that view would not see the new values.
 class ViewWrites {
@@ -231,7 +232,9 @@ class ViewWrites {
 
   static bool writable_view(const Node& node) {
     const std::string name = node.qualified_name();
-    return (name == "aten::slice.Tensor" || name == "aten::select.int") && node.outputs.size() == 1 &&
+    // alias: the whole tensor (`out[:, :n]` with n its full size, GhostNet's `x += shortcut` on it)
+    return (name == "aten::slice.Tensor" || name == "aten::select.int" || name == "aten::alias.default") &&
+           node.outputs.size() == 1 &&
            !node.args.empty() && std::holds_alternative<TensorArg>(node.args[0]);
   }
 
@@ -324,6 +327,7 @@ class ViewWrites {
   }
 
   ValueId scatter(const Node& view, ValueId base, ValueId src) {
+    if (view.qualified_name() == "aten::alias.default") return src;  // the written values are the whole base
     graph::TensorMeta meta = g_.values[base].meta;
     meta.requires_grad = meta.requires_grad || g_.values[src].meta.requires_grad;
     std::vector<ArgValue> args = {TensorArg{base}, TensorArg{src}};

@@ -523,6 +523,17 @@ def test_inplace_through_a_slice_of_an_intermediate_is_compiled():
     check(f, rand(4, 4), expect_backend="kiln")
 
 
+def test_inplace_through_a_whole_slice_of_an_intermediate_is_compiled():
+    # `out[:, :n]` with n the full size is an alias in ATen (GhostNet's `x = out[:, :n]; x += shortcut`): it ran on the
+    # eager interpreter.
+    def f(a, b, s):
+        out = torch.cat([a, b], dim=1)
+        x = out[:, :6]
+        x += s
+        return x.relu(), out.sum(0)
+    check(f, rand(2, 3, 4), rand(2, 3, 4), rand(2, 6, 4), expect_backend="kiln")
+
+
 def test_inplace_on_a_viewed_intermediate_falls_back_to_eager():
     def f(x):
         y = x * 2
