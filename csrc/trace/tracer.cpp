@@ -230,6 +230,7 @@ VarPtr Tracer::wrap(PyObject* value, SourcePtr source) {
     int op = PyObject_IsInstance(value, helper("TORCH_OP_TYPES"));
     if (op == 0) op = PyObject_IsInstance(value, helper("ENUM_TYPES"));
     if (op == 0) op = PyObject_IsInstance(value, helper("CACHED_FUNCTION_TYPES"));
+    if (op == 0) op = PyObject_IsInstance(value, helper("TYPING_TYPES"));
     if (op < 0) PyErr_Clear();
     stable = op == 1;
   }

@@ -17,6 +17,17 @@ using detail::str_of;
 
 // ---- operators ---------------------------------------------------------------------------------------
 
+namespace {
+// A class, or one of typing's special forms and aliases (List, Optional, Union[...]): what a type expression
+// subscripts.
+bool is_type_expression(PyObject* o, PyObject* typing_types) {
+  if (PyType_Check(o)) return true;
+  const int typing = PyObject_IsInstance(o, typing_types);
+  if (typing < 0) PyErr_Clear();
+  return typing == 1;
+}
+}  // namespace
+
 VarPtr Tracer::binary(PyObject* op, const VarPtr& a, const VarPtr& b) {
   if (a->is(VarKind::kTensor) || b->is(VarKind::kTensor)) return call_recorded(op, {a, b}, {});
   if (VarPtr r = set_binary(op, a, b)) return r;
@@ -58,6 +69,16 @@ VarPtr Tracer::binary(PyObject* op, const VarPtr& a, const VarPtr& b) {
 }
 
 VarPtr Tracer::subscript(const VarPtr& obj, const VarPtr& index) {
+  if (obj->is(VarKind::kConst) && !obj->by_type && obj->value && is_constant(index) &&
+      is_type_expression(obj->value, helper("TYPING_TYPES"))) {
+    // A type expression (`List[torch.Tensor]` for torch.jit.annotate, `tuple[int, ...]`): typing's objects and
+    // classes subscripted by constants are values made once (typing caches them), computed at trace time.
+    PyObject* key = to_python(index);
+    PyObject* r = key ? PyObject_GetItem(obj->value, key) : nullptr;
+    Py_XDECREF(key);
+    if (!r) raise_pending("subscripting a type");
+    return make_const_steal(r);
+  }
   if (obj->is(VarKind::kUserObject)) {
     VarPtr getitem = python_special_method(obj, "__getitem__");
     if (!getitem) KILN_UNSUPPORTED() << "subscript of a " << obj->describe() << " (its class has no Python __getitem__)";

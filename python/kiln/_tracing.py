@@ -270,6 +270,10 @@ ENUM_TYPES = (enum.Enum,)
 # answered from the real cache when its arguments are constants, else traced through __wrapped__
 # (Tracer::call_cached_function).
 CACHED_FUNCTION_TYPES = (_functools._lru_cache_wrapper,)
+# typing's special forms and aliases (List, Optional, List[int]): module-level values, pinned by identity, so a type
+# expression in traced code (`torch.jit.annotate(List[Tensor], [])`) is computed at trace time.
+import typing as _typing  # noqa: E402
+TYPING_TYPES = (getattr(_typing, "_Final", type(_typing.List)), type(list[int]))
 
 
 _GLOBAL_STATE_MODULES = ("torch.autograd.grad_mode", "torch.random", "torch.amp", "torch.cuda.random",

@@ -1805,3 +1805,22 @@ def test_ordered_dicts_and_devices_made_in_the_function():
     out = kiln.compile(model)(x)
     assert type(out) is collections.OrderedDict and list(out) == ["grid", "b", "a"]
     assert_same_as_eager(model, x)
+
+
+def test_type_expressions_in_traced_code_are_constants():
+    # timm's CrossViT: `torch.jit.annotate(List[torch.Tensor], [])` in a loop broke the graph at typing's
+    # _GenericAlias on every iteration.
+    from typing import Dict, List, Optional
+
+    def f(xs):
+        out = torch.jit.annotate(List[torch.Tensor], [])
+        for x in xs:
+            out.append(x * 2)
+        spec = (Optional[int], Dict[str, torch.Tensor], tuple[int, ...])
+        return out, len(spec)
+
+    xs = [random_tensor(3), random_tensor(2)]
+    e = kiln.explain(f)(xs)
+    kiln.reset()
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    assert_same_as_eager(f, xs, grads=False)
