@@ -248,9 +248,9 @@ void Tracer::refuse_unguarded_data(const VarPtr& v, PyObject* fn) {
 VarPtr Tracer::iteration_builtin(PyObject* f, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
   // enumerate, zip and reversed over what the trace holds: lists of its items (a stateful iterator folded into a
   // constant would be consumed by the first call).
+  if (f != builtin("enumerate") && f != builtin("zip") && f != builtin("reversed")) return nullptr;
   const size_t n = args.size();
   // enumerate(it), enumerate(it, k) or enumerate(it, start=k), with an int k.
-  if (f != builtin("enumerate") && f != builtin("zip") && f != builtin("reversed")) return nullptr;
   const VarPtr* enum_start = n == 2 && kwargs.empty() ? &args[1] : nullptr;
   // Keyword names come as the call made them: `f(**{b"k": 1})` passes a bytes one (a TypeError for the callee).
   const bool start_keyword = n == 1 && kwargs.size() == 1 && PyUnicode_Check(kwargs[0].first) &&

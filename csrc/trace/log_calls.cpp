@@ -15,6 +15,7 @@
 #include "trace/call_helpers.h"
 #include "trace/graph_break.h"
 #include "trace/tracer.h"
+#include "trace/tracer_helpers.h"
 
 namespace kiln::trace {
 
@@ -28,14 +29,8 @@ VarPtr Tracer::defer_log_call(const VarPtr& fn, const std::vector<VarPtr>& args,
     function = PyMethod_GET_FUNCTION(fn->value);
     self = PyMethod_GET_SELF(fn->value);
   }
-  static PyObject* warn = [] {
-    PyObject* warnings = PyImport_ImportModule("warnings");
-    PyObject* w = warnings ? PyObject_GetAttrString(warnings, "warn") : nullptr;
-    Py_XDECREF(warnings);
-    if (!w) PyErr_Clear();
-    return w;
-  }();
-  const bool plain = !function && fn->is(VarKind::kConst) && fn->value && warn && fn->value == warn;
+  static PyObject* warn = detail::lookup_once("warnings", "warn");
+  const bool plain = !function && fn->is(VarKind::kConst) && fn->value == warn;
   if (plain) {
     function = fn->value;  // warnings.warn(...)
     self = Py_None;

@@ -45,29 +45,23 @@ _DATA_DEPENDENT = {
 }
 _DATA_DEPENDENT_TAGS = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output)
 
-# Composite ops recorded as one node instead of the ops they decompose into. On meta tensors ATen can only
-# pick scaled_dot_product_attention's math path (matmuls and a softmax); recorded whole, the run picks
-# flash / memory-efficient / cuDNN attention on the real device, exactly as eager does.
-def _recurrent_op(name, hidden_at):
-    """The overload of a recurrent layer's op (nn.LSTM/GRU/RNN call torch._VF.<name>) for a padded batch: its
-    argument `hidden_at` is the list of hidden states (lstm) or the hidden state (gru, rnn); a packed sequence's
-    overload (.data, batch sizes there instead) is not recorded whole."""
-    def overload(args):
-        hidden = args[hidden_at] if len(args) > hidden_at else None
-        packed = not isinstance(hidden, (list, tuple)) if name == "lstm" else not isinstance(args[2], (list, tuple))
-        return None if packed else getattr(torch.ops.aten, name).input
-    return overload
+def _recurrent_op(name):
+    """aten::<name>.input for a padded batch (nn.LSTM/GRU/RNN call torch._VF.<name>); None for a packed sequence,
+    whose .data overload takes the parameter list fourth (after data, batch sizes and hidden state) and decomposes."""
+    return lambda args: None if isinstance(args[3], (list, tuple)) else getattr(torch.ops.aten, name).input
 
 
-# Composite ops recorded as one node: their ATen kernels pick the fused implementation on the real device (flash
-# attention; cuDNN's or oneDNN's recurrent layers), which their decomposition on meta tensors would not. Each maps the
-# call's arguments to the op overload to record, or None to let it decompose.
+# Composite ops recorded as one node instead of the ops they decompose into: on meta tensors ATen can only pick
+# their decomposition (scaled_dot_product_attention's math path; one cell per step and layer of a recurrent layer);
+# recorded whole, the run picks the fused kernel on the real device (flash / memory-efficient / cuDNN attention,
+# cuDNN's or oneDNN's recurrent layers), exactly as eager does. Each maps the call's arguments to the overload to
+# record, or None to let the call decompose.
 _WHOLE_OPS = {
     torch.nn.functional.scaled_dot_product_attention: lambda args: torch.ops.aten.scaled_dot_product_attention.default,
-    torch._VF.lstm: _recurrent_op("lstm", 1),
-    torch._VF.gru: _recurrent_op("gru", 1),
-    torch._VF.rnn_tanh: _recurrent_op("rnn_tanh", 1),
-    torch._VF.rnn_relu: _recurrent_op("rnn_relu", 1),
+    torch._VF.lstm: _recurrent_op("lstm"),
+    torch._VF.gru: _recurrent_op("gru"),
+    torch._VF.rnn_tanh: _recurrent_op("rnn_tanh"),
+    torch._VF.rnn_relu: _recurrent_op("rnn_relu"),
 }
 
 # Tensor methods that leave tensor land, or act on autograd's real graph (a hook registered on a fake would be
