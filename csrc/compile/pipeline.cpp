@@ -40,6 +40,7 @@
 #include "runtime/chained_graph.h"
 #include "runtime/cuda_graphs.h"
 #include "runtime/drop_attention_masks.h"
+#include "runtime/double_backward.h"
 #include "runtime/eager_interpreter.h"
 #include "runtime/torch_info.h"
 
@@ -397,7 +398,7 @@ std::shared_ptr<runtime::CompiledGraph> compile_kiln_graph(std::shared_ptr<const
                                                                               size_t part_escaping) {
         at::AutoGradMode no_grad(false);  // the halves run with grad off: compile them as such
         return compile_kiln_graph(std::move(part), constants_of, options, /*training_half=*/true, part_escaping);
-      });
+      }, std::make_shared<runtime::DoubleBackwardReplay>(g, constants_of(*g)));
       runtime::kiln_backend_stats().graphs_autograd++;
       std::vector<int32_t> updated = joint->updated_inputs();
       if (updated.empty()) return joint;

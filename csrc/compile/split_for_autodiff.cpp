@@ -75,7 +75,8 @@ runtime::AutogradSignature signature_of(const autodiff::JointGraphs& joint) {
 }  // namespace
 
 std::shared_ptr<runtime::AutogradGraph> split_for_autodiff(std::shared_ptr<const graph::Graph> g,
-                                                           CompileHalf compile_half) {
+                                                           CompileHalf compile_half,
+                                                           std::shared_ptr<runtime::DoubleBackwardReplay> replay) {
   progress::stage("autodiff");
   const passes::CudnnBatchNorm cudnn = cudnn_batch_norm_here();
   // No key (no SHA-256 available, cache/kernel_cache.h): nothing is read or stored.
@@ -141,7 +142,7 @@ std::shared_ptr<runtime::AutogradGraph> split_for_autodiff(std::shared_ptr<const
     return compiled;
   };
   return runtime::make_autograd_graph(std::move(signature), std::move(forward), std::move(backward),
-                                      std::move(view_replays), std::move(compile_without));
+                                      std::move(view_replays), std::move(compile_without), std::move(replay));
 }
 
 }  // namespace kiln::compile

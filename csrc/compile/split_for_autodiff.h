@@ -24,7 +24,9 @@ using CompileHalf =
 /// again for gradients that do not come (runtime/autograd_graph.h): it must own what it captures. Logs the partition and both graphs under
 /// `graph`, times under `perf`, and adds to the backend's autograd stats. Throws kiln::Error (kind Unsupported for
 /// graphs autodiff does not cover) so the caller can keep the eager interpreter. Call with the GIL held.
+/// `replay`: what the node replays for a backward under create_graph=True (runtime/double_backward.h), or null.
 std::shared_ptr<runtime::AutogradGraph> split_for_autodiff(std::shared_ptr<const graph::Graph> g,
-                                                           CompileHalf compile_half);
+                                                           CompileHalf compile_half,
+                                                           std::shared_ptr<runtime::DoubleBackwardReplay> replay);
 
 }  // namespace kiln::compile

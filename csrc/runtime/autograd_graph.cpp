@@ -29,6 +29,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "passes/use_cudnn_batch_norm.h"
+#include "runtime/double_backward.h"
 #include "runtime/node_call.h"
 
 namespace kiln::runtime {
@@ -48,6 +49,10 @@ struct JointProgram final : torch::CustomClassHolder {
   std::shared_ptr<CompiledGraph> backward;
   // Per signature.output_inputs entry: its views replayed op by op (null where the output is the input itself).
   std::vector<std::shared_ptr<CompiledGraph>> view_replays;
+  // What a backward under create_graph=True replays (double_backward.h), or null; replay_refusal says why not then.
+  std::shared_ptr<DoubleBackwardReplay> replay;
+  std::string replay_refusal;
+  std::vector<size_t> computed_outputs;  // the captured graph's output that each computed output is
 
   // The backward for gradients that do not come (make_autograd_graph): per pattern of absent gradients, its compiled
   // backward, or null where compiling it failed or could not be done.
@@ -111,10 +116,10 @@ void write_back_updated_inputs(const AutogradSignature& signature, const std::ve
     inputs.at(signature.updated_inputs[i]).copy_(results.at(signature.num_outputs + i));
 }
 
-[[noreturn]] void raise_double_backward() {
-  const char* message =
-      "double backward through a kiln-compiled graph is not supported; compile without kiln or use "
-      "torch.autograd.grad on the eager function";
+[[noreturn]] void raise_double_backward(const std::string& why) {
+  const std::string text = "double backward (a backward with create_graph=True) through this kiln-compiled graph is "
+                           "not supported: " + why + "; run this part eagerly (kiln.disable) for it";
+  const char* message = text.c_str();
   {
     PyGILState_STATE gil = PyGILState_Ensure();
     PyObject* errors = PyImport_ImportModule("kiln.errors");
@@ -179,6 +184,13 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
       leaf_gradients.push_back(kept);
     }
     ctx->saved_data["leaf_gradients"] = leaf_gradients;
+    if (program->replay) {
+      // For a backward under create_graph=True, which replays the graph on these inputs (double_backward.h).
+      c10::List<int64_t> versions;
+      for (const at::Tensor& input : inputs) versions.push_back(input.defined() ? input._version() : 0);
+      ctx->saved_data["inputs"] = c10::List<at::Tensor>(inputs);
+      ctx->saved_data["input_versions"] = versions;
+    }
     variable_list non_differentiable;
     for (size_t i = 0; i < outputs.size(); ++i)
       if (!signature.output_differentiable[i]) non_differentiable.push_back(outputs[i]);
@@ -188,9 +200,9 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    if (at::GradMode::is_enabled()) raise_double_backward();
     auto program = c10::static_intrusive_pointer_cast<JointProgram>(ctx->saved_data["program"].toCapsule());
     const AutogradSignature& signature = program->signature;
+    if (at::GradMode::is_enabled()) return double_backward(ctx, *program, grad_outputs);
     // No gradient came at all: the engine reached this node only by edges that carry none (see "Inputs no gradient
     // reaches"), where eager runs none of these ops' backward; its outputs' hooks were not run either (FSDP2's unshards
     // the parameters this backward would read).
@@ -204,7 +216,10 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
     const std::vector<int64_t> is_private = ctx->saved_data["is_private"].toIntVector();
     // Without retain_graph nothing runs this node again: the private values are then ours alone to free.
     const bool consume = !torch::autograd::get_current_graph_task_keep_graph();
-    if (consume) ctx->saved_data["private"] = c10::List<at::Tensor>();
+    if (consume) {
+      ctx->saved_data["private"] = c10::List<at::Tensor>();
+      ctx->saved_data.erase("inputs");
+    }
     std::vector<bool> arrived;  // per differentiable output: whether a gradient came for it
     for (size_t i = 0; i < signature.num_outputs; ++i)
       if (signature.output_differentiable[i]) arrived.push_back(grad_outputs[i].defined());
@@ -257,6 +272,25 @@ struct KilnFunction : torch::autograd::Function<KilnFunction> {
     for (size_t i = 0; i < signature.grad_inputs.size(); ++i)
       if (reached[i]) result[signature.grad_inputs[i]] = grads[i];
     gate_unreached_inputs(result, num_inputs);
+    return result;
+  }
+
+  // A backward under create_graph=True: the captured graph replayed on the forward's inputs and differentiated with
+  // autograd recording (double_backward.h).
+  static variable_list double_backward(AutogradContext* ctx, JointProgram& program, const variable_list& grad_outputs) {
+    if (!program.replay) raise_double_backward(program.replay_refusal);
+    ctx->get_saved_variables();  // raises eager's error on a backward after one without retain_graph
+    auto saved = ctx->saved_data.find("inputs");
+    if (saved == ctx->saved_data.end())
+      raise_double_backward("its saved inputs were freed by an earlier backward (use retain_graph=True there)");
+    const std::vector<at::Tensor> inputs = saved->second.toTensorVector();
+    const std::vector<int64_t> versions = ctx->saved_data["input_versions"].toIntVector();
+    std::vector<at::Tensor> grads = program.replay->gradients(inputs, versions, grad_outputs, program.computed_outputs,
+                                                              program.signature.grad_inputs);
+    if (!torch::autograd::get_current_graph_task_keep_graph()) ctx->saved_data.erase("inputs");
+    variable_list result(grads.begin(), grads.end());
+    result.emplace_back();  // the program
+    gate_unreached_inputs(result, program.signature.num_inputs);
     return result;
   }
 };
@@ -468,8 +502,26 @@ std::atomic<int64_t>& autograd_backward_runs() {
 std::shared_ptr<AutogradGraph> make_autograd_graph(AutogradSignature signature, std::shared_ptr<CompiledGraph> forward,
                                                    std::shared_ptr<CompiledGraph> backward,
                                                    std::vector<std::shared_ptr<CompiledGraph>> view_replays,
-                                                   CompileBackwardWithout compile_without) {
+                                                   CompileBackwardWithout compile_without,
+                                                   std::shared_ptr<DoubleBackwardReplay> replay) {
   auto program = c10::make_intrusive<JointProgram>();
+  // The replay for double backward, where it would compute what the forward computed.
+  if (!replay) {
+    program->replay_refusal = "the graph was compiled without its replay";
+  } else if (!replay->refusal().empty()) {
+    program->replay_refusal = replay->refusal();
+  } else if (!signature.updated_inputs.empty()) {
+    program->replay_refusal = "the graph updates its inputs in place, which a replay would read updated";
+  } else {
+    for (size_t i = 0; i < std::max(signature.output_inputs.size(), signature.num_outputs); ++i)
+      if (signature.output_inputs.empty() || signature.output_inputs[i] < 0) program->computed_outputs.push_back(i);
+    if (program->computed_outputs.size() == signature.num_outputs &&
+        replay->num_graph_outputs() == std::max(signature.output_inputs.size(), signature.num_outputs)) {
+      program->replay = std::move(replay);
+    } else {
+      program->replay_refusal = "its outputs are not the captured graph's";
+    }
+  }
   program->compile_without = std::move(compile_without);
   program->signature = std::move(signature);
   program->forward = std::move(forward);

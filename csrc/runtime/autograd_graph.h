@@ -15,10 +15,12 @@
 namespace kiln::runtime {
 
 struct KilnGraphSummary;  // runtime/kernel_graph.h
+class DoubleBackwardReplay;  // runtime/double_backward.h
 
 /// A CompiledGraph whose run() returns outputs with one kiln autograd node as their grad_fn when grad
 /// mode is on and some input requires grad (otherwise it runs the forward alone). The node's backward
-/// raises kiln.errors.KilnError under create_graph=True (double backward is not supported).
+/// runs under create_graph=True by replaying the captured graph (double_backward.h), where that computes what the
+/// forward computed; elsewhere it raises kiln.errors.KilnError saying why.
 class AutogradGraph : public CompiledGraph {
  public:
   virtual const CompiledGraph& forward() const = 0;
@@ -66,10 +68,14 @@ using CompileBackwardWithout = std::function<std::shared_ptr<CompiledGraph>(cons
 /// built for all of them) and notes which were missing; the next forward then compiles, with `compile_without`, the
 /// backward for that pattern, which later backwards with the same pattern run (at most kMaxBackwardVariants patterns
 /// per node). The compile runs in a forward, where kiln's compiles always run, never on the engine's backward threads.
+///
+/// Double backward. `replay` (the captured graph as eager runs it) is what a backward under create_graph=True replays
+/// and differentiates; without one, or where it would not compute what the forward did, such a backward raises.
 std::shared_ptr<AutogradGraph> make_autograd_graph(AutogradSignature signature, std::shared_ptr<CompiledGraph> forward,
                                                    std::shared_ptr<CompiledGraph> backward,
                                                    std::vector<std::shared_ptr<CompiledGraph>> view_replays,
-                                                   CompileBackwardWithout compile_without = {});
+                                                   CompileBackwardWithout compile_without = {},
+                                                   std::shared_ptr<DoubleBackwardReplay> replay = nullptr);
 constexpr size_t kMaxBackwardVariants = 4;
 
 /// How many compiled backward halves have run in this process (every kiln autograd node's backward counts once): lets

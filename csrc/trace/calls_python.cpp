@@ -341,6 +341,25 @@ VarPtr Tracer::call_python_construct(const VarPtr& fn, std::vector<VarPtr>& args
   if (is_super_factory(fn) && n == 2 && kwargs.empty() && args[0]->is(VarKind::kConst) && PyType_Check(args[0]->value))
     return make_super(args[0], args[1]);
   if (fn->is(VarKind::kFunction)) return inline_with_cells(fn->value, std::move(args), std::move(kwargs), &fn->items);
+  if (fn->is(VarKind::kConst) && fn->source && Py_IS_TYPE(fn->value, (PyTypeObject*)partial_type())) {
+    // A partial made outside (GELUTanh's `self.act = partial(F.gelu, approximate="tanh")`): its func, args and
+    // keywords are read through it, each guarded as any attribute, and it is called as one made in the trace.
+    static PyObject* func_name = PyUnicode_InternFromString("func");
+    static PyObject* args_name = PyUnicode_InternFromString("args");
+    static PyObject* keywords_name = PyUnicode_InternFromString("keywords");
+    VarPtr func = get_attr(fn, func_name), bound = get_attr(fn, args_name), keywords = get_attr(fn, keywords_name);
+    if (!bound->is(VarKind::kTuple) || !keywords->is(VarKind::kDict))
+      KILN_UNSUPPORTED() << "calling " << fn->describe() << " (its arguments are not a tuple and a dict)";
+    std::vector<VarPtr> parts = {func};
+    parts.insert(parts.end(), bound->items.begin(), bound->items.end());
+    VarPtr p = make_sequence(VarKind::kPartial, std::move(parts));
+    for (size_t i = 0; i < keywords->keys.size(); ++i) {
+      if (!PyUnicode_Check(keywords->keys[i])) KILN_UNSUPPORTED() << "a functools.partial with a keyword that is not a string";
+      p->keys.push_back(Py_NewRef(keywords->keys[i]));
+      p->items.push_back(keywords->items[i]);
+    }
+    return call(p, std::move(args), std::move(kwargs));
+  }
   if (fn->is(VarKind::kPartial)) {
     // partial(f, *a, **k)(*b, **j) is f(*a, *b, **{**k, **j}).
     size_t nkw = fn->keys.size(), nbound = fn->items.size() - 1 - nkw;

@@ -21,6 +21,7 @@ What cannot run on meta (reading tensor data: item(), bool(), nonzero(), tolist(
 a meta kernel) raises `kiln.errors.Unsupported`, and the failed call leaves no trace in the recorder.
 """
 import contextlib
+import operator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -273,6 +274,8 @@ class Recorder:
         """Runs fn(*args, **kwargs) on fakes under the recording mode and returns its result."""
         kwargs = kwargs or {}
         self._refuse_escaping_method(fn, args, kwargs)
+        if fn in _INDEXING_CALLS and len(args) >= 2 and self.is_fake(args[0]):
+            args = (args[0], self._index_lists_as_tensors(args[0], args[1])) + tuple(args[2:])
         num_values, num_nodes = len(self._values), len(self._nodes)
         self._journal = []
         try:
@@ -302,6 +305,21 @@ class Recorder:
             self._proxies = None
         self._refresh_requires_grad(num_values)
         return result
+
+    def _index_lists_as_tensors(self, fake, index):
+        """x[[0, 2]], x[:, [1, 0]]: torch makes an index tensor from a list's data on the indexed tensor's device,
+        which for a fake is meta, where the values are lost. The lists are made tensors here, on the device the fake
+        stands for, as eager makes them; the recorder keeps each as a graph constant. A list torch reads as a tuple
+        of indices (one holding slices, None, ... or lists) is left alone."""
+        def as_tensor(items):
+            if not _int_list(items):
+                return items
+            return torch.tensor(items, device=self.device_of(fake))
+        if isinstance(index, list):
+            return as_tensor(index) if all(isinstance(i, int) for i in index) else index
+        if isinstance(index, tuple):
+            return tuple(as_tensor(i) if isinstance(i, list) else i for i in index)
+        return index
 
     def record_grad_mode(self, enabled):
         """Appends a kiln::set_grad_enabled node: the runtime switches grad mode there (node_call.cpp).
@@ -762,6 +780,16 @@ def _tensor_args(args, kwargs):
             yield value
         elif isinstance(value, (list, tuple)):
             yield from (v for v in value if isinstance(v, torch.Tensor))
+
+
+_INDEXING_CALLS = (operator.getitem, operator.setitem, torch.Tensor.__getitem__, torch.Tensor.__setitem__)
+
+
+def _int_list(items):
+    """A non-empty list (nested lists allowed) whose leaves are Python ints or bools."""
+    if not items:
+        return False
+    return all(_int_list(i) if isinstance(i, list) else isinstance(i, int) for i in items)
 
 
 def _describe(fn):
