@@ -457,6 +457,7 @@ class JointGraph final : public AutogradGraph {
     return with_inputs_passed_through(inputs, std::move(results));
   }
   const CompiledGraph& forward() const override { return *program_->forward; }
+  bool reenters_python() const override { return program_->forward->reenters_python(); }
   const CompiledGraph& backward() const override { return *program_->backward; }
   std::vector<int32_t> updated_inputs() const override { return program_->signature.updated_inputs; }
   std::string cudagraph_status() const override {

@@ -28,7 +28,7 @@ class CompiledGraph {
   }
   /// True when run() calls back into Python (user backends): the caller then runs it with the frame
   /// hook's compiler suspended, so the backend's own Python is never traced.
-  virtual bool reenters_python() const { return false; }
+  virtual bool reenters_python() const { return wrapped() && wrapped()->reenters_python(); }
   /// Under mode="reduce-overhead": whether this graph replays as a CUDA graph (runtime/cuda_graphs.h), for
   /// kiln.explain: "recorded, 12 replays", "declined: <why>", ...; "" when no CUDA graph was asked for. Wrappers
   /// report what they wrap; a training graph reports its halves ("forward: ...; backward: ...").

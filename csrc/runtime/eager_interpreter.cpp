@@ -29,11 +29,13 @@ struct InterpretedNode {
 class EagerInterpreter final : public CompiledGraph {
  public:
   EagerInterpreter(std::shared_ptr<const graph::Graph> g, std::vector<at::Tensor> constants)
-      : graph_(std::move(g)), constants_(std::move(constants)) {
+      : graph_(std::move(g)), constants_(std::move(constants)), custom_ops_(calls_custom_ops(*graph_)) {
     constants_.resize(graph_->values.size());
     prepare_nodes();
     plan_releases();
   }
+
+  bool reenters_python() const override { return custom_ops_; }
 
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) override {
     const graph::Graph& g = *graph_;
@@ -84,6 +86,7 @@ class EagerInterpreter final : public CompiledGraph {
 
   std::shared_ptr<const graph::Graph> graph_;
   std::vector<at::Tensor> constants_;  // indexed by ValueId; defined for constants only
+  bool custom_ops_;
   std::vector<InterpretedNode> nodes_;
 };
 
@@ -109,6 +112,14 @@ bool needs_eager_for_grad_mode(const graph::Graph& g) {
     }
   }
   return !enabled;
+}
+
+bool calls_custom_ops(const graph::Graph& g) {
+  for (const graph::Node& node : g.nodes) {
+    const std::string ns = node.op.substr(0, node.op.find("::"));
+    if (ns != "aten" && ns != "prims" && ns != "kiln") return true;
+  }
+  return false;
 }
 
 std::shared_ptr<CompiledGraph> make_eager_interpreter(std::shared_ptr<const graph::Graph> g,

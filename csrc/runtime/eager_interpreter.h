@@ -20,6 +20,11 @@ namespace kiln::runtime {
 /// so no gradient flows through them, as in eager (compile/pipeline.cpp then drops the switches).
 bool needs_eager_for_grad_mode(const graph::Graph& g);
 
+/// True when some op of `g` is outside ATen's and kiln's namespaces: a custom op (torch.library) whose kernel or
+/// autograd formula may be Python, which the frame hook must not compile while the graph runs
+/// (CompiledGraph::reenters_python).
+bool calls_custom_ops(const graph::Graph& g);
+
 std::shared_ptr<CompiledGraph> make_eager_interpreter(std::shared_ptr<const graph::Graph> g,
                                                       std::vector<at::Tensor> constants);
 

@@ -82,6 +82,7 @@ class WithoutGil {
 
 class KilnGraph final : public CompiledGraph {
  public:
+  bool reenters_python() const override { return fallback_ ? fallback_->reenters_python() : custom_ops_; }
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) override {
     if (fallback_) return fallback_->run(inputs);
     return execute(std::vector<at::Tensor>(inputs), /*release_inputs=*/false);
@@ -270,6 +271,7 @@ class KilnGraph final : public CompiledGraph {
   KilnGraphSummary summary;
   std::shared_ptr<CompiledGraph> fallback_;
   std::shared_ptr<const graph::Graph> graph_;
+  bool custom_ops_ = false;  // some extern call is a custom op, whose kernel may be Python (reenters_python)
   std::vector<at::Tensor> constants_;
   std::vector<KernelCall> kernels_;
   std::vector<PreparedNode> externs_;
@@ -446,6 +448,7 @@ class AliasCheckedGraph final : public CompiledGraph {
     return inner_->run(inputs);
   }
   const CompiledGraph* wrapped() const override { return inner_.get(); }
+  bool reenters_python() const override { return inner_->reenters_python() || eager_->reenters_python(); }
 
  private:
   std::shared_ptr<CompiledGraph> inner_;
@@ -464,6 +467,7 @@ std::shared_ptr<CompiledGraph> make_kiln_graph(cache::CompiledArtifact artifact,
   auto kg = std::make_shared<KilnGraph>();
   auto optimised = std::make_shared<graph::Graph>(std::move(artifact.optimised));
   kg->graph_ = optimised;
+  kg->custom_ops_ = calls_custom_ops(*optimised);
   kg->constants_ = constants_of(*optimised);
   kg->constants_.resize(optimised->values.size());
   kg->device_ = device;

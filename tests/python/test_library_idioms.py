@@ -80,3 +80,55 @@ def test_partials_kept_on_a_module_are_called_in_the_graph_and_guarded():
     torch.testing.assert_close(compiled(x), m(x))
     m.act = functools.partial(F.gelu, approximate="none")
     torch.testing.assert_close(compiled(x), m(x))
+
+
+_KERNEL_CALLS = []
+
+
+@torch.library.custom_op("kiln_idioms::scaled_tanh", mutates_args=())
+def _scaled_tanh(x: torch.Tensor, scale: float) -> torch.Tensor:
+    _KERNEL_CALLS.append(1)  # a Python side effect the frame hook must leave to the kernel
+    return torch.tanh(x) * scale
+
+
+@_scaled_tanh.register_fake
+def _(x, scale):
+    return torch.empty_like(x)
+
+
+def _scaled_tanh_setup(ctx, inputs, output):
+    ctx.scale = inputs[1]
+    ctx.save_for_backward(output)
+
+
+def _scaled_tanh_backward(ctx, grad):
+    (out,) = ctx.saved_tensors
+    return grad * (ctx.scale - out * out / ctx.scale), None
+
+
+_scaled_tanh.register_autograd(_scaled_tanh_backward, setup_context=_scaled_tanh_setup)
+
+
+def test_python_custom_ops_run_their_python_uncompiled():
+    # A custom op's Python kernel and autograd glue (transformers' grouped_mm fallback) run while the compiled graph
+    # runs; the frame hook once compiled them as frames of their own, with graph breaks at the glue's ctx writes.
+    lin = nn.Linear(6, 6)
+
+    def f(x):
+        return torch.ops.kiln_idioms.scaled_tanh(lin(x), 3.0).sum(dim=1)
+
+    compiled = kiln.compile(f)
+    for _ in range(2):
+        x = random_tensor(4, 6, requires_grad=True)
+        _KERNEL_CALLS.clear()
+        got = compiled(x)
+        assert _KERNEL_CALLS == [1]
+        got.sum().backward()
+        got_grads = (x.grad, lin.weight.grad.clone())
+        x.grad, lin.weight.grad = None, None
+        want = f(x)
+        want.sum().backward()
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(got_grads, (x.grad, lin.weight.grad))
+        lin.weight.grad = None
+    assert kiln.stats()["frames_compiled"] == 1 and kiln.stats()["graph_breaks"] == 0, kiln.stats()
