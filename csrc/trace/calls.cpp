@@ -7,6 +7,7 @@
 #include "trace/call_helpers.h"
 #include "trace/interpreter.h"
 #include "trace/traced_raise.h"
+#include "trace/tracer_helpers.h"
 #include <optional>
 
 #include "trace/tracer.h"
@@ -18,6 +19,25 @@ using namespace calls;
 namespace {
 
 constexpr int kMaxInlineDepth = 64;
+
+// Whether a tensor among `v` (containers searched) requires grad: its fake says so, as eager's tensor would.
+bool requires_grad(const VarPtr& v) {
+  if (v->is(VarKind::kTensor)) {
+    PyObject* flag = PyObject_GetAttrString(v->value, "requires_grad");
+    if (!flag) rethrow_python("reading requires_grad");
+    const bool on = flag == Py_True;
+    Py_DECREF(flag);
+    return on;
+  }
+  if (v->is(VarKind::kTuple) || v->is(VarKind::kList) || v->is(VarKind::kDict))
+    return std::any_of(v->items.begin(), v->items.end(), requires_grad);
+  return false;
+}
+
+bool any_requires_grad(const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  return std::any_of(args.begin(), args.end(), requires_grad) ||
+         std::any_of(kwargs.begin(), kwargs.end(), [](const auto& kv) { return requires_grad(kv.second); });
+}
 
 // A value the recorder can be handed as it is: fakes, constants and containers of them. A module or an object would
 // reach it with its real tensors, which would become graph constants (no gradient, no guard on their values).
@@ -155,15 +175,27 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
         return call_container_method(fn->items[0], name_of(fn->value), std::move(args));
       }
       // A custom torch.autograd.Function's apply (a classmethod bound to the subclass): eager runs the subclass's
-      // forward under autograd's own node, whose backward is the user's Python.
+      // forward under autograd's own node, whose backward is the user's Python. Where no gradient can flow, the
+      // forward (under no_grad, as eager runs it) is inlined.
       if (PyObject* owner = fn->items[0]->is(VarKind::kConst) ? fn->items[0]->value : nullptr;
           owner && PyType_Check(owner) && owner != helper("AUTOGRAD_FUNCTION") &&
-          PyObject_IsSubclass(owner, helper("AUTOGRAD_FUNCTION")) == 1)
+          PyObject_IsSubclass(owner, helper("AUTOGRAD_FUNCTION")) == 1) {
+        const bool apply = fn->value == helper("AUTOGRAD_FUNCTION_APPLY");
+        if (apply && (!grad_enabled() || !any_requires_grad(args, kwargs))) {
+          PyObject* traceable = detail::check(PyObject_CallOneArg(helper("forward_is_traceable"), owner), "forward_is_traceable");
+          const bool inline_forward = traceable == Py_True;
+          Py_DECREF(traceable);
+          if (inline_forward) {
+            args.insert(args.begin(), fn->items[0]);
+            return call(make_const(helper("apply_without_grad")), std::move(args), std::move(kwargs));
+          }
+        }
         KILN_UNSUPPORTED() << "call of " << ((PyTypeObject*)owner)->tp_name << "."
                            << (PyFunction_Check(fn->value)
                                    ? PyUnicode_AsUTF8(((PyFunctionObject*)fn->value)->func_name)
                                    : "apply")
                            << ", a custom torch.autograd.Function (it runs eagerly, with its own backward)";
+      }
       PyErr_Clear();
       args.insert(args.begin(), fn->items[0]);
       return inline_function(fn->value, std::move(args), std::move(kwargs));

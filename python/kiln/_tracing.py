@@ -605,7 +605,7 @@ def user_class_refusal(cls):
     __dict__/__weakref__); not abstract."""
     if not isinstance(cls, type):
         return "not a class"
-    if cls is TracedGeneratorContextManager:
+    if cls is TracedGeneratorContextManager or cls is InferenceFunctionContext:
         return None
     if type(cls) not in (type, _abc.ABCMeta):
         return f"its metaclass {type(cls).__name__} is not type or ABCMeta"
@@ -641,11 +641,58 @@ def user_class_refusal(cls):
     return None
 
 
-# Methods of record instances that only read them: called for real on the trace-time instance.
-# Custom autograd functions: `MyFunction.apply(...)` runs eagerly at a graph break, so its own backward (which
-# kiln's autodiff would not reproduce: a straight-through estimator differs from the forward's derivative) is what
-# autograd calls.
+# Custom autograd functions: where a gradient may flow, `MyFunction.apply(...)` runs eagerly at a graph break, so its
+# own backward (which kiln's autodiff would not reproduce: a straight-through estimator differs from the forward's
+# derivative) is what autograd calls. Where none can (grad off, or no tensor argument requires grad), apply is
+# eager's forward under no_grad, which the tracer inlines (apply_without_grad).
 AUTOGRAD_FUNCTION = torch.autograd.Function
+AUTOGRAD_FUNCTION_APPLY = torch.autograd.Function.apply.__func__
+
+
+def forward_is_traceable(cls):
+    """Whether the forward of autograd.Function subclass `cls` is user code the tracer may inline (not torch's own
+    functions, whose forwards keep state such as RNG snapshots for their backward)."""
+    forward = getattr(cls, "forward", None)
+    if not isinstance(forward, types.FunctionType):
+        return False
+    file = getattr(sys.modules.get(forward.__module__), "__file__", None)
+    return bool(file) and skip_reason(file) is None
+
+
+class InferenceFunctionContext:
+    """The ctx an old-style autograd.Function forward gets where no gradient can flow: what it saves or marks is
+    kept for the forward to read back and otherwise unused, as no backward will run."""
+
+    def __init__(self, num_inputs):
+        self.needs_input_grad = (False,) * num_inputs
+        self.saved_tensors = ()
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+    def save_for_forward(self, *tensors):
+        pass
+
+    def mark_dirty(self, *tensors):
+        pass
+
+    def mark_non_differentiable(self, *tensors):
+        pass
+
+    def set_materialize_grads(self, value):
+        pass
+
+
+def apply_without_grad(cls, *args, **kwargs):
+    """`cls.apply(*args, **kwargs)` where no gradient can flow: eager's apply runs the forward under no_grad (given a
+    ctx where forward takes one) and returns what it returns."""
+    with torch.no_grad():
+        if cls.setup_context is not AUTOGRAD_FUNCTION.setup_context:  # forward takes no ctx
+            return cls.forward(*args, **kwargs)
+        return cls.forward(InferenceFunctionContext(len(args)), *args, **kwargs)
+
+
+# Methods of record instances that only read them: called for real on the trace-time instance.
 
 RECORD_READ_METHODS = {"keys", "values", "items", "get", "to_tuple", "__getitem__", "__len__", "__contains__",
                        "__iter__"}

@@ -132,3 +132,65 @@ def test_python_custom_ops_run_their_python_uncompiled():
         torch.testing.assert_close(got_grads, (x.grad, lin.weight.grad))
         lin.weight.grad = None
     assert kiln.stats()["frames_compiled"] == 1 and kiln.stats()["graph_breaks"] == 0, kiln.stats()
+
+
+class _NotItsDerivative(torch.autograd.Function):
+    """Old style (ctx in forward), with a backward that is deliberately not the forward's derivative."""
+
+    @staticmethod
+    def forward(ctx, x, k):
+        ctx.save_for_backward(x)
+        ctx.k = k
+        return x * torch.sigmoid(1.702 * x) * k
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * 100.0 + x * 0, None
+
+
+class _NewStyle(torch.autograd.Function):
+    @staticmethod
+    def forward(x, y):
+        return x * y + 1
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 7, grad * 3
+
+
+class _WithFunctions(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return _NewStyle.apply(_NotItsDerivative.apply(self.lin(x), 2.0), x).sum(1)
+
+
+def test_custom_autograd_functions_are_inlined_where_no_gradient_can_flow():
+    # Bloom's GeLUFunction: under no_grad (or with nothing requiring grad) apply is the forward, traced in the graph;
+    # where a gradient flows, apply runs eagerly so that autograd calls the function's own backward.
+    m = _WithFunctions()
+    compiled = kiln.compile(m)
+    with torch.no_grad():
+        for _ in range(2):
+            x = random_tensor(3, 4)
+            torch.testing.assert_close(compiled(x), m(x))
+    assert kiln.stats()["graph_breaks"] == 0 and kiln.stats()["frames_compiled"] == 1
+    m.requires_grad_(False)  # grad mode on, nothing requires grad
+    x = random_tensor(3, 4)
+    torch.testing.assert_close(compiled(x), m(x))
+    assert kiln.stats()["graph_breaks"] == 0
+    m.requires_grad_(True)
+    x = random_tensor(3, 4)
+    compiled(x).sum().backward()
+    got = m.lin.weight.grad.clone()
+    m.zero_grad()
+    m(x).sum().backward()
+    torch.testing.assert_close(got, m.lin.weight.grad)  # the custom backward's gradient, not the derivative
+    assert kiln.stats()["graph_breaks"] > 0
