@@ -132,8 +132,9 @@ VarPtr Tracer::subscript(const VarPtr& obj, const VarPtr& index) {
       int eq = PyObject_RichCompareBool(obj->keys[k], index->value, Py_EQ);
       if (eq == 1) return obj->items[k];
     }
-    // A dict made in the trace holds exactly its keys here, as in eager.
-    if (obj->source || obj->built_from) KILN_UNSUPPORTED() << "dict key not found";
+    // A dict made in the trace holds exactly its keys here, as in eager; one read from outside is guarded on its
+    // keys (Tracer::wrap), so the key is missing on every call these guards let through. The KeyError goes to the
+    // traced code's handler (Mapping.get's `except KeyError`), or becomes a graph break where eager raises it.
     PyErr_SetObject(PyExc_KeyError, index->value);
     raise_pending("looking up a dict key");
   }

@@ -3,6 +3,7 @@
 Each test compares with eager over several calls with fresh inputs and asserts the code is captured whole.
 """
 import functools
+from collections.abc import MutableMapping
 
 import pytest
 import torch
@@ -194,3 +195,58 @@ def test_custom_autograd_functions_are_inlined_where_no_gradient_can_flow():
     m(x).sum().backward()
     torch.testing.assert_close(got, m.lin.weight.grad)  # the custom backward's gradient, not the derivative
     assert kiln.stats()["graph_breaks"] > 0
+
+
+class _Registry(MutableMapping):
+    """transformers' GeneralInterface: a class-wide mapping with local overrides, read through Mapping.get."""
+
+    _shared = {"sin": torch.sin, "cos": torch.cos}
+
+    def __init__(self):
+        self._local = {}
+
+    def __getitem__(self, key):
+        if key in self._local:
+            return self._local[key]
+        return self._shared[key]
+
+    def __setitem__(self, key, value):
+        self._local[key] = value
+
+    def __delitem__(self, key):
+        del self._local[key]
+
+    def __iter__(self):
+        return iter({**self._shared, **self._local})
+
+    def __len__(self):
+        return len(self._shared) + len(self._local)
+
+
+_REGISTRY = _Registry()
+_TABLE = {"x": 1}
+
+
+def test_missing_keys_of_dicts_read_from_outside_raise_a_key_error_the_code_catches():
+    # A missing key of a dict from outside was a graph break; its keys are guarded, so it raises KeyError into the
+    # traced code's own handler (Mapping.get's), and a key added later is seen.
+    def f(x, name):
+        fn = _REGISTRY.get(name, torch.tanh)
+        try:
+            k = _TABLE["y"]
+        except KeyError:
+            k = 5
+        return fn(x) * k
+
+    compiled = kiln.compile(f)
+    for name in ("sin", "other", "cos", "other"):
+        x = random_tensor(4)
+        torch.testing.assert_close(compiled(x, name), f(x, name))
+    assert kiln.stats()["graph_breaks"] == 0
+    _TABLE["y"] = 2
+    _Registry._shared["other"] = torch.exp
+    try:
+        x = random_tensor(4)
+        torch.testing.assert_close(compiled(x, "other"), f(x, "other"))
+    finally:
+        del _TABLE["y"], _Registry._shared["other"]
