@@ -445,6 +445,10 @@ class JointGraph final : public AutogradGraph {
     if (at::GradMode::is_enabled())
       for (const at::Tensor& t : inputs) needs_grad = needs_grad || (t.defined() && t.requires_grad());
     std::vector<at::Tensor> results;
+    if (needs_grad && program_->replay && program_->replay->used()) {
+      // Trained with double backward: the replay's eager history serves both backwards (double_backward.h).
+      return program_->replay->record_forward(inputs);
+    }
     if (needs_grad) {
       program_->compile_wanted_variant();
       // A TensorList (not a vector) so that Function::apply sees each input as a variable.

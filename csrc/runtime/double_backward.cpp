@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "runtime/eager_interpreter.h"
 
 namespace kiln::runtime {
@@ -57,9 +58,11 @@ std::vector<at::Tensor> DoubleBackwardReplay::gradients(const std::vector<at::Te
         << "one of the variables needed for gradient computation has been modified by an inplace operation: input "
         << i << " of a kiln-compiled graph is at version " << inputs[i]._version() << "; expected version "
         << versions[i] << " instead (a backward with create_graph=True replays the graph on its inputs)";
-  std::call_once(prepared_, [this] { interpreter_ = make_eager_interpreter(graph_, constants_); });
   at::AutoGradMode grad(true);
-  const std::vector<at::Tensor> replayed = interpreter_->run(inputs);
+  const std::vector<at::Tensor> replayed = record_forward(inputs);
+  if (!used_.exchange(true, std::memory_order_relaxed))
+    KILN_LOG(perf) << "kiln autograd: a backward with create_graph=True replayed a compiled graph; its later forwards "
+                      "that need grad record eager's autograd history op by op instead of running the compiled halves";
   std::vector<at::Tensor> outputs, seeds;
   for (size_t i = 0; i < computed.size() && i < grad_outputs.size(); ++i) {
     const at::Tensor& out = replayed.at(computed[i]);
@@ -83,6 +86,11 @@ std::vector<at::Tensor> DoubleBackwardReplay::gradients(const std::vector<at::Te
                                                               /*create_graph=*/true, /*allow_unused=*/true);
   for (size_t k = 0; k < grads.size(); ++k) result[grad_inputs[position[k]]] = grads[k];
   return result;
+}
+
+std::vector<at::Tensor> DoubleBackwardReplay::record_forward(const std::vector<at::Tensor>& inputs) {
+  std::call_once(prepared_, [this] { interpreter_ = make_eager_interpreter(graph_, constants_); });
+  return interpreter_->run(inputs);
 }
 
 }  // namespace kiln::runtime

@@ -6,6 +6,7 @@
 // create_graph=True: the gradients it returns carry eager's history back to those inputs, and a second backward
 // through them runs eager's double-backward formulas. Only such backwards pay for this; the forward keeps a
 // reference to each input and its version.
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -36,12 +37,20 @@ class DoubleBackwardReplay {
 
   size_t num_graph_outputs() const { return graph_->outputs.size(); }
 
+  /// Whether a double backward has run. A program trained that way (a physics-informed loss every step) would run its
+  /// forward twice per step, compiled and then replayed: from then on its forwards are the replay alone
+  /// (record_forward), with eager's autograd history, at eager's speed.
+  bool used() const { return used_.load(std::memory_order_relaxed); }
+  /// The captured outputs, computed op by op with autograd recording (grad mode as the caller has it).
+  std::vector<at::Tensor> record_forward(const std::vector<at::Tensor>& inputs);
+
  private:
   std::shared_ptr<const graph::Graph> graph_;
   std::vector<at::Tensor> constants_;
   std::string refusal_;
   std::once_flag prepared_;
   std::shared_ptr<CompiledGraph> interpreter_;  // made on the first double backward
+  std::atomic<bool> used_{false};
 };
 
 }  // namespace kiln::runtime
