@@ -52,9 +52,39 @@ VarPtr Tracer::binary(PyObject* op, const VarPtr& a, const VarPtr& b) {
   PyObject* add = PyObject_GetAttrString(helpers_, "BINARY_OPS");
   PyObject* add_fn = add ? PyList_GetItem(add, 0) : nullptr;
   PyObject* iadd_fn = add ? PyList_GetItem(add, 13) : nullptr;
+  PyObject* mul_fn = add ? PyList_GetItem(add, 5) : nullptr;
   Py_XDECREF(add);
   if ((a->is(VarKind::kList) && a->real_type) || (b->is(VarKind::kList) && b->real_type))
     KILN_UNSUPPORTED() << "operator on a " << (is_dict_view(a) || is_dict_view(b) ? "dict view" : "slice of a ModuleList");
+  // A constant tuple beside a traced one (`(output,) + outputs` with `outputs = ()`): its items, as constants.
+  auto items_of = [](const VarPtr& v) {
+    if (!v->is(VarKind::kConst) || !PyTuple_CheckExact(v->value)) return v->items;
+    std::vector<VarPtr> items;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(v->value); ++i) items.push_back(make_const(PyTuple_GET_ITEM(v->value, i)));
+    return items;
+  };
+  const bool tuples = (a->is(VarKind::kTuple) || (a->is(VarKind::kConst) && PyTuple_CheckExact(a->value))) &&
+                      (b->is(VarKind::kTuple) || (b->is(VarKind::kConst) && PyTuple_CheckExact(b->value)));
+  // Repetition, `(x,) * n` and `[x] * n` with n a constant: the items n times over (the same Vars, as eager's
+  // repetition repeats references).
+  if (op == mul_fn) {
+    const VarPtr& seq = b->is(VarKind::kConst) && PyLong_CheckExact(b->value) ? a : b;
+    const VarPtr& count = &seq == &a ? b : a;
+    const bool sequence = seq->is(VarKind::kTuple) || (seq->is(VarKind::kList) && !seq->real_type);
+    if (sequence && count->is(VarKind::kConst) && PyLong_CheckExact(count->value)) {
+      const long long n = PyLong_AsLongLong(count->value);
+      if (n < 0 && PyErr_Occurred()) rethrow_python("sequence repetition");
+      std::vector<VarPtr> items;
+      for (long long k = 0; k < n; ++k) items.insert(items.end(), seq->items.begin(), seq->items.end());
+      return make_sequence(seq->kind, std::move(items));
+    }
+  }
+  if ((op == add_fn || op == iadd_fn) && tuples) {
+    std::vector<VarPtr> items = items_of(a);
+    const std::vector<VarPtr> tail = items_of(b);
+    items.insert(items.end(), tail.begin(), tail.end());
+    return make_sequence(VarKind::kTuple, std::move(items));
+  }
   if ((op == add_fn || op == iadd_fn) && a->kind == b->kind &&
       (a->is(VarKind::kTuple) || a->is(VarKind::kList))) {
     std::vector<VarPtr> items = a->items;

@@ -250,3 +250,23 @@ def test_missing_keys_of_dicts_read_from_outside_raise_a_key_error_the_code_catc
         torch.testing.assert_close(compiled(x, "other"), f(x, "other"))
     finally:
         del _TABLE["y"], _Registry._shared["other"]
+
+
+def test_tuples_grown_from_an_empty_constant_and_repeated():
+    # PoolFormer's `outputs = (); outputs = (output,) + outputs` broke the graph at every layer.
+    def f(x, n):
+        outputs = ()
+        outputs = (x * 2,) + outputs
+        more = ()
+        more += (x + 1,)
+        return outputs + more + (1, 2) + (x,) * n + tuple([x - 1] * 2 + [x]) + tuple(3 * [x.sum()])
+
+    compiled = kiln.compile(f)
+    x = random_tensor(3)
+    got, want = compiled(x, 2), f(x, 2)
+    assert len(got) == len(want) and kiln.stats()["graph_breaks"] == 0
+    for g, w in zip(got, want):
+        if isinstance(w, torch.Tensor):
+            torch.testing.assert_close(g, w)
+        else:
+            assert g == w
