@@ -225,6 +225,9 @@ void register_frame(py::module_& m) {
     return d;
   });
   f.def("hook_installed", &frame::hook_installed);
+  f.def(
+      "gc_phase", [](const std::string& phase, py::object) { frame::garbage_collection(phase == "start"); },
+      py::arg("phase"), py::arg("info"), "A gc.callbacks entry: suspends the hook while the collector runs finalizers.");
 
   // At exit the callbacks' modules are being torn down: stop intercepting before that starts.
   // kiln._C drives this module's hook (one hook per process) through the function table.

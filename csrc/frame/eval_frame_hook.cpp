@@ -307,6 +307,14 @@ Compiler* set_thread_compiler(Compiler* compiler) {
 
 Compiler* thread_compiler() { return tls_suspended > 0 ? nullptr : tls_compiler; }
 
+void garbage_collection(bool started) {
+  if (started) {
+    ++tls_suspended;
+  } else if (tls_suspended > 0) {
+    --tls_suspended;
+  }
+}
+
 bool hook_installed() {
   return _PyInterpreterState_GetEvalFrameFunc(PyInterpreterState_Get()) == eval_frame_hook;
 }

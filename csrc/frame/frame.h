@@ -101,6 +101,10 @@ Compiler* set_thread_compiler(Compiler* compiler);
 /// This thread's compiler; nullptr while it runs guards or Compiler::on_miss.
 Compiler* thread_compiler();
 
+/// Called by Python's collector as it starts and stops (gc.callbacks, kiln/__init__.py): the finalizers it runs
+/// (`__del__`, weakref callbacks) interrupt whatever frame was running, and are never compiled. Needs the GIL.
+void garbage_collection(bool started);
+
 /// True while kiln's hook is the interpreter's frame evaluator.
 bool hook_installed();
 /// Called once at interpreter exit: uninstalls the hook for good (compilers may already be gone).

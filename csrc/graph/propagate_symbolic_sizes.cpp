@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <numeric>
 
 #include "common/error.h"
@@ -64,6 +65,7 @@ class Propagation {
   explicit Propagation(Graph& g) : g_(g), s_(mutable_symbolic(g)), hints_(s_.hints()) {
     s_.metas.resize(g.values.size());
     for (const SymbolicIntArg& a : s_.int_args) int_args_[{a.node, a.arg}].push_back(a);
+    for (const auto& [node, arg] : s_.size_args) size_args_[node].push_back(arg);
     for (size_t i = 0; i < s_.placeholders.size(); ++i)
       placeholders_of_[s_.placeholders[i].value].push_back(i);
     pending_ = std::move(s_.trace_assumptions);
@@ -164,6 +166,11 @@ class Propagation {
       specialise(read, node_name(g_, n) + ": a complex argument has no symbolic form");
       return;
     }
+    if (std::optional<std::string> computed = computed_size_argument(n)) {
+      specialise(read, node_name(g_, n) + ": its " + *computed +
+                           " was computed inside an op recorded whole, from sizes kiln does not follow");
+      return;
+    }
     infer_sizes(n, *args);
     shape::RuleResult result = shape::infer_shapes(op, *args, s_.facts, &hints_);
     if (!result.has_rule) {
@@ -182,6 +189,32 @@ class Propagation {
       s_.assumptions.push_back(a);
       if (a.kind == shape::Assumption::Kind::kEq) unify(a);
     }
+  }
+
+  // The name of a size argument of node n (add_size_argument) holding an int no tracer marked, outside the
+  // configuration sizes and the size lists infer_sizes covers; nullopt when there is none. A select's index counts as
+  // configuration: composites pick items by literal positions (multi-head attention's packed q, k, v).
+  std::optional<std::string> computed_size_argument(NodeIndex n) const {
+    auto found = size_args_.find(n);
+    if (found == size_args_.end()) return std::nullopt;
+    const Node& node = g_.nodes[n];
+    static const std::set<std::string> configuration = {"stride",     "padding",       "dilation",     "groups",
+                                                        "output_padding", "normalized_shape", "padding_idx",
+                                                        "ignore_index", "diagonal", "index"};
+    const std::optional<RecordedSizeArgs> inferable = recorded_size_args(node.qualified_name());
+    // -1, 0, 1 and the end-of-dim sentinel are the defaults ATen's indexing fills in (x[:, :n] is slice(x, 1, 0, n, 1)),
+    // not sizes of 2 or more that symbols stand for.
+    auto computed = [](int64_t v) { return (v >= 2 || v < -1) && v < (int64_t{1} << 62); };
+    for (int32_t a : found->second) {
+      const std::string name = static_cast<size_t>(a) < node.arg_names.size() ? node.arg_names[a] : "";
+      if (configuration.count(name) || (inferable && inferable->sizes == a)) continue;
+      if (const auto* i = std::get_if<int64_t>(&node.args[a]); i && computed(*i) && !marked_int(n, a, -1))
+        return "argument " + name;
+      if (const auto* list = std::get_if<std::vector<int64_t>>(&node.args[a]))
+        for (size_t e = 0; e < list->size(); ++e)
+          if (computed((*list)[e]) && !marked_int(n, a, static_cast<int32_t>(e))) return "argument " + name;
+    }
+    return std::nullopt;
   }
 
   // Whether node n is an expand of a concrete tensor whose recorded sizes broadcast a dim to a symbol's size (matmul's
@@ -361,6 +394,7 @@ class Propagation {
   sym::Bindings hints_;
   sym::Substitution subst_;
   std::map<std::pair<NodeIndex, int32_t>, std::vector<SymbolicIntArg>> int_args_;
+  std::map<NodeIndex, std::vector<int32_t>> size_args_;
   std::vector<SymbolicIntArg> inferred_;  // int arguments infer_sizes found
   std::map<ValueId, std::vector<size_t>> placeholders_of_;  // value -> indices into s_.placeholders
   std::vector<shape::Assumption> pending_;  // trace assumptions naming placeholders not bound yet
@@ -486,6 +520,13 @@ void mark_symbolic_int_arg(Graph& g, const SymbolicIntArg& arg) {
     s.int_args.pop_back();
     KILN_CHECK(false) << "cannot mark that int argument symbolic: " << e.what();
   }
+}
+
+void add_size_argument(Graph& g, NodeIndex node, int32_t arg) {
+  KILN_CHECK(node >= 0 && static_cast<size_t>(node) < g.nodes.size() && arg >= 0 &&
+             static_cast<size_t>(arg) < g.nodes[node].args.size())
+      << "size argument " << arg << " of node " << node << " does not exist";
+  mutable_symbolic(g).size_args.push_back({node, arg});
 }
 
 void propagate_symbolic_sizes(Graph& g) {

@@ -51,6 +51,14 @@ void add_trace_assumption(Graph& g, shape::Assumption assumption);
 /// the hints.
 void mark_symbolic_int_arg(Graph& g, const SymbolicIntArg& arg);
 
+/// Records that argument `arg` of node `node` is a size in ATen's schema (SymInt, SymInt[], SymInt?). Propagation
+/// checks it: a value no tracer marked (mark_symbolic_int_arg) was computed where the tracer could not see, inside a
+/// composite op recorded whole (F.interpolate's output_size, torch.diff's narrow length), possibly from sizes; where
+/// the node reads symbols and no inference covers the argument, those symbols are pinned (the graph is specialised
+/// there, never wrong). Configuration sizes (a convolution's stride, padding, dilation and groups, layer norm's
+/// normalized_shape, padding_idx, ignore_index, a diagonal, a select's index) are taken as given.
+void add_size_argument(Graph& g, NodeIndex node, int32_t arg);
+
 /// Needs: the dims that may vary marked, the tracer's placeholders, int arguments and assumptions added (nothing
 /// marked or added: nothing to do, the graph stays without symbols).
 /// Guarantees: each value's symbolic meta (Graph::symbolic->metas) evaluates to its concrete meta at the hints (a

@@ -79,6 +79,8 @@ struct SymbolicSizes {
   /// By ValueId; nullopt (or past the end, for values added later) where every size is concrete.
   std::vector<std::optional<shape::SymTensorMeta>> metas;
   std::vector<SymbolicIntArg> int_args;
+  /// Arguments ATen's schema types as sizes (SymInt), as (node, argument): add_size_argument.
+  std::vector<std::pair<NodeIndex, int32_t>> size_args;
   /// The relations the rules assumed, each a guard the graph needs; reasons name the node.
   std::vector<shape::Assumption> assumptions;
   std::vector<Specialisation> specialisations;

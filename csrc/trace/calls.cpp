@@ -34,6 +34,19 @@ bool requires_grad(const VarPtr& v) {
   return false;
 }
 
+// A Python number, or a tuple or list of them (torch.Size, `_pair(n)`): what a call computed at trace time.
+bool is_number_or_numbers(PyObject* result) {
+  if (PyLong_Check(result) || PyFloat_Check(result)) return true;
+  if (!PyTuple_Check(result) && !PyList_Check(result)) return false;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(result);
+  if (n == 0) return false;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = PySequence_Fast_GET_ITEM(result, i);
+    if (!PyLong_Check(item) && !PyFloat_Check(item)) return false;
+  }
+  return true;
+}
+
 bool any_requires_grad(const std::vector<VarPtr>& args, const KwArgs& kwargs) {
   return std::any_of(args.begin(), args.end(), requires_grad) ||
          std::any_of(kwargs.begin(), kwargs.end(), [](const auto& kv) { return requires_grad(kv.second); });
@@ -121,8 +134,7 @@ VarPtr Tracer::call_recorded(PyObject* fn, const std::vector<VarPtr>& args, cons
   if (!result) rethrow_python("calling " + name_of(fn) + " on fake tensors");
   if (!passed.empty()) {
     no_pin.reset();
-    symbolic->note_call(first_node, recorded_nodes(), std::move(passed), name_of(fn),
-                        PyLong_Check(result) || PyFloat_Check(result));
+    symbolic->note_call(first_node, recorded_nodes(), std::move(passed), name_of(fn), is_number_or_numbers(result));
   }
   VarPtr out = wrap_result(result);
   Py_DECREF(result);

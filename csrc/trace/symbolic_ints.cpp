@@ -481,13 +481,18 @@ void SymbolicInts::match_call(graph::Graph& g, const Call& c) {
 
 // ---- the graph -----------------------------------------------------------------------------------------------
 
-void SymbolicInts::finish(PyObject* graph_object, guards::GuardTree& guards, const std::vector<SourcePtr>& input_sources) {
+void SymbolicInts::finish(PyObject* graph_object, PyObject* size_arguments, guards::GuardTree& guards,
+                          const std::vector<SourcePtr>& input_sources) {
   if (!active()) return;
   std::shared_ptr<graph::Graph> g = compile::graph_from_object(graph_object);
   for (const InputDims& in : inputs_) graph::mark_symbolic_dims(*g, in.input_index, in.dims, in.symbols);
   for (const graph::SizePlaceholder& p : placeholders_) graph::add_size_placeholder(*g, p);
 
   for (const Call& c : calls_) match_call(*g, c);
+  for (const auto& pair : pybind11::reinterpret_borrow<pybind11::list>(size_arguments)) {
+    const auto node_arg = pair.cast<std::pair<int, int>>();
+    graph::add_size_argument(*g, node_arg.first, node_arg.second);
+  }
   for (const Assumption& a : assumptions_) graph::add_trace_assumption(*g, a);
   graph::propagate_symbolic_sizes(*g);
   if (log::enabled(log::Category::dynamic)) KILN_LOG(dynamic) << "the graph over its size symbols:\n" << g->to_string();

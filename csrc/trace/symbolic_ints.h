@@ -106,8 +106,10 @@ class SymbolicInts {
 
   /// After the recorder built `graph` (a kiln._C.Graph): gives it its symbolic sizes (input symbols, placeholders,
   /// the nodes' symbolic int arguments matched by value, the relations relied on), propagates them, and sets the
-  /// guards: dynamic dims on the inputs' tensor checks and the size relations. `input_sources` in graph input order.
-  void finish(PyObject* graph, guards::GuardTree& guards, const std::vector<SourcePtr>& input_sources);
+  /// guards: dynamic dims on the inputs' tensor checks and the size relations. `input_sources` in graph input order;
+  /// `size_arguments` the recorder's [(node, argument)] of the arguments ATen types SymInt (Recorder.size_arguments).
+  void finish(PyObject* graph, PyObject* size_arguments, guards::GuardTree& guards,
+              const std::vector<SourcePtr>& input_sources);
 
   /// For kiln.explain and KILN_LOGS=dynamic: one line per symbol and per relation, after finish().
   const std::vector<std::string>& summary() const { return summary_; }

@@ -7,6 +7,14 @@
 The torch-free core (kiln._core: bytecode and frame hook) imports without torch; everything else
 needs torch, imported before kiln's compiler extension kiln._C.
 """
+import gc as _gc
+
+from kiln import _core
+
+# Finalizers the collector runs interrupt whatever frame is running; the hook leaves them alone (csrc/frame/frame.h).
+if _core.frame.gc_phase not in _gc.callbacks:
+    _gc.callbacks.append(_core.frame.gc_phase)
+
 try:
     import torch  # noqa: F401  (loads LibTorch before kiln._C)
 except ImportError:  # the torch-free core alone (tests of bytecode/ and frame/ on other Pythons)

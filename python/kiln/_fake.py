@@ -133,7 +133,7 @@ class _OpInfo:
 
     __slots__ = ("op", "overload", "qualified", "arguments", "names", "num_positional", "float_args",
                  "device_args", "list_kinds", "has_tensor_args", "mutates_args", "is_view", "returns_list",
-                 "num_returns", "written_args", "refusal", "data_dependent", "python_meta")
+                 "num_returns", "written_args", "refusal", "data_dependent", "python_meta", "size_args")
 
     def __init__(self, func):
         schema = func._schema
@@ -148,6 +148,7 @@ class _OpInfo:
         self.device_args = {i for i, t in enumerate(type_names) if t in ("Device", "Optional[Device]")}
         self.list_kinds = {i: _list_kind(t) for i, t in enumerate(type_names) if "List[" in t}
         self.has_tensor_args = any("Tensor" in t for t in type_names)
+        self.size_args = _size_argument_indices(str(schema), len(self.arguments))
         self.written_args = [i for i, a in enumerate(self.arguments) if a.alias_info is not None and a.alias_info.is_write]
         self.mutates_args = bool(self.written_args)
         self.is_view = any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
@@ -159,6 +160,28 @@ class _OpInfo:
         self.data_dependent = any(tag in func.tags for tag in _DATA_DEPENDENT_TAGS)
         if self.refusal is None and not self.returns_list and any(t != "Tensor" for t in return_types):
             self.refusal = f"it returns {', '.join(return_types)}, not tensors"
+
+
+def _size_argument_indices(schema_text, num_arguments):
+    """Indexes of the arguments a schema declares SymInt (the Python bindings show them as int): read from its text,
+    `aten::narrow(Tensor(a) self, int dim, SymInt start, SymInt length) -> Tensor(a)`."""
+    inside = schema_text[schema_text.index("(") + 1:]
+    depth, start, declarations = 0, 0, []
+    for i, ch in enumerate(inside):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            if depth == 0:
+                declarations.append(inside[start:i])
+                break
+            depth -= 1
+        elif ch == "," and depth == 0:
+            declarations.append(inside[start:i])
+            start = i + 1
+    declarations = [d.strip() for d in declarations if d.strip() and d.strip() != "*"]
+    if len(declarations) != num_arguments:
+        return ()
+    return tuple(i for i, d in enumerate(declarations) if d.startswith("SymInt"))
 
 
 def _list_kind(type_name):
@@ -237,6 +260,7 @@ class Recorder:
         self._values = []         # [kind, meta(list), extra] per ValueId (see graph/py_records.h)
         self._value_tensors = []  # the fake (or real constant) each ValueId was made from
         self._nodes = []          # node tuples
+        self._size_args = {}      # node index -> its size arguments (size_arguments)
         self._value_of = {}       # id(tensor) -> ValueId (fakes, meta twins of constants)
         self._tensors = {}        # id(tensor) -> tensor: keeps every mapped tensor alive so ids stay unique
         self._fake_of_input = {}  # id(real input) -> (real, fake)
@@ -388,6 +412,11 @@ class Recorder:
     @property
     def num_nodes(self):
         return len(self._nodes)
+
+    def size_arguments(self):
+        """[(node index, argument index)] for each recorded argument ATen's schema types SymInt, SymInt[] or SymInt?:
+        a size, which under dynamic shapes may have been computed from sizes inside a composite op (trace/symbolic_ints.cpp)."""
+        return [(n, a) for n, args in sorted(self._size_args.items()) for a in args]
 
     def finish(self, outputs):
         """Builds the kiln._C.Graph returning `outputs` (fakes or real constant tensors), in order."""
@@ -588,6 +617,8 @@ class Recorder:
                                   requires_grad=requires_grad and (out.is_floating_point() or out.is_complex()))
             self._map(out, vid)
             output_ids.append(vid)
+        if info.size_args:
+            self._size_args[len(self._nodes)] = info.size_args
         self._nodes.append((info.op, info.overload, records, info.names, info.num_positional, output_ids,
                             info.returns_list, info.mutates_args, info.is_view))
         return result
@@ -714,6 +745,7 @@ class Recorder:
         del self._values[num_values:]
         del self._value_tensors[num_values:]
         del self._nodes[num_nodes:]
+        self._size_args = {n: a for n, a in self._size_args.items() if n < num_nodes}
         self._fresh_constants = {v for v in self._fresh_constants if v < num_values}
 
     def _refresh_requires_grad(self, first_value):

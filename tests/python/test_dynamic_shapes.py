@@ -409,3 +409,27 @@ def test_a_job_remembers_its_dynamic_dims_across_processes(tmp_path):
         assert p.read_text().splitlines()[1:] == ["x\t1"], p.read_text()
         p.write_text("not a profile\n")  # its checksum no longer matches either: the entry is dropped
     assert _frames_of_a_process(tmp_path, "job-a", [11, 13]) == 2
+
+
+# ---- sizes computed where the tracer cannot see ------------------------------------------------------------------
+def _upsample(x):
+    return F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False)
+
+
+def _torch_sizes(x):
+    # torch.diff (a narrow of length n - 1), tensor_split (slices at computed bounds), adaptive pooling with a
+    # size taken from the input: each computes sizes inside one call the recorder runs whole.
+    return torch.diff(x, dim=-1).sum(-1), x.tensor_split(3, -1)[1].sum(-1), F.adaptive_avg_pool1d(x, 3)
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+@pytest.mark.parametrize("fn,make", [
+    (_upsample, lambda n: (random_tensor(1, 2, n, n + 1),)),
+    (nn.Upsample(scale_factor=2, mode="nearest"), lambda n: (random_tensor(1, 2, n, n),)),
+    (_torch_sizes, lambda n: (random_tensor(2, 3, n),)),
+], ids=["interpolate", "upsample_module", "torch_composites"])
+def test_sizes_computed_inside_ops_recorded_whole_are_never_baked_in(fresh, dynamic, fn, make):
+    # F.interpolate computed its output size from the input's and upsample_bilinear2d recorded it as a literal: the
+    # dynamic graph returned the first size's output shape at every later size. Such a size argument (SymInt in
+    # ATen's schema) that no traced int explains now specialises the sizes its op reads.
+    run_sizes(fn, make, dynamic, sizes=[5, 9, 16, 7])

@@ -270,3 +270,32 @@ def test_tuples_grown_from_an_empty_constant_and_repeated():
             torch.testing.assert_close(g, w)
         else:
             assert g == w
+
+
+class _Finalized:
+    collected = []
+
+    def __init__(self):
+        self.cycle = self  # only the cyclic collector frees it
+
+    def __del__(self):
+        _Finalized.collected.append(torch.ones(2).sum())
+
+
+def test_finalizers_the_collector_runs_inside_compiled_code_are_not_compiled():
+    # A __del__ run by a collection that happened to start inside a compiled call was intercepted by the hook and
+    # compiled as a frame of its own (regex's Group.__del__ under transformers, counted as a cache hit later).
+    import gc
+
+    def f(x):
+        y = x * 2
+        gc.collect()  # a graph break: runs eagerly, with the hook active for what it calls
+        return y + 1
+
+    _Finalized()
+    compiled = kiln.compile(f)
+    x = random_tensor(3)
+    torch.testing.assert_close(compiled(x), f(x))
+    assert _Finalized.collected, "the finalizer did not run"
+    assert kiln._core.frame.entries(_Finalized.__del__) == 0
+    assert not kiln._core.frame.is_skipped(_Finalized.__del__)
