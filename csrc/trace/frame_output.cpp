@@ -221,17 +221,7 @@ TraceResult Tracer::finish(const VarPtr& returned, bool break_output) {
   Py_DECREF(out_list);
   if (!graph) rethrow_python("finishing the graph");
   result.graph = graph;
-  if (symbolic_) {
-    PyObject* size_args = PyObject_CallMethod(recorder_, "size_arguments", nullptr);
-    if (!size_args) rethrow_python("recorder.size_arguments");
-    try {
-      symbolic_->finish(graph, size_args, *guards_, input_sources_);
-    } catch (...) {
-      Py_DECREF(size_args);
-      throw;
-    }
-    Py_DECREF(size_args);
-  }
+  if (symbolic_) symbolic_->finish(graph, recorded_size_arguments(recorder_), *guards_, input_sources_);
   PyObject* n = PyObject_GetAttrString(graph, "num_nodes");
   if (n && PyCallable_Check(n)) Py_SETREF(n, PyObject_CallNoArgs(n));
   result.num_ops = n && PyLong_Check(n) ? (int)PyLong_AsLong(n) : 0;

@@ -10,6 +10,7 @@
 #include "compile/backends.h"
 #include "graph/propagate_symbolic_sizes.h"
 #include "graph/symbolic_sizes.h"
+#include "trace/tracer.h"
 
 namespace kiln::trace {
 
@@ -481,18 +482,27 @@ void SymbolicInts::match_call(graph::Graph& g, const Call& c) {
 
 // ---- the graph -----------------------------------------------------------------------------------------------
 
-void SymbolicInts::finish(PyObject* graph_object, PyObject* size_arguments, guards::GuardTree& guards,
-                          const std::vector<SourcePtr>& input_sources) {
+std::vector<std::pair<int32_t, int32_t>> recorded_size_arguments(PyObject* recorder) {
+  PyObject* pairs = PyObject_CallMethod(recorder, "size_arguments", nullptr);
+  if (!pairs) rethrow_python("recorder.size_arguments");
+  std::vector<std::pair<int32_t, int32_t>> out;
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pairs); ++i) {
+    PyObject* pair = PyList_GET_ITEM(pairs, i);
+    out.emplace_back(PyLong_AsLong(PyTuple_GET_ITEM(pair, 0)), PyLong_AsLong(PyTuple_GET_ITEM(pair, 1)));
+  }
+  Py_DECREF(pairs);
+  return out;
+}
+
+void SymbolicInts::finish(PyObject* graph_object, const std::vector<std::pair<int32_t, int32_t>>& size_arguments,
+                          guards::GuardTree& guards, const std::vector<SourcePtr>& input_sources) {
   if (!active()) return;
   std::shared_ptr<graph::Graph> g = compile::graph_from_object(graph_object);
   for (const InputDims& in : inputs_) graph::mark_symbolic_dims(*g, in.input_index, in.dims, in.symbols);
   for (const graph::SizePlaceholder& p : placeholders_) graph::add_size_placeholder(*g, p);
 
   for (const Call& c : calls_) match_call(*g, c);
-  for (const auto& pair : pybind11::reinterpret_borrow<pybind11::list>(size_arguments)) {
-    const auto node_arg = pair.cast<std::pair<int, int>>();
-    graph::add_size_argument(*g, node_arg.first, node_arg.second);
-  }
+  for (const auto& [node, arg] : size_arguments) graph::add_size_argument(*g, node, arg);
   for (const Assumption& a : assumptions_) graph::add_trace_assumption(*g, a);
   graph::propagate_symbolic_sizes(*g);
   if (log::enabled(log::Category::dynamic)) KILN_LOG(dynamic) << "the graph over its size symbols:\n" << g->to_string();

@@ -68,6 +68,10 @@ struct DynamicPolicy {
   std::string profile_where;  // "fn at file:line", for logs
 };
 
+/// Recorder.size_arguments() of the recorder `recorder` (kiln._fake): (node, argument) for each argument its op's
+/// schema types SymInt.
+std::vector<std::pair<int32_t, int32_t>> recorded_size_arguments(PyObject* recorder);
+
 /// The symbolic ints of one trace. Made by the Tracer; active() once an input dim is a symbol.
 class SymbolicInts {
  public:
@@ -107,9 +111,9 @@ class SymbolicInts {
   /// After the recorder built `graph` (a kiln._C.Graph): gives it its symbolic sizes (input symbols, placeholders,
   /// the nodes' symbolic int arguments matched by value, the relations relied on), propagates them, and sets the
   /// guards: dynamic dims on the inputs' tensor checks and the size relations. `input_sources` in graph input order;
-  /// `size_arguments` the recorder's [(node, argument)] of the arguments ATen types SymInt (Recorder.size_arguments).
-  void finish(PyObject* graph, PyObject* size_arguments, guards::GuardTree& guards,
-              const std::vector<SourcePtr>& input_sources);
+  /// `size_arguments` the (node, argument) pairs of the arguments ATen types SymInt (recorded_size_arguments).
+  void finish(PyObject* graph, const std::vector<std::pair<int32_t, int32_t>>& size_arguments,
+              guards::GuardTree& guards, const std::vector<SourcePtr>& input_sources);
 
   /// For kiln.explain and KILN_LOGS=dynamic: one line per symbol and per relation, after finish().
   const std::vector<std::string>& summary() const { return summary_; }

@@ -1,5 +1,7 @@
 // Tracer: operators, subscripts, truth and iteration of traced values (the rest of Tracer is in tracer.cpp).
 
+#include <optional>
+
 #include "common/error.h"
 #include "common/log.h"
 #include "trace/interpreter.h"
@@ -56,20 +58,12 @@ VarPtr Tracer::binary(PyObject* op, const VarPtr& a, const VarPtr& b) {
   Py_XDECREF(add);
   if ((a->is(VarKind::kList) && a->real_type) || (b->is(VarKind::kList) && b->real_type))
     KILN_UNSUPPORTED() << "operator on a " << (is_dict_view(a) || is_dict_view(b) ? "dict view" : "slice of a ModuleList");
-  // A constant tuple beside a traced one (`(output,) + outputs` with `outputs = ()`): its items, as constants.
-  auto items_of = [](const VarPtr& v) {
-    if (!v->is(VarKind::kConst) || !PyTuple_CheckExact(v->value)) return v->items;
-    std::vector<VarPtr> items;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(v->value); ++i) items.push_back(make_const(PyTuple_GET_ITEM(v->value, i)));
-    return items;
-  };
-  const bool tuples = (a->is(VarKind::kTuple) || (a->is(VarKind::kConst) && PyTuple_CheckExact(a->value))) &&
-                      (b->is(VarKind::kTuple) || (b->is(VarKind::kConst) && PyTuple_CheckExact(b->value)));
   // Repetition, `(x,) * n` and `[x] * n` with n a constant: the items n times over (the same Vars, as eager's
   // repetition repeats references).
   if (op == mul_fn) {
-    const VarPtr& seq = b->is(VarKind::kConst) && PyLong_CheckExact(b->value) ? a : b;
-    const VarPtr& count = &seq == &a ? b : a;
+    const bool count_after = b->is(VarKind::kConst) && PyLong_CheckExact(b->value);
+    const VarPtr& seq = count_after ? a : b;
+    const VarPtr& count = count_after ? b : a;
     const bool sequence = seq->is(VarKind::kTuple) || (seq->is(VarKind::kList) && !seq->real_type);
     if (sequence && count->is(VarKind::kConst) && PyLong_CheckExact(count->value)) {
       const long long n = PyLong_AsLongLong(count->value);
@@ -79,21 +73,29 @@ VarPtr Tracer::binary(PyObject* op, const VarPtr& a, const VarPtr& b) {
       return make_sequence(seq->kind, std::move(items));
     }
   }
-  if ((op == add_fn || op == iadd_fn) && tuples) {
-    std::vector<VarPtr> items = items_of(a);
-    const std::vector<VarPtr> tail = items_of(b);
-    items.insert(items.end(), tail.begin(), tail.end());
-    return make_sequence(VarKind::kTuple, std::move(items));
-  }
-  if ((op == add_fn || op == iadd_fn) && a->kind == b->kind &&
-      (a->is(VarKind::kTuple) || a->is(VarKind::kList))) {
-    std::vector<VarPtr> items = a->items;
-    items.insert(items.end(), b->items.begin(), b->items.end());
-    if (op == iadd_fn && a->is(VarKind::kList) && !a->real_type && claim_container(a)) {  // in place, as list.__iadd__
-      a->items = items;
-      return a;
+  if (op == add_fn || op == iadd_fn) {
+    // Tuples, traced or constant (`(output,) + outputs` with `outputs = ()`): a new tuple of their items.
+    auto tuple_items = [](const VarPtr& v) -> std::optional<std::vector<VarPtr>> {
+      if (v->is(VarKind::kTuple)) return v->items;
+      if (!v->is(VarKind::kConst) || !PyTuple_CheckExact(v->value)) return std::nullopt;
+      std::vector<VarPtr> items;
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(v->value); ++i) items.push_back(make_const(PyTuple_GET_ITEM(v->value, i)));
+      return items;
+    };
+    std::optional<std::vector<VarPtr>> head = tuple_items(a), tail = tuple_items(b);
+    if (head && tail) {
+      head->insert(head->end(), tail->begin(), tail->end());
+      return make_sequence(VarKind::kTuple, std::move(*head));
     }
-    return make_sequence(a->kind, std::move(items));
+    if (a->is(VarKind::kList) && b->is(VarKind::kList)) {
+      std::vector<VarPtr> items = a->items;
+      items.insert(items.end(), b->items.begin(), b->items.end());
+      if (op == iadd_fn && !a->real_type && claim_container(a)) {  // in place, as list.__iadd__
+        a->items = items;
+        return a;
+      }
+      return make_sequence(VarKind::kList, std::move(items));
+    }
   }
   KILN_UNSUPPORTED() << "operator on " << a->describe() << " and " << b->describe();
 }

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import kiln._C as C
-from kiln import _fake
+from kiln import _fake, _op_schema
 
 aten = torch.ops.aten
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -43,7 +43,7 @@ def _record(value, type_name, ids):
         return ("memory_format", codes["memory_formats"][value])
     if isinstance(value, torch.device):
         return ("device", _fake._device_code(value))
-    kind = _fake._list_kind(type_name)
+    kind = _op_schema.list_kind(type_name)
     if kind == "tensors":
         return ("tensors", [None if v is None else next(ids) for v in value])
     return (kind, [{"floats": float, "bools": bool}.get(kind, int)(v) for v in value])
