@@ -83,11 +83,14 @@ struct GlobalState {
   int autocast = 0;
   int autocast_dtype_cpu = -1;
   int autocast_dtype_cuda = -1;
+  /// A torch.func transform (vmap, grad, jacrev) is running: its tensors are functorch wrappers, which
+  /// compiled graphs do not take. Frames called there run eagerly.
+  bool functorch = false;
   static GlobalState current();
   bool operator==(const GlobalState& o) const {
     return grad_enabled == o.grad_enabled && inference_mode == o.inference_mode && default_dtype == o.default_dtype &&
            autocast == o.autocast && autocast_dtype_cpu == o.autocast_dtype_cpu &&
-           autocast_dtype_cuda == o.autocast_dtype_cuda;
+           autocast_dtype_cuda == o.autocast_dtype_cuda && functorch == o.functorch;
   }
   std::string describe() const;
 };

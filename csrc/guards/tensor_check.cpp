@@ -1,6 +1,7 @@
 // Tensor guards and global state: the only guards/ file that includes LibTorch headers.
 #include <ATen/autocast_mode.h>
 #include <ATen/core/TensorBase.h>
+#include <ATen/functorch/DynamicLayer.h>
 #include <c10/core/DefaultDtype.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
@@ -146,6 +147,7 @@ GlobalState GlobalState::current() {
                (at::autocast::is_autocast_enabled(c10::DeviceType::CUDA) ? 2 : 0);
   if (s.autocast & 1) s.autocast_dtype_cpu = static_cast<int>(at::autocast::get_autocast_dtype(c10::DeviceType::CPU));
   if (s.autocast & 2) s.autocast_dtype_cuda = static_cast<int>(at::autocast::get_autocast_dtype(c10::DeviceType::CUDA));
+  s.functorch = !at::functorch::getDynamicLayerStack().empty();
   return s;
 }
 
@@ -154,7 +156,8 @@ std::string GlobalState::describe() const {
          (inference_mode ? "on" : "off") + ", default dtype " +
          c10::toString(static_cast<c10::ScalarType>(default_dtype)) +
          (autocast & 1 ? std::string(", autocast cpu ") + c10::toString(static_cast<c10::ScalarType>(autocast_dtype_cpu)) : "") +
-         (autocast & 2 ? std::string(", autocast cuda ") + c10::toString(static_cast<c10::ScalarType>(autocast_dtype_cuda)) : "");
+         (autocast & 2 ? std::string(", autocast cuda ") + c10::toString(static_cast<c10::ScalarType>(autocast_dtype_cuda)) : "") +
+         (functorch ? ", inside a torch.func transform" : "");
 }
 
 }  // namespace kiln::guards

@@ -262,11 +262,14 @@ VarPtr Tracer::call(const VarPtr& fn, std::vector<VarPtr> args, KwArgs kwargs) {
   if (handled) return r;
   if (f == object_getattribute() && args.size() == 2 && kwargs.empty()) return generic_getattr(args[0], args[1]);
   if (PyExceptionClass_Check(f)) return construct_exception(f, args, kwargs);
-  PyObject* global_state = PyObject_CallOneArg(helper("changes_global_state"), f);
-  if (!global_state) rethrow_python("classifying a callable");
-  Py_DECREF(global_state);
-  if (global_state == Py_True)
-    KILN_UNSUPPORTED() << "call of " << name_of(f) << ", which reads or changes global state (grad mode, RNG, defaults)";
+  PyObject* eager_only = PyObject_CallOneArg(helper("eager_only_reason"), f);
+  if (!eager_only) rethrow_python("classifying a callable");
+  if (eager_only != Py_None) {
+    const std::string why = PyUnicode_Check(eager_only) ? PyUnicode_AsUTF8(eager_only) : "";
+    Py_DECREF(eager_only);
+    KILN_UNSUPPORTED() << "call of " << name_of(f) << ", " << why;
+  }
+  Py_DECREF(eager_only);
   PyObject* is_torch = PyObject_CallOneArg(helper("is_torch_callable"), f);
   if (!is_torch) rethrow_python("classifying a callable");
   bool torch_callable = is_torch == Py_True;

@@ -499,6 +499,16 @@ frame::MissResult KilnCompiler::on_miss(const frame::FrameView& frame,
     result.action = frame::MissAction::kSkipCode;
     return result;
   }
+  if (guards::GlobalState::current().functorch) {
+    // Inside torch.func.vmap / grad / jacrev (run eagerly: the transform's own frames are torch's): the
+    // function it transforms sees functorch's wrapper tensors. This call runs eagerly; the entries compiled
+    // outside the transform keep serving calls outside it (their guards include the transform state).
+    if (warned_functorch_.insert((PyObject*)frame.code).second)
+      KILN_LOG(graph_breaks) << where(frame.code) << " runs eagerly inside a torch.func transform (vmap, grad, "
+                             << "jacrev): kiln does not compile functions a transform calls";
+    result.action = frame::MissAction::kRunDefault;
+    return result;
+  }
   // This call only (the code may be called again after the import, from code worth compiling).
   if (!entry_code && !is_resume_code((PyObject*)frame.code) && running_an_import()) {
     result.action = frame::MissAction::kRunDefault;

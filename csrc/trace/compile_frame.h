@@ -77,6 +77,7 @@ class KilnCompiler : public frame::Compiler {
   CompileOptions options_;
   unsigned long long serial_;
   std::unordered_set<PyObject*> warned_limit_;  ///< codes whose recompile-limit warning was given
+  std::unordered_set<PyObject*> warned_functorch_;  ///< codes logged as running eagerly inside a torch.func transform
   /// Per code object (borrowed: only compared): what its traces saw of each input's sizes (automatic dynamic
   /// shapes, trace/symbolic_ints.h).
   std::unordered_map<PyObject*, DynamicPolicy> dynamic_;

@@ -21,6 +21,7 @@ What cannot run on meta (reading tensor data: item(), bool(), nonzero(), tolist(
 a meta kernel) raises `kiln.errors.Unsupported`, and the failed call leaves no trace in the recorder.
 """
 import contextlib
+import functools
 import operator
 
 import torch
@@ -193,6 +194,7 @@ class Recorder:
         self._op_infos = {}
         self._inside_whole_op = False
         self._proxies = None      # id(fake) -> its _DeviceProxy, while a call runs under autocast
+        self._entry_grad_mode = self._grad_mode = torch.is_grad_enabled()  # the mode after the last node
 
     # ---- public API used by the tracer -----------------------------------------------------------
     def add_input(self, tensor):
@@ -200,9 +202,12 @@ class Recorder:
         entry = self._fake_of_input.get(id(tensor))
         if entry is not None:
             return entry[1]
-        if tensor.layout != torch.strided or tensor.is_quantized or tensor.device.type == "meta":
+        if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_nested or tensor.device.type == "meta":
             raise errors.Unsupported(f"kiln captures dense strided tensors only, got a {tensor.layout} tensor on "
-                                     f"{tensor.device}")
+                                     f"{tensor.device}" + (" (a nested tensor)" if tensor.is_nested else ""))
+        if not _plain_tensor_type(type(tensor)):
+            raise errors.Unsupported(f"a {type(tensor).__qualname__} (a tensor subclass whose __torch_function__ or "
+                                     f"__torch_dispatch__ gives its ops their own meaning) runs eagerly")
         fake = _meta_twin(tensor, requires_grad=tensor.requires_grad)
         vid = self._new_value("input", fake, _device_code(tensor.device), self._num_inputs,
                               requires_grad=tensor.requires_grad)
@@ -271,6 +276,7 @@ class Recorder:
         The caller has already switched the real mode, so the fakes that follow see what eager sees."""
         self._nodes.append(("kiln::set_grad_enabled", "default", [("bool", bool(enabled))], ["enabled"], 1, [],
                             False, False, False))
+        self._grad_mode = bool(enabled)
 
     @contextlib.contextmanager
     def swapped_state(self, module, fakes_by_name):
@@ -496,6 +502,12 @@ class Recorder:
                 raise errors.Unsupported(f"{info.qualified} writes into a tensor made by torch.tensor(...) "
                                          f"inside the captured code")
 
+        if (not self._inside_whole_op and torch.is_grad_enabled() != self._grad_mode
+                and info.op.startswith(("aten::", "prims::"))):
+            # Python that runs for real on the fakes switched the mode (a @torch.no_grad() method of torch's own, as
+            # spectral norm's power iteration): the runtime must switch it there too. Not for a custom op: what
+            # turned grad off there is the autograd.Function wrapping its kernel, which the op's call replays.
+            self.record_grad_mode(torch.is_grad_enabled())
         device = self._output_device(info, records, tensor_metas)
         positional = run_values[:info.num_positional]
         keyword = {info.names[i]: run_values[i] for i in range(info.num_positional, len(run_values))}
@@ -666,6 +678,8 @@ class Recorder:
         del self._values[num_values:]
         del self._value_tensors[num_values:]
         del self._nodes[num_nodes:]
+        self._grad_mode = next((n[2][0][1] for n in reversed(self._nodes) if n[0] == "kiln::set_grad_enabled"),
+                               self._entry_grad_mode)
         self._size_args = {n: a for n, a in self._size_args.items() if n < num_nodes}
         self._fresh_constants = {v for v in self._fresh_constants if v < num_values}
 
@@ -724,6 +738,18 @@ def _as_fused_attention_output(result):
     """`result` (batch, heads, length, head_dim) laid out as the fused kernels lay it out. Made from `result` (not
     anew) so that it keeps its autograd history; runs inside the whole op, unrecorded."""
     return result.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+@functools.lru_cache(maxsize=None)
+def _plain_tensor_type(cls):
+    """Whether ops on tensors of type `cls` mean what they mean on torch.Tensor: Tensor and Parameter, and
+    subclasses that switch both overrides off. Any other subclass (`as_subclass` types, whose results keep the
+    subclass; DTensor and other __torch_dispatch__ wrappers) is not recorded as a plain tensor."""
+    if cls is torch.Tensor or cls is torch.nn.Parameter:
+        return True
+    function = getattr(cls.__torch_function__, "__func__", cls.__torch_function__)
+    dispatch = getattr(cls.__torch_dispatch__, "__func__", cls.__torch_dispatch__)
+    return function is torch._C._disabled_torch_function_impl and dispatch is torch._C._disabled_torch_dispatch_impl
 
 
 def _tensor_args(args, kwargs):

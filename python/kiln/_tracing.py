@@ -282,25 +282,37 @@ _GLOBAL_STATE_NAMES = {"manual_seed", "seed", "initial_seed", "use_deterministic
                        "get_rng_state", "fork_rng"}
 
 
-def changes_global_state(fn):
-    """True for torch functions that read or change global state (grad mode, RNG, defaults, threads).
+# torch.func's transforms (vmap, grad, jacrev, jvp, hessian, ...) and the functions they return (which carry the
+# transformed function's __module__): they run the code they transform under functorch's interpreter stack, on
+# wrapper tensors without storage. Known by the file their code is in.
+_FUNCTION_TRANSFORM_FILES = tuple(os.path.join(_TORCH_DIR, "_functorch", name + ".py")
+                                  for name in ("apis", "eager_transforms", "vmap", "pyfunctorch"))
 
-    The recorder would run them once at trace time and never again on a cache hit, so the tracer must
-    not call them: such a call is a graph break, and CPython runs it every time.
+
+def eager_only_reason(fn):
+    """Why a call of torch function `fn` is a graph break (CPython runs it every time), or None.
+
+    Functions that read or change global state (grad mode, RNG, defaults, threads): the recorder would run them
+    once at trace time and never again on a cache hit. And torch.func's transforms, whose functions run eagerly
+    (the frame hook leaves the code they call uncompiled).
     """
     if isinstance(getattr(fn, "__self__", None), torch.Tensor):
-        return False
+        return None
     if isinstance(fn, (types.MethodDescriptorType, types.WrapperDescriptorType)):
-        return False
+        return None
+    code = getattr(fn, "__code__", None)
+    if code is not None and code.co_filename.startswith(_FUNCTION_TRANSFORM_FILES):
+        return "a torch.func transform, which runs eagerly"
     module = getattr(fn, "__module__", None) or ""
     if not isinstance(module, str):
-        return False
+        return None
+    global_state = "which reads or changes global state (grad mode, RNG, defaults)"
     if module.startswith(_GLOBAL_STATE_MODULES):
-        return True
+        return global_state
     if not (module == "torch" or module.startswith("torch.") or module.startswith("torch._C")):
-        return False
+        return None
     name = getattr(fn, "__name__", "") or ""
-    return name.startswith(("set_", "_set_")) or name in _GLOBAL_STATE_NAMES
+    return global_state if name.startswith(("set_", "_set_")) or name in _GLOBAL_STATE_NAMES else None
 
 
 _OPERATOR_FUNCS = {getattr(operator, n) for n in dir(operator) if not n.startswith("_")}
