@@ -92,22 +92,38 @@ class EagerInterpreter final : public CompiledGraph {
 
 }  // namespace
 
+namespace {
+// Whether in-place or out= `node` writes a tensor autograd tracks (a parameter updated under no_grad). One that writes
+// a buffer or a no_grad result (an EMA of activations kept in a buffer: `avg.lerp_(y.mean(0), 0.1)`) changes
+// nothing autograd sees, and the graph's halves run with grad off anyway.
+bool writes_a_tensor_that_requires_grad(const graph::Graph& g, const graph::Node& node) {
+  for (size_t i = 0; i < node.args.size(); ++i) {
+    const auto* t = std::get_if<graph::TensorArg>(&node.args[i]);
+    const bool written = node.op.back() == '_' ? i == 0 : i < node.arg_names.size() && node.arg_names[i] == "out";
+    if (t && written && g.value(t->id).meta.requires_grad) return true;
+  }
+  for (graph::ValueId out : node.outputs)
+    if (g.value(out).meta.requires_grad) return true;
+  return false;
+}
+}  // namespace
+
 bool needs_eager_for_grad_mode(const graph::Graph& g) {
   bool switches = false, requires_grad = false;
   for (const graph::Node& node : g.nodes) switches = switches || node.op == "kiln::set_grad_enabled";
   for (const graph::Value& v : g.values) requires_grad = requires_grad || v.meta.requires_grad;
   if (!switches || !requires_grad) return false;
   // The graph is entered with grad enabled (it needs autograd). Each switch must flip the mode, the graph must end
-  // enabled, and no node may write in place while grad is off: a `with torch.no_grad():` block, or several, as in a
-  // rotary embedding's @torch.no_grad() forward. Anything else (a switch that restores a mode the graph did not enter
-  // with, a graph that ends inside a block, an in-place update under no_grad) is left to the interpreter.
+  // enabled, and no node may write a tensor that requires grad while grad is off: a `with torch.no_grad():` block, or
+  // several, as in a rotary embedding's @torch.no_grad() forward. Anything else (a switch that restores a mode the graph did not enter
+  // with, a graph that ends inside a block, an in-place update under no_grad of a tensor that requires grad) is left to the interpreter.
   bool enabled = true;
   for (const graph::Node& node : g.nodes) {
     if (node.op == "kiln::set_grad_enabled") {
       const bool* to = node.args.empty() ? nullptr : std::get_if<bool>(&node.args[0]);
       if (!to || *to == enabled) return true;
       enabled = *to;
-    } else if (!enabled && node.mutates_args) {
+    } else if (!enabled && node.mutates_args && writes_a_tensor_that_requires_grad(g, node)) {
       return true;
     }
   }

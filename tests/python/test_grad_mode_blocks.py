@@ -7,6 +7,7 @@ is compared with eager (outputs, requires_grad, gradients) and asserts its numbe
 and that grad mode after the call equals eager's.
 """
 import contextlib
+import copy
 
 
 import pytest
@@ -181,6 +182,41 @@ def test_in_place_update_under_no_grad_keeps_the_interpreter(fresh_kiln):
     (want,) = torch.autograd.grad(expected.sum(), w_eager)
     torch.testing.assert_close(got, want)
     assert "grad mode" in kiln.stats()["last_eager_interpreter_reason"]
+
+
+class ActivationAverage(nn.Module):
+    """Keeps an average of its activations in a buffer, updated in place under no_grad (VQ-VAE codebooks, EMA
+    statistics); spectral norm's power iteration is the same pattern reached through torch's own code."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("avg", torch.zeros(4))
+
+    def forward(self, x):
+        y = self.lin(x)
+        with torch.no_grad():
+            self.avg.lerp_(y.mean(0), 0.1)
+        return y - self.avg
+
+
+def test_in_place_update_of_a_buffer_under_no_grad_is_compiled(fresh_kiln):
+    torch.manual_seed(0)
+    eager = ActivationAverage()
+    mine = copy.deepcopy(eager)
+    compiled = kiln.compile(mine)
+    for _ in range(3):
+        x = random_tensor(5, 4)
+        want, got = eager(x), compiled(x)
+        torch.testing.assert_close(got, want)
+        want.square().sum().backward()
+        got.square().sum().backward()
+        for a, b in zip(mine.parameters(), eager.parameters()):
+            torch.testing.assert_close(a.grad, b.grad)
+        torch.testing.assert_close(mine.avg, eager.avg)
+    stats = kiln.stats()
+    assert stats["graphs_on_eager_interpreter"] == 0, stats["last_eager_interpreter_reason"]
+    assert stats["frames_compiled"] == 1 and stats["graph_breaks"] == 0, stats
 
 
 def enable_grad_inside(x, w):
