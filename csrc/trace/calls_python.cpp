@@ -434,16 +434,29 @@ VarPtr Tracer::call_python_construct(const VarPtr& fn, std::vector<VarPtr>& args
       return make_const((PyObject*)type_of(args[0]), args[0]->source ? Source::type_of(args[0]->source) : nullptr);
     }
     static PyObject* ordered_dict = detail::lookup_once("collections", "OrderedDict");
-    if ((f == (PyObject*)&PyDict_Type || f == ordered_dict) && n <= 1) {
+    const bool default_dict = f == (PyObject*)detail::default_dict_type() && n <= 2 && (n == 0 || is_constant(args[0]));
+    if (((f == (PyObject*)&PyDict_Type || f == ordered_dict) && n <= 1) || default_dict) {
       // dict(), dict(mapping_or_pairs, **kw): a new dict the trace owns. An OrderedDict is one too (the same order
-      // and dict's methods; its own, move_to_end, are not traced), typed as such where it leaves the trace.
+      // and dict's methods; its own, move_to_end, are not traced), typed as such where it leaves the trace. So is a
+      // defaultdict(factory, ...) of a constant factory (value = the factory; a missing key's read calls it).
       VarPtr out = make_dict({}, {});
       if (f == ordered_dict) out->real_type = (PyTypeObject*)ordered_dict;
-      if (n == 1) {
-        if (args[0]->is(VarKind::kDict)) {
-          for (size_t i = 0; i < args[0]->keys.size(); ++i) store_key(out, make_const(args[0]->keys[i]), args[0]->items[i]);
+      size_t first = 0;
+      if (default_dict) {
+        out->real_type = detail::default_dict_type();
+        out->value = Py_NewRef(n ? args[0]->value : Py_None);
+        if (out->value != Py_None && !PyCallable_Check(out->value)) {
+          PyErr_SetString(PyExc_TypeError, "first argument must be callable or None");
+          raise_pending("collections.defaultdict");
+        }
+        first = n ? 1 : 0;
+      }
+      if (n > first) {
+        const VarPtr& from = args[first];
+        if (from->is(VarKind::kDict)) {
+          for (size_t i = 0; i < from->keys.size(); ++i) store_key(out, make_const(from->keys[i]), from->items[i]);
         } else {
-          for (const VarPtr& pair : iterate(args[0])) {
+          for (const VarPtr& pair : iterate(from)) {
             std::vector<VarPtr> kv = iterate(pair);
             if (kv.size() != 2) KILN_UNSUPPORTED() << "dict() of an item that is not a pair";
             store_key(out, kv[0], kv[1]);

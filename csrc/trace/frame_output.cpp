@@ -5,6 +5,7 @@
 #include "common/error.h"
 #include "trace/graph_break.h"
 #include "trace/tracer.h"
+#include "trace/tracer_helpers.h"
 
 namespace kiln::trace {
 
@@ -49,7 +50,13 @@ runtime::OutputSpec Tracer::dict_spec(const VarPtr& v, std::vector<PyObject*>& g
     spec.object = Py_BuildValue("(O())", helper("make_mapping"));
     runtime::OutputSpec cls, keys;
     cls.kind = keys.kind = runtime::OutputSpec::Kind::kConstant;
-    cls.object = Py_NewRef((PyObject*)v->real_type);
+    // A defaultdict: partial(defaultdict, factory), so the rebuilt one keeps its factory.
+    static PyObject* partial = detail::lookup_once("functools", "partial");
+    cls.object = v->real_type == detail::default_dict_type()
+                     ? detail::check(PyObject_CallFunctionObjArgs(partial, (PyObject*)v->real_type,
+                                                                  v->value ? v->value : Py_None, nullptr),
+                                     "functools.partial(defaultdict, factory)")
+                     : Py_NewRef((PyObject*)v->real_type);
     keys.object = PyTuple_New(v->keys.size());
     for (size_t i = 0; i < v->keys.size(); ++i) PyTuple_SET_ITEM(keys.object, i, Py_NewRef(v->keys[i]));
     spec.children.push_back(std::move(cls));

@@ -38,6 +38,12 @@ inline bool is_module(PyObject* o) {
   return is_instance_of(o, module_type);
 }
 
+/// collections.defaultdict.
+inline PyTypeObject* default_dict_type() {
+  static PyObject* type = lookup_once("collections", "defaultdict");
+  return (PyTypeObject*)type;
+}
+
 inline bool is_module_list(PyObject* o) {
   static PyObject* module_list = lookup_once("torch.nn", "ModuleList");
   return (PyObject*)Py_TYPE(o) == module_list;

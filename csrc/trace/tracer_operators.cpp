@@ -164,6 +164,13 @@ VarPtr Tracer::subscript(const VarPtr& obj, const VarPtr& index) {
       int eq = PyObject_RichCompareBool(obj->keys[k], index->value, Py_EQ);
       if (eq == 1) return obj->items[k];
     }
+    if (obj->real_type == detail::default_dict_type() && obj->value && obj->value != Py_None && !index->by_type) {
+      // A defaultdict made in the trace: the missing key gets default_factory() (a constant callable), as __missing__.
+      VarPtr made = call(make_const(obj->value), {}, {});
+      obj->keys.push_back(Py_NewRef(index->value));
+      obj->items.push_back(made);
+      return made;
+    }
     // A dict made in the trace holds exactly its keys here, as in eager; one read from outside is guarded on its
     // keys (Tracer::wrap), so the key is missing on every call these guards let through. The KeyError goes to the
     // traced code's handler (Mapping.get's `except KeyError`), or becomes a graph break where eager raises it.

@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "runtime/frame_program.h"
+#include "trace/tracer_helpers.h"
 
 namespace kiln::trace {
 
@@ -247,7 +248,10 @@ PyObject* to_python(const VarPtr& v) {
         }
         Py_DECREF(item);
       }
-      if (v->real_type) Py_SETREF(out, PyObject_CallOneArg((PyObject*)v->real_type, out));  // OrderedDict(dict)
+      if (v->real_type == detail::default_dict_type())  // defaultdict(factory, dict)
+        Py_SETREF(out, PyObject_CallFunctionObjArgs((PyObject*)v->real_type, v->value ? v->value : Py_None, out, nullptr));
+      else if (v->real_type)
+        Py_SETREF(out, PyObject_CallOneArg((PyObject*)v->real_type, out));  // OrderedDict(dict)
       return out;
     }
     case VarKind::kSet:

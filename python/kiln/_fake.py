@@ -532,6 +532,8 @@ class Recorder:
 
         if info.op == "aten::scaled_dot_product_attention" and _fused_attention_layout(positional):
             result = _as_fused_attention_output(result)
+        if info.op in _CONVOLUTIONS:
+            result = self._convolution_layout(info.op, run_values, result)
         outputs = list(result) if info.returns_list or info.num_returns > 1 else \
             ([] if info.num_returns == 0 else [result])
         node_index = len(self._nodes)
@@ -555,6 +557,34 @@ class Recorder:
         self._nodes.append((info.op, info.overload, records, info.names, info.num_positional, output_ids,
                             info.returns_list, info.mutates_args, info.is_view))
         return result
+
+    def _convolution_layout(self, op, run_values, result):
+        """`result` of a convolution (or its backward) laid out as ATen lays it out on the real device.
+
+        Meta tensors have no device, so torch's meta kernel leaves every result contiguous, where ATen gives a
+        channels-last result for channels-last operands (on the CPU even for a channels-last weight alone): the
+        graph's outputs would not have eager's strides. ATen's own backend choice answers, asked about stand-ins on
+        the real device; an operand layout it cannot judge keeps the meta kernel's answer."""
+        backward = op == "aten::convolution_backward"
+        first = 1 if backward else 0
+        fake_input, weight = run_values[first], run_values[first + 1]
+        if weight.dim() not in (4, 5) or (fake_input.is_contiguous() and weight.is_contiguous()):
+            return result
+        device = self.device_of(fake_input)
+        stand_ins = [_DeviceProxy(t, device, False) for t in (fake_input, weight)]
+        names = ("stride", "padding", "dilation", "transposed", "output_padding", "groups")
+        params = dict(zip(names, run_values[first + 3:first + 9]))
+        try:
+            if backward:
+                backend = torch._C._select_conv_backend(*stand_ins, None, bias_sizes=run_values[3], **params)
+            else:
+                backend = torch._C._select_conv_backend(*stand_ins, run_values[2], **params)
+            memory_format = torch._C._conv_determine_backend_memory_format(*stand_ins, backend)
+        except Exception:  # an operand ATen would look into: the meta kernel's layout stands
+            return result
+        if backward:
+            return tuple(t if t is None or i == 2 else t.to(memory_format=memory_format) for i, t in enumerate(result))
+        return result.to(memory_format=memory_format)
 
     def _convert_arg(self, info, index, value, tensor_metas):
         """-> ((tag, payload) for graph/py_records.h, the value to run the op with on meta)."""
@@ -738,6 +768,9 @@ def _as_fused_attention_output(result):
     """`result` (batch, heads, length, head_dim) laid out as the fused kernels lay it out. Made from `result` (not
     anew) so that it keeps its autograd history; runs inside the whole op, unrecorded."""
     return result.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+_CONVOLUTIONS = ("aten::convolution", "aten::_convolution", "aten::convolution_backward")
 
 
 @functools.lru_cache(maxsize=None)

@@ -101,3 +101,40 @@ def test_grad_mode_switched_by_torch_code_that_runs_on_the_fakes_is_replayed():
                                    eager.parametrizations.weight.original.grad)
         torch.testing.assert_close(mine.parametrizations.weight[0]._u, eager.parametrizations.weight[0]._u)
     assert kiln.stats()["graph_breaks"] == 0
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["input", "weight", "both"])
+@pytest.mark.parametrize("dims", [2, 3])
+def test_convolution_outputs_have_eager_s_strides_for_channels_last_operands(device, layout, dims):
+    # torch's meta kernel leaves convolution results contiguous (meta tensors have no device); ATen gives channels-last
+    # ones for channels-last operands, and the compiled graph's outputs had other strides than eager's.
+    torch.manual_seed(0)
+    fmt = torch.channels_last if dims == 2 else torch.channels_last_3d
+    conv_type, bn_type = (nn.Conv2d, nn.BatchNorm2d) if dims == 2 else (nn.Conv3d, nn.BatchNorm3d)
+    model = nn.Sequential(conv_type(3, 4, 3), bn_type(4), nn.ReLU()).to(device)
+    if layout in ("weight", "both"):
+        model = model.to(memory_format=fmt)
+    mine = copy.deepcopy(model)
+    compiled = kiln.compile(lambda x: (mine(x), mine[0](x)))
+
+    def eager(x):
+        return model(x), model[0](x)
+
+    for _ in range(2):
+        x = random_tensor((2, 3) + (6,) * dims, device=device)
+        if layout in ("input", "both"):
+            x = x.contiguous(memory_format=fmt)
+        x2 = x.detach().clone().requires_grad_()
+        x.requires_grad_()
+        want, got = eager(x), compiled(x2)
+        for w, g in zip(want, got):
+            assert g.stride() == w.stride()
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+        want[0].sum().backward()
+        got[0].sum().backward()
+        torch.testing.assert_close(x2.grad, x.grad, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(mine[0].weight.grad, model[0].weight.grad, rtol=1e-4, atol=1e-4)

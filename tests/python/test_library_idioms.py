@@ -299,3 +299,32 @@ def test_finalizers_the_collector_runs_inside_compiled_code_are_not_compiled():
     assert _Finalized.collected, "the finalizer did not run"
     assert kiln._core.frame.entries(_Finalized.__del__) == 0
     assert not kiln._core.frame.is_skipped(_Finalized.__del__)
+
+
+def test_defaultdicts_made_in_the_function_are_traced_and_returned_with_their_factory():
+    import collections
+
+    def f(x):
+        groups = collections.defaultdict(list)
+        groups["a"].append(x)
+        groups["b"].append(x * 2)
+        groups["a"].append(x + 1)
+        counts = collections.defaultdict(int)
+        for key in ("p", "q", "p"):
+            counts[key] += 1
+        fallback = collections.defaultdict(lambda: 7, {"z": 1})
+        total = sum(t.sum() for t in groups["a"]) + groups["b"][0] * counts["p"] + fallback["w"] + fallback["z"]
+        return total, groups, counts, "a" in groups, groups.get("zz"), sorted(fallback)
+
+    compiled = kiln.compile(f)
+    for _ in range(3):
+        x = random_tensor(4)
+        got, want = compiled(x), f(x)
+        torch.testing.assert_close(got[0], want[0])
+        assert type(got[1]) is collections.defaultdict and got[1].default_factory is list
+        assert list(got[1]) == list(want[1]) and dict(got[2]) == dict(want[2]) and got[3:] == want[3:]
+        for a, b in zip(got[1]["a"], want[1]["a"]):
+            torch.testing.assert_close(a, b)
+        got[1]["new"].append(1)  # the returned one is a working defaultdict
+        got[2]["n"] += 1
+    assert kiln.stats()["frames_compiled"] == 1 and kiln.stats()["graph_breaks"] == 0, kiln.stats()
