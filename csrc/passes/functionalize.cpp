@@ -205,10 +205,14 @@ class Functionalize {
 // next value. Later reads of the base read
 // that value; later reads of any slice or select of it made before are made again from it. A base some other view
 // reaches (a reshape, a transpose) stays as it is from then on: that view would not see the new values.
+// A graph input that needs no grad (a buffer: `self.counts[0] += 1`, spectral norm's `u`) is a root too, unless a
+// graph output shares its storage (eager's output would alias the buffer): its last value is copied into it at the
+// end (`copy_`), which functionalize_buffer_updates turns into a write-back after the graph.
 class ViewWrites {
  public:
   explicit ViewWrites(Graph& g) : g_(g), rw_(g), current_(g.values.size()), readers_(count_readers(g)) {
     for (size_t v = 0; v < current_.size(); ++v) current_[v] = static_cast<ValueId>(v);
+    find_buffer_inputs();
   }
 
   bool run() {
@@ -220,6 +224,16 @@ class ViewWrites {
       rw_.append(std::move(node));
     }
     for (ValueId& out : g_.outputs) out = read(out);
+    for (ValueId input : g_.inputs) {
+      if (!buffers_.count(input) || current_[input] == input) continue;
+      graph::TensorMeta meta = g_.values[input].meta;
+      // Values that need grad written into a buffer make it need grad, as eager's copy_ does: left in place (the
+      // interpreter runs it).
+      meta.requires_grad = g_.values[current_[input]].meta.requires_grad;
+      rw_.add("aten::copy_", "default", {TensorArg{input}, TensorArg{current_[input]}, false},
+              {"self", "src", "non_blocking"}, 3, meta);
+      g_.nodes.back().mutates_args = true;
+    }
     return changed_;
   }
 
@@ -268,7 +282,7 @@ class ViewWrites {
     if (auto t = tracked_.find(b); t != tracked_.end()) {
       root = t->second.root;
       chain = t->second.chain;
-    } else if (made_here(g_, readers_, b)) {  // producers already appended: g_.nodes holds them
+    } else if (made_here(g_, readers_, b) || buffers_.count(b)) {  // producers already appended: g_.nodes holds them
       root = b;
       roots_.insert(b);
     }
@@ -326,6 +340,30 @@ class ViewWrites {
     return true;
   }
 
+  // Inputs that need no grad, dense and contiguous from offset 0, whose storage no graph output shares (through
+  // views and in-place results) and that no other op writes except through tracked views (checked as they come).
+  void find_buffer_inputs() {
+    std::unordered_map<ValueId, ValueId> storage_of;
+    for (ValueId id : g_.inputs) {
+      const graph::TensorMeta& meta = g_.values[id].meta;
+      if (meta.requires_grad || meta.storage_offset != 0 || meta.strides != graph::contiguous_strides(meta.sizes))
+        continue;
+      storage_of[id] = id;
+    }
+    for (const Node& node : g_.nodes) {
+      if (!node.is_view && !node.mutates_args) continue;
+      const auto* base = node.args.empty() ? nullptr : std::get_if<TensorArg>(&node.args[0]);
+      auto it = base ? storage_of.find(base->id) : storage_of.end();
+      if (it == storage_of.end()) continue;
+      for (ValueId out : node.outputs) storage_of[out] = it->second;
+    }
+    std::unordered_set<ValueId> escaping;
+    for (ValueId out : g_.outputs)
+      if (auto it = storage_of.find(out); it != storage_of.end()) escaping.insert(it->second);
+    for (const auto& [value, input] : storage_of)
+      if (value == input && !escaping.count(input)) buffers_.insert(input);
+  }
+
   ValueId scatter(const Node& view, ValueId base, ValueId src) {
     if (view.qualified_name() == "aten::alias.default") return src;  // the written values are the whole base
     graph::TensorMeta meta = g_.values[base].meta;
@@ -345,7 +383,8 @@ class ViewWrites {
   std::unordered_map<ValueId, ValueId> original_;   // a root's new value -> the root's original id
   std::unordered_map<ValueId, int> version_;
   std::unordered_set<ValueId> tainted_;  // roots some other view aliases
-  std::unordered_set<ValueId> roots_;    // fresh tensors some slice or select was taken of
+  std::unordered_set<ValueId> roots_;    // fresh tensors (and buffers) some slice or select was taken of
+  std::unordered_set<ValueId> buffers_;  // inputs that may be roots (find_buffer_inputs)
   bool changed_ = false;
 };
 

@@ -7,11 +7,12 @@
 // runtime copies the last version into the input after the forward has run (as eager, the input's storage
 // changes and its version counter moves).
 // This is exact only while nothing else shares the input's storage inside the graph, so an input that is
-// viewed, written by any other op, or handed to an op that updates its arguments itself (BatchNorm's
-// running statistics: the op table's mutates_only_buffers) is left alone: its in-place op stays and the
-// joint builder refuses the graph.
+// viewed across one of its updates (or returned as a view), written by any other op, or handed to an op that
+// updates its arguments itself (BatchNorm's running statistics: the op table's mutates_only_buffers) is left
+// alone: its in-place op stays and the joint builder refuses the graph.
 #include "passes/functionalize_buffer_updates.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -67,6 +68,7 @@ std::vector<BufferUpdate> functionalize_buffer_updates(Graph& g) {
     storage_of[id] = id;
     version_of[id] = id;
   }
+  std::map<ValueId, int> view_made_at;  // a view of an input's storage -> the node that made it
   std::set<size_t> updates;       // node indices to rewrite
   std::set<ValueId> updated, aliased;  // by input
   for (size_t n = 0; n < g.nodes.size(); ++n) {
@@ -85,15 +87,35 @@ std::vector<BufferUpdate> functionalize_buffer_updates(Graph& g) {
         continue;
       }
     }
-    const bool shares_or_writes = node.is_view || node.mutates_args || facts.mutates_only_buffers;
-    if (!shares_or_writes) continue;
-    for_each_tensor_arg(node, [&](ValueId id) {
-      auto it = storage_of.find(id);
-      if (it == storage_of.end()) return;
-      aliased.insert(it->second);
-      if (node.is_view)
-        for (ValueId out : node.outputs) storage_of[out] = it->second;
-    });
+    if (node.mutates_args || facts.mutates_only_buffers) {
+      for_each_tensor_arg(node, [&](ValueId id) {
+        if (auto it = storage_of.find(id); it != storage_of.end()) aliased.insert(it->second);
+      });
+    } else if (node.is_view) {
+      for_each_tensor_arg(node, [&](ValueId id) {
+        auto it = storage_of.find(id);
+        if (it == storage_of.end()) return;
+        for (ValueId out : node.outputs) {
+          storage_of[out] = it->second;
+          view_made_at[out] = static_cast<int>(n);
+        }
+      });
+    }
+  }
+  // A view of an input is harmless when no update of that input falls between where it is made and its last read
+  // (the views a slice write reads before its final copy_, passes/functionalize.cpp): it sees the values eager's
+  // view sees. One read across an update, or returned, would see the old values here: the input is left alone.
+  std::vector<int> last_use(g.values.size(), -1);
+  for (size_t n = 0; n < g.nodes.size(); ++n)
+    for_each_tensor_arg(g.nodes[n], [&](ValueId id) { last_use[id] = static_cast<int>(n); });
+  for (ValueId id : g.outputs) last_use[id] = static_cast<int>(g.nodes.size());
+  for (const auto& [view, made_at] : view_made_at) {
+    const ValueId input = storage_of.at(view);
+    const int read_until = std::max(made_at, last_use[view]);
+    for (size_t n : updates)
+      if (version_of.at(g.nodes[n].outputs[0]) == input && made_at < static_cast<int>(n) &&
+          static_cast<int>(n) <= read_until)
+        aliased.insert(input);
   }
 
   // Pass 2: rewrite the updates of inputs nothing else aliases; readers take the latest version.

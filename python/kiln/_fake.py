@@ -482,6 +482,10 @@ class Recorder:
             return self._lift_constant(args[0])
         if info.refusal is not None:
             raise errors.Unsupported(f"{info.qualified} cannot be captured: {info.refusal}")
+        if info.functional_twin is not None and not self._inside_whole_op:
+            recorded = self._record_out_as_copy(info, args, kwargs)
+            if recorded is not None:
+                return recorded
 
         records, run_values, tensor_metas = [], [], []
         for i, arg in enumerate(info.arguments):
@@ -557,6 +561,21 @@ class Recorder:
         self._nodes.append((info.op, info.overload, records, info.names, info.num_positional, output_ids,
                             info.returns_list, info.mutates_args, info.is_view))
         return result
+
+    def _record_out_as_copy(self, info, args, kwargs):
+        """An out= call (`torch.div(a, b, out=u)`, F.normalize's in spectral norm) recorded as its functional twin and
+        a copy_ into `out`: in-place copies are what the functionalization passes turn into fresh values and buffer
+        write-backs. None (record the out= op as it is) for an `out` the recorder does not know; Unsupported (a graph
+        break) when eager would resize or cast it."""
+        out_index = info.written_args[0]
+        out = kwargs.get(info.names[out_index])
+        if not isinstance(out, torch.Tensor) or self.value_id(out) is None:
+            return None
+        kwargs = {k: v for k, v in kwargs.items() if k != info.names[out_index]}
+        result = self._record(info.functional_twin, args, kwargs)
+        if result.shape != out.shape or result.dtype != out.dtype:
+            raise errors.Unsupported(f"{info.qualified} with an out= tensor eager would resize or cast")
+        return self._record(torch.ops.aten.copy_.default, (out, result), {})
 
     def _convolution_layout(self, op, run_values, result):
         """`result` of a convolution (or its backward) laid out as ATen lays it out on the real device.

@@ -23,7 +23,8 @@ class OpInfo:
 
     __slots__ = ("op", "overload", "qualified", "arguments", "names", "num_positional", "float_args",
                  "device_args", "list_kinds", "has_tensor_args", "mutates_args", "is_view", "returns_list",
-                 "num_returns", "written_args", "refusal", "data_dependent", "python_meta", "size_args")
+                 "num_returns", "written_args", "refusal", "data_dependent", "python_meta", "size_args",
+                 "functional_twin")
 
     def __init__(self, func):
         schema = func._schema
@@ -50,6 +51,24 @@ class OpInfo:
         self.data_dependent = any(tag in func.tags for tag in _DATA_DEPENDENT_TAGS)
         if self.refusal is None and not self.returns_list and any(t != "Tensor" for t in return_types):
             self.refusal = f"it returns {', '.join(return_types)}, not tensors"
+        self.functional_twin = _functional_twin(func, schema, self.written_args)
+
+
+def _functional_twin(func, schema, written_args):
+    """For an out= overload writing one kwarg-only `out` (`div.out(self, other, *, out)`): the overload of the same op
+    taking the other arguments, with their names and types, and writing nothing (`div.Tensor`); else None."""
+    if len(written_args) != 1 or not schema.arguments[written_args[0]].kwarg_only or len(schema.returns) != 1:
+        return None
+    wanted = [(a.name, str(a.type), a.kwarg_only) for i, a in enumerate(schema.arguments) if i != written_args[0]]
+    packet = func._overloadpacket
+    for name in packet.overloads():
+        twin = getattr(packet, name)
+        arguments = twin._schema.arguments
+        if (twin is not func and [(a.name, str(a.type), a.kwarg_only) for a in arguments] == wanted
+                and not any(a.alias_info is not None and a.alias_info.is_write for a in arguments)
+                and len(twin._schema.returns) == 1):
+            return twin
+    return None
 
 
 def size_argument_indices(schema_text, num_arguments):

@@ -14,11 +14,7 @@ import kiln
 from kiln.testing import random_tensor
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    kiln.reset()
-    yield
-    kiln.reset()
+pytestmark = pytest.mark.usefixtures("fresh_kiln")  # conftest.py: kiln reset around each test
 
 
 def test_functions_called_by_torch_func_transforms_run_eagerly_inside_them():
