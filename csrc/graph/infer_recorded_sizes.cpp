@@ -6,6 +6,7 @@
 
 #include "graph/symbolic_sizes.h"
 
+#include <cmath>
 #include <functional>
 #include <map>
 #include <optional>
@@ -192,6 +193,34 @@ std::vector<Expr> expand_sizes(const RecordedSizes& r) {
   return sizes;
 }
 
+// The fraction p/q (q <= 64) that `scale` is exactly, or nullopt.
+std::optional<std::pair<int64_t, int64_t>> small_fraction(double scale) {
+  if (!(scale > 0) || scale > 1e6) return std::nullopt;
+  for (int64_t q = 1; q <= 64; ++q) {
+    const double p = scale * static_cast<double>(q);
+    if (p == std::floor(p) && static_cast<double>(static_cast<int64_t>(p)) / static_cast<double>(q) == scale)
+      return std::make_pair(static_cast<int64_t>(p), q);
+  }
+  return std::nullopt;
+}
+
+// upsample_*(input, output_size, ..., scales...): each output size entry (the trailing dims) as the input size times
+// its scale, floored, where the scale is a small fraction (see the design note).
+std::vector<Expr> upsample_sizes(const RecordedSizes& r) {
+  std::vector<Expr> sizes = r.sizes;
+  if (r.scales.size() != sizes.size() || r.input_hints.size() < sizes.size()) return sizes;
+  const size_t lead = r.input_hints.size() - sizes.size();
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    if (!r.inferable[k] || !r.scales[k]) continue;
+    const std::optional<std::pair<int64_t, int64_t>> f = small_fraction(*r.scales[k]);
+    if (!f) continue;
+    const Expr& input = r.input->sizes[lead + k];
+    if (sym::int_floordiv(r.input_hints[lead + k] * f->first, f->second) == r.output_hints[k])
+      sizes[k] = floordiv(input * Expr(f->first), Expr(f->second));
+  }
+  return sizes;
+}
+
 using Inferrer = std::function<std::vector<Expr>(const RecordedSizes&)>;
 
 const std::map<std::string, std::pair<RecordedSizeArgs, Inferrer>>& table() {
@@ -200,6 +229,8 @@ const std::map<std::string, std::pair<RecordedSizeArgs, Inferrer>>& table() {
       {"aten::_unsafe_view.default", {{0, 1}, view_sizes}},
       {"aten::reshape.default", {{0, 1}, view_sizes}},
       {"aten::expand.default", {{0, 1}, expand_sizes}},
+      {"aten::upsample_nearest2d.default", {{0, 1, false}, upsample_sizes}},
+      {"aten::upsample_bilinear2d.default", {{0, 1, false}, upsample_sizes}},
   };
   return t;
 }

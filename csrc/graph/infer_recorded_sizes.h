@@ -20,6 +20,11 @@
 // Only ints a tracer did not annotate are inferred: an int the user wrote (`x.view(4, -1)`) must reach the graph
 // annotated (mark_symbolic_int_arg, a constant Expr when it is no size), or a literal that happens to equal a
 // symbol's hint would be read as that symbol.
+//
+// Upsampling (F.interpolate / nn.Upsample with a scale_factor): ATen's composite computes each output size as the
+// input size times the scale, truncated, and passes the scale on to the kernel (scales_h, scales_w). A scale that is
+// a fraction p/q with a small q (2.0, 0.5, 1.5) gives floordiv(size*p, q), which is that product's floor for any
+// size the graph will see (the product's distance to an integer is at least 1/q, far above a double's rounding).
 #include <optional>
 #include <string>
 #include <vector>
@@ -34,6 +39,9 @@ namespace kiln::graph {
 struct RecordedSizeArgs {
   int32_t tensor = 0;
   int32_t sizes = 1;
+  /// Whether the op's shape rule checks the sizes against its input (a view's element count), so an entry left
+  /// concrete can only add a guard. Upsampling's cannot: an entry no form explains specialises its node instead.
+  bool checked_by_rule = true;
 };
 
 /// The arguments of `op` ("aten::view.default") whose sizes infer_recorded_sizes can infer; nullopt for other ops.
@@ -49,6 +57,8 @@ struct RecordedSizes {
   std::vector<bool> inferable;
   std::vector<int64_t> output_hints;
   const sym::Bindings* hints = nullptr;
+  /// Upsampling: the scale each size entry was computed with (scales_h, scales_w), nullopt where none was given.
+  std::vector<std::optional<double>> scales;
 };
 
 /// `r.sizes` with each inferable entry replaced by the expression over the input's sizes it was computed from,

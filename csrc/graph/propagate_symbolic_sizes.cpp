@@ -172,6 +172,11 @@ class Propagation {
       return;
     }
     infer_sizes(n, *args);
+    if (std::optional<std::string> left = uninferred_size_argument(n, *args)) {
+      specialise(read, node_name(g_, n) + ": its " + *left +
+                           " was computed inside an op recorded whole, and no symbolic form explains it");
+      return;
+    }
     shape::RuleResult result = shape::infer_shapes(op, *args, s_.facts, &hints_);
     if (!result.has_rule) {
       specialise(read, node_name(g_, n) + ": " + result.reason);
@@ -191,6 +196,10 @@ class Propagation {
     }
   }
 
+  // -1, 0, 1 and the end-of-dim sentinel are the defaults ATen's indexing fills in (x[:, :n] is slice(x, 1, 0, n, 1)),
+  // not sizes of 2 or more that symbols stand for.
+  static bool computed(int64_t v) { return (v >= 2 || v < -1) && v < (int64_t{1} << 62); }
+
   // The name of a size argument of node n (add_size_argument) holding an int no tracer marked, outside the
   // configuration sizes and the size lists infer_sizes covers; nullopt when there is none. A select's index counts as
   // configuration: composites pick items by literal positions (multi-head attention's packed q, k, v).
@@ -202,9 +211,6 @@ class Propagation {
                                                         "output_padding", "normalized_shape", "padding_idx",
                                                         "ignore_index", "diagonal", "index"};
     const std::optional<RecordedSizeArgs> inferable = recorded_size_args(node.qualified_name());
-    // -1, 0, 1 and the end-of-dim sentinel are the defaults ATen's indexing fills in (x[:, :n] is slice(x, 1, 0, n, 1)),
-    // not sizes of 2 or more that symbols stand for.
-    auto computed = [](int64_t v) { return (v >= 2 || v < -1) && v < (int64_t{1} << 62); };
     for (int32_t a : found->second) {
       const std::string name = static_cast<size_t>(a) < node.arg_names.size() ? node.arg_names[a] : "";
       if (configuration.count(name) || (inferable && inferable->sizes == a)) continue;
@@ -214,6 +220,21 @@ class Propagation {
         for (size_t e = 0; e < list->size(); ++e)
           if (computed((*list)[e]) && !marked_int(n, a, static_cast<int32_t>(e))) return "argument " + name;
     }
+    return std::nullopt;
+  }
+
+  // For an op whose rule does not check its inferred size list (upsampling): the argument's name when an entry that
+  // a composite computed is still concrete after infer_sizes; nullopt otherwise.
+  std::optional<std::string> uninferred_size_argument(NodeIndex n, const std::vector<shape::RuleArg>& args) const {
+    const Node& node = g_.nodes[n];
+    const std::optional<RecordedSizeArgs> which = recorded_size_args(node.qualified_name());
+    if (!which || which->checked_by_rule || static_cast<size_t>(which->sizes) >= args.size()) return std::nullopt;
+    const auto* sizes = std::get_if<std::vector<Expr>>(&args[which->sizes]);
+    const auto* recorded = std::get_if<std::vector<int64_t>>(&node.args[which->sizes]);
+    if (!sizes || !recorded || sizes->size() != recorded->size()) return std::nullopt;
+    for (size_t k = 0; k < sizes->size(); ++k)
+      if ((*sizes)[k].is_constant() && computed((*recorded)[k]) && !marked_int(n, which->sizes, static_cast<int32_t>(k)))
+        return "argument " + node.arg_names[which->sizes];
     return std::nullopt;
   }
 
@@ -250,7 +271,15 @@ class Propagation {
     for (size_t k = 0; k < sizes->size(); ++k)
       r.inferable.push_back(!marked_int(n, which->sizes, static_cast<int32_t>(k)));
     r.output_hints = g_.value(node.outputs[0]).meta.sizes;
+    if (!which->checked_by_rule && r.output_hints.size() >= sizes->size())  // upsampling: the trailing (spatial) dims
+      r.output_hints.erase(r.output_hints.begin(), r.output_hints.end() - static_cast<std::ptrdiff_t>(sizes->size()));
     r.hints = &hints_;
+    for (size_t a = 0; a < node.arg_names.size(); ++a) {
+      const std::string& name = node.arg_names[a];
+      if (name != "scales_h" && name != "scales_w" && name != "scales_d" && name != "scales") continue;
+      const double* scale = std::get_if<double>(&node.args[a]);
+      r.scales.push_back(scale ? std::optional<double>(*scale) : std::nullopt);
+    }
     std::vector<Expr> inferred = infer_recorded_sizes(node.qualified_name(), r);
     for (size_t k = 0; k < inferred.size() && remember; ++k)
       if (inferred[k] != (*sizes)[k]) inferred_.push_back({n, which->sizes, static_cast<int32_t>(k), inferred[k]});

@@ -433,3 +433,19 @@ def test_sizes_computed_inside_ops_recorded_whole_are_never_baked_in(fresh, dyna
     # dynamic graph returned the first size's output shape at every later size. Such a size argument (SymInt in
     # ATen's schema) that no traced int explains now specialises the sizes its op reads.
     run_sizes(fn, make, dynamic, sizes=[5, 9, 16, 7])
+
+
+def _scaled(x):
+    # Scales that are small fractions: the output size is floor(size * p / q), a floordiv of the input's symbol.
+    return (F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False).sum((2, 3)),
+            F.interpolate(x, scale_factor=1.5, mode="nearest"), F.interpolate(x, scale_factor=0.5, mode="bilinear"),
+            nn.functional.interpolate(x, scale_factor=(2, 0.75), mode="nearest"))
+
+
+def test_upsampling_by_a_scale_factor_is_one_dynamic_graph(fresh):
+    stats = run_sizes(_scaled, lambda n: (random_tensor(2, 3, n, n + 3),), dynamic=True, sizes=[4, 5, 9, 16, 7, 33])
+    assert stats["frames_compiled"] == 1 and stats["recompiles"] == 0, stats
+    # A scale that is no small fraction (1/3) keeps specialising: its output sizes recompile per size, never wrong.
+    kiln.reset()
+    run_sizes(lambda x: F.interpolate(x, scale_factor=1 / 3, mode="nearest"), lambda n: (random_tensor(1, 2, n, n),),
+              dynamic=True, sizes=[6, 7, 11])
