@@ -243,6 +243,23 @@ std::optional<RecordedSizeArgs> recorded_size_args(const std::string& op) {
   return it->second.first;
 }
 
+const ScalarSizeForms* scalar_size_forms(const std::string& op) {
+  using Sizes = std::vector<Expr>;
+  auto batch = [](const Sizes& s) { return s.at(0); };
+  auto channels = [](const Sizes& s) { return s.at(1); };
+  auto spatial = [](const Sizes& s) {
+    Expr p(1);
+    for (size_t d = 2; d < s.size(); ++d) p = p * s[d];
+    return p;
+  };
+  static const std::map<std::string, ScalarSizeForms> t = {
+      {"aten::native_group_norm.default", {0, {{3, batch}, {4, channels}, {5, spatial}}}},
+      {"aten::native_group_norm_backward.default", {1, {{5, batch}, {6, channels}, {7, spatial}}}},
+  };
+  auto it = t.find(op);
+  return it == t.end() ? nullptr : &it->second;
+}
+
 std::vector<Expr> infer_recorded_sizes(const std::string& op, const RecordedSizes& r) {
   if (r.sizes.size() != r.output_hints.size() || r.inferable.size() != r.sizes.size() ||
       r.input->sizes.size() != r.input_hints.size())

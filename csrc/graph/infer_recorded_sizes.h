@@ -25,8 +25,10 @@
 // input size times the scale, truncated, and passes the scale on to the kernel (scales_h, scales_w). A scale that is
 // a fraction p/q with a small q (2.0, 0.5, 1.5) gives floordiv(size*p, q), which is that product's floor for any
 // size the graph will see (the product's distance to an integer is at least 1/q, far above a double's rounding).
+#include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "graph/graph.h"
@@ -60,6 +62,17 @@ struct RecordedSizes {
   /// Upsampling: the scale each size entry was computed with (scales_h, scales_w), nullopt where none was given.
   std::vector<std::optional<double>> scales;
 };
+
+/// Single int size arguments a composite computed from one tensor's sizes (group norm's N, C and HxW): the tensor
+/// argument, and per int argument its form over that tensor's symbolic sizes. Used where the form evaluates to the
+/// recorded int at the hints; an int no form matches specialises the node.
+struct ScalarSizeForms {
+  int32_t tensor = 0;
+  std::vector<std::pair<int32_t, std::function<sym::Expr(const std::vector<sym::Expr>&)>>> forms;
+};
+
+/// The scalar size forms of `op`, or nullopt for ops without any.
+const ScalarSizeForms* scalar_size_forms(const std::string& op);
 
 /// `r.sizes` with each inferable entry replaced by the expression over the input's sizes it was computed from,
 /// where one is found (see the design note); entries -1, 0 and 1 stay as they are. Each expression evaluates to the

@@ -172,6 +172,11 @@ class Propagation {
       return;
     }
     infer_sizes(n, *args);
+    if (std::optional<std::string> left = infer_scalar_sizes(n, *args)) {
+      specialise(read, node_name(g_, n) + ": its " + *left +
+                           " was computed inside an op recorded whole, and no symbolic form explains it");
+      return;
+    }
     if (std::optional<std::string> left = uninferred_size_argument(n, *args)) {
       specialise(read, node_name(g_, n) + ": its " + *left +
                            " was computed inside an op recorded whole, and no symbolic form explains it");
@@ -211,14 +216,41 @@ class Propagation {
                                                         "output_padding", "normalized_shape", "padding_idx",
                                                         "ignore_index", "diagonal", "index"};
     const std::optional<RecordedSizeArgs> inferable = recorded_size_args(node.qualified_name());
+    const ScalarSizeForms* scalars = scalar_size_forms(node.qualified_name());
+    auto has_form = [&](int32_t a) {
+      return scalars && std::any_of(scalars->forms.begin(), scalars->forms.end(), [&](const auto& f) { return f.first == a; });
+    };
     for (int32_t a : found->second) {
       const std::string name = static_cast<size_t>(a) < node.arg_names.size() ? node.arg_names[a] : "";
-      if (configuration.count(name) || (inferable && inferable->sizes == a)) continue;
+      if (configuration.count(name) || (inferable && inferable->sizes == a) || has_form(a)) continue;
       if (const auto* i = std::get_if<int64_t>(&node.args[a]); i && computed(*i) && !marked_int(n, a, -1))
         return "argument " + name;
       if (const auto* list = std::get_if<std::vector<int64_t>>(&node.args[a]))
         for (size_t e = 0; e < list->size(); ++e)
           if (computed((*list)[e]) && !marked_int(n, a, static_cast<int32_t>(e))) return "argument " + name;
+    }
+    return std::nullopt;
+  }
+
+  // Node n's single int size arguments that have a form over its tensor's sizes (scalar_size_forms) take that form
+  // where it evaluates to the recorded int at the hints, and are remembered as symbolic int arguments. The name of
+  // one that no form explains (and no tracer marked), or nullopt.
+  std::optional<std::string> infer_scalar_sizes(NodeIndex n, std::vector<shape::RuleArg>& args) {
+    const Node& node = g_.nodes[n];
+    const ScalarSizeForms* scalars = scalar_size_forms(node.qualified_name());
+    if (!scalars || static_cast<size_t>(scalars->tensor) >= args.size()) return std::nullopt;
+    const auto* input = std::get_if<SymTensorMeta>(&args[scalars->tensor]);
+    if (!input) return std::nullopt;
+    for (const auto& [a, form] : scalars->forms) {
+      const auto* recorded = static_cast<size_t>(a) < node.args.size() ? std::get_if<int64_t>(&node.args[a]) : nullptr;
+      if (!recorded || marked_int(n, a, -1)) continue;
+      const Expr e = apply(form(input->sizes));
+      if (e.evaluate(hints_) == *recorded) {
+        args[a] = e;
+        if (!e.is_constant()) inferred_.push_back({n, a, -1, e});
+      } else if (computed(*recorded)) {
+        return "argument " + node.arg_names[a];
+      }
     }
     return std::nullopt;
   }

@@ -45,6 +45,33 @@ void layer_norm_backward_rule(RuleCall& call) {
   }
 }
 
+// native_group_norm_backward(grad, input, mean, rstd, weight, N, C, HxW, group, output_mask), contiguous operands.
+void group_norm_backward_rule(RuleCall& call) {
+  const SymTensorMeta &grad = call.tensor(0), &x = call.tensor(1);
+  std::vector<bool> mask = call.bool_list(9);
+  call.check(mask.size() == 3, "output_mask");
+  call.check((x.dtype == ScalarType::Float || x.dtype == ScalarType::Double) && grad.dtype == x.dtype && x.dim() >= 2,
+             "dtype or rank");
+  call.check(is_contiguous(call, x) && is_contiguous(call, grad), "non-contiguous operands");
+  require_same_sizes(call, grad, x, "the gradient");
+  call.require_eq(call.int_arg(5), x.sizes[0], "N");
+  call.require_eq(call.int_arg(6), x.sizes[1], "C");
+  call.require_eq(call.int_arg(7), product({x.sizes.begin() + 2, x.sizes.end()}), "HxW");
+  for (const Expr& s : x.sizes) call.check(!call.size_is(s, 0), "an empty input");
+  if (mask[0]) {
+    call.add_output(contiguous_meta(x.sizes, x.dtype, x.device));
+  } else {
+    call.add_none_output();
+  }
+  for (size_t i : {1, 2}) {
+    if (mask[i]) {
+      call.add_output(contiguous_meta({x.sizes[1]}, x.dtype, x.device));
+    } else {
+      call.add_none_output();
+    }
+  }
+}
+
 // _softmax_backward_data / _log_softmax_backward_data(grad, output, dim, input_dtype).
 void softmax_backward_rule(RuleCall& call) {
   const SymTensorMeta &grad = call.tensor(0), &out = call.tensor(1);
@@ -149,6 +176,7 @@ void batch_norm_backward_rule(RuleCall& call) {
 void register_backward_rules(RuleTable& table) {
   auto add = [&](const std::string& name, Rule rule) { table["aten::" + name] = std::move(rule); };
   add("native_layer_norm_backward.default", layer_norm_backward_rule);
+  add("native_group_norm_backward.default", group_norm_backward_rule);
   add("_softmax_backward_data.default", softmax_backward_rule);
   add("_log_softmax_backward_data.default", softmax_backward_rule);
   add("select_backward.default", select_backward_rule);

@@ -63,6 +63,31 @@ void layer_norm_rule(RuleCall& call) {
   call.add_output(contiguous_meta(stat, x.dtype, x.device));
 }
 
+// native_group_norm(input, weight, bias, N, C, HxW, group, eps) of a contiguous input: output, mean and rstd
+// ([N, group]). N, C and HxW must be the input's batch, channels and spatial product (the composite computes them
+// from its sizes: graph/infer_recorded_sizes.h gives their forms).
+void group_norm_rule(RuleCall& call) {
+  const SymTensorMeta& x = call.tensor(0);
+  call.check((x.dtype == ScalarType::Float || x.dtype == ScalarType::Double) && x.dim() >= 2, "dtype or rank");
+  call.check(is_contiguous(call, x), "a non-contiguous input");
+  const int64_t group = call.const_int(6);
+  call.check(group >= 1, "group");
+  call.require_eq(call.int_arg(3), x.sizes[0], "N");
+  call.require_eq(call.int_arg(4), x.sizes[1], "C");
+  call.require_eq(call.int_arg(5), product({x.sizes.begin() + 2, x.sizes.end()}), "HxW");
+  call.require_divisible(x.sizes[1], group, "channels by groups");
+  for (size_t i : {1, 2}) {
+    const SymTensorMeta* p = call.optional_tensor(i);
+    if (!p) continue;
+    call.check(p->dtype == x.dtype && p->dim() == 1, "weight or bias");
+    call.require_eq(p->sizes[0], x.sizes[1], "weight or bias size");
+  }
+  no_empty(call, x.sizes);
+  call.add_output(contiguous_meta(x.sizes, x.dtype, x.device));
+  call.add_output(contiguous_meta({x.sizes[0], Expr(group)}, x.dtype, x.device));
+  call.add_output(contiguous_meta({x.sizes[0], Expr(group)}, x.dtype, x.device));
+}
+
 void same_floating(RuleCall& call, const std::vector<const SymTensorMeta*>& tensors) {
   for (const SymTensorMeta* t : tensors)
     call.check(t->dtype == tensors[0]->dtype && is_floating(t->dtype), "operands of different or non-floating dtypes");
@@ -149,34 +174,46 @@ void embedding_rule(RuleCall& call) {
 }
 
 // convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups) of contiguous
-// inputs (not channels-last-looking): contiguous outputs of conv_output_size.
+// inputs (not channels-last-looking): contiguous outputs of conv_output_size. A transposed convolution's weight is
+// [in, out / groups, kernel...] and its output (size - 1) * stride - 2 * padding + dilation * (kernel - 1) +
+// output_padding + 1.
 void convolution_rule(RuleCall& call) {
   const SymTensorMeta &x = call.tensor(0), &w = call.tensor(1);
   const SymTensorMeta* bias = call.optional_tensor(2);
   std::vector<int64_t> stride = call.const_int_list(3), padding = call.const_int_list(4),
                        dilation = call.const_int_list(5);
-  call.check(!call.bool_arg(6), "a transposed convolution");
+  const bool transposed = call.bool_arg(6);
+  std::vector<int64_t> output_padding = transposed ? call.const_int_list(7) : std::vector<int64_t>{};
   int64_t groups = call.const_int(8);
   same_floating(call, {&x, &w});
   const int64_t spatial = x.dim() - 2;
   call.check(spatial >= 1 && w.dim() == x.dim(), "ranks");
   for (const auto* v : {&stride, &padding, &dilation})
     call.check(static_cast<int64_t>(v->size()) == spatial, "stride, padding or dilation of the wrong length");
+  call.check(!transposed || static_cast<int64_t>(output_padding.size()) == spatial, "output_padding of the wrong length");
   no_empty(call, x.sizes);
   call.check(is_contiguous(call, x), "a non-contiguous input");
   call.check(!(x.dim() == 4 && is_channels_last_contiguous(call, x)), "an input that is channels-last as well");
   call.check(!strides_like_channels_last(call, w), "a channels-last weight");
   call.check(groups >= 1, "groups");
-  call.require_eq(x.sizes[1], w.sizes[1] * groups, "input channels");
-  call.require_divisible(w.sizes[0], groups, "output channels by groups");
+  const Expr out_channels = transposed ? w.sizes[1] * groups : w.sizes[0];
+  if (transposed) {
+    call.require_eq(x.sizes[1], w.sizes[0], "input channels");
+    call.require_divisible(w.sizes[0], groups, "input channels by groups");
+  } else {
+    call.require_eq(x.sizes[1], w.sizes[1] * groups, "input channels");
+    call.require_divisible(w.sizes[0], groups, "output channels by groups");
+  }
   if (bias) {
     call.check(bias->dtype == x.dtype && bias->dim() == 1, "bias");
-    call.require_eq(bias->sizes[0], w.sizes[0], "bias size");
+    call.require_eq(bias->sizes[0], out_channels, "bias size");
   }
-  std::vector<Expr> sizes = {x.sizes[0], w.sizes[0]};
+  std::vector<Expr> sizes = {x.sizes[0], out_channels};
   for (int64_t i = 0; i < spatial; ++i) {
     call.check(stride[i] > 0 && dilation[i] > 0 && padding[i] >= 0, "stride, padding or dilation");
-    Expr size = conv_output_size(x.sizes[2 + i], w.sizes[2 + i], stride[i], padding[i], dilation[i]);
+    Expr size = transposed ? (x.sizes[2 + i] - 1) * stride[i] - 2 * padding[i] +
+                                 dilation[i] * (w.sizes[2 + i] - 1) + output_padding[i] + 1
+                           : conv_output_size(x.sizes[2 + i], w.sizes[2 + i], stride[i], padding[i], dilation[i]);
     call.require_le(1, size, "convolution output size");
     sizes.push_back(size);
   }
@@ -530,6 +567,7 @@ void register_nn_rules(RuleTable& table) {
   add("_log_softmax.default", [](RuleCall& call) { softmax_rule(call, false); });
   add("_safe_softmax.default", [](RuleCall& call) { softmax_rule(call, true); });
   add("native_layer_norm.default", layer_norm_rule);
+  add("native_group_norm.default", group_norm_rule);
   add("mm.default", mm_rule);
   add("addmm.default", addmm_rule);
   add("bmm.default", bmm_rule);

@@ -8,6 +8,7 @@ the changed dims symbolic), `dynamic=False` once per size. Sizes 0 and 1 stay sp
 its own graph). Each new set of sizes still lowers its kernels once (kiln.stats()["dynamic_specialisations"]): that
 is the runtime's business (tests/python/test_dynamic_runtime.py), not the tracer's.
 """
+import copy
 import types
 
 import pytest
@@ -449,3 +450,38 @@ def test_upsampling_by_a_scale_factor_is_one_dynamic_graph(fresh):
     kiln.reset()
     run_sizes(lambda x: F.interpolate(x, scale_factor=1 / 3, mode="nearest"), lambda n: (random_tensor(1, 2, n, n),),
               dynamic=True, sizes=[6, 7, 11])
+
+
+class _Decoder(nn.Module):
+    """A diffusion-UNet-style decoder block: group norms (their N, C and HxW are computed inside the composite) and a
+    transposed convolution."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm1, self.conv = nn.GroupNorm(2, 4), nn.Conv2d(4, 6, 3, padding=1)
+        self.norm2, self.up = nn.GroupNorm(3, 6), nn.ConvTranspose2d(6, 4, 4, stride=2, padding=1)
+
+    def forward(self, x):
+        return self.up(F.silu(self.norm2(self.conv(F.silu(self.norm1(x))))))
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_group_norm_and_transposed_convolutions_keep_one_dynamic_graph(fresh, train):
+    torch.manual_seed(0)
+    model = _Decoder()
+    compiled = kiln.compile(copy.deepcopy(model), dynamic=True)
+    for n in (5, 8, 13, 6):
+        x = random_tensor(2, 4, n, n + 2)
+        if train:
+            want, got = model(x), compiled(x)
+            want.square().mean().backward()
+            got.square().mean().backward()
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+            for a, b in zip(compiled.parameters(), model.parameters()):
+                torch.testing.assert_close(a.grad, b.grad, rtol=1e-3, atol=1e-4)
+                a.grad, b.grad = None, None
+        else:
+            with torch.no_grad():
+                torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    stats = kiln.stats()
+    assert stats["frames_compiled"] == 1 and stats["recompiles"] == 0, stats

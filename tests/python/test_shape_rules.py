@@ -727,3 +727,33 @@ def test_convolution_backward_rule_gives_cudnns_layouts_on_cuda(dtype):
                     continue
                 assert g["sizes_value"] == list(e.shape) and g["strides_value"] == list(e.stride()), \
                     (x.stride(), weight.stride(), grad.stride(), g["text"], e.stride())
+
+
+def test_group_norm_and_transposed_convolution():
+    # Group norm's N, C and HxW are ints its composite computes from the input's sizes; transposed convolutions grow
+    # their spatial sizes by the stride.
+    rng = random.Random(11)
+    for _ in range(12):
+        case = Case(rng)
+        n, groups, h, w = rng.randint(1, 3), rng.choice([1, 2, 3]), rng.randint(2, 9), rng.randint(2, 9)
+        c = groups * rng.choice([1, 2, 3])
+        x = case.tensor([n, c, h, w], kind="contiguous")
+        weight, bias = case.tensor([c], kind="contiguous"), case.tensor([c], kind="contiguous")
+        sizes = [Sym(n, [n]), Sym(c, [c]), Sym(h * w, [h, w])]
+        _run(aten.native_group_norm.default, case, [x, weight, bias, *sizes, groups, 1e-5])
+        _run(aten.native_group_norm.default, case, [x, None, None, *sizes, groups, 1e-5])
+        grad = case.tensor([n, c, h, w], kind="contiguous")
+        _, mean, rstd = aten.native_group_norm.default(x, weight, bias, n, c, h * w, groups, 1e-5)
+        case.recipes[id(mean)] = case.recipes[id(rstd)] = ("strided", [n, groups], [0, 1], [1, 1], [0, 0], {})
+        for mask in ([True, True, True], [True, False, False], [False, True, True]):
+            _run(aten.native_group_norm_backward.default, case, [grad, x, mean, rstd, weight, *sizes, groups, mask])
+        o, k = rng.choice([2, 4]), rng.choice([1, 3, 4])
+        for stride, padding, output_padding, dilation, g in (([1, 1], [0, 0], [0, 0], [1, 1], 1),
+                                                             ([2, 2], [1, 1], [1, 1], [1, 1], 1),
+                                                             ([2, 3], [0, 1], [1, 0], [2, 1], 1),
+                                                             ([2, 2], [1, 1], [0, 0], [1, 1], groups)):
+            if output_padding[0] >= max(stride[0], dilation[0]) or output_padding[1] >= max(stride[1], dilation[1]):
+                continue
+            _run(aten.convolution.default, case, [x, case.tensor([c, o, k, k], kind="contiguous"),
+                                                  case.tensor([o * g]), stride, padding, dilation, True,
+                                                  output_padding, g])
