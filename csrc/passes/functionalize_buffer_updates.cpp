@@ -104,17 +104,18 @@ std::vector<BufferUpdate> functionalize_buffer_updates(Graph& g) {
   }
   // A view of an input is harmless when no update of that input falls between where it is made and its last read
   // (the views a slice write reads before its final copy_, passes/functionalize.cpp): it sees the values eager's
-  // view sees. One read across an update, or returned, would see the old values here: the input is left alone.
+  // view sees. One read across an update would see the old values here, and a returned one must alias the input
+  // itself (made after an update, it would view the update's fresh result): either way the input is left alone.
   std::vector<int> last_use(g.values.size(), -1);
   for (size_t n = 0; n < g.nodes.size(); ++n)
     for_each_tensor_arg(g.nodes[n], [&](ValueId id) { last_use[id] = static_cast<int>(n); });
-  for (ValueId id : g.outputs) last_use[id] = static_cast<int>(g.nodes.size());
+  std::set<ValueId> returned(g.outputs.begin(), g.outputs.end());
   for (const auto& [view, made_at] : view_made_at) {
     const ValueId input = storage_of.at(view);
     const int read_until = std::max(made_at, last_use[view]);
     for (size_t n : updates)
-      if (version_of.at(g.nodes[n].outputs[0]) == input && made_at < static_cast<int>(n) &&
-          static_cast<int>(n) <= read_until)
+      if (version_of.at(g.nodes[n].outputs[0]) == input &&
+          (returned.count(view) || (made_at < static_cast<int>(n) && static_cast<int>(n) <= read_until)))
         aliased.insert(input);
   }
 

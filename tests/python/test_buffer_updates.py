@@ -142,3 +142,22 @@ def test_a_view_read_after_the_buffer_is_written_sees_the_write():
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b)
         torch.testing.assert_close(buf_mine, buf_eager)
+
+
+def returns_a_view_made_after_the_write(buf):
+    buf.add_(1)
+    return buf[0], buf[1:].sum()
+
+
+def test_a_view_returned_after_the_buffer_is_written_aliases_it():
+    compiled = kiln.compile(returns_a_view_made_after_the_write)
+    for _ in range(3):
+        start = random_tensor(3, 2)
+        buf_eager, buf_mine = start.clone(), start.clone()
+        want, got = returns_a_view_made_after_the_write(buf_eager), compiled(buf_mine)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+        torch.testing.assert_close(buf_mine, buf_eager)
+        buf_mine.mul_(3)  # the returned view shares the buffer's storage, as eager's does
+        buf_eager.mul_(3)
+        torch.testing.assert_close(got[0], want[0])
