@@ -334,6 +334,39 @@ VarPtr Tracer::call_environ_method(const VarPtr& self, const char* name, const s
   return out;
 }
 
+// `t._replace(field=value, ...)` of a namedtuple the trace holds (a kTuple typed by its class): a new tuple of that
+// class with those items replaced, as namedtuple's own _replace gives (its body reads cls._make, which the tracer
+// does not follow). Null for anything else; a name that is no field is left to the real method (ValueError).
+VarPtr Tracer::namedtuple_replace(const VarPtr& fn, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
+  if (!fn->is(VarKind::kMethod) || !args.empty() || fn->items.empty() || !fn->items[0]->is(VarKind::kTuple)) return nullptr;
+  const VarPtr& self = fn->items[0];
+  if (!self->real_type || !PyFunction_Check(fn->value)) return nullptr;
+  // namedtuple renames the method (`NT._replace`); its code keeps where it was written.
+  PyObject* qualname = PyObject_GetAttrString(((PyFunctionObject*)fn->value)->func_code, "co_qualname");
+  const bool replace = qualname && PyUnicode_Check(qualname) &&
+                       PyUnicode_CompareWithASCIIString(qualname, "namedtuple.<locals>._replace") == 0;
+  if (!qualname) PyErr_Clear();
+  Py_XDECREF(qualname);
+  if (!replace) return nullptr;
+  PyObject* fields = PyObject_GetAttrString((PyObject*)self->real_type, "_fields");
+  if (!fields || !PyTuple_Check(fields) || PyTuple_GET_SIZE(fields) != (Py_ssize_t)self->items.size()) {
+    PyErr_Clear();
+    Py_XDECREF(fields);
+    return nullptr;
+  }
+  std::vector<VarPtr> items = self->items;
+  size_t matched = 0;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(fields); ++i)
+    for (const auto& [name, value] : kwargs)
+      if (PyUnicode_Compare(name, PyTuple_GET_ITEM(fields, i)) == 0) {
+        items[i] = value;
+        ++matched;
+      }
+  Py_DECREF(fields);
+  if (matched != kwargs.size()) return nullptr;
+  return make_typed_tuple(self->real_type, std::move(items));
+}
+
 VarPtr Tracer::call_python_construct(const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs, bool* handled) {
   *handled = true;
   size_t n = args.size();
@@ -341,6 +374,7 @@ VarPtr Tracer::call_python_construct(const VarPtr& fn, std::vector<VarPtr>& args
   if (is_super_factory(fn) && n == 2 && kwargs.empty() && args[0]->is(VarKind::kConst) && PyType_Check(args[0]->value))
     return make_super(args[0], args[1]);
   if (fn->is(VarKind::kFunction)) return inline_with_cells(fn->value, std::move(args), std::move(kwargs), &fn->items);
+  if (VarPtr replaced = namedtuple_replace(fn, args, kwargs)) return replaced;
   if (fn->is(VarKind::kConst) && fn->source && Py_IS_TYPE(fn->value, (PyTypeObject*)partial_type())) {
     // A partial made outside (GELUTanh's `self.act = partial(F.gelu, approximate="tanh")`): its func, args and
     // keywords are read through it, each guarded as any attribute, and it is called as one made in the trace.

@@ -193,6 +193,7 @@ class Tracer {
   VarPtr super_attr(const VarPtr& super, PyObject* name);
   VarPtr import_module(PyObject* name, PyObject* fromlist, int level, PyObject* globals);
   VarPtr import_from(const VarPtr& module, PyObject* name);
+  VarPtr namedtuple_replace(const VarPtr& fn, const std::vector<VarPtr>& args, const KwArgs& kwargs);
   VarPtr call_python_construct(const VarPtr& fn, std::vector<VarPtr>& args, KwArgs& kwargs, bool* handled);
   // Plain user objects made in traced code (kUserObject, user_objects.cpp).
   /// `cls(*args, **kwargs)` of a class with a Python __init__ or object's: a kUserObject when the class is plain

@@ -328,3 +328,26 @@ def test_defaultdicts_made_in_the_function_are_traced_and_returned_with_their_fa
         got[1]["new"].append(1)  # the returned one is a working defaultdict
         got[2]["n"] += 1
     assert kiln.stats()["frames_compiled"] == 1 and kiln.stats()["graph_breaks"] == 0, kiln.stats()
+
+
+def test_namedtuple_replace_is_traced():
+    import collections
+
+    Pair = collections.namedtuple("Pair", "tensor scale")
+
+    def f(x):
+        first = Pair(x * 2, 3)
+        second = first._replace(scale=5)
+        third = second._replace(tensor=second.tensor + 1, scale=second.scale - 1)
+        return first.tensor * first.scale + second.tensor * second.scale, third
+
+    compiled = kiln.compile(f)
+    for _ in range(3):
+        x = random_tensor(4)
+        got, want = compiled(x), f(x)
+        torch.testing.assert_close(got[0], want[0])
+        assert type(got[1]) is Pair and got[1].scale == want[1].scale == 4
+        torch.testing.assert_close(got[1].tensor, want[1].tensor)
+    assert kiln.stats()["frames_compiled"] == 1 and kiln.stats()["graph_breaks"] == 0, kiln.stats()
+    with pytest.raises(ValueError):  # a name that is no field raises as in eager
+        kiln.compile(lambda x: Pair(x, 1)._replace(nope=2))(random_tensor(2))
