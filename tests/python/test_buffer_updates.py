@@ -133,15 +133,22 @@ def reads_a_view_across_a_write(buf):
     return first * 1, buf.sum()
 
 
+def same_on_a_buffer(fn, compiled):
+    """fn and its compiled twin on equal copies of a fresh buffer: outputs and buffers compared; returns both runs'
+    (outputs, buffer) for the caller's aliasing checks."""
+    start = random_tensor(3, 2)
+    buf_eager, buf_mine = start.clone(), start.clone()
+    want, got = fn(buf_eager), compiled(buf_mine)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(buf_mine, buf_eager)
+    return (want, buf_eager), (got, buf_mine)
+
+
 def test_a_view_read_after_the_buffer_is_written_sees_the_write():
     compiled = kiln.compile(reads_a_view_across_a_write)
     for _ in range(3):
-        start = random_tensor(3, 2)
-        buf_eager, buf_mine = start.clone(), start.clone()
-        want, got = reads_a_view_across_a_write(buf_eager), compiled(buf_mine)
-        for a, b in zip(got, want):
-            torch.testing.assert_close(a, b)
-        torch.testing.assert_close(buf_mine, buf_eager)
+        same_on_a_buffer(reads_a_view_across_a_write, compiled)
 
 
 def returns_a_view_made_after_the_write(buf):
@@ -152,12 +159,7 @@ def returns_a_view_made_after_the_write(buf):
 def test_a_view_returned_after_the_buffer_is_written_aliases_it():
     compiled = kiln.compile(returns_a_view_made_after_the_write)
     for _ in range(3):
-        start = random_tensor(3, 2)
-        buf_eager, buf_mine = start.clone(), start.clone()
-        want, got = returns_a_view_made_after_the_write(buf_eager), compiled(buf_mine)
-        for a, b in zip(got, want):
-            torch.testing.assert_close(a, b)
-        torch.testing.assert_close(buf_mine, buf_eager)
+        (want, buf_eager), (got, buf_mine) = same_on_a_buffer(returns_a_view_made_after_the_write, compiled)
         buf_mine.mul_(3)  # the returned view shares the buffer's storage, as eager's does
         buf_eager.mul_(3)
         torch.testing.assert_close(got[0], want[0])
