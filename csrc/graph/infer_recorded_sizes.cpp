@@ -231,6 +231,16 @@ const std::map<std::string, std::pair<RecordedSizeArgs, Inferrer>>& table() {
       {"aten::expand.default", {{0, 1}, expand_sizes}},
       {"aten::upsample_nearest2d.default", {{0, 1, false}, upsample_sizes}},
       {"aten::upsample_bilinear2d.default", {{0, 1, false}, upsample_sizes}},
+      {"aten::upsample_nearest1d.default", {{0, 1, false}, upsample_sizes}},
+      {"aten::_upsample_nearest_exact1d.default", {{0, 1, false}, upsample_sizes}},
+      {"aten::upsample_linear1d.default", {{0, 1, false}, upsample_sizes}},
+      {"aten::upsample_bicubic2d.default", {{0, 1, false}, upsample_sizes}},
+      {"aten::_upsample_nearest_exact2d.default", {{0, 1, false}, upsample_sizes}},
+      {"aten::_upsample_bilinear2d_aa.default", {{0, 1, false}, upsample_sizes}},
+      {"aten::_upsample_bicubic2d_aa.default", {{0, 1, false}, upsample_sizes}},
+      {"aten::upsample_nearest3d.default", {{0, 1, false}, upsample_sizes}},
+      {"aten::_upsample_nearest_exact3d.default", {{0, 1, false}, upsample_sizes}},
+      {"aten::upsample_trilinear3d.default", {{0, 1, false}, upsample_sizes}},
   };
   return t;
 }

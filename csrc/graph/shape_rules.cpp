@@ -27,6 +27,7 @@ const RuleTable& table() {
     register_indexing_rules(t);
     register_reduction_rules(t);
     register_copy_rules(t);
+    register_resample_rules(t);
     return t;
   }();
   return rules;
@@ -616,6 +617,15 @@ bool strides_like_channels_last(RuleCall& call, const SymTensorMeta& t) {
     smallest = t.strides[d] * t.sizes[d];
   }
   return true;
+}
+
+void no_empty(RuleCall& call, const std::vector<Expr>& sizes) {
+  for (const Expr& s : sizes) call.check(!call.size_is(s, 0), "an empty tensor");
+}
+
+std::vector<Expr> suggested_format_strides(RuleCall& call, const std::vector<Expr>& sizes, const SymTensorMeta& like) {
+  if ((like.dim() == 4 || like.dim() == 5) && strides_like_channels_last(call, like)) return channels_last_strides(sizes);
+  return contiguous_strides(sizes);
 }
 
 std::vector<Expr> pointwise_strides(RuleCall& call, const std::vector<Expr>& shape,

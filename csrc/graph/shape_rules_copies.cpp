@@ -10,16 +10,6 @@ namespace kiln::graph::shape {
 
 namespace {
 
-void no_empty(RuleCall& call, const std::vector<Expr>& sizes) {
-  for (const Expr& s : sizes) call.check(!call.size_is(s, 0), "an empty tensor");
-}
-
-// Strides of `sizes` in like.suggest_memory_format(): channels-last (3d) where like's strides read so.
-std::vector<Expr> suggested_format_strides(RuleCall& call, const std::vector<Expr>& sizes, const SymTensorMeta& like) {
-  if ((like.dim() == 4 || like.dim() == 5) && strides_like_channels_last(call, like)) return channels_last_strides(sizes);
-  return contiguous_strides(sizes);
-}
-
 // tril / triu(self, diagonal): a matrix or a batch of them, contiguous.
 void triangle_rule(RuleCall& call) {
   const SymTensorMeta& x = call.tensor(0);

@@ -92,7 +92,7 @@ class RuleCall {
 using Rule = std::function<void(RuleCall&)>;
 using RuleTable = std::map<std::string, Rule>;
 
-// Each family file registers its rules (shape_rules_pointwise.cpp, _views.cpp, _nn.cpp, _backward.cpp).
+// Each family file registers its rules (shape_rules_pointwise.cpp, _views.cpp, _nn.cpp, _backward.cpp, ...).
 void register_pointwise_rules(RuleTable& table);
 void register_view_rules(RuleTable& table);
 void register_nn_rules(RuleTable& table);
@@ -101,6 +101,7 @@ void register_factory_rules(RuleTable& table);
 void register_indexing_rules(RuleTable& table);
 void register_reduction_rules(RuleTable& table);
 void register_copy_rules(RuleTable& table);
+void register_resample_rules(RuleTable& table);
 
 // ---- shared helpers (shape_rules.cpp) ----
 bool is_floating(ScalarType t);  // f32, f64, f16, bf16
@@ -128,6 +129,10 @@ SymTensorMeta contiguous_meta(std::vector<Expr> sizes, ScalarType dtype, const D
 std::vector<Expr> reduced_sizes(RuleCall& call, const SymTensorMeta& x, const std::vector<int64_t>& dims, bool keepdim);
 /// The broadcast shape of `shapes` (dims aligned right); unequal symbolic sizes are assumed equal.
 std::vector<Expr> broadcast_shape(RuleCall& call, const std::vector<std::vector<Expr>>& shapes);
+/// Refuses where a size may be 0 (a symbolic size never is; an empty tensor's layout is torch's to decide).
+void no_empty(RuleCall& call, const std::vector<Expr>& sizes);
+/// Strides of `sizes` in like.suggest_memory_format(): channels-last (3d) where like's strides read so.
+std::vector<Expr> suggested_format_strides(RuleCall& call, const std::vector<Expr>& sizes, const SymTensorMeta& like);
 /// c10's is_contiguous / is_contiguous(channels_last) / is_non_overlapping_and_dense, decided.
 bool is_contiguous(RuleCall& call, const SymTensorMeta& t);
 bool is_channels_last_contiguous(RuleCall& call, const SymTensorMeta& t);

@@ -13,10 +13,6 @@ namespace kiln::graph::shape {
 
 namespace {
 
-void no_empty(RuleCall& call, const std::vector<Expr>& sizes) {
-  for (const Expr& s : sizes) call.check(!call.size_is(s, 0), "an empty tensor");
-}
-
 bool is_index_dtype(ScalarType t) { return t == ScalarType::Long || t == ScalarType::Int; }
 
 // index.Tensor(self, indices): the index tensors broadcast to one shape B, which replaces the indexed dims where

@@ -11,10 +11,6 @@ namespace kiln::graph::shape {
 
 namespace {
 
-void no_empty(RuleCall& call, const std::vector<Expr>& sizes) {
-  for (const Expr& s : sizes) call.check(!call.size_is(s, 0), "an empty tensor");
-}
-
 // sum.dim_IntList / mean.dim (self, dim, keepdim, dtype) and amax / amin (self, dim, keepdim).
 void reduction_rule(RuleCall& call) {
   const SymTensorMeta& x = call.tensor(0);

@@ -51,6 +51,7 @@ SymTensorMeta pointwise(RuleCall& call, Result result, bool integer_ok = false, 
     }
   }
   const SymTensorMeta* first = nullptr;
+  bool mixed = false;  // one floating dtype beside integer or bool operands (x / torch.arange(n)): promoted to it
   for (const SymTensorMeta* t : tensors) {
     if (t->dim() == 0) {
       call.check(!is_complex(t->dtype), "a complex zero-dim operand");
@@ -58,9 +59,17 @@ SymTensorMeta pointwise(RuleCall& call, Result result, bool integer_ok = false, 
     }
     call.check(!is_complex(t->dtype), "a complex operand");
     if (!first) first = t;
-    call.check(t->dtype == first->dtype, "operands of different dtypes");
+    if (t->dtype == first->dtype) continue;
+    call.check(!python_meta && !bitwise && (is_floating(t->dtype) != is_floating(first->dtype) || mixed),
+               "operands of different dtypes");
+    mixed = true;
+    if (is_floating(t->dtype)) first = t;
   }
   call.check(first != nullptr, "no operand with dims");
+  if (mixed)
+    for (const SymTensorMeta* t : tensors)
+      call.check(t->dim() == 0 || t->dtype == first->dtype || (!is_floating(t->dtype) && is_floating(first->dtype)),
+                 "operands of different dtypes");
   if (result != Result::kBool && !is_floating(first->dtype)) {
     call.check(integer_ok && (is_integral(first->dtype) || (bitwise && first->dtype == ScalarType::Bool)),
                "operands are not floating");
@@ -82,6 +91,15 @@ SymTensorMeta pointwise(RuleCall& call, Result result, bool integer_ok = false, 
   // (Comparisons of one real dtype take TensorIterator's layout, as eager gives it.)
   const bool iterator_layout = is_floating(first->dtype) || (result == Result::kBool && is_integral(first->dtype)) ||
                                bitwise;
+  if (mixed) {
+    // (torch's meta kernels of mixed dtypes order size-1 dims their own way: only results without one, from
+    // contiguous operands, whose layout is contiguous whatever the order)
+    for (const Expr& s : shape) call.check(!call.size_is(s, 1), "mixed dtypes with a dim of size 1");
+    for (const SymTensorMeta* t : tensors)
+      call.check(t->dim() == 0 || (is_contiguous(call, *t) && !is_channels_last_contiguous(call, *t)),
+                 "mixed dtypes with a non-contiguous operand");
+    return contiguous_meta(shape, dtype, first->device);
+  }
   if (python_meta || !iterator_layout)
     return contiguous_result(call, tensors, shape, dtype, first->device, python_meta ? "a Python meta kernel" : "integers");
   return make_meta(shape, pointwise_strides(call, shape, tensors), dtype, first->device);
@@ -204,7 +222,7 @@ void contiguous_rule(RuleCall& call) {
 
 // Ops whose result has their floating operands' dtype (integer operands would become floating, or raise).
 const char* const kSameDtypeOps[] = {
-    "div.Tensor", "div.Scalar", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "gelu.default", "silu.default",
+    "div.Tensor", "div.Scalar", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar", "gelu.default", "silu.default",
     "sigmoid.default", "tanh.default", "exp.default", "log.default", "sqrt.default", "rsqrt.default",
     "reciprocal.default", "erf.default", "sin.default", "cos.default", "hardtanh.default", "leaky_relu.default",
     "elu.default", "softplus.default", "hardswish.default", "hardsigmoid.default", "mish.default", "addcmul.default",

@@ -1,8 +1,9 @@
 // Shape rules of the statistics and the reductions beyond sum/mean/amax/amin (shape_rules_nn.cpp): var, std,
 // var_mean, prod, max/min (with and without dim), argmax/argmin, any/all, logsumexp, vector norms, the cumulative
-// ops and topk.
+// ops, topk, sort and bucketize.
 //
-// Design note: every one allocates contiguous outputs of reduced_sizes (shape_rules.cpp); what differs is the dtype,
+// Design note: every one allocates contiguous outputs of reduced_sizes (shape_rules.cpp), sort's laid out as its
+// input (empty_like); what differs is the dtype,
 // taken as ATen's: int64 for indices and for sums/products of integers, bool for any/all (uint8 stays uint8), the
 // default float dtype for logsumexp of integers. topk's k may be symbolic: it only has to fit in its dim.
 #include "graph/shape_rules_impl.h"
@@ -121,6 +122,30 @@ void topk_rule(RuleCall& call) {
   call.add_output(contiguous_meta(sizes, ScalarType::Long, x.device));
 }
 
+// sort(self, dim, descending) / sort.stable(self, stable, dim, descending): values and int64 indices laid out as
+// empty_like(self) (the meta kernel's).
+void sort_rule(RuleCall& call, size_t dim_arg) {
+  const SymTensorMeta& x = call.tensor(0);
+  check_ordered(call, x);
+  call.check(x.dim() > 0, "a 0-d input");
+  wrap_dim(call, call.const_int(dim_arg), x.dim());
+  for (const Expr& s : x.sizes) call.check(!call.size_is(s, 0), "an empty input");
+  const std::vector<Expr> strides = empty_like_strides(call, x, std::nullopt);
+  call.add_output(make_meta(x.sizes, strides, x.dtype, x.device));
+  call.add_output(make_meta(x.sizes, strides, ScalarType::Long, x.device));
+}
+
+// bucketize(self, boundaries, out_int32, right): self's shape, contiguous, int64 (int32 when asked).
+void bucketize_rule(RuleCall& call) {
+  const SymTensorMeta& x = call.tensor(0);
+  const SymTensorMeta& boundaries = call.tensor(1);
+  check_ordered(call, x);
+  call.check(boundaries.dim() == 1 && boundaries.dtype == x.dtype, "boundaries of another rank or dtype");
+  call.check(x.dim() > 0, "a 0-d input");
+  for (const Expr& s : x.sizes) call.check(!call.size_is(s, 0), "an empty input");
+  call.add_output(contiguous_meta(x.sizes, call.bool_arg(2) ? ScalarType::Int : ScalarType::Long, x.device));
+}
+
 }  // namespace
 
 void register_reduction_rules(RuleTable& table) {
@@ -146,6 +171,9 @@ void register_reduction_rules(RuleTable& table) {
   add("logsumexp.default", logsumexp_rule);
   add("linalg_vector_norm.default", vector_norm_rule);
   add("topk.default", topk_rule);
+  add("sort.default", [](RuleCall& call) { sort_rule(call, 1); });
+  add("sort.stable", [](RuleCall& call) { sort_rule(call, 2); });
+  add("bucketize.Tensor", bucketize_rule);
 }
 
 }  // namespace kiln::graph::shape

@@ -4,7 +4,7 @@
 // Design note: a view keeps its base's storage, so its strides and storage offset are expressions over the base's.
 // Indices that may be negative (slice's start, select's index) are decided by sign; slice's clamping to the dim's
 // size is written as min/max, which is exact for every binding. The number of outputs of split, chunk and unbind
-// must be a constant: a size that would make it symbolic refuses.
+// is a constant of the graph: where a symbolic size decides it, its value at the hints is assumed (guarded).
 #include "graph/shape_rules_impl.h"
 
 #include <algorithm>
@@ -304,7 +304,8 @@ void pieces(RuleCall& call, const SymTensorMeta& x, int64_t dim, const std::vect
   }
 }
 
-// split into pieces of `split` elements (the last one shorter): their number must be a constant.
+// split into pieces of `split` elements (the last one shorter). Their number is the graph's: where it follows a
+// symbolic size (x.split(3) of a dim of s), its value at the hints is kept as an assumption.
 void split_into(RuleCall& call, const SymTensorMeta& x, int64_t dim, const Expr& split_size) {
   const Expr& size = x.sizes[dim];
   Expr split = call.simplify(split_size);
@@ -313,9 +314,7 @@ void split_into(RuleCall& call, const SymTensorMeta& x, int64_t dim, const Expr&
     count = 1;
   } else {
     call.check(call.lt(0, split, "the split size's sign"), "a split size of 0");
-    Expr n = call.simplify(sym::floordiv(size + split - 1, split));
-    call.check(n.is_constant(), "the number of pieces " + n.to_string() + " is symbolic");
-    count = n.constant_value();
+    count = call.pinned(sym::floordiv(size + split - 1, split), "the number of pieces of a split").constant_value();
   }
   std::vector<Expr> lengths(count, split);
   lengths.back() = size - split * (count - 1);
@@ -360,8 +359,7 @@ void unbind_rule(RuleCall& call) {
   const SymTensorMeta& x = call.tensor(0);
   call.check(x.dim() > 0, "unbind of a 0-d tensor");
   int64_t dim = wrap_dim(call, call.const_int(1), x.dim());
-  Expr n = call.simplify(x.sizes[dim]);
-  call.check(n.is_constant(), "unbind along a symbolic size");
+  Expr n = call.pinned(x.sizes[dim], "the number of tensors unbind makes");
   std::vector<Expr> sizes = x.sizes, strides = x.strides;
   sizes.erase(sizes.begin() + dim);
   strides.erase(strides.begin() + dim);

@@ -94,8 +94,14 @@ bool depends_on_type_only(PyObject* f) {
 
 VarPtr Tracer::call_recorded(PyObject* fn, const std::vector<VarPtr>& args, const KwArgs& kwargs) {
   SymbolicInts* symbolic = this->symbolic();
-  if (symbolic)
+  if (symbolic) {
     if (VarPtr size = symbolic_size_call(fn, args, kwargs)) return size;
+    // Composites that compute sizes in C++ (narrow's end, chunk's split size): their Python twins, inlined, so those
+    // ints are expressions over the size symbols (kiln/_tracing_composites.py).
+    if (PyObject* twin = PyDict_GetItemWithError(helper("SYMBOLIC_TWINS"), fn))
+      return call(make_const(twin), std::vector<VarPtr>(args), KwArgs(kwargs));
+    PyErr_Clear();
+  }
   // Ints handed to the call go to the recorder unpinned; finish() finds them in the nodes it records (symbolic_ints.h).
   std::vector<PassedInt> passed;
   if (symbolic) {

@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
+#include <tuple>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -397,6 +398,17 @@ void collect_passed_ints(const VarPtr& v, std::vector<PassedInt>& out) {
     PyErr_Clear();
   } else if (v->is(VarKind::kTuple) || v->is(VarKind::kList) || v->is(VarKind::kSlice) || v->is(VarKind::kDict)) {
     for (const VarPtr& item : v->items) collect_passed_ints(item, out);
+  } else if (v->is(VarKind::kConst) && (PyTuple_CheckExact(v->value) || PyList_CheckExact(v->value))) {
+    // A constant sequence (a list a comprehension over constants built, an index tuple `(..., slice(None, 4))`):
+    // its ints, as literals.
+    PyObject* items = PySequence_Fast(v->value, "a sequence");
+    for (Py_ssize_t i = 0; items && i < PySequence_Fast_GET_SIZE(items); ++i)
+      collect_passed_ints(make_const(PySequence_Fast_GET_ITEM(items, i)), out);
+    Py_XDECREF(items);
+    PyErr_Clear();
+  } else if (v->is(VarKind::kConst) && PySlice_Check(v->value)) {
+    auto* s = reinterpret_cast<PySliceObject*>(v->value);
+    for (PyObject* bound : {s->start, s->stop, s->step}) collect_passed_ints(make_const(bound), out);
   }
 }
 
@@ -465,6 +477,32 @@ void SymbolicInts::match_call(graph::Graph& g, const Call& c) {
     }
     return false;
   };
+  // One node whose int arguments are the passed ints, in order (an op overload called with every argument, as
+  // kiln's composite twins call them): each stands where it was passed, whatever values coincide.
+  if (c.end_node - c.first_node == 1 && c.first_node < (int)g.nodes.size()) {
+    std::vector<std::tuple<int32_t, int32_t, int64_t>> slots;  // (argument, element, value)
+    const graph::Node& node = g.nodes[c.first_node];
+    for (size_t a = 0; a < node.args.size(); ++a) {
+      if (const auto* i = std::get_if<int64_t>(&node.args[a])) slots.emplace_back((int32_t)a, -1, *i);
+      if (const auto* l = std::get_if<std::vector<int64_t>>(&node.args[a]))
+        for (size_t e = 0; e < l->size(); ++e) slots.emplace_back((int32_t)a, (int32_t)e, (*l)[e]);
+    }
+    bool in_order = slots.size() == passed.size();
+    for (size_t k = 0; k < slots.size() && in_order; ++k) in_order = std::get<2>(slots[k]) == passed[k].value;
+    if (in_order) {
+      for (size_t k = 0; k < passed.size(); ++k)  // (two expressions of one value are relied on to be equal, as below)
+        for (size_t j = 0; j < k; ++j)
+          if (passed[k].expr && passed[j].expr && passed[k].value == passed[j].value && *passed[k].expr != *passed[j].expr)
+            assume(Assumption::Kind::kEq, *passed[k].expr, *passed[j].expr, "two sizes of equal value handed to " + c.what);
+      for (size_t k = 0; k < slots.size(); ++k) {
+        const bool marked = mark_arg(c.first_node, std::get<0>(slots[k]), std::get<1>(slots[k]), k);
+        if (passed[k].expr && !marked)
+          assume(Assumption::Kind::kEq, *passed[k].expr, Expr(passed[k].value),
+                 "specialised: it cannot stand for a size in " + c.what);
+      }
+      return;
+    }
+  }
   for (int n = c.first_node; n < c.end_node && n < (int)g.nodes.size(); ++n) {
     const graph::Node& node = g.nodes[n];
     for (size_t a = 0; a < node.args.size(); ++a) {

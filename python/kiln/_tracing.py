@@ -792,3 +792,4 @@ def module_iteration(module):
 # Questions about Python protocols the tracer rebuilds (logging calls, deep copies): in their own module.
 from kiln._tracing_protocols import (  # noqa: E402,F401
     deepcopy_is_identity, deepcopy_refusal, is_deferrable_output_call, is_log_call, is_plain_constant)
+from kiln._tracing_composites import SYMBOLIC_TWINS  # noqa: E402,F401

@@ -757,3 +757,56 @@ def test_group_norm_and_transposed_convolution():
             _run(aten.convolution.default, case, [x, case.tensor([c, o, k, k], kind="contiguous"),
                                                   case.tensor([o * g]), stride, padding, dilation, True,
                                                   output_padding, g])
+
+
+def test_padding_resampling_windows_and_distances():
+    rng = random.Random(29)
+    for _ in range(12):
+        case = Case(rng)
+        n, c, h, w = rng.randint(1, 3), rng.choice([2, 4]), rng.randint(3, 9), rng.randint(3, 9)
+        x3, x4, x5 = case.tensor([n, c, w]), case.tensor([n, c, h, w]), case.tensor([n, c, 3, h, w])
+        for k, x in ((1, x3), (2, x4), (3, x5)):
+            for func in (getattr(aten, f"reflection_pad{k}d"), getattr(aten, f"replication_pad{k}d")):
+                _run_meta(func.default, case, [x, [rng.randint(0, 2) for _ in range(2 * k)]])
+        out = [rng.randint(1, 9) for _ in range(3)]
+        _run_meta(aten.upsample_nearest1d.default, case, [x3, out[:1]])
+        _run_meta(aten.upsample_linear1d.default, case, [x3, out[:1], rng.random() < 0.5])
+        _run_meta(aten.upsample_bicubic2d.default, case, [x4, out[:2], rng.random() < 0.5])
+        _run_meta(aten._upsample_nearest_exact2d.default, case, [x4, out[:2]])
+        _run_meta(aten.upsample_trilinear3d.default, case, [x5, out, rng.random() < 0.5])
+        _run_meta(aten.pixel_shuffle.default, case, [case.tensor([n, 4 * c, h, w]), 2], must_answer=False)
+        _run_meta(aten.pixel_unshuffle.default, case, [case.tensor([n, c, 2 * h, 2 * w]), 2], must_answer=False)
+        kernel, dilation, padding, stride = [2, 3], [1, rng.choice([1, 2])], [rng.randint(0, 1), 1], [1, rng.choice([1, 2])]
+        _run_meta(aten.im2col.default, case, [x4, kernel, dilation, padding, stride])
+        blocks = aten.im2col.default(torch.empty(n, c, h, w, device="meta"), kernel, dilation, padding, stride).shape[-1]
+        columns = case.tensor([n, c * 6, blocks])
+        _run_meta(aten.col2im.default, case, [columns, [h, w], kernel, dilation, padding, stride])
+        _run_meta(aten.adaptive_max_pool2d.default, case, [x4, out[:2]])
+        _run_meta(aten._adaptive_avg_pool3d.default, case, [x5, out], must_answer=False)
+        rows = [rng.randint(2, 9), rng.randint(2, 9)]
+        a, b = case.tensor([n, rows[0], c]), case.tensor([n, rows[1], c])
+        _run_meta(aten._cdist_forward.default, case, [a, b, rng.choice([1.0, 2.0]), None])
+        _run(aten.linspace.default, case, [0, rng.choice([1, 2.5]), _sym(h)], rng.choice([{}, {"dtype": torch.float64}]))
+        xc = case.tensor([n, 4 * c, h, w], kind="contiguous")  # (contiguous inputs: every mode answers)
+        assert _run_meta(aten.reflection_pad2d.default, case, [xc, [1, 1, 2, 0]]) > 0
+        assert _run_meta(aten.pixel_shuffle.default, case, [xc, 2]) > 0
+        assert _run_meta(aten.im2col.default, case, [xc, kernel, dilation, padding, stride]) > 0
+        assert _run_meta(aten.upsample_linear1d.default, case, [case.tensor([n, c, w], kind="contiguous"), [7], False]) > 0
+
+
+def test_sort_bucketize_and_mixed_dtype_arithmetic():
+    rng = random.Random(31)
+    for _ in range(12):
+        case = Case(rng)
+        shape = [rng.choice([2, 3, 5, 7]) for _ in range(rng.randint(1, 4))]
+        x = case.tensor(shape, rng.choice([torch.float32, torch.long]))
+        _run_meta(aten.sort.default, case, [x, rng.randint(-len(shape), len(shape) - 1), rng.random() < 0.5])
+        _run_meta(aten.sort.stable, case, [x], {"stable": True, "dim": -1})
+        _run_meta(aten.bucketize.Tensor, case, [x, case.tensor([5], x.dtype, "contiguous")], {"out_int32": rng.random() < 0.5})
+        f = case.tensor(shape, torch.float32)
+        _run_meta(aten.pow.Scalar, case, [rng.choice([2, 10000.0]), f])
+        # A floating operand beside an integer one: the floating dtype, contiguous where every operand is.
+        positions = case.tensor(shape[-1:], torch.long, "contiguous")
+        for func in (aten.div.Tensor, aten.mul.Tensor, aten.lt.Tensor):
+            _run_meta(func, case, [case.tensor(shape, kind="contiguous"), positions])
+            _run_meta(func, case, [positions, f], must_answer=False)
