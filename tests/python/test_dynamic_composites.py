@@ -67,7 +67,7 @@ CASES = {
     "adaptive_pools": (lambda x, y: (F.adaptive_max_pool2d(x, (3, 2)), F.adaptive_avg_pool3d(y, (2, 3, 2))),
                        lambda n: (r(2, 3, n, n + 1), r(1, 2, 4, n, n)), [5, 9, 4], 1),
     "cdist": (lambda x, y: torch.cdist(x, y), lambda n: (r(n, 3), r(n + 2, 3)), [5, 9, 4], 1),
-    "linspace": (lambda x: x * torch.linspace(0, 1, x.shape[-1]), lambda n: (r(2, n),), [5, 9, 4], 1),
+    "linspace": (lambda x: x * torch.linspace(0, 1, x.shape[-1], device=x.device), lambda n: (r(2, n),), [5, 9, 4], 1),
 }
 
 
