@@ -221,6 +221,17 @@ std::vector<Expr> upsample_sizes(const RecordedSizes& r) {
   return sizes;
 }
 
+// Adaptive pooling's output_size (the trailing dims): an entry the composite filled in from the input's size (None
+// in F.adaptive_avg_pool2d(x, (3, None))) equals that size at the hints, and is that size.
+std::vector<Expr> kept_input_sizes(const RecordedSizes& r) {
+  std::vector<Expr> sizes = r.sizes;
+  if (r.input_hints.size() < sizes.size()) return sizes;
+  const size_t lead = r.input_hints.size() - sizes.size();
+  for (size_t k = 0; k < sizes.size(); ++k)
+    if (r.inferable[k] && r.output_hints[k] == r.input_hints[lead + k]) sizes[k] = r.input->sizes[lead + k];
+  return sizes;
+}
+
 using Inferrer = std::function<std::vector<Expr>(const RecordedSizes&)>;
 
 const std::map<std::string, std::pair<RecordedSizeArgs, Inferrer>>& table() {
@@ -241,6 +252,9 @@ const std::map<std::string, std::pair<RecordedSizeArgs, Inferrer>>& table() {
       {"aten::upsample_nearest3d.default", {{0, 1, false}, upsample_sizes}},
       {"aten::_upsample_nearest_exact3d.default", {{0, 1, false}, upsample_sizes}},
       {"aten::upsample_trilinear3d.default", {{0, 1, false}, upsample_sizes}},
+      {"aten::_adaptive_avg_pool2d.default", {{0, 1, false}, kept_input_sizes}},
+      {"aten::adaptive_max_pool2d.default", {{0, 1, false}, kept_input_sizes}},
+      {"aten::_adaptive_avg_pool3d.default", {{0, 1, false}, kept_input_sizes}},
   };
   return t;
 }

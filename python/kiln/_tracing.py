@@ -387,6 +387,15 @@ def traced_count(start=0, step=1):
         value += step
 
 
+def traced_repeat(value, *times):
+    if times:
+        for _ in range(times[0]):
+            yield value
+        return
+    while True:
+        yield value
+
+
 def traced_reduce(function, iterable, *initial):
     items = list(iterable)
     if initial:
@@ -429,6 +438,7 @@ class TracedGeneratorContextManager:
 TRACED_REPLACEMENTS = {map: traced_map, filter: traced_filter, _itertools.chain: traced_chain,
                        _itertools.chain.from_iterable: traced_chain_from_iterable, _itertools.product: traced_product,
                        _itertools.islice: traced_islice, _itertools.count: traced_count,
+                       _itertools.repeat: traced_repeat,
                        _functools.reduce: traced_reduce,
                        _contextlib._GeneratorContextManager: TracedGeneratorContextManager}
 

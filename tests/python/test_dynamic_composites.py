@@ -66,6 +66,8 @@ CASES = {
                                    lambda n: (r(1, 2, n, n + 1), r(1, 2, 3, n, 4)), [5, 9, 4], 1),
     "adaptive_pools": (lambda x, y: (F.adaptive_max_pool2d(x, (3, 2)), F.adaptive_avg_pool3d(y, (2, 3, 2))),
                        lambda n: (r(2, 3, n, n + 1), r(1, 2, 4, n, n)), [5, 9, 4], 1),
+    "adaptive_pool_keeping_a_size": (lambda x: F.adaptive_avg_pool2d(x, (3, None)), lambda n: (r(1, 2, n, n + 1),),
+                                     [5, 9, 4], 1),
     "cdist": (lambda x, y: torch.cdist(x, y), lambda n: (r(n, 3), r(n + 2, 3)), [5, 9, 4], 1),
     "linspace": (lambda x: x * torch.linspace(0, 1, x.shape[-1], device=x.device), lambda n: (r(2, n),), [5, 9, 4], 1),
 }

@@ -1,6 +1,6 @@
 """Builtins and standard-library helpers that model code iterates with, traced without a graph break.
 
-map, filter, itertools' chain, product, islice and count, and functools.reduce are traced as Python twins
+map, filter, itertools' chain, product, islice, count and repeat, and functools.reduce are traced as Python twins
 (kiln._tracing.TRACED_REPLACEMENTS), generators advanced item by item as eager's iterators are; sorted, min and
 max with `key=`, list.sort/reverse/remove/clear/copy/count, zip(strict=True), operator functions, enum members
 compared by identity, and `x.new_tensor(data)`. Each test compares with eager on fresh inputs and asserts one
@@ -52,6 +52,7 @@ def test_map_filter_and_itertools():
             total = total + a * b
         for i, t in enumerate(itertools.chain([x], (y,), itertools.chain.from_iterable([[x, y]]))):
             total = total + t * i
+        total = total + sum(itertools.repeat(x, 3)) + sum(itertools.islice(itertools.repeat(y), 2))
         return total + sum(itertools.islice(itertools.count(5, 2), 1, 4)) + sum(itertools.islice((x, y, x), 2))
 
     traces_whole(f, random_tensor(3), random_tensor(3))
