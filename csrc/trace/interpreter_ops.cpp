@@ -94,8 +94,13 @@ void InstructionTranslator::op_is_op(const Instruction& ins) {
     return v->is(VarKind::kConst) && (v->value == Py_None || PyBool_Check(v->value));
   };
   // Objects guarded by type only may be other instances next call: identity with anything but
-  // None/True/False is not known at trace time.
-  if ((a->by_type && !pinned_singleton(b)) || (b->by_type && !pinned_singleton(a)))
+  // None/True/False is not known at trace time, unless the two types differ (their guards keep them apart: an
+  // annotation `int | None` is never typing.Generic, whatever instance a later call brings).
+  auto other_types = [](const VarPtr& x, const VarPtr& y) {
+    return x->is(VarKind::kConst) && y->is(VarKind::kConst) && x->value && y->value &&
+           Py_TYPE(x->value) != Py_TYPE(y->value);
+  };
+  if (((a->by_type && !pinned_singleton(b)) || (b->by_type && !pinned_singleton(a))) && !other_types(a, b))
     KILN_UNSUPPORTED() << "'is' between objects whose identity is not guarded";
   // Two containers read from the frame through different paths (a local and a global, as copy.py's
   // `y is not _nil`) may be one object: their identity is not guarded either.

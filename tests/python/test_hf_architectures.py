@@ -135,3 +135,20 @@ def test_generate_with_a_kv_cache_gives_eager_tokens(arch, device):
         # them all (the cache is reached through an argument's attributes; automatic dynamic follows them). T5's
         # generate has a few graph breaks of its own (frames around the encoder's output).
         assert stats["frames_compiled"] <= (10 if arch == "t5" else 4) and stats["recompiles"] <= 4, stats
+
+
+@pytest.mark.parametrize("arch", ["bart", "t5", "whisper"])
+def test_encoder_decoder_eval_that_builds_its_cache_is_one_graph(arch, device):
+    # Without labels an encoder-decoder's eval forward builds its key/value cache itself: DynamicCache(config=...)
+    # takes the decoder's part of the config (a deep copy whose keys are renamed through the strict dataclass's
+    # validated setattr, which compares `int | None` annotations with typing.Generic by identity).
+    model = build(arch).to(device).eval()
+    args = {k: v for k, v in inputs(arch, device).items() if k != "labels"}
+    if "decoder_input_ids" not in args:
+        args["decoder_input_ids"] = args["input_ids"][:, :5]
+    with torch.no_grad():
+        e = kiln.explain(model)(**args)
+        if transformers.__version__.startswith(GRAPHS_MEASURED_WITH + "."):
+            assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+        kiln.reset()
+        assert_same_as_eager(model, **args)

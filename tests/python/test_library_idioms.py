@@ -351,3 +351,24 @@ def test_namedtuple_replace_is_traced():
     assert kiln.stats()["frames_compiled"] == 1 and kiln.stats()["graph_breaks"] == 0, kiln.stats()
     with pytest.raises(ValueError):  # a name that is no field raises as in eager
         kiln.compile(lambda x: Pair(x, 1)._replace(nope=2))(random_tensor(2))
+
+
+def test_identity_of_an_annotation_and_a_class_is_settled_by_their_types():
+    # typing.get_origin(tp) asks `tp is Generic`: an `int | None` read from a config's field is pinned by its type
+    # only (a later call may bring another union), yet no union is ever the class Generic. A union against a union
+    # stays unknown: that `is` is still a graph break.
+    import types
+    import typing
+    from types import SimpleNamespace
+
+    def f(x, field):
+        tp = field.type
+        if tp is typing.Generic:
+            return x
+        return x * (2 if typing.get_origin(tp) is types.UnionType else 3)
+
+    compiled = kiln.compile(f)
+    for field_type, factor in ((int | None, 2), (str | None, 2), (int, 3)):
+        x = random_tensor(4)
+        torch.testing.assert_close(compiled(x, SimpleNamespace(type=field_type)), x * factor)
+    assert kiln.stats()["graph_breaks"] == 0 and kiln.stats()["frames_compiled"] == 2  # (int: a class, its own graph)
