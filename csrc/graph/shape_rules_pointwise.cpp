@@ -145,9 +145,18 @@ void inplace_rule(RuleCall& call, Result result, bool integer_ok) {
     for (int64_t d = 0; d < x.dim(); ++d)
       call.check(call.eq(out.sizes[d], x.sizes[d], "result size"), "the result is not the receiver's shape");
   } else {
+    // An integer receiver (BatchNorm's num_batches_tracked.add_(1), positions += offsets): int numbers, or
+    // tensors of its dtype that broadcast to its shape.
     call.check(integer_ok && is_integral(x.dtype), "an integer receiver of this op");
-    for (size_t i = 1; i < call.num_args(); ++i)
+    for (size_t i = 1; i < call.num_args(); ++i) {
+      if (const auto* t = std::get_if<SymTensorMeta>(&call.arg(i))) {
+        call.check(t->dtype == x.dtype && t->dim() <= x.dim(), "a tensor operand of another dtype or rank");
+        std::vector<Expr> shape = broadcast_shape(call, {x.sizes, t->sizes});
+        for (int64_t d = 0; d < x.dim(); ++d) call.require_eq(shape[d], x.sizes[d], "the receiver's size");
+        continue;
+      }
       call.check(std::holds_alternative<Expr>(call.arg(i)), "a non-int operand of an integer receiver");
+    }
   }
   call.add_output(x);
 }

@@ -202,6 +202,12 @@ std::vector<VarPtr> InstructionTranslator::pop_n(int n) {
 
 PyObject* InstructionTranslator::name_at(int index) const { return PyTuple_GET_ITEM(code_->co_names, index); }
 
+namespace {
+thread_local const InstructionTranslator* g_running = nullptr;
+}  // namespace
+
+std::string current_trace_location() { return g_running ? g_running->location() : std::string(); }
+
 std::string InstructionTranslator::location() const {
   int line = pc_ < (int)instructions_.instructions.size() ? instructions_.instructions[pc_].pos.line : -1;
   return std::string(PyUnicode_AsUTF8(code_->co_filename)) + ":" + std::to_string(line) + " in " +
@@ -213,6 +219,11 @@ VarPtr InstructionTranslator::run() {
   const auto& ops = bytecode::opcodes();
   const auto& instrs = instructions_.instructions;
   int steps = 0;
+  struct Running {  // (inlined calls nest translators: the innermost is the one to name)
+    const InstructionTranslator* saved;
+    explicit Running(const InstructionTranslator* t) : saved(g_running) { g_running = t; }
+    ~Running() { g_running = saved; }
+  } running(this);
   try {
     while (!done_) {
       KILN_CHECK(pc_ >= 0 && pc_ < (int)instrs.size()) << "fell off the end of the bytecode";

@@ -13,6 +13,10 @@
 
 namespace kiln::trace {
 
+/// "file:line in qualname" of the instruction the innermost running translator of this thread is at ("" when none
+/// is): for messages that do not pass through an Unsupported error (why a size symbol was specialised).
+std::string current_trace_location();
+
 class InstructionTranslator {
  public:
   /// `locals` has co_nlocalsplus slots with the arguments bound; `freevars` the free variables' Vars.
@@ -32,6 +36,7 @@ class InstructionTranslator {
 
  private:
   friend struct HandlerTable;
+  friend std::string current_trace_location();
   // stack
   void push(VarPtr v) { stack_.push_back(std::move(v)); }
   VarPtr pop();

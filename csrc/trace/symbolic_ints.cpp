@@ -385,7 +385,16 @@ void SymbolicInts::note_call(int first_node, int end_node, std::vector<PassedInt
         assume(Assumption::Kind::kEq, *p.expr, Expr(p.value), "specialised: " + what + " returned a Python value computed from it");
     return;
   }
-  if (end_node > first_node) calls_.push_back({first_node, end_node, std::move(passed), std::move(what)});
+  if (end_node > first_node) {
+    calls_.push_back({first_node, end_node, std::move(passed), std::move(what)});
+    return;
+  }
+  // No op recorded: whatever the call made from the ints is baked into the graph (`torch.tensor(x.shape[0])`, a
+  // constant tensor of the value), so they are pinned.
+  for (const PassedInt& p : passed)
+    if (p.expr)
+      assume(Assumption::Kind::kEq, *p.expr, Expr(p.value),
+             "specialised: " + what + " made a constant of it without recording an op");
 }
 
 void collect_passed_ints(const VarPtr& v, std::vector<PassedInt>& out) {

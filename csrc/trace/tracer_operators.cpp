@@ -28,6 +28,31 @@ bool is_type_expression(PyObject* o, PyObject* typing_types) {
   if (typing < 0) PyErr_Clear();
   return typing == 1;
 }
+PyTypeObject* torch_size_type() {
+  static PyTypeObject* t = [] {
+    PyObject* torch = PyImport_ImportModule("torch");
+    PyObject* size = torch ? PyObject_GetAttrString(torch, "Size") : nullptr;
+    Py_XDECREF(torch);
+    PyErr_Clear();
+    return (PyTypeObject*)size;
+  }();
+  return t;
+}
+
+// A torch.Size, traced (x.shape, x.size()[:-1]) or constant: what `+` and `*` with it give (torch.Size's own).
+bool is_torch_size(const VarPtr& v) {
+  return (v->is(VarKind::kTuple) && v->real_type && v->real_type == torch_size_type()) ||
+         (v->is(VarKind::kConst) && v->value && Py_TYPE(v->value) == torch_size_type());
+}
+
+bool op_is(PyObject* op, const char* name) {
+  static PyObject* module = PyImport_ImportModule("operator");
+  PyObject* f = module ? PyObject_GetAttrString(module, name) : nullptr;
+  PyErr_Clear();
+  Py_XDECREF(f);  // (the module keeps it alive)
+  return f && f == op;
+}
+
 }  // namespace
 
 VarPtr Tracer::binary(PyObject* op, const VarPtr& a, const VarPtr& b) {
@@ -39,7 +64,14 @@ VarPtr Tracer::binary(PyObject* op, const VarPtr& a, const VarPtr& b) {
     if (holds_symbolic_int(a) || holds_symbolic_int(b))
       if (VarPtr r = symbolic->compare_tuples(op, a, b)) return r;
   }
-  if (is_constant(a) && is_constant(b)) {
+  // Sequences holding size symbols (`x.size()[:-1] + (n,)`) are concatenated or repeated item by item below:
+  // computed in Python, their sizes would be pinned.
+  auto plain_count = [](const VarPtr& v) { return v->is(VarKind::kConst) && PyLong_CheckExact(v->value); };
+  const bool symbolic_sequences =
+      (holds_symbolic_int(a) || holds_symbolic_int(b)) &&
+      (a->is(VarKind::kTuple) || a->is(VarKind::kList) || b->is(VarKind::kTuple) || b->is(VarKind::kList)) &&
+      (op_is(op, "add") || op_is(op, "iadd") || (op_is(op, "mul") && (plain_count(a) || plain_count(b))));
+  if (is_constant(a) && is_constant(b) && !symbolic_sequences) {
     PyObject* x = to_python(a);
     PyObject* y = to_python(b);
     PyObject* r = (x && y) ? PyObject_CallFunctionObjArgs(op, x, y, nullptr) : nullptr;
@@ -70,14 +102,16 @@ VarPtr Tracer::binary(PyObject* op, const VarPtr& a, const VarPtr& b) {
       if (n < 0 && PyErr_Occurred()) rethrow_python("sequence repetition");
       std::vector<VarPtr> items;
       for (long long k = 0; k < n; ++k) items.insert(items.end(), seq->items.begin(), seq->items.end());
-      return make_sequence(seq->kind, std::move(items));
+      VarPtr out = make_sequence(seq->kind, std::move(items));
+      if (is_torch_size(seq)) out->real_type = torch_size_type();
+      return out;
     }
   }
   if (op == add_fn || op == iadd_fn) {
     // Tuples, traced or constant (`(output,) + outputs` with `outputs = ()`): a new tuple of their items.
     auto tuple_items = [](const VarPtr& v) -> std::optional<std::vector<VarPtr>> {
       if (v->is(VarKind::kTuple)) return v->items;
-      if (!v->is(VarKind::kConst) || !PyTuple_CheckExact(v->value)) return std::nullopt;
+      if (!v->is(VarKind::kConst) || !(PyTuple_CheckExact(v->value) || is_torch_size(v))) return std::nullopt;
       std::vector<VarPtr> items;
       for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(v->value); ++i) items.push_back(make_const(PyTuple_GET_ITEM(v->value, i)));
       return items;
@@ -85,7 +119,9 @@ VarPtr Tracer::binary(PyObject* op, const VarPtr& a, const VarPtr& b) {
     std::optional<std::vector<VarPtr>> head = tuple_items(a), tail = tuple_items(b);
     if (head && tail) {
       head->insert(head->end(), tail->begin(), tail->end());
-      return make_sequence(VarKind::kTuple, std::move(*head));
+      VarPtr out = make_sequence(VarKind::kTuple, std::move(*head));
+      if (is_torch_size(a) || is_torch_size(b)) out->real_type = torch_size_type();
+      return out;
     }
     if (a->is(VarKind::kList) && b->is(VarKind::kList)) {
       std::vector<VarPtr> items = a->items;

@@ -1,6 +1,7 @@
 #include "trace/variables.h"
 
 #include "trace/symbolic_ints.h"
+#include "trace/interpreter.h"
 
 #include "common/error.h"
 #include "runtime/frame_program.h"
@@ -201,7 +202,10 @@ bool is_constant(const VarPtr& v) {
 PyObject* to_python(const VarPtr& v) {
   switch (v->kind) {
     case VarKind::kSymInt:
-      if (SymbolicInts* s = active_symbolic_ints(); s && !pins_suppressed()) s->pin(v, "used as a Python value");
+      if (SymbolicInts* s = active_symbolic_ints(); s && !pins_suppressed()) {
+        const std::string where = current_trace_location();
+        s->pin(v, "used as a Python value" + (where.empty() ? std::string() : " at " + where));
+      }
       Py_INCREF(v->value);
       return v->value;
     case VarKind::kConst:

@@ -75,6 +75,9 @@ _ESCAPING_METHODS = {
     "storage": "it exposes the tensor's storage",
 }
 
+# The escaping methods that only read values: answered from the data of a constant made inside the trace.
+_VALUE_READS = frozenset(("tolist", "item", "__bool__", "__int__", "__float__", "__index__", "__complex__"))
+
 # Messages of errors that mean "this needs real data", raised where no op name is at hand.
 _NEEDS_DATA_PATTERNS = ("meta", "unallocated storage", "doesn't have storage", "data-dependent", "data dependent")
 
@@ -223,6 +226,10 @@ class Recorder:
     def call(self, fn, args=(), kwargs=None):
         """Runs fn(*args, **kwargs) on fakes under the recording mode and returns its result."""
         kwargs = kwargs or {}
+        real = self._fresh_constant_read(fn, args)
+        if real is not None:
+            return fn(real, *args[1:], **kwargs) if getattr(fn, "__self__", None) is None else \
+                getattr(real, fn.__name__)(*args, **kwargs)
         self._refuse_escaping_method(fn, args, kwargs)
         if fn in _INDEXING_CALLS and len(args) >= 2 and self.is_fake(args[0]):
             args = (args[0], self._index_lists_as_tensors(args[0], args[1])) + tuple(args[2:])
@@ -480,6 +487,8 @@ class Recorder:
             info = self._op_infos[func] = OpInfo(func)
         if info.op in ("aten::lift_fresh", "aten::lift_fresh_copy"):
             return self._lift_constant(args[0])
+        if info.op == "aten::_local_scalar_dense" and self._fresh_real(args[0]) is not None:
+            return self._fresh_real(args[0]).item()  # (int(t) of a constant made in the trace: its value)
         if info.refusal is not None:
             raise errors.Unsupported(f"{info.qualified} cannot be captured: {info.refusal}")
         if info.functional_twin is not None and not self._inside_whole_op:
@@ -548,6 +557,12 @@ class Recorder:
             # compile/meta_oracle.cpp), not from kiln's rules: their dynamo-disable wrappers are patched first
             # (else threshold_backward's imports torch._dynamo).
             _torch_meta.avoid_dynamo_import()
+        if not tensor_metas and outputs and all(isinstance(o, torch.Tensor) and o.device.type != "meta" for o in outputs):
+            # Python numbers only (torch.div(n, 2, rounding_mode="trunc") of ints): ATen computed the result for real,
+            # from values the trace holds as constants (the tracer pins a size it passed to a call that records no
+            # op). It is a constant of the graph, as torch.tensor(...) is.
+            lifted = [self._lift_constant(o) for o in outputs]
+            return lifted if info.returns_list or info.num_returns > 1 else lifted[0]
         output_ids = []
         for out in outputs:
             if not isinstance(out, torch.Tensor) or out.device.type != "meta":
@@ -682,6 +697,29 @@ class Recorder:
         self._journaled_set(self._constant_of, id(real), (real, vid, twin))
         self._map(twin, vid)
         return vid
+
+    def _fresh_real(self, t):
+        """The data of `t` when it is the fake of a constant made inside the trace (torch.tensor(...), an op over
+        Python numbers), which nothing writes: its values are the trace's; None for anything else."""
+        if not isinstance(t, torch.Tensor) or self._tensors.get(id(t)) is not t:
+            return None
+        vid = self._value_of.get(id(t))
+        if vid not in self._fresh_constants:
+            return None
+        for real, entry_vid, _ in self._constant_of.values():
+            if entry_vid == vid:
+                return real
+        return None
+
+    def _fresh_constant_read(self, fn, args):
+        """For a value read (item, tolist, int(), ...) of a fresh constant: the constant's data to read instead."""
+        name = getattr(fn, "__name__", None)
+        if name not in _VALUE_READS:
+            return None
+        owner = getattr(fn, "__self__", None)
+        if not isinstance(owner, torch.Tensor):
+            owner = args[0] if args and getattr(torch.Tensor, name, None) is fn else None
+        return self._fresh_real(owner)
 
     def _lift_constant(self, real):
         """torch.tensor(...) inside captured code: the data becomes a graph constant held by reference."""

@@ -249,6 +249,41 @@ def test_an_int_that_leaves_for_python_is_pinned(fresh):
     assert kiln.stats()["frames_compiled"] == 2
 
 
+def test_a_constant_tensor_made_from_a_size_is_pinned(fresh):
+    # torch.tensor(n) of a size records no op: the tensor is a constant of the graph, so the size it was made from
+    # is specialised (it once kept its symbol, and the graph added the first call's length at every length).
+    # torch.div of two ints is computed for real the same way (Longformer / LED's chunk counts), then read back
+    # as a view's size.
+    def f(x):
+        chunks = torch.div(x.shape[1], 2, rounding_mode="trunc")
+        pairs = x[:, : 2 * (x.shape[1] // 2)].reshape(x.shape[0], chunks, 2)
+        return x + torch.tensor(x.shape[0]) + torch.tensor([x.shape[-1], 2.0]).sum(), pairs.sum(-1)
+
+    compiled = kiln.compile(f, dynamic=True)
+    for n in (3, 5, 3, 7):
+        x = random_tensor(2, n)
+        same(compiled(x), f(x))
+    stats = kiln.stats()
+    assert stats["frames_compiled"] == 3 and stats["graph_breaks"] == 0, stats
+
+
+def test_shapes_concatenated_with_tuples_stay_symbolic(fresh):
+    # GPT-2's Conv1D: `x.size()[:-1] + (nf,)`, a torch.Size of size symbols and a tuple, is a torch.Size of the
+    # same symbols (it was computed in Python, which pinned every length: one graph per sequence length).
+    def f(x):
+        size_out = x.size()[:-1] + (4,)
+        flat = x.view(-1, x.size(-1)) * 2
+        shape = (1,) + x.shape[1:]
+        return flat.view(size_out), x[:1].reshape(shape), isinstance(size_out, torch.Size), len(x.shape[:1] * 2)
+
+    compiled = kiln.compile(f, dynamic=True)
+    for n in (3, 5, 9):
+        x = random_tensor(2, n, 4)
+        same(compiled(x), f(x))
+    stats = kiln.stats()
+    assert stats["frames_compiled"] == 1 and stats["graph_breaks"] == 0, stats
+
+
 # ---- modules and training --------------------------------------------------------------------------------------
 class Block(nn.Module):
     def __init__(self, d=32, heads=4):

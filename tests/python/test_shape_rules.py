@@ -281,6 +281,12 @@ def test_integer_pointwise_with_broadcasting():
             continue
         answered += _run(func, case, [x, y] if rng.random() < 0.5 else [y, x], must_answer=False)
     assert answered > 20
+    # An integer receiver takes int tensors of its dtype that broadcast to it (positions += offsets).
+    for _ in range(8):
+        case = Case(rng)
+        shape = _shape(rng, rng.randint(1, 3), low=2)
+        x, y = case.tensor(shape, torch.int64, "contiguous"), case.tensor(shape[rng.randint(0, len(shape) - 1):], torch.int64)
+        assert _run(rng.choice([aten.add_.Tensor, aten.sub_.Tensor, aten.mul_.Tensor]), case, [x, y]) > 0
 
 
 def test_pointwise_in_place_dropout_and_like_factories():
