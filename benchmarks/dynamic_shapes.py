@@ -1,6 +1,6 @@
 """Dynamic shapes (issue #25): eager, torch.compile and kiln over many input sizes, side by side in one process.
 
-    python3 benchmarks/dynamic_shapes.py [--device cuda|cpu] [--workloads transformer,bert,train,resnet50,warm_process]
+    python3 benchmarks/dynamic_shapes.py [--device cuda|cpu] [--workloads transformer,bert,gpt2,train,resnet50,warm_process]
         [--systems eager,inductor,inductor_dynamic,kiln,kiln_dynamic,kiln_static] [--iters 10] [--quick]
         [--recompile-limit N] [--isolate] [--json PATH]
 
@@ -14,10 +14,10 @@ kiln.reset(), so a kiln system may reuse kernels an earlier one compiled (`memor
 each system in a process of its own instead.
 Per (workload, system) one JSON line: compiles, the first pass's seconds (every call of the workload once, cold,
 synchronised), the steady pass's ms per call or step (sweeps: the mean over sizes of each size's median of --iters
-calls; bert and train: the median of a second pass over the same calls, with its mean and total), max abs error
+calls; bert, gpt2 and train: the median of a second pass over the same calls, with its mean and total), max abs error
 against eager (training: outputs and the loss of every step), calls that ran eagerly past the recompile limit,
 kiln's fallbacks; then a table per workload.
---quick: tiny models and 3 sizes, for a 2-core CPU. Needs transformers for bert; without torchvision resnet50 is
+--quick: tiny models and 3 sizes, for a 2-core CPU. Needs transformers for bert and gpt2; without torchvision resnet50 is
 built here (torchvision's architecture).
 """
 import argparse
@@ -43,7 +43,7 @@ if os.path.isfile(os.path.join(REPO_ROOT, "python", "kiln", "__init__.py")):
 import seed_models  # noqa: E402  (TransformerBlock, transformer6, use_empty_caches)
 
 ALL_SYSTEMS = "eager,inductor,inductor_dynamic,kiln,kiln_dynamic,kiln_static"
-ALL_WORKLOADS = "transformer,bert,train,resnet50,warm_process"
+ALL_WORKLOADS = "transformer,bert,gpt2,train,resnet50,warm_process"
 # system -> (compiler, dynamic=)
 SYSTEMS = {"eager": (None, None), "inductor": ("torch", None), "inductor_dynamic": ("torch", True),
            "kiln": ("kiln", None), "kiln_dynamic": ("kiln", True), "kiln_static": ("kiln", False)}
@@ -131,6 +131,17 @@ def build(name, dev, quick):
         calls = [(n, (), dict(input_ids=torch.randint(0, config.vocab_size, (8, n)),
                               attention_mask=torch.ones(8, n, dtype=torch.long))) for n in lengths]
         return Workload(name, model, calls)
+    if name == "gpt2":
+        # GPT-2 small's language-model head (transformers' Conv1D layers build their output shapes from
+        # `x.size()[:-1] + (nf,)`), batch 8, lengths drawn from 16..512, without the key/value cache.
+        from transformers import GPT2Config, GPT2LMHeadModel
+        config = (GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=128, bos_token_id=0,
+                             eos_token_id=0) if quick else GPT2Config())
+        model = GPT2LMHeadModel(config)
+        lengths = [rng.randint(16, 64) for _ in range(6)] if quick else [rng.randint(16, 512) for _ in range(60)]
+        calls = [(n, (), dict(input_ids=torch.randint(0, config.vocab_size, (8, n)), use_cache=False))
+                 for n in lengths]
+        return Workload(name, model, calls)
     if name == "train":
         if quick:
             model = nn.Sequential(*[seed_models.TransformerBlock(64, 4, 128) for _ in range(6)])
@@ -146,7 +157,8 @@ def build(name, dev, quick):
 
 def to_device(workload, dev):
     workload.model = workload.model.to(dev)
-    workload.calls = [(size, tuple(a.to(dev) for a in args), {k: v.to(dev) for k, v in kwargs.items()})
+    moved = lambda v: v.to(dev) if isinstance(v, torch.Tensor) else v  # noqa: E731  (use_cache=False stays)
+    workload.calls = [(size, tuple(moved(a) for a in args), {k: moved(v) for k, v in kwargs.items()})
                       for size, args, kwargs in workload.calls]
     return workload
 
@@ -161,7 +173,10 @@ def sync(dev):
 def first_tensor(out):
     while isinstance(out, (tuple, list)):
         out = out[0]
-    return getattr(out, "last_hidden_state", out)
+    for name in ("last_hidden_state", "logits"):
+        if getattr(out, name, None) is not None:
+            return getattr(out, name)
+    return out
 
 
 def compile_with(system, model, limit):

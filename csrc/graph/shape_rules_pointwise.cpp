@@ -89,8 +89,10 @@ SymTensorMeta pointwise(RuleCall& call, Result result, bool integer_ok = false, 
   for (const Expr& s : shape) call.check(!call.size_is(s, 0), "an empty result");
   const ScalarType dtype = result == Result::kBool ? ScalarType::Bool : first->dtype;
   // (Comparisons of one real dtype take TensorIterator's layout, as eager gives it.)
+  // (So do add/sub/mul/maximum/... of integers: their kernels are TensorIterator's whatever the dtype; transformers'
+  // position ids are expanded int64 rows.)
   const bool iterator_layout = is_floating(first->dtype) || (result == Result::kBool && is_integral(first->dtype)) ||
-                               bitwise;
+                               bitwise || (integer_ok && !python_meta && is_integral(first->dtype));
   if (mixed) {
     // (torch's meta kernels of mixed dtypes order size-1 dims their own way: only results without one, from
     // contiguous operands, whose layout is contiguous whatever the order)

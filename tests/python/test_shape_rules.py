@@ -281,6 +281,15 @@ def test_integer_pointwise_with_broadcasting():
             continue
         answered += _run(func, case, [x, y] if rng.random() < 0.5 else [y, x], must_answer=False)
     assert answered > 20
+    # Integer arithmetic over any layout (transformers' position ids: an expanded int64 row less 1) takes
+    # TensorIterator's layout, as eager's kernels do (sizes of 2 or more: a size-1 dim's stride is its own story).
+    for _ in range(30):
+        case = Case(rng)
+        shape = _shape(rng, rng.randint(1, 4), low=2)
+        x, y = case.tensor(shape, torch.int64), case.tensor(shape[rng.randint(0, len(shape) - 1):], torch.int64)
+        func = rng.choice([aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.maximum.default])
+        assert _run(func, case, [x, y] if rng.random() < 0.5 else [y, x]) > 0
+        assert _run(rng.choice([aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor]), case, [x, 2]) > 0
     # An integer receiver takes int tensors of its dtype that broadcast to it (positions += offsets).
     for _ in range(8):
         case = Case(rng)
@@ -681,11 +690,16 @@ def test_more_pointwise_ops_and_integer_operands():
             _run_meta(rng.choice(MORE_UNARY), case, [x], must_answer=must)
             _run_meta(rng.choice(MORE_BINARY), case, [x, y], must_answer=must)
             _run_meta(rng.choice([aten.remainder.Scalar, aten.fmod.Scalar]), case, [x, 3], must_answer=must)
-            _run_meta(rng.choice(INTEGER_OK), case, [i, j], must_answer=must)
-            # (Comparisons of integer operands take TensorIterator's layout, as eager does, where torch's meta kernel
-            # differs on size-1 dims: test_meta_rules and test_dynamic_shapes check them.)
-            _run_meta(rng.choice([aten.add.Tensor, aten.mul.Tensor, aten.remainder.Scalar]), case, [i, 2],
-                      must_answer=must)
+            # (Integer arithmetic and comparisons take TensorIterator's layout, as eager does, where torch's meta
+            # kernel differs on size-1 dims: compared with eager, without size-1 dims, whose strides are their own
+            # story. remainder and logical_and have Python meta kernels, whose layouts kiln keeps.)
+            func, scalar_func = rng.choice(INTEGER_OK), rng.choice([aten.add.Tensor, aten.mul.Tensor, aten.remainder.Scalar])
+            python_meta = (aten.remainder.Tensor, aten.logical_and.default, aten.remainder.Scalar)
+            for f, f_args in ((func, [i, j]), (scalar_func, [i, 2])):
+                if f in python_meta:
+                    _run_meta(f, case, f_args, must_answer=must)
+                elif 1 not in shape:
+                    _run(f, case, f_args, must_answer=must)
             _run_meta(aten.eq.Tensor, case, [case.tensor(shape, torch.bool, kind), case.tensor(shape, torch.bool, kind)],
                       must_answer=must)
         y = case.tensor(_broadcast_to(rng, shape), dtype)
