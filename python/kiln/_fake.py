@@ -557,10 +557,11 @@ class Recorder:
             # compile/meta_oracle.cpp), not from kiln's rules: their dynamo-disable wrappers are patched first
             # (else threshold_backward's imports torch._dynamo).
             _torch_meta.avoid_dynamo_import()
-        if not tensor_metas and outputs and all(isinstance(o, torch.Tensor) and o.device.type != "meta" for o in outputs):
+        if (not tensor_metas and outputs and torch.Tag.nondeterministic_seeded not in func.tags
+                and all(isinstance(o, torch.Tensor) and o.device.type != "meta" for o in outputs)):
             # Python numbers only (torch.div(n, 2, rounding_mode="trunc") of ints): ATen computed the result for real,
             # from values the trace holds as constants (the tracer pins a size it passed to a call that records no
-            # op). It is a constant of the graph, as torch.tensor(...) is.
+            # op). It is a constant of the graph, as torch.tensor(...) is. (Not a random op's: each call draws anew.)
             lifted = [self._lift_constant(o) for o in outputs]
             return lifted if info.returns_list or info.num_returns > 1 else lifted[0]
         output_ids = []
