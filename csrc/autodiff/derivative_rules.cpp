@@ -233,6 +233,20 @@ void rule_pow_tensor_scalar(RuleCall& c) {  // grad * e * self^(e-1)
 void rule_reshape_back(RuleCall& c) {  // view, _unsafe_view, reshape, squeeze*, unsqueeze
   if (c.needs(0)) c.set(0, c.b.reshape(c.grad(), c.input_meta(0).sizes));
 }
+// as_strided(self, size, stride, storage_offset) that keeps every element where it was: the same sizes and offset,
+// strides changed only on dims of size 1 (ATen's adaptive_avg_pool2d to 1x1 restrides its mean to channels-last
+// this way). Any other as_strided can overlap or skip elements: no rule.
+void rule_as_strided(RuleCall& c) {
+  if (!c.needs(0)) return;
+  const graph::TensorMeta& in = c.input_meta(0);
+  const std::vector<int64_t> sizes = c.ints_arg(1);
+  const std::vector<int64_t> strides = c.ints_arg(2);
+  bool same = sizes == in.sizes && strides.size() == in.strides.size() &&
+              (c.is_none(3) || c.int_arg(3) == in.storage_offset);
+  for (size_t d = 0; same && d < sizes.size(); ++d) same = sizes[d] == 1 || strides[d] == in.strides[d];
+  if (!same) KILN_UNSUPPORTED() << "as_strided that moves elements (only a restride of size-1 dims has a rule)";
+  c.set(0, c.grad());
+}
 void rule_t(RuleCall& c) {
   if (c.needs(0)) c.set(0, t(c, c.grad()));
 }
@@ -606,6 +620,7 @@ const std::map<std::string, DerivativeRule>& rule_table() {
       {"aten::t.default", {rule_t}},
       {"aten::transpose.int", {rule_transpose}},
       {"aten::permute.default", {rule_permute}},
+      {"aten::as_strided.default", {rule_as_strided}},
       {"aten::select.int", {rule_select}},
       {"aten::slice.Tensor", {rule_slice}},
       {"aten::sum.default", {rule_sum}},

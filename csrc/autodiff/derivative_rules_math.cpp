@@ -652,6 +652,7 @@ void add_math_rules(std::map<std::string, DerivativeRule>& t) {
       {"aten::addcmul.default", {rule_addcmul}},
       {"aten::addcdiv.default", {rule_addcdiv}},
       {"aten::rsub.Tensor", {rule_rsub}},
+      {"aten::rsub.Scalar", {rule_rsub}},
       {"aten::remainder.Tensor", {rule_remainder}},
       {"aten::fmod.Tensor", {rule_fmod}},
       {"aten::div.Tensor_mode", {rule_div_mode}},

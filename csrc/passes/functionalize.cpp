@@ -14,6 +14,8 @@
 // In-place views (squeeze_, t_, transpose_) become views.
 #include "passes/functionalize.h"
 
+#include <algorithm>
+#include <limits>
 #include <optional>
 #include <tuple>
 #include <unordered_map>
@@ -46,6 +48,25 @@ std::vector<int32_t> count_readers(const Graph& g) {
   return readers;
 }
 
+// The last node (by index in `g.nodes`) that reads each value or any alias of it: a view of it, a view of that view,
+// or the result of an in-place op on it; graph outputs read at the end. A write at node i is unobservable through
+// an alias made before it exactly when that alias's last read is at i or before.
+std::vector<int64_t> alias_last_read(const Graph& g) {
+  constexpr int64_t kEnd = std::numeric_limits<int64_t>::max();
+  std::vector<int64_t> last(g.values.size(), -1);
+  for (ValueId out : g.outputs) last[out] = kEnd;
+  for (size_t i = g.nodes.size(); i-- > 0;) {
+    const Node& node = g.nodes[i];
+    for (const ArgValue& arg : node.args)
+      graph::for_each_tensor(arg, [&](ValueId id) { last[id] = std::max(last[id], static_cast<int64_t>(i)); });
+    if (!(node.is_view || node.mutates_args) || node.args.empty()) continue;
+    const auto* base = std::get_if<TensorArg>(&node.args[0]);
+    if (!base) continue;
+    for (ValueId out : node.outputs) last[base->id] = std::max(last[base->id], last[out]);
+  }
+  return last;
+}
+
 // Made by a node that neither views nor writes anything.
 bool produced_fresh(const Graph& g, ValueId id) {
   const graph::Value& v = g.values[id];
@@ -76,6 +97,13 @@ bool made_here(const Graph& g, const std::vector<int32_t>& readers, ValueId id) 
     // overlap, so each is as fresh as a tensor of its own.
     const ValueId base = std::get<TensorArg>(producer.args[0]).id;
     return readers[base] == 1 && produced_fresh(g, base);
+  }
+  // A reshape of a tensor nothing else reads (a 4-d matmul's `_unsafe_view` of its bmm): the base's storage is
+  // seen only through it.
+  if (producer.is_view && producer.outputs.size() == 1 && !producer.args.empty() &&
+      graph::op_facts(producer.qualified_name()).view == graph::OpView::kAffineWhenContiguous) {
+    const auto* base = std::get_if<TensorArg>(&producer.args[0]);
+    return base && readers[base->id] == 1 && made_here(g, readers, base->id);
   }
   if (producer.qualified_name() == "aten::detach.default" && !producer.args.empty()) {
     const auto* base = std::get_if<TensorArg>(&producer.args[0]);
@@ -139,17 +167,24 @@ bool make_functional(const Graph& g, Node& node, graph::ScalarType* computes_in)
 
 class Functionalize {
  public:
-  explicit Functionalize(Graph& g) : g_(g), rw_(g), current_(g.values.size()), readers_(count_readers(g)) {
+  explicit Functionalize(Graph& g)
+      : g_(g), rw_(g), current_(g.values.size()), readers_(count_readers(g)), last_read_(alias_last_read(g)) {
     for (size_t v = 0; v < current_.size(); ++v) current_[v] = static_cast<ValueId>(v);
   }
 
   bool run() {
+    int64_t position = 0;
     for (Node& node : rw_.take_nodes()) {
       rename_args(node);
-      if (node.is_view)
-        for (const ArgValue& arg : node.args) graph::for_each_tensor(arg, [&](ValueId id) { viewed_.insert(id); });
-      if (node.mutates_args) convert(node);
+      if (node.is_view) {
+        int64_t until = -1;
+        for (ValueId out : node.outputs) until = std::max(until, last_read_[out]);
+        for (const ArgValue& arg : node.args)
+          graph::for_each_tensor(arg, [&](ValueId id) { viewed_until_[id] = std::max(viewed_until_[id], until); });
+      }
+      if (node.mutates_args) convert(node, position);
       else rw_.append(std::move(node));
+      ++position;
     }
     for (ValueId& out : g_.outputs) out = current_[out];
     return changed_;
@@ -160,13 +195,17 @@ class Functionalize {
     for (ArgValue& arg : node.args) graph::remap_tensors(arg, [&](ValueId id) { return current_[id]; });
   }
 
-  bool fresh(ValueId id) const { return !viewed_.count(id) && made_here(g_, readers_, id); }
+  // Made here, and no view of it made so far is read after node `position` (which would see the write).
+  bool fresh(ValueId id, int64_t position) const {
+    auto it = viewed_until_.find(id);
+    return (it == viewed_until_.end() || it->second <= position) && made_here(g_, readers_, id);
+  }
 
-  // Appends `node`, made functional where it can be.
-  void convert(Node& node) {
+  // Appends `node` (at `position` in the graph as given), made functional where it can be.
+  void convert(Node& node, int64_t position) {
     const auto* self = node.args.empty() ? nullptr : std::get_if<TensorArg>(&node.args[0]);
     graph::ScalarType computes_in{};
-    if (!self || !fresh(self->id) || !make_functional(g_, node, &computes_in)) {
+    if (!self || !fresh(self->id, position) || !make_functional(g_, node, &computes_in)) {
       rw_.append(std::move(node));
       return;
     }
@@ -194,23 +233,25 @@ class Functionalize {
   Graph& g_;
   GraphRewriter rw_;
   std::vector<ValueId> current_;
-  std::unordered_set<ValueId> viewed_;
+  std::unordered_map<ValueId, int64_t> viewed_until_;  // the last read of any view made of each value so far
   std::vector<int32_t> readers_;  // nodes (and graph outputs) reading each value of the graph as given
+  std::vector<int64_t> last_read_;  // alias_last_read of the graph as given
   bool changed_ = false;
 };
 
 // Writes through slices, selects and aliases of a fresh tensor (`out = torch.empty(n, m); out[:, :k] = a`, circular
 // padding's copies): the in-place op on the view becomes its functional twin, and the result is scattered back into
 // the base through slice_scatter / select_scatter (an alias's result is the base's), level by level, giving the base's
-// next value. Later reads of the base read
-// that value; later reads of any slice or select of it made before are made again from it. A base some other view
-// reaches (a reshape, a transpose) stays as it is from then on: that view would not see the new values.
+// next value. Later reads of the base read that value; later reads of any slice or select of it made before are made
+// again from it. A write is left in place while some other view of the base (a reshape, a transpose) made before it
+// is read after it: that view would not see the new values.
 // A graph input that needs no grad (a buffer: `self.counts[0] += 1`, spectral norm's `u`) is a root too, unless a
 // graph output shares its storage (eager's output would alias the buffer): its last value is copied into it at the
 // end (`copy_`), which functionalize_buffer_updates turns into a write-back after the graph.
 class ViewWrites {
  public:
-  explicit ViewWrites(Graph& g) : g_(g), rw_(g), current_(g.values.size()), readers_(count_readers(g)) {
+  explicit ViewWrites(Graph& g)
+      : g_(g), rw_(g), current_(g.values.size()), readers_(count_readers(g)), last_read_(alias_last_read(g)) {
     for (size_t v = 0; v < current_.size(); ++v) current_[v] = static_cast<ValueId>(v);
     find_buffer_inputs();
   }
@@ -220,8 +261,12 @@ class ViewWrites {
     for (Node& node : nodes) {
       for (ArgValue& arg : node.args) graph::remap_tensors(arg, [&](ValueId id) { return read(id); });
       if (node.is_view) track_view(node);
-      if (node.mutates_args && write_through(node)) continue;
+      if (node.mutates_args && write_through(node)) {
+        ++position_;
+        continue;
+      }
       rw_.append(std::move(node));
+      ++position_;
     }
     for (ValueId& out : g_.outputs) out = read(out);
     for (ValueId input : g_.inputs) {
@@ -288,11 +333,19 @@ class ViewWrites {
     }
     if (!root) return;
     if (!writable_view(node)) {
-      tainted_.insert(*root);
+      int64_t& until = tainted_until_[*root];
+      for (ValueId out : node.outputs) until = std::max(until, last_read_[out]);
       return;
     }
     chain.push_back(node);
     tracked_[node.outputs[0]] = Tracked{*root, std::move(chain), version_[*root]};
+  }
+
+  // Some other view of `root` (a reshape, a transpose) is read after the write at this position: it would see the
+  // new values, which the functional form cannot give it.
+  bool tainted(ValueId root) const {
+    auto it = tainted_until_.find(root);
+    return it != tainted_until_.end() && it->second > position_;
   }
 
   ValueId original_of(ValueId current) const {
@@ -305,7 +358,7 @@ class ViewWrites {
     if (!self || is_inplace_view(graph::op_facts(node.qualified_name()))) return false;
     auto t = tracked_.find(original_of(self->id));
     if (t == tracked_.end()) return write_root(node, original_of(self->id));
-    if (tainted_.count(t->second.root)) return false;
+    if (tainted(t->second.root)) return false;
     const Tracked tracked = t->second;
     if (!make_functional(g_, node, nullptr)) return false;
     const ValueId written = node.outputs[0];  // the functional result: the view's new values
@@ -329,7 +382,7 @@ class ViewWrites {
   // `out[:, 0] = ...`, then `out.masked_fill_(...)`): the functional op's result is the root's next value, from which
   // its views are made again when read.
   bool write_root(Node& node, ValueId root) {
-    if (!roots_.count(root) || tainted_.count(root)) return false;
+    if (!roots_.count(root) || tainted(root)) return false;
     if (!make_functional(g_, node, nullptr)) return false;
     const ValueId written = node.outputs[0];
     rw_.append(std::move(node));
@@ -382,7 +435,9 @@ class ViewWrites {
   std::unordered_map<ValueId, Tracked> tracked_;    // by original (or written) value id
   std::unordered_map<ValueId, ValueId> original_;   // a root's new value -> the root's original id
   std::unordered_map<ValueId, int> version_;
-  std::unordered_set<ValueId> tainted_;  // roots some other view aliases
+  std::unordered_map<ValueId, int64_t> tainted_until_;  // roots some other view aliases: that view's last read
+  std::vector<int64_t> last_read_;                       // alias_last_read of the graph as given
+  int64_t position_ = 0;                                 // the index of the node being rewritten, as given
   std::unordered_set<ValueId> roots_;    // fresh tensors (and buffers) some slice or select was taken of
   std::unordered_set<ValueId> buffers_;  // inputs that may be roots (find_buffer_inputs)
   bool changed_ = false;

@@ -181,6 +181,11 @@ RULE_CASES += [
      + F.threshold(x, 0.2, -1.0) + torch.ops.aten.view_copy(x, (6, 4)).t()
      + torch.ops.aten.unfold_copy(x, 1, 3, 3).flatten(1) + torch.ops.aten.diagonal_copy(x.expand(6, 4, 6), 0, 0, 2), [(4, 6)]),
     ("narrow_copy", lambda x: torch.ops.aten.narrow_copy(x, 1, 1, 4).repeat(1, 2)[:, :6] * x, [(4, 6)]),
+    # ATen's 1x1 adaptive average pool of a channels-last input restrides its mean with as_strided_ (timm's ConvNeXt
+    # head: the graph trained on the eager interpreter); ConViT's `1. - sigmoid(p)` is rsub.Scalar.
+    ("channels_last_global_pool_and_rsub", lambda x: F.adaptive_avg_pool2d(
+        (x * 2).contiguous(memory_format=torch.channels_last), 1).permute(0, 2, 3, 1).sin().flatten(1)
+     + torch.rsub(x.sigmoid(), 1.0, alpha=2).sum((2, 3)) + (1.0 - x).sum((2, 3)), [(2, 3, 4, 5)]),
 ]
 
 
@@ -1774,6 +1779,58 @@ def test_a_write_through_a_reshaped_view_keeps_eager_semantics():
         return flat * 1, out
 
     assert_same_as_eager(f, r(2, 3))  # the reshape aliases the base: the graph keeps its in-place write
+
+
+def _relative_positions_added(q, k, rel, sp):
+    # timm's MViTv2: `attn[:, :, sp:, sp:] = (attn[:, :, sp:, sp:].view(B, -1, h, w, h, w) + ...).view(...)` on the
+    # output of a 4-d matmul (a bmm's `_unsafe_view`), with sp 0 (no class token: a write of the whole) or 1.
+    attn = q @ k.transpose(-2, -1)
+    b, heads, n, _ = attn.shape
+    side = rel.shape[0]
+    grid = attn[:, :, sp:, sp:].view(b, -1, side, side, side, side) + rel.view(1, 1, side, side, 1, 1)
+    attn[:, :, sp:, sp:] = grid.view(b, -1, side * side, side * side)
+    return attn.softmax(-1)
+
+
+def _views_read_after_writes(x):
+    # Views made before a write and read after it see the write, as in eager: those writes stay in place.
+    y = x @ x.transpose(-2, -1)
+    flat = y.view(-1)
+    y.mul_(2)
+    z = (x * 3).unsqueeze(0)
+    t = z.transpose(1, 2)
+    z[:, 1:] = z[:, 1:] + 1
+    return flat * 1, t * 1, y.sum() + z.sum()
+
+
+def _views_read_before_writes(x):
+    # Views read only before the write: the write becomes functional.
+    y = (x.unsqueeze(0) @ x.transpose(-2, -1).unsqueeze(0))
+    before = y.view(-1).sum()
+    y.add_(before)
+    z = x * 3
+    total = z.t().sum(0)
+    z[1:] = z[1:] + total[1:, None].sum()
+    return y.sin(), z.cos()
+
+
+@pytest.mark.parametrize("name,fn,shapes", [
+    ("relative_positions_whole", lambda q, k, rel: _relative_positions_added(q, k, rel, 0), [(2, 2, 4, 3)] * 2 + [(2, 2)]),
+    ("relative_positions_after_a_token", lambda q, k, rel: _relative_positions_added(q, k, rel, 1),
+     [(2, 2, 5, 3)] * 2 + [(2, 2)]),
+    ("views_read_before_writes", _views_read_before_writes, [(4, 4)]),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_writes_whose_earlier_views_are_read_before_them_stay_compiled(name, fn, shapes):
+    """A write into a tensor some reshape or transpose viewed earlier is functional when that view is read only
+    before the write (passes/functionalize.cpp's alias_last_read): MViTv2's relative positions trained on the eager
+    interpreter ("autodiff: in-place op aten::copy_")."""
+    assert_same_as_eager(fn, *[r(*s) for s in shapes])
+    assert_compiled_autograd()
+    assert kiln.stats()["graph_breaks"] == 0
+
+
+def test_writes_whose_earlier_views_are_read_after_them_keep_eager_semantics():
+    assert_same_as_eager(_views_read_after_writes, r(3, 4))
 
 
 def test_safe_softmax_differentiates_with_rows_of_minus_inf(fresh_kiln, device):
