@@ -86,9 +86,10 @@ bool views_only(const graph::Graph& g) {
 // The device all of the graph's tensors live on, when kiln generates code for it (CPU, or one CUDA device), or
 // nullopt with `why` set.
 std::optional<graph::Device> graph_device(const graph::Graph& g, std::string& why) {
+  const std::vector<bool> used = graph::used_values(g);
   for (const graph::Value& v : g.values) {
     const graph::DeviceType type = v.meta.device.type;
-    if (v.is_tensor && type != graph::DeviceType::CPU && type != graph::DeviceType::CUDA) {
+    if (v.is_tensor && used[v.id] && type != graph::DeviceType::CPU && type != graph::DeviceType::CUDA) {
       why = "tensors on " + graph::device_type_name(type) + " (kiln generates code for CPU and CUDA)";
       return std::nullopt;
     }

@@ -3,10 +3,24 @@
 
 namespace kiln::graph {
 
+// Values some node, input or output of `g` refers to: a constant whose readers were all folded away (a CPU
+// `torch.zeros(shape)` moved to the GPU, folded into a GPU constant) stays in the value table unused.
+std::vector<bool> used_values(const Graph& g) {
+  std::vector<bool> used(g.values.size(), false);
+  for (ValueId id : g.inputs) used[id] = true;
+  for (ValueId id : g.outputs) used[id] = true;
+  for (const Node& node : g.nodes) {
+    for (const ArgValue& arg : node.args) for_each_tensor(arg, [&](ValueId id) { used[id] = true; });
+    for (ValueId id : node.outputs) used[id] = true;
+  }
+  return used;
+}
+
 std::optional<Device> single_device(const Graph& g, std::string& why) {
   std::optional<Device> device;
+  const std::vector<bool> used = used_values(g);
   for (const Value& v : g.values) {
-    if (!v.is_tensor) continue;
+    if (!v.is_tensor || !used[v.id]) continue;
     const Device& d = v.meta.device;
     if (d.type != DeviceType::CPU && d.index < 0) {
       why = "a " + device_type_name(d.type) + " tensor without a device index";

@@ -88,6 +88,15 @@ bool splits_into_pieces(const Node& node) {
          names.count(node.qualified_name());
 }
 
+// A view with the elements of its input in the same order: a reshape, an unsqueeze or squeeze, an alias.
+bool keeps_element_order(const Node& node) {
+  static const std::unordered_set<std::string> names = {"aten::unsqueeze.default", "aten::squeeze.dim",
+                                                        "aten::squeeze.dims", "aten::squeeze.default",
+                                                        "aten::alias.default"};
+  const std::string name = node.qualified_name();
+  return graph::op_facts(name).reshape != graph::OpReshape::kNone || names.count(name);
+}
+
 bool made_here(const Graph& g, const std::vector<int32_t>& readers, ValueId id) {
   const graph::Value& v = g.values[id];
   if (v.producer < 0) return false;
@@ -98,10 +107,9 @@ bool made_here(const Graph& g, const std::vector<int32_t>& readers, ValueId id) 
     const ValueId base = std::get<TensorArg>(producer.args[0]).id;
     return readers[base] == 1 && produced_fresh(g, base);
   }
-  // A reshape of a tensor nothing else reads (a 4-d matmul's `_unsafe_view` of its bmm): the base's storage is
-  // seen only through it.
-  if (producer.is_view && producer.outputs.size() == 1 && !producer.args.empty() &&
-      graph::op_facts(producer.qualified_name()).view == graph::OpView::kAffineWhenContiguous) {
+  // A reshape of a tensor nothing else reads (a 4-d matmul's `_unsafe_view` of its bmm, Linear's `view` of its
+  // addmm): the base's storage is seen only through it.
+  if (producer.is_view && producer.outputs.size() == 1 && !producer.args.empty() && keeps_element_order(producer)) {
     const auto* base = std::get_if<TensorArg>(&producer.args[0]);
     return base && readers[base->id] == 1 && made_here(g, readers, base->id);
   }

@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "graph/graph.h"
+#include "graph/graph_device.h"
 #include "graph/py_records.h"
 #include "python_env.h"
 
@@ -234,4 +235,26 @@ records = (values, nodes, [3, 1], const)
   Py_DECREF(records);
   Py_DECREF(bad);
   Py_DECREF(bad_tag);
+}
+
+TEST_CASE("a graph's device ignores values nothing refers to") {
+  // A CPU constant whose readers were folded into a CUDA constant stays in the value table: it is no second device.
+  Graph g = linear_graph();
+  for (Value& v : g.values) v.meta.device = Device{DeviceType::CUDA, 0};
+  TensorMeta cpu = f32({4});
+  g.add_constant(cpu);
+  std::string why;
+  std::optional<Device> device = single_device(g, why);
+  REQUIRE(device);
+  CHECK(device->type == DeviceType::CUDA);
+  // Read by a node, it is one.
+  Node neg;
+  neg.op = "aten::neg";
+  neg.overload = "default";
+  neg.args = {TensorArg{static_cast<ValueId>(g.values.size() - 1)}};
+  neg.arg_names = {"self"};
+  neg.num_positional = 1;
+  g.add_node(neg, {cpu});
+  CHECK_FALSE(single_device(g, why));
+  CHECK(why.find("more than one device") != std::string::npos);
 }

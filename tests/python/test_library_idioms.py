@@ -372,3 +372,23 @@ def test_identity_of_an_annotation_and_a_class_is_settled_by_their_types():
         x = random_tensor(4)
         torch.testing.assert_close(compiled(x, SimpleNamespace(type=field_type)), x * factor)
     assert kiln.stats()["graph_breaks"] == 0 and kiln.stats()["frames_compiled"] == 2  # (int: a class, its own graph)
+
+
+def test_a_mask_made_on_the_host_and_moved_to_the_device_compiles(device):
+    # timm's EdgeNeXt positional encoding: `~torch.zeros(shape).to(device=device, dtype=torch.bool)`, then cumsums.
+    # The host zeros fold into a device constant; the unused host constant left in the graph's value table made it
+    # "tensors on more than one device" and ran it on the eager interpreter.
+    def f(x):
+        b, _, h, w = x.shape
+        inv_mask = ~torch.zeros((b, h, w)).to(device=x.device, dtype=torch.bool)
+        y_embed = inv_mask.cumsum(1, dtype=torch.float32)
+        x_embed = inv_mask.cumsum(2, dtype=torch.float32)
+        pos = torch.stack((y_embed / (y_embed[:, -1:, :] + 1e-6), x_embed.sin()), 1)
+        return x + pos.sum(1, keepdim=True)
+
+    compiled = kiln.compile(f)
+    for _ in range(2):
+        x = random_tensor(2, 3, 4, 5, device=device)
+        torch.testing.assert_close(compiled(x), f(x))
+    stats = kiln.stats()
+    assert stats["graph_breaks"] == 0 and stats["graphs_on_eager_interpreter"] == 0, stats["last_eager_interpreter_reason"]

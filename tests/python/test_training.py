@@ -1819,6 +1819,10 @@ def _views_read_before_writes(x):
     ("relative_positions_after_a_token", lambda q, k, rel: _relative_positions_added(q, k, rel, 1),
      [(2, 2, 5, 3)] * 2 + [(2, 2)]),
     ("views_read_before_writes", _views_read_before_writes, [(4, 4)]),
+    # torchvision's Swin V2: its position-bias MLP runs `nn.ReLU(inplace=True)` on a Linear of a 4-d table, whose
+    # output is a view of the addmm (the graph ran on the eager interpreter: "in-place op aten::relu_").
+    ("in_place_relu_on_a_linear_of_4d", lambda t, w, b: F.linear(F.relu_(F.linear(t, w, b)), w.t()).sin(),
+     [(1, 3, 3, 2), (5, 2), (5,)]),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_writes_whose_earlier_views_are_read_before_them_stay_compiled(name, fn, shapes):
     """A write into a tensor some reshape or transpose viewed earlier is functional when that view is read only
