@@ -509,10 +509,21 @@ void rule_max_pool2d_with_indices(RuleCall& c) {
                        tensor(c.result(1))}));
 }
 // avg_pool2d(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+// avg_pool2d(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+// ATen's CUDA backward of a channels-last input with padding is wrong before torch 2.12 (its NHWC kernel drops the
+// padding offset: pytorch#188344), and kiln lays CUDA convolution outputs out channels-last where eager does not
+// (passes/channels_last.h): such a backward gets its input in the default layout, which picks ATen's NCHW kernel.
 void rule_avg_pool2d(RuleCall& c) {
-  if (c.needs(0))
-    c.set(0, c.b.emit("aten::avg_pool2d_backward", "default",
-                      {tensor(c.grad()), tensor(c.input(0)), c.arg(1), c.arg(2), c.arg(3), c.arg(4), c.arg(5), c.arg(6)}));
+  if (!c.needs(0)) return;
+  ValueId input = c.input(0);
+  const graph::TensorMeta& meta = c.input_meta(0);
+  bool padded = false;
+  for (int64_t p : c.ints_arg(3)) padded = padded || p > 0;
+  if (padded && meta.device.type == graph::DeviceType::CUDA && meta.sizes.size() == 4 && meta.sizes[1] > 1 &&
+      meta.strides[1] == 1)
+    input = c.b.emit("aten::clone", "default", {tensor(input), graph::MemoryFormatArg{0}});
+  c.set(0, c.b.emit("aten::avg_pool2d_backward", "default",
+                    {tensor(c.grad()), tensor(input), c.arg(1), c.arg(2), c.arg(3), c.arg(4), c.arg(5), c.arg(6)}));
 }
 // _adaptive_avg_pool2d(self, output_size)
 void rule_adaptive_avg_pool2d(RuleCall& c) {

@@ -1207,6 +1207,21 @@ def grad_fn_names(output):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("count_include_pad", [True, False])
+def test_cuda_padded_average_pooling_of_a_convolution_trains_like_eager(count_include_pad):
+    """kiln lays CUDA convolution outputs out channels-last; ATen's CUDA avg_pool2d backward of a channels-last input
+    with padding drops the padding offset before torch 2.12 (pytorch#188344). Such a backward runs on the input in
+    the default layout: the gradients of a conv -> AvgPool2d(3, 2, 1) stack (torchvision's MaxViT, timm's Inception)
+    were 92% off, silently."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.AvgPool2d(3, 2, 1, count_include_pad=count_include_pad),
+                          nn.Conv2d(16, 16, 1), nn.AvgPool2d(3, 1, 1, count_include_pad=count_include_pad)).cuda()
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        assert_same_as_eager(model, random_tensor(2, 16, 12, 12, device="cuda", requires_grad=True))
+    assert_compiled_autograd()
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("compiled_autograd", [True, False], ids=["compiled_autograd", "eager_autograd"])
 def test_cuda_resnet_training_runs_channels_last_with_cudnn_batch_norm(compiled_autograd):
     """On CUDA, training-mode batch norm runs cuDNN's kernels as eager's does (passes/use_cudnn_batch_norm.h),
