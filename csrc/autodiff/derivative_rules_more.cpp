@@ -176,11 +176,47 @@ void rule_nll_loss(RuleCall& c) {
 void rule_log_sigmoid(RuleCall& c) {
   if (c.needs(0)) c.set(0, c.b.mul(c.grad(), op(c, "aten::sigmoid", {tensor(c.b.neg(c.input(0)))})));
 }
+// Strides of `sizes` dense with the channels (dim 1) innermost: channels-last for 4-d, channels-last-3d for 5-d.
+std::vector<int64_t> channels_innermost_strides(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t stride = 1;
+  strides[1] = stride;
+  stride *= sizes[1];
+  for (size_t d = sizes.size(); d-- > 2;) {
+    strides[d] = stride;
+    stride *= sizes[d];
+  }
+  strides[0] = stride;
+  return strides;
+}
+// Whether `m` has `strides`, the strides of size-1 dims aside (ATen's contiguity tests ignore them).
+bool laid_out_as(const graph::TensorMeta& m, const std::vector<int64_t>& strides) {
+  if (m.storage_offset != 0 || m.strides.size() != strides.size()) return false;
+  for (size_t d = 0; d < strides.size(); ++d)
+    if (m.sizes[d] > 1 && m.strides[d] != strides[d]) return false;
+  return true;
+}
+
 // native_group_norm(input, weight, bias, N, C, HxW, group, eps) -> (out, mean, rstd)
+// ATen's group norm backward kernels read the gradient as laid out like the input (on the CPU its suggested memory
+// format, elsewhere contiguous), which eager's formula makes it: a gradient in another layout (a LayerNorm2d's
+// permute after the group norm, MetaFormer's blocks) was read element for element in the wrong order. It is made
+// so here too.
 void rule_native_group_norm(RuleCall& c) {
   const std::vector<bool> mask = {c.needs(0), c.needs(1), c.needs(2)};
+  const graph::TensorMeta& input = c.input_meta(0);
+  ValueId grad = c.grad();
+  const bool channels_last = input.device.type == graph::DeviceType::CPU && (input.sizes.size() == 4 || input.sizes.size() == 5) &&
+                             input.sizes[1] > 1 && laid_out_as(input, channels_innermost_strides(input.sizes)) &&
+                             !laid_out_as(input, graph::contiguous_strides(input.sizes));
+  const std::vector<int64_t> wanted =
+      channels_last ? channels_innermost_strides(input.sizes) : graph::contiguous_strides(input.sizes);
+  if (!laid_out_as(c.b.meta(grad), wanted))
+    grad = c.b.emit("aten::clone", "default",
+                    {tensor(grad), graph::MemoryFormatArg{static_cast<int8_t>(
+                                       channels_last ? (input.sizes.size() == 4 ? 2 : 3) : 0)}});
   auto grads = c.b.emit_all("aten::native_group_norm_backward", "default",
-                            {tensor(c.grad()), tensor(c.input(0)), tensor(c.result(1)), tensor(c.result(2)),
+                            {tensor(grad), tensor(c.input(0)), tensor(c.result(1)), tensor(c.result(2)),
                              c.is_none(1) ? Arg{graph::NoneArg{}} : Arg{tensor(c.input(1))}, c.arg(3), c.arg(4), c.arg(5),
                              c.arg(6), mask});
   set_masked(c, grads, {0, 1, 2}, mask);

@@ -183,6 +183,14 @@ RULE_CASES += [
     ("narrow_copy", lambda x: torch.ops.aten.narrow_copy(x, 1, 1, 4).repeat(1, 2)[:, :6] * x, [(4, 6)]),
     # ATen's 1x1 adaptive average pool of a channels-last input restrides its mean with as_strided_ (timm's ConvNeXt
     # head: the graph trained on the eager interpreter); ConViT's `1. - sigmoid(p)` is rsub.Scalar.
+    # timm's MetaFormer: a group norm whose gradient arrives permuted (a LayerNorm2d after it). ATen's group norm
+    # backward reads the gradient in the input's layout: x's gradient was 78% off, silently.
+    ("group_norm_then_permuted_layer_norm", lambda x, wg, wl, wc: F.conv2d(F.layer_norm(
+        (x + F.group_norm(x, 1, wg, None, 1e-6)).permute(0, 2, 3, 1), (4,), wl, None, 1e-6).permute(0, 3, 1, 2), wc,
+        None, 2, 1), [(2, 4, 4, 4), (4,), (4,), (3, 4, 3, 3)]),
+    ("group_norm_of_channels_last_with_a_permuted_gradient", lambda x, wg, b: F.group_norm(
+        (x * 2).contiguous(memory_format=torch.channels_last), 2, wg, b).permute(0, 2, 3, 1).sin(),
+     [(2, 4, 3, 5), (4,), (4,)]),
     ("channels_last_global_pool_and_rsub", lambda x: F.adaptive_avg_pool2d(
         (x * 2).contiguous(memory_format=torch.channels_last), 1).permute(0, 2, 3, 1).sin().flatten(1)
      + torch.rsub(x.sigmoid(), 1.0, alpha=2).sum((2, 3)) + (1.0 - x).sum((2, 3)), [(2, 3, 4, 5)]),
