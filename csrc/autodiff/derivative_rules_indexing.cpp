@@ -215,6 +215,9 @@ void rule_adaptive_avg_pool3d(RuleCall& c) { backward_with_args(c, "aten::_adapt
 void rule_reflection_pad1d(RuleCall& c) { backward_with_args(c, "aten::reflection_pad1d_backward", 1, false); }
 void rule_replication_pad1d(RuleCall& c) { backward_with_args(c, "aten::replication_pad1d_backward", 1, false); }
 void rule_replication_pad2d(RuleCall& c) { backward_with_args(c, "aten::replication_pad2d_backward", 1, false); }
+void rule_reflection_pad2d(RuleCall& c) { backward_with_args(c, "aten::reflection_pad2d_backward", 1, false); }
+void rule_reflection_pad3d(RuleCall& c) { backward_with_args(c, "aten::reflection_pad3d_backward", 1, false); }
+void rule_replication_pad3d(RuleCall& c) { backward_with_args(c, "aten::replication_pad3d_backward", 1, false); }
 void rule_pdist(RuleCall& c) {  // _pdist_forward(self, p)
   if (c.needs(0)) c.set(0, op(c, "aten::_pdist_backward", {tensor(c.grad()), tensor(c.input(0)), c.arg(1), tensor(c.result(0))}));
 }
@@ -325,6 +328,9 @@ void add_indexing_rules(std::map<std::string, DerivativeRule>& t) {
       {"aten::reflection_pad1d.default", {rule_reflection_pad1d}},
       {"aten::replication_pad1d.default", {rule_replication_pad1d}},
       {"aten::replication_pad2d.default", {rule_replication_pad2d}},
+      {"aten::reflection_pad2d.default", {rule_reflection_pad2d}},
+      {"aten::reflection_pad3d.default", {rule_reflection_pad3d}},
+      {"aten::replication_pad3d.default", {rule_replication_pad3d}},
       {"aten::_pdist_forward.default", {rule_pdist}},
       {"aten::_cdist_forward.default", {rule_cdist}},
       {"aten::im2col.default", {rule_im2col}},

@@ -153,6 +153,8 @@ RULE_CASES += [
      + F.avg_pool3d(v, 2).sum((1, 2, 3, 4)) + F.adaptive_max_pool2d(x, 2).sum((1, 2, 3))
      + F.adaptive_avg_pool3d(v, 3).sum((1, 2, 3, 4)) + F.pad(x.flatten(2), (1, 2), mode="reflect").sum((1, 2))
      + F.pad(x.flatten(2), (2, 1), mode="replicate").sum((1, 2)) + F.pad(x, (1, 1, 2, 0), mode="replicate").sum((1, 2, 3))
+     + F.pad(x, (1, 2, 0, 1), mode="reflect").sin().sum((1, 2, 3)) + F.pad(v, (1, 0, 1, 1, 0, 2), mode="reflect").cos().sum((1, 2, 3, 4))
+     + F.pad(v, (0, 1, 2, 1, 1, 0), mode="replicate").sin().sum((1, 2, 3, 4))
      + F.unfold(x, 2).sum((1, 2)) + F.grid_sample(x, g.tanh(), align_corners=False).sum((1, 2, 3))
      + F.fold(F.unfold(x, 2).cos(), (4, 4), 2).sum((1, 2, 3))
      + F.prelu(x, w).sum((1, 2, 3)) + torch.cdist(x.flatten(2), x.flatten(2)[:, :2]).sum((1, 2))
