@@ -121,7 +121,23 @@ bool avg_pool_supported(const Graph& g, const Node& n) {
   return !(n.args.size() > 6 && is_number(n, 6) && number_arg(n, 6) == 0);  // ATen raises on a zero divisor
 }
 
-std::vector<int64_t> pool_window(const Graph&, const Node& n) { return pool_geometry(n, false).kernel; }
+// The window dims' extents: the kernel, cut to the positions that can read inside the input (avg: inside the input
+// padded on both sides, which count_include_pad counts). Positions past them read nothing for any output, so cutting
+// them changes no sum, count or max; a window far larger than its input (transformers' EfficientNet pools its 2x2
+// last map with a 2560x2560 kernel) loops over the input, not over millions of skipped positions.
+std::vector<int64_t> pool_window(const Graph& g, const Node& n) {
+  const bool max = n.op.find("max_pool") != std::string::npos;
+  const PoolGeometry p = pool_geometry(n, max);
+  std::vector<int64_t> window = p.kernel;
+  const auto* in = tensor_arg_meta(g, n, 0);
+  if (!in || in->sizes.size() < 2 || window.size() != 2) return window;
+  for (int w = 0; w < 2; ++w) {
+    const int64_t size = in->sizes[in->sizes.size() - 2 + w];
+    const int64_t reach = max ? (size + p.padding[w] + p.dilation[w] - 1) / p.dilation[w] : size + 2 * p.padding[w];
+    window[w] = std::max<int64_t>(1, std::min(window[w], reach));
+  }
+  return window;
+}
 
 // constant_pad_nd(self, pad, value): pad holds (before, after) pairs from the last dim backwards; a negative
 // pad crops, which the same offset expresses (the source index starts inside the input).

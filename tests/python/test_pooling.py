@@ -281,3 +281,17 @@ def test_max_pool2d_recorded_under_inference_mode_is_generated():
         summary = kiln._C.compiled_graph_summary(compiled)
         assert summary["kernels"] == ["kernel_0_max_pool2d"], summary
         assert_matches(compiled(example_inputs), f(x), "general")
+
+
+@pytest.mark.parametrize("pool", ["avg_include_pad", "avg_exclude_pad", "max_dilated"])
+def test_windows_larger_than_their_input_loop_over_the_input(pool):
+    """transformers' EfficientNet pools its last 2x2 map with `AvgPool2d(2560, ceil_mode=True)`: the generated loop ran
+    over all 2560x2560 window positions per output (minutes on the CPU). The window dims are cut to the positions that
+    can read inside the (padded) input, which changes no sum, count or maximum."""
+    fns = {
+        "avg_include_pad": lambda x: F.avg_pool2d(x, (2560, 9), ceil_mode=True) + F.avg_pool2d(x, 7, 3, 3, ceil_mode=True)[..., :1, :1],
+        "avg_exclude_pad": lambda x: F.avg_pool2d(x, 9, 4, 4, ceil_mode=True, count_include_pad=False)[..., :1, :1],
+        "max_dilated": lambda x: F.max_pool2d(x, 999, ceil_mode=True) + F.max_pool2d(x, (3, 2), 1, 1, (2, 1), ceil_mode=True)[..., :1, :1],
+    }
+    summary = check(fns[pool], values((2, 8, 3, 2)), generated=("pool2d",))
+    assert summary["backend"] == "kiln"
