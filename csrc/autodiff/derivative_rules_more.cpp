@@ -364,6 +364,8 @@ void add_more_rules(std::map<std::string, DerivativeRule>& t) {
       {"aten::round.default", {rule_zero_gradient}},
       {"aten::trunc.default", {rule_zero_gradient}},
       {"aten::sign.default", {rule_zero_gradient}},
+      // zero(self): zero_ made functional (torchvision's Swin V2 zeroes the key third of a cloned qkv bias)
+      {"aten::zero.default", {rule_zero_gradient}},
       {"aten::where.self", {rule_where}},
       {"aten::masked_fill.Scalar", {rule_masked_fill_scalar}},
       {"aten::clamp_min.default", {rule_clamp_min}},
