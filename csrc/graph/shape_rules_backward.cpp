@@ -46,12 +46,19 @@ void layer_norm_backward_rule(RuleCall& call) {
 }
 
 // native_group_norm_backward(grad, input, mean, rstd, weight, N, C, HxW, group, output_mask), contiguous operands.
+// The input's gradient has the input's dtype, the parameters' the weight's (float32 for a 16-bit input in ATen's
+// mixed type; torch's meta kernel says float32 for the input's gradient too).
 void group_norm_backward_rule(RuleCall& call) {
   const SymTensorMeta &grad = call.tensor(0), &x = call.tensor(1);
+  const SymTensorMeta* weight = call.optional_tensor(4);
   std::vector<bool> mask = call.bool_list(9);
   call.check(mask.size() == 3, "output_mask");
-  call.check((x.dtype == ScalarType::Float || x.dtype == ScalarType::Double) && grad.dtype == x.dtype && x.dim() >= 2,
-             "dtype or rank");
+  const bool low = x.dtype == ScalarType::BFloat16 || x.dtype == ScalarType::Half;
+  call.check((low || x.dtype == ScalarType::Float || x.dtype == ScalarType::Double) && grad.dtype == x.dtype &&
+                 x.dim() >= 2, "dtype or rank");
+  call.check(!weight || weight->dtype == x.dtype || (low && weight->dtype == ScalarType::Float), "weight dtype");
+  call.check(weight || (!mask[1] && !mask[2]), "parameter gradients without a weight");
+  const ScalarType params = weight ? weight->dtype : x.dtype;
   call.check(is_contiguous(call, x) && is_contiguous(call, grad), "non-contiguous operands");
   require_same_sizes(call, grad, x, "the gradient");
   call.require_eq(call.int_arg(5), x.sizes[0], "N");
@@ -65,7 +72,7 @@ void group_norm_backward_rule(RuleCall& call) {
   }
   for (size_t i : {1, 2}) {
     if (mask[i]) {
-      call.add_output(contiguous_meta({x.sizes[1]}, x.dtype, x.device));
+      call.add_output(contiguous_meta({x.sizes[1]}, params, x.device));
     } else {
       call.add_none_output();
     }

@@ -62,9 +62,12 @@ void layer_norm_rule(RuleCall& call) {
 // native_group_norm(input, weight, bias, N, C, HxW, group, eps) of a contiguous input: output, mean and rstd
 // ([N, group]). N, C and HxW must be the input's batch, channels and spatial product (the composite computes them
 // from its sizes: graph/infer_recorded_sizes.h gives their forms).
+// A 16-bit input with float32 weight and bias (CPU autocast runs group norm so) is ATen's mixed type: the statistics
+// are float32 (torch's meta kernel says the input's dtype).
 void group_norm_rule(RuleCall& call) {
   const SymTensorMeta& x = call.tensor(0);
-  call.check((x.dtype == ScalarType::Float || x.dtype == ScalarType::Double) && x.dim() >= 2, "dtype or rank");
+  const bool low = x.dtype == ScalarType::BFloat16 || x.dtype == ScalarType::Half;
+  call.check((low || x.dtype == ScalarType::Float || x.dtype == ScalarType::Double) && x.dim() >= 2, "dtype or rank");
   call.check(is_contiguous(call, x), "a non-contiguous input");
   const int64_t group = call.const_int(6);
   call.check(group >= 1, "group");
@@ -72,16 +75,22 @@ void group_norm_rule(RuleCall& call) {
   call.require_eq(call.int_arg(4), x.sizes[1], "C");
   call.require_eq(call.int_arg(5), product({x.sizes.begin() + 2, x.sizes.end()}), "HxW");
   call.require_divisible(x.sizes[1], group, "channels by groups");
+  bool mixed = false;
   for (size_t i : {1, 2}) {
     const SymTensorMeta* p = call.optional_tensor(i);
     if (!p) continue;
-    call.check(p->dtype == x.dtype && p->dim() == 1, "weight or bias");
+    mixed = mixed || p->dtype != x.dtype;
+    call.check((p->dtype == x.dtype || (low && p->dtype == ScalarType::Float)) && p->dim() == 1, "weight or bias");
     call.require_eq(p->sizes[0], x.sizes[1], "weight or bias size");
   }
+  if (mixed)  // ATen requires both parameters float32 then
+    for (size_t i : {1, 2})
+      if (const SymTensorMeta* p = call.optional_tensor(i)) call.check(p->dtype == ScalarType::Float, "weight and bias dtypes");
   no_empty(call, x.sizes);
+  const ScalarType stats = mixed ? ScalarType::Float : x.dtype;
   call.add_output(contiguous_meta(x.sizes, x.dtype, x.device));
-  call.add_output(contiguous_meta({x.sizes[0], Expr(group)}, x.dtype, x.device));
-  call.add_output(contiguous_meta({x.sizes[0], Expr(group)}, x.dtype, x.device));
+  call.add_output(contiguous_meta({x.sizes[0], Expr(group)}, stats, x.device));
+  call.add_output(contiguous_meta({x.sizes[0], Expr(group)}, stats, x.device));
 }
 
 void same_floating(RuleCall& call, const std::vector<const SymTensorMeta*>& tensors) {

@@ -448,3 +448,22 @@ def test_inference_batch_norm_under_autocast_fuses_with_its_neighbours(fresh_kil
     (summary,) = graphs
     assert summary["backend"] == "kiln", summary.get("fallback_reason")
     assert not any("batch_norm" in e for e in summary["externs"]), summary["externs"]
+
+
+def _conv_group_norm(x, w, wg, bg):
+    return (F.group_norm(F.conv2d(x, w, padding=1), 2, wg, bg).relu(),)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_group_norm_of_a_16_bit_input_with_float32_parameters_trains_like_eager(fresh_kiln, dtype):
+    """CPU autocast runs a group norm on the 16-bit convolution output with the float32 weight and bias: ATen's mixed
+    type, whose statistics are float32 and whose input gradient has the input's dtype, where torch's meta kernels
+    say otherwise. The backward raised "expected scalar type BFloat16 but found Float" (timm's PoolFormerV2)."""
+    args = (random_tensor(2, 4, 5, 5, requires_grad=True), random_tensor(6, 4, 3, 3, requires_grad=True),
+            random_tensor(6, requires_grad=True), random_tensor(6, requires_grad=True))
+    compiled = kiln.compile(_conv_group_norm)
+    before = kiln._C.compiler_stats()
+    assert_gradients_as_accurate_as_eager(_conv_group_norm, compiled, args, "cpu", dtype)
+    after = kiln._C.compiler_stats()
+    assert after["graphs_fallback"] == before["graphs_fallback"], after["last_fallback_reason"]
+    assert after["graphs_autograd"] > before["graphs_autograd"]
