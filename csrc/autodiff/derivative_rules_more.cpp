@@ -206,15 +206,15 @@ void rule_native_group_norm(RuleCall& c) {
   const std::vector<bool> mask = {c.needs(0), c.needs(1), c.needs(2)};
   const graph::TensorMeta& input = c.input_meta(0);
   ValueId grad = c.grad();
-  const bool channels_last = input.device.type == graph::DeviceType::CPU && (input.sizes.size() == 4 || input.sizes.size() == 5) &&
+  const size_t rank = input.sizes.size();
+  const bool channels_last = input.device.type == graph::DeviceType::CPU && (rank == 4 || rank == 5) &&
                              input.sizes[1] > 1 && laid_out_as(input, channels_innermost_strides(input.sizes)) &&
                              !laid_out_as(input, graph::contiguous_strides(input.sizes));
   const std::vector<int64_t> wanted =
       channels_last ? channels_innermost_strides(input.sizes) : graph::contiguous_strides(input.sizes);
   if (!laid_out_as(c.b.meta(grad), wanted))
     grad = c.b.emit("aten::clone", "default",
-                    {tensor(grad), graph::MemoryFormatArg{static_cast<int8_t>(
-                                       channels_last ? (input.sizes.size() == 4 ? 2 : 3) : 0)}});
+                    {tensor(grad), graph::MemoryFormatArg{static_cast<int8_t>(channels_last ? (rank == 4 ? 2 : 3) : 0)}});
   auto grads = c.b.emit_all("aten::native_group_norm_backward", "default",
                             {tensor(grad), tensor(c.input(0)), tensor(c.result(1)), tensor(c.result(2)),
                              c.is_none(1) ? Arg{graph::NoneArg{}} : Arg{tensor(c.input(1))}, c.arg(3), c.arg(4), c.arg(5),

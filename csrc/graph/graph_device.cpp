@@ -3,8 +3,8 @@
 
 namespace kiln::graph {
 
-// Values some node, input or output of `g` refers to: a constant whose readers were all folded away (a CPU
-// `torch.zeros(shape)` moved to the GPU, folded into a GPU constant) stays in the value table unused.
+// Values some node, input or output of `g` refers to: the results of nodes that constant folding removed stay in
+// the value table, read by nothing (passes/fold_constants.cpp).
 std::vector<bool> used_values(const Graph& g) {
   std::vector<bool> used(g.values.size(), false);
   for (ValueId id : g.inputs) used[id] = true;

@@ -238,7 +238,7 @@ records = (values, nodes, [3, 1], const)
 }
 
 TEST_CASE("a graph's device ignores values nothing refers to") {
-  // A CPU constant whose readers were folded into a CUDA constant stays in the value table: it is no second device.
+  // A value nothing refers to any more (a folded node's result) stays in the value table: it is no second device.
   Graph g = linear_graph();
   for (Value& v : g.values) v.meta.device = Device{DeviceType::CUDA, 0};
   TensorMeta cpu = f32({4});
