@@ -22,6 +22,14 @@ graph::ArgValue optional_tensor(RuleCall& c, size_t index);
 /// Sets the grads of `args` from a backward op that returns (grad_input, grad_weight, grad_bias) under a mask.
 void set_masked(RuleCall& c, const std::vector<ValueId>& grads, const std::vector<size_t>& args,
                 const std::vector<bool>& mask);
+/// Strides of `sizes` dense with the channels (dim 1) innermost: channels-last for 4-d, channels-last-3d for 5-d.
+std::vector<int64_t> channels_innermost_strides(const std::vector<int64_t>& sizes);
+/// Whether `m` starts at offset 0 with `strides`, those of size-1 dims aside (ATen's contiguity tests ignore them).
+bool laid_out_as(const graph::TensorMeta& m, const std::vector<int64_t>& strides);
+/// A 4-d tensor of 2 or more channels, dense channels-last.
+inline bool dense_channels_last(const graph::TensorMeta& m) {
+  return m.sizes.size() == 4 && m.sizes[1] > 1 && laid_out_as(m, channels_innermost_strides(m.sizes));
+}
 
 /// The reduced dims of a (self, dims?, keepdim) reduction whose dims are argument `dims_arg` (None or empty:
 /// all), their element count, and self's sizes with them kept as 1.

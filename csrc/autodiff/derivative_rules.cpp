@@ -95,6 +95,24 @@ void set_masked(RuleCall& c, const std::vector<ValueId>& grads, const std::vecto
   for (size_t i = 0; i < args.size(); ++i)
     if (mask[i]) c.set(args[i], grads.at(i));
 }
+std::vector<int64_t> channels_innermost_strides(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t stride = 1;
+  strides[1] = stride;
+  stride *= sizes[1];
+  for (size_t d = sizes.size(); d-- > 2;) {
+    strides[d] = stride;
+    stride *= sizes[d];
+  }
+  strides[0] = stride;
+  return strides;
+}
+bool laid_out_as(const graph::TensorMeta& m, const std::vector<int64_t>& strides) {
+  if (m.storage_offset != 0 || m.strides.size() != strides.size()) return false;
+  for (size_t d = 0; d < strides.size(); ++d)
+    if (m.sizes[d] > 1 && m.strides[d] != strides[d]) return false;
+  return true;
+}
 
 }  // namespace detail
 
@@ -433,15 +451,6 @@ graph::ArgValue saved_statistic(RuleCall& c, size_t result, bool train) {
   return train || cuda ? tensor(c.result(result)) : graph::ArgValue{graph::NoneArg{}};
 }
 
-bool dense_channels_last(const graph::TensorMeta& m) {
-  const std::vector<int64_t>& s = m.sizes;
-  if (s.size() != 4 || s[1] < 2 || m.storage_offset != 0) return false;
-  const std::vector<int64_t> wanted = {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]};
-  for (size_t d = 0; d < 4; ++d)
-    if (s[d] > 1 && m.strides[d] != wanted[d]) return false;
-  return true;
-}
-
 // ATen's batch norm backward has channels-last kernels for an input and a gradient both laid out so (the input of a
 // convolution chain passes/channels_last.h relaid); with a gradient in the default layout it takes a slow path of its
 // own and returns a layout its meta kernel does not say. So such a gradient is laid out as the input first: a copy
@@ -521,7 +530,7 @@ void rule_avg_pool2d(RuleCall& c) {
   for (int64_t p : c.ints_arg(3)) padded = padded || p > 0;
   if (padded && meta.device.type == graph::DeviceType::CUDA && meta.sizes.size() == 4 && meta.sizes[1] > 1 &&
       meta.strides[1] == 1)
-    input = c.b.emit("aten::clone", "default", {tensor(input), graph::MemoryFormatArg{0}});
+    input = contiguous(c, input);
   c.set(0, c.b.emit("aten::avg_pool2d_backward", "default",
                     {tensor(c.grad()), tensor(input), c.arg(1), c.arg(2), c.arg(3), c.arg(4), c.arg(5), c.arg(6)}));
 }

@@ -176,27 +176,6 @@ void rule_nll_loss(RuleCall& c) {
 void rule_log_sigmoid(RuleCall& c) {
   if (c.needs(0)) c.set(0, c.b.mul(c.grad(), op(c, "aten::sigmoid", {tensor(c.b.neg(c.input(0)))})));
 }
-// Strides of `sizes` dense with the channels (dim 1) innermost: channels-last for 4-d, channels-last-3d for 5-d.
-std::vector<int64_t> channels_innermost_strides(const std::vector<int64_t>& sizes) {
-  std::vector<int64_t> strides(sizes.size());
-  int64_t stride = 1;
-  strides[1] = stride;
-  stride *= sizes[1];
-  for (size_t d = sizes.size(); d-- > 2;) {
-    strides[d] = stride;
-    stride *= sizes[d];
-  }
-  strides[0] = stride;
-  return strides;
-}
-// Whether `m` has `strides`, the strides of size-1 dims aside (ATen's contiguity tests ignore them).
-bool laid_out_as(const graph::TensorMeta& m, const std::vector<int64_t>& strides) {
-  if (m.storage_offset != 0 || m.strides.size() != strides.size()) return false;
-  for (size_t d = 0; d < strides.size(); ++d)
-    if (m.sizes[d] > 1 && m.strides[d] != strides[d]) return false;
-  return true;
-}
-
 // native_group_norm(input, weight, bias, N, C, HxW, group, eps) -> (out, mean, rstd)
 // ATen's group norm backward kernels read the gradient as laid out like the input (on the CPU its suggested memory
 // format, elsewhere contiguous), which eager's formula makes it: a gradient in another layout (a LayerNorm2d's
